@@ -1,0 +1,3 @@
+from lmprefs.cli import main
+
+raise SystemExit(main())

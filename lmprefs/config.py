@@ -1,0 +1,339 @@
+"""Every knob of lmprefs as frozen dataclasses, plus the presets (a port of the original's launch.py).
+
+The tree and the names follow openai/lm-human-preferences (`lm_tasks.TaskHParams`, `train_reward.HParams`,
+`train_policy.HParams`, `PpoHParams`, `RewardHParams`) so a reader can grep one against the other. Field docstrings
+are the only documentation of a hyperparameter; `lmprefs <cmd> --help` prints them.
+Overrides and (de)serialization live in `lmprefs.overrides`; nothing here mutates a config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What the policy continues and how responses are post-processed (lm_tasks.py:TaskHParams)."""
+
+    query_dataset: str = "austen"
+    """Where queries come from: `austen` (the offline asset), a local .txt/.jsonl file, or `hf:NAME[:SPLIT[:FIELD]]`."""
+    query_length: int = 64
+    """Query tokens after trimming; shorter queries are padded (the original right-pads with its pad id)."""
+    query_prefix: str = ""
+    """Text put before every query (cnndm: 'Article:\\n\\n')."""
+    query_suffix: str = ""
+    """Text put after every query (tldr/cnndm: '\\n\\nTL;DR:')."""
+    start_text: str | None = "."
+    """The query starts right after the first occurrence of this text; passages without it are skipped."""
+    end_text: str | None = "."
+    """The query is cut after the last occurrence of this text within query_length; passages without it are skipped."""
+    response_length: int = 24
+    """Exactly this many tokens are sampled for every response (no EOS stop)."""
+    truncate_token: int | None = 13
+    """Token id that ends a response for scoring (13 = '.' in GPT-2); None keeps the whole response."""
+    truncate_after: int = 16
+    """Truncate only at a truncate_token at index >= truncate_after."""
+    penalty_reward_value: float = -1.0
+    """Score given to responses with no truncate_token at index >= truncate_after."""
+    temperature: float = 0.7
+    """Sampling temperature; logprobs are always computed at this temperature (policy.temperature)."""
+    initial_model: str = "gpt2"
+    """The pretrained LM: an asset name (smollm2-135m, tiny-gpt2), a local Hugging Face directory, or a hub name."""
+
+
+@dataclass(frozen=True)
+class LabelsConfig:
+    """Which judgments train the reward model, and who gives them."""
+
+    type: str = "best_of_4"
+    """Label type (label_types.py): best_of_N, scalar_rating or scalar_compare."""
+    num_train: int = 4992
+    """Labels used for one epoch of reward-model training (the original's books tasks use 4,992)."""
+    source: str | None = None
+    """Label source: a label store (.sqlite), an original label file (.json) or pairwise JSONL; None = the run's store."""
+    labeler: str = "vader"
+    """Simulated labeler used by `lmprefs label` and the quickstart: vader (sentiment) or descriptiveness."""
+    labeler_temperature: float = 0.0
+    """Boltzmann-rational noise: the labeler picks softmax(score / T); 0 = always the best."""
+    labeler_random_rate: float = 0.0
+    """Probability that the simulated labeler answers uniformly at random (models inattentive labelers)."""
+    heldout_fraction: float = 0.1
+    """Fraction of labels held out from reward-model training to report accuracy and loss."""
+
+
+@dataclass(frozen=True)
+class TrainRewardConfig:
+    """Reward-model training (train_reward.py:HParams as bound by launch.py)."""
+
+    batch_size: int = 32
+    """Labels per optimizer step, summed over all workers."""
+    lr: float = 5e-5
+    """Peak Adam learning rate; decays linearly to 0 over the single epoch."""
+    rollout_batch_size: int = 512
+    """Queries per sampling batch when sampling for normalization."""
+    normalize_samples: int = 256
+    """Samples from the initial policy used to fit the reward gain and bias."""
+    normalize_before: bool = True
+    """Normalize rewards of initial-policy samples to mean 0, std 1 before training."""
+    normalize_after: bool = True
+    """Normalize again after training, so the KL coefficient always has the same meaning."""
+
+
+@dataclass(frozen=True)
+class RewardsConfig:
+    """The reward seen by PPO (train_policy.py:RewardHParams)."""
+
+    kl_coef: float = 0.2
+    """Initial KL penalty coefficient beta."""
+    kl_target: float | None = None
+    """Target KL in nats for the adaptive controller; None = fixed kl_coef (the original's adaptive_kl=None)."""
+    kl_horizon: int = 10000
+    """Adaptive controller horizon in episodes."""
+    trained_model: str | None = None
+    """A trained reward-model directory; None = train one first (as the original's train_new_model)."""
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO (train_policy.py:PpoHParams)."""
+
+    total_episodes: int = 2_000_000
+    """Episodes over the whole run, summed over all workers."""
+    batch_size: int = 64
+    """Episodes per PPO update, summed over all workers."""
+    nminibatches: int = 1
+    """Minibatches per epoch; the original whitens rewards and advantages per minibatch."""
+    noptepochs: int = 4
+    """Passes over each rollout batch."""
+    lr: float = 5e-6
+    """Peak Adam learning rate; decays linearly to 0 over the run."""
+    vf_coef: float = 0.1
+    """Weight of the value loss."""
+    cliprange: float = 0.2
+    """PPO ratio clip."""
+    cliprange_value: float = 0.2
+    """Value prediction clip around the rollout's values."""
+    gamma: float = 1.0
+    """Discount."""
+    lam: float = 0.95
+    """GAE lambda."""
+    whiten_rewards: bool = True
+    """Whiten rewards (without shifting their mean) per minibatch before GAE."""
+    value_model: Literal["shared", "separate"] = "shared"
+    """shared: a zero-init value head on the policy's trunk (the original); separate: its own trunk (later work)."""
+    kl_stop: float = 50.0
+    """Andon cord: stop the run when the mean KL (nats per episode) exceeds this."""
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_episodes // self.batch_size
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.nminibatches
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters on one frozen base (policy, value and reward as adapters; the reference is the bare base)."""
+
+    rank: int = 0
+    """Adapter rank; 0 = full fine-tuning (the original)."""
+    alpha: float = 16.0
+    """Adapter scale numerator (scale = alpha / rank)."""
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "c_proj")
+    """Module name suffixes that get adapters (Llama and GPT-2 names)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where and how a run executes."""
+
+    seed: int = 1
+    """Base seed; worker r uses seed + r * 100003 (utils/core.py:set_mpi_seed)."""
+    save_dir: str | None = None
+    """Run directory; None = runs/<command>-<preset>-<time>."""
+    log_interval: int = 10
+    """Updates between printed samples."""
+    save_interval: int = 50
+    """Updates between checkpoints (a checkpoint is also written at the end)."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Autocast dtype for forward passes: auto = bfloat16 on CUDA with bf16 support, float32 elsewhere."""
+    threads: int = 0
+    """torch CPU threads; 0 = torch's default."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One experiment: everything `train-reward`, `train-policy`, `label` and `sample` read."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    labels: LabelsConfig = field(default_factory=LabelsConfig)
+    train_reward: TrainRewardConfig = field(default_factory=TrainRewardConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:  # validate, never mutate
+        problems = validate(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def validate(cfg: Config) -> list[str]:
+    """Cross-field checks (the original's HParams.validate), as messages naming the offending values."""
+    out = []
+    p = cfg.ppo
+    if p.batch_size <= 0 or p.nminibatches <= 0 or p.batch_size % p.nminibatches:
+        out.append(f"ppo.batch_size={p.batch_size} must be a positive multiple of ppo.nminibatches={p.nminibatches}")
+    if cfg.task.response_length <= 0 or cfg.task.query_length <= 0:
+        out.append(f"task.query_length={cfg.task.query_length} and task.response_length must be positive")
+    if cfg.task.temperature <= 0:
+        out.append(f"task.temperature={cfg.task.temperature} must be positive")
+    if not 0 <= cfg.labels.heldout_fraction < 1:
+        out.append(f"labels.heldout_fraction={cfg.labels.heldout_fraction} must be in [0, 1)")
+    if cfg.train_reward.batch_size <= 0:
+        out.append(f"train_reward.batch_size={cfg.train_reward.batch_size} must be positive")
+    if cfg.rewards.kl_target is not None and cfg.rewards.kl_target <= 0:
+        out.append(f"rewards.kl_target={cfg.rewards.kl_target} must be positive or None")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Presets (launch.py:get_experiments / get_train_reward_experiments @cbfd210)
+
+R = dataclasses.replace
+
+BOOKS_TASK = TaskConfig(
+    # The original's book passages are lost (openai/lm-human-preferences#17); the reproduction used bookcorpus.
+    query_dataset="hf:bookcorpus:train:text",
+    query_length=64,
+    response_length=24,
+    start_text=".",
+    end_text=".",
+    truncate_token=13,
+    truncate_after=16,
+    temperature=0.7,
+    initial_model="gpt2",
+)
+SUMMARIZE_TASK = TaskConfig(
+    query_dataset="hf:trl-lib/tldr:train:prompt",
+    query_length=500,
+    response_length=75,
+    start_text=None,
+    end_text=None,
+    query_suffix="\n\nTL;DR:",
+    truncate_token=198,
+    truncate_after=55,
+    temperature=0.7,
+    initial_model="gpt2",
+)
+BOOKS_PPO = PPOConfig(total_episodes=1_000_000, batch_size=512, lr=1e-5)
+SUMMARIZE_PPO = PPOConfig(total_episodes=1_000_000, batch_size=32, lr=2e-6, whiten_rewards=False)
+BOOKS_REWARD = TrainRewardConfig(batch_size=32, lr=5e-5, rollout_batch_size=512)
+SUMMARIZE_REWARD = TrainRewardConfig(batch_size=16, lr=2.5e-5, rollout_batch_size=128)
+
+# The quickstart's offline task: SmolLM2-135M continuing Austen passages. Token 30 is '.' in SmolLM2's vocabulary.
+AUSTEN_TASK = R(BOOKS_TASK, query_dataset="austen", initial_model="smollm2-135m", truncate_token=30)
+
+PRESETS: dict[str, tuple[str, Config]] = {
+    "sentiment": (
+        "The paper's sentiment task: GPT-2 124M continues book passages; 4,992 best-of-4 labels; adaptive KL, target 6.",
+        Config(
+            task=BOOKS_TASK,
+            labels=LabelsConfig(num_train=4992, labeler="vader"),
+            train_reward=BOOKS_REWARD,
+            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0),
+            ppo=BOOKS_PPO,
+        ),
+    ),
+    "descriptiveness": (
+        "The paper's descriptiveness task: as sentiment, with descriptiveness labels.",
+        Config(
+            task=BOOKS_TASK,
+            labels=LabelsConfig(num_train=4992, labeler="descriptiveness"),
+            train_reward=BOOKS_REWARD,
+            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0),
+            ppo=BOOKS_PPO,
+        ),
+    ),
+    "tldr": (
+        "TL;DR summarization: 500-token posts, 75-token summaries; fixed KL 0.03, no reward whitening.",
+        Config(
+            task=SUMMARIZE_TASK,
+            labels=LabelsConfig(num_train=46000),
+            train_reward=SUMMARIZE_REWARD,
+            rewards=RewardsConfig(kl_coef=0.03, kl_target=None),
+            ppo=SUMMARIZE_PPO,
+        ),
+    ),
+    "cnndm": (
+        "CNN/DM summarization: 'Article:' prefix, temperature 0.5; fixed KL 0.01, no reward whitening.",
+        Config(
+            task=R(
+                SUMMARIZE_TASK,
+                query_dataset="hf:abisee/cnn_dailymail:train:article",
+                end_text="\n",
+                query_prefix="Article:\n\n",
+                temperature=0.5,
+            ),
+            labels=LabelsConfig(num_train=46000),
+            train_reward=SUMMARIZE_REWARD,
+            rewards=RewardsConfig(kl_coef=0.01, kl_target=None),
+            ppo=SUMMARIZE_PPO,
+        ),
+    ),
+    "austen-sentiment": (
+        "Offline mock sentiment: SmolLM2-135M continues Austen passages; VADER plays the human; sized for a CPU.",
+        Config(
+            task=R(AUSTEN_TASK, query_length=32),
+            labels=LabelsConfig(num_train=1000, labeler="vader"),
+            train_reward=TrainRewardConfig(batch_size=16, lr=5e-5, rollout_batch_size=64, normalize_samples=128),
+            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
+            ppo=PPOConfig(total_episodes=64 * 30, batch_size=64, nminibatches=4, lr=1e-5),
+            run=RunConfig(log_interval=5, save_interval=10),
+        ),
+    ),
+    "austen-descriptiveness": (
+        "Offline mock descriptiveness: as austen-sentiment, with the descriptiveness heuristic as the labeler.",
+        Config(
+            task=R(AUSTEN_TASK, query_length=32),
+            labels=LabelsConfig(num_train=1000, labeler="descriptiveness"),
+            train_reward=TrainRewardConfig(batch_size=16, lr=5e-5, rollout_batch_size=64, normalize_samples=128),
+            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
+            ppo=PPOConfig(total_episodes=64 * 30, batch_size=64, nminibatches=4, lr=1e-5),
+            run=RunConfig(log_interval=5, save_interval=10),
+        ),
+    ),
+    "tiny": (
+        "For tests: a tiny random GPT-2 on bundled passages; seconds on a CPU.",
+        Config(
+            task=TaskConfig(
+                query_dataset="bundled",
+                query_length=24,
+                response_length=8,
+                truncate_token=13,
+                truncate_after=4,
+                temperature=0.7,
+                initial_model="tiny-gpt2",
+            ),
+            labels=LabelsConfig(num_train=48, labeler="vader"),
+            train_reward=TrainRewardConfig(batch_size=8, lr=1e-3, rollout_batch_size=16, normalize_samples=32),
+            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
+            ppo=PPOConfig(total_episodes=32, batch_size=16, nminibatches=2, lr=1e-4),
+            run=RunConfig(log_interval=1, save_interval=1, device="cpu", dtype="float32"),
+        ),
+    ),
+}
+
+
+def preset(name: str) -> Config:
+    """The preset called `name`; raises KeyError listing the presets that exist."""
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    return PRESETS[name][1]

@@ -1,0 +1,323 @@
+"""Label files in and out of the store. Three formats:
+
+- "openai": the original release's label files (`labels/sentiment/offline_5k.json`, ...): ONE JSON list of dicts
+  with GPT-2 token ids, queries and samples right-padded with pad id 50259 (train_reward.py:download_labels and
+  label_types.py @cbfd210): best_of_N rows `query, sample0..sample{N-1}, best`; scalar_rating rows `query, sample,
+  score`; scalar_compare rows `query, sample0, sample1, difference`. Pads are stripped, the ids decoded with the
+  GPT-2 tokenizer, and both text and ids (under tokenizer name "gpt2") are stored.
+- "pairs": TRL-style preference JSONL, one `{"prompt", "chosen", "rejected"}` per line. Imported as best_of_2
+  items with samples in the order [chosen, rejected] and best=0: the order is kept rather than shuffled because
+  the reward model scores each sample on its own, so PickBest's loss does not depend on the position of the chosen
+  sample. Exported from best_of_N labels with rejected = the first sample whose text differs from the chosen one
+  (TRL's own conversion of these files, `pairs="first"`) or every distinct other sample (`pairs="all"`).
+- "comparisons": plain text JSONL, one `{"query": str, "samples": [str, ...], "best": int, "labeler"?: str}`
+  per line (`score` or `difference` instead of `best` for the scalar types).
+
+An import validates and decodes the whole file before writing anything, then adds every row in one transaction:
+any error rejects the whole file and leaves the store as it was. Errors are `LabelFileError`s that name the file,
+the row (0-based index into a JSON list) or line (1-based, JSONL) and the field. Importing a file twice adds
+nothing the second time. Rows repeated within a file stay separate items (they are separate training rows, as in
+the original), while the same question answered by different labelers is one item (so agreement can be measured).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from lmprefs.labels.store import ImportRow, LabelStore, label_type_shape
+
+FORMATS = ("openai", "pairs", "comparisons")
+GPT2_VOCAB = 50257
+GPT2_PAD = 50259  # "for historical reasons" (language/encodings.py @cbfd210)
+
+
+class LabelFileError(ValueError):
+    """A label file that cannot be imported; the message names the file, row or line, and field."""
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    path: str
+    format: str
+    label_types: tuple[str, ...]
+    rows: int
+    items_added: int
+    items_present: int
+    labels_added: int
+    labels_present: int
+
+
+def _load(path: Path) -> tuple[str, list[tuple[str, object]]]:
+    """("json" | "jsonl", [(where, row), ...]) where `where` is "row 17" or "line 18"."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LabelFileError(f"{path.name}: cannot read: {e}") from e
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise LabelFileError(f"{path.name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+        return "json", [(f"row {i}", row) for i, row in enumerate(data)]
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append((f"line {n}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise LabelFileError(f"{path.name} line {n}: invalid JSON at column {e.colno}: {e.msg}") from e
+    return "jsonl", rows
+
+
+def detect_format(path: str | Path) -> str:
+    """"openai" for a JSON list; for JSONL, "pairs" if the first row has `chosen`, "comparisons" if `samples`."""
+    path = Path(path)
+    return _detect(path, *_load(path))
+
+
+def _detect(path: Path, kind: str, rows: list) -> str:
+    if kind == "json":
+        return "openai"
+    first = rows[0][1] if rows else None
+    if isinstance(first, dict) and "chosen" in first:
+        return "pairs"
+    if isinstance(first, dict) and "samples" in first:
+        return "comparisons"
+    raise LabelFileError(f"{path.name}: cannot tell the format (expected {', '.join(FORMATS)}); pass format=...")
+
+
+def _field(name: str, where: str, row: object, key: str, types: type | tuple[type, ...], what: str):
+    if not isinstance(row, dict):
+        raise LabelFileError(f"{name} {where}: expected an object, got {type(row).__name__}")
+    if key not in row:
+        raise LabelFileError(f"{name} {where}: missing field {key!r}")
+    v = row[key]
+    if isinstance(v, bool) or not isinstance(v, types):
+        raise LabelFileError(f"{name} {where}: field {key!r} = {v!r:.60} is not {what}")
+    return v
+
+
+def _label(name: str, where: str, row: dict, label_type: str) -> dict:
+    value_field, n = label_type_shape(label_type)
+    if value_field == "best":
+        v = _field(name, where, row, "best", int, "an integer")
+    else:
+        v = _field(name, where, row, value_field, (int, float), "a number")
+    if value_field == "best" and not 0 <= v < n:
+        raise LabelFileError(f"{name} {where}: field 'best' = {v} is out of range 0..{n - 1}")
+    if not math.isfinite(v):
+        raise LabelFileError(f"{name} {where}: field {value_field!r} = {v} is not finite")
+    return {value_field: v}
+
+
+def _tokens(name: str, where: str, row: dict, key: str) -> list[int]:
+    ids = _field(name, where, row, key, list, "a list of GPT-2 token ids")
+    for j, t in enumerate(ids):
+        if isinstance(t, bool) or not isinstance(t, int) or not (0 <= t < GPT2_VOCAB or t == GPT2_PAD):
+            raise LabelFileError(f"{name} {where}: field {key!r} token {j} = {t!r} is outside the GPT-2 vocabulary "
+                                 f"[0, {GPT2_VOCAB}) and is not the pad id {GPT2_PAD}")  # fmt: skip
+    return [t for t in ids if t != GPT2_PAD]  # the original masks pads wherever they are
+
+
+def _sample_keys(label_type: str) -> list[str]:
+    n = label_type_shape(label_type)[1]
+    return ["sample"] if label_type == "scalar_rating" else [f"sample{i}" for i in range(n)]
+
+
+def _openai_rows(name, rows, label_type, labeler, tokenizer, tokenizer_name) -> list[dict]:
+    if label_type is None and rows and isinstance(rows[0][1], dict):
+        first = rows[0][1]
+        if "best" in first:
+            label_type = f"best_of_{sum(bool(re.fullmatch(r'sample[0-9]+', k)) for k in first)}"
+        else:
+            label_type = {"score": "scalar_rating", "difference": "scalar_compare"}.get(
+                next((k for k in ("score", "difference") if k in first), ""), "")  # fmt: skip
+    try:
+        label_type_shape(label_type or "")
+    except ValueError as e:
+        raise LabelFileError(f"{name} row 0: no label type from fields best/score/difference ({e})") from None
+    keys = _sample_keys(label_type)
+    parsed, seqs = [], []
+    for where, row in rows:
+        query = _tokens(name, where, row, "query")
+        extra = sorted(k for k in row if re.fullmatch(r"sample\d*", k) and k not in keys)
+        if extra:
+            raise LabelFileError(f"{name} {where}: field {extra[0]!r} is not a {label_type} field "
+                                 f"(expected {', '.join(keys)})")  # fmt: skip
+        samples = [_tokens(name, where, row, k) for k in keys]
+        parsed.append(dict(label_type=label_type, labeler=labeler, **_label(name, where, row, label_type),
+                           query_tokens=query, sample_tokens=samples, tokenizer=tokenizer_name))  # fmt: skip
+        seqs += [query, *samples]
+    texts = iter(tokenizer.batch_decode(seqs, clean_up_tokenization_spaces=False) if seqs else [])
+    for r in parsed:
+        r["query"], r["samples"] = next(texts), [next(texts) for _ in keys]
+    return parsed
+
+
+def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
+    out = []
+    for where, row in rows:
+        if fmt == "pairs":
+            strs = [_field(name, where, row, k, str, "a string (conversational rows are not supported)")
+                    for k in ("prompt", "chosen", "rejected")]  # fmt: skip
+            r = dict(query=strs[0], samples=strs[1:], label_type="best_of_2", best=0, labeler=labeler)
+        else:
+            query = _field(name, where, row, "query", str, "a string")
+            samples = _field(name, where, row, "samples", list, "a list of strings")
+            if not all(isinstance(s, str) for s in samples):
+                raise LabelFileError(f"{name} {where}: field 'samples' must hold only strings")
+            given = [k for k in ("best", "score", "difference") if k in row]
+            if len(given) != 1:
+                raise LabelFileError(f"{name} {where}: needs exactly one of fields 'best', 'score', 'difference'")
+            lt = {"best": f"best_of_{len(samples)}", "score": "scalar_rating", "difference": "scalar_compare"}[given[0]]
+            who = _field(name, where, row, "labeler", str, "a string") if "labeler" in row else labeler
+            r = dict(query=query, samples=samples, label_type=lt, labeler=who)
+            if label_type is None:
+                try:
+                    label_type_shape(lt)
+                except ValueError:
+                    raise LabelFileError(f"{name} {where}: field 'samples' has {len(samples)} samples, "
+                                         f"too few for a {given[0]!r} label") from None  # fmt: skip
+            r.update(_label(name, where, row, lt if label_type is None else label_type))
+        if label_type is not None and r["label_type"] != label_type:
+            n = label_type_shape(label_type)[1]
+            raise LabelFileError(f"{name} {where}: field 'samples' has {len(r['samples'])} samples, "
+                                 f"{label_type} needs {n}")  # fmt: skip
+        out.append(r)
+    return out
+
+
+def import_file(
+    store: LabelStore, path: str | Path, *, format: str = "auto", labeler: str = "import", tokenizer=None,
+    tokenizer_name: str | None = None, label_type: str | None = None, limit: int | None = None,
+) -> ImportReport:  # fmt: skip
+    """Validate, decode and import a whole label file atomically (see the module docstring).
+
+    tokenizer: for "openai" files the decoder (default: the GPT-2 BPE from lmprefs.assets, stored as "gpt2");
+        for text files, optional: if given, token ids are stored too, under `tokenizer_name` (default: the last
+        part of its `name_or_path`).
+    label_type: expected label type of every row (default: read from the rows).
+    limit: import only the first `limit` rows, like the original's `labels.num_train`; fewer rows is an error.
+    """
+    path = Path(path)
+    if format not in ("auto", *FORMATS):
+        raise ValueError(f"format={format!r} must be 'auto' or one of {FORMATS}")
+    kind, rows = _load(path)
+    fmt = _detect(path, kind, rows) if format == "auto" else format
+    if fmt == "pairs" and label_type not in (None, "best_of_2"):
+        raise ValueError(f"pairs files hold best_of_2 questions, not label_type={label_type!r}")
+    if (kind == "json") != (fmt == "openai"):
+        raise LabelFileError(f"{path.name}: a {fmt} file must be {'a JSON list' if fmt == 'openai' else 'JSONL'}")
+    if limit is not None and len(rows) < limit:
+        raise LabelFileError(f"{path.name}: has {len(rows)} rows, fewer than limit={limit}")
+    if fmt == "openai":
+        if tokenizer is None:
+            from lmprefs.assets import gpt2_tokenizer  # transformers loads only when a token file is read
+
+            tokenizer, tokenizer_name = gpt2_tokenizer(), tokenizer_name or "gpt2"
+        parsed = _openai_rows(path.name, rows, label_type, labeler, tokenizer, tokenizer_name or "gpt2")
+    else:
+        parsed = _text_rows(path.name, fmt, rows, label_type, labeler)
+        if tokenizer is not None:
+            tokenizer_name = tokenizer_name or Path(getattr(tokenizer, "name_or_path", "") or "").name
+            if not tokenizer_name:
+                raise ValueError("pass tokenizer_name=... to name the tokenizer the ids are stored under")
+            texts = [t for r in parsed for t in [r["query"], *r["samples"]]]
+            ids = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+            for r in parsed:
+                r["query_tokens"], r["sample_tokens"] = next(ids), [next(ids) for _ in r["samples"]]
+                r["tokenizer"] = tokenizer_name
+    parsed = parsed[:limit] if limit is not None else parsed
+    # k-th repeat of the same question by the same labeler -> its own item (key "dup{k}"); a re-import recomputes
+    # the same keys, so it finds every item again
+    seen: Counter = Counter()
+    import_rows = []
+    for r in parsed:
+        k = seen[(r["label_type"], r["query"], tuple(r["samples"]), r["labeler"])]
+        seen[(r["label_type"], r["query"], tuple(r["samples"]), r["labeler"])] += 1
+        import_rows.append(ImportRow(source=f"import:{path.name}", key=f"dup{k}" if k else None, **r))
+    try:
+        counts = store.import_batch(import_rows)
+    except ValueError as e:  # e.g. a labeler's different answer to an item already in the store
+        raise LabelFileError(f"{path.name}: {e}") from e
+    return ImportReport(str(path), fmt, tuple(sorted({r.label_type for r in import_rows})), counts.rows,
+                        counts.items_added, counts.items_present, counts.labels_added, counts.labels_present)  # fmt: skip
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # readers see the old file or the new one, never half of it
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _pad(ids: list[int], length: int, what: str) -> list[int]:
+    if len(ids) > length:
+        raise ValueError(f"a {what} has {len(ids)} tokens, more than {what}_length={length}")
+    return ids + [GPT2_PAD] * (length - len(ids))
+
+
+def export_file(
+    store: LabelStore, path: str | Path, *, format: str, label_type: str | None = None, pairs: str = "first",
+    tokenizer=None, query_length: int | None = None, response_length: int | None = None,
+) -> int:  # fmt: skip
+    """Write the store's labels (not skips or flags) to `path` atomically; returns the number of rows written.
+
+    "openai": one label type (default best_of_4); stored "gpt2" ids are used, texts without them are encoded with
+        `tokenizer` (default: the GPT-2 BPE); right-padded with 50259 to `query_length`/`response_length` (default:
+        the longest in the file).
+    "pairs": best_of_N labels (`label_type` or all best_of_N types); `pairs` = "first" | "all" (module docstring).
+    "comparisons": every label type, or only `label_type`.
+    """
+    path = Path(path)
+    if format not in FORMATS or pairs not in ("first", "all"):
+        raise ValueError(f"format={format!r} must be one of {FORMATS}; pairs={pairs!r} must be 'first' or 'all'")
+    types = [label_type] if label_type else store.label_types()
+    if format == "openai":
+        types = [label_type or "best_of_4"]
+    elif format == "pairs":
+        types = [t for t in types if label_type_shape(t)[0] == "best"]
+    out: list[dict] = []
+    for lt in types:
+        value_field = label_type_shape(lt)[0]
+        for ex in store.labeled_examples(lt, tokenizer="gpt2" if format == "openai" else None):
+            value = getattr(ex, value_field)
+            if format == "comparisons":
+                out.append({"query": ex.query, "samples": ex.samples, value_field: value, "labeler": ex.labeler})
+            elif format == "pairs":
+                chosen = ex.samples[ex.best]
+                rejected = list(dict.fromkeys(s for s in ex.samples if s != chosen))  # distinct, in order
+                for r in rejected[:1] if pairs == "first" else rejected:
+                    out.append({"prompt": ex.query, "chosen": chosen, "rejected": r})
+            else:
+                if ex.query_tokens is None:
+                    if tokenizer is None:
+                        from lmprefs.assets import gpt2_tokenizer
+
+                        tokenizer = gpt2_tokenizer()
+                    enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in [ex.query, *ex.samples]]
+                else:
+                    enc = [ex.query_tokens, *ex.sample_tokens]
+                out.append({"query": enc[0], **dict(zip(_sample_keys(lt), enc[1:])), value_field: value})
+    if format == "openai":
+        sample_keys = _sample_keys(types[0])
+        ql = query_length or max((len(r["query"]) for r in out), default=0)
+        rl = response_length or max((len(r[k]) for r in out for k in sample_keys), default=0)
+        for r in out:
+            r["query"] = _pad(r["query"], ql, "query")
+            r.update({k: _pad(r[k], rl, "response") for k in sample_keys})
+        _write_atomically(path, json.dumps(out))
+    else:
+        _write_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
+    return len(out)

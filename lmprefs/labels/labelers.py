@@ -1,0 +1,180 @@
+"""Simulated labelers for controlled experiments: the paper's mock tasks replace humans with a known score function,
+so a reward model's accuracy and the policy's real gain can be measured. `ScoreLabeler` answers best-of-N questions
+from a score function, noiselessly, Boltzmann-rationally (softmax(score / T)) or with a share of uniformly random
+answers; it is deterministic given its seed.
+
+Labelers score the *continuation* (the response text) alone, not query + response: the paper's mock sentiment task
+rewards the sentiment of the continuation, and scoring the shared query would only add the same constant to every
+sample of a question. `ScoreLabeler(..., with_query=True)` scores query + response instead.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import threading
+from collections.abc import Callable, Iterable
+
+from lmprefs.labels.store import DuplicateLabelError, Item, LabelStore, label_type_shape
+
+ScoreFn = Callable[[list[str]], list[float]]
+
+
+class ScoreLabeler:
+    """Answers questions from `score_fn(texts) -> scores` (higher is better).
+
+    best_of_N: P(pick i) = random_rate / N + (1 - random_rate) * softmax(scores / temperature)_i; temperature 0 is
+    the argmax (ties broken uniformly at random, so identical samples carry no position bias).
+    scalar_rating: score of the sample; scalar_compare: score(sample1) - score(sample0) (both noiseless).
+    """
+
+    def __init__(self, score_fn: ScoreFn, *, temperature: float = 0.0, random_rate: float = 0.0, seed: int = 0,
+                 with_query: bool = False) -> None:  # fmt: skip
+        if not temperature >= 0:
+            raise ValueError(f"temperature={temperature} must be >= 0")
+        if not 0 <= random_rate <= 1:
+            raise ValueError(f"random_rate={random_rate} must be in [0, 1]")
+        self.score_fn, self.temperature, self.random_rate = score_fn, temperature, random_rate
+        self.with_query = with_query
+        self.rng = random.Random(seed)
+
+    def scores(self, samples: list[str], query: str = "") -> list[float]:
+        return [float(s) for s in self.score_fn([query + s if self.with_query else s for s in samples])]
+
+    def probabilities(self, scores: list[float]) -> list[float]:
+        """The choice distribution over the samples given their scores (what `pick` samples from)."""
+        n = len(scores)
+        if self.temperature == 0:
+            top = max(scores)
+            greedy = [float(s == top) / sum(s == top for s in scores) for s in scores]
+        else:
+            z = [s / self.temperature for s in scores]
+            m = max(z)  # subtract the max so exp() cannot overflow
+            e = [math.exp(v - m) for v in z]
+            greedy = [v / sum(e) for v in e]
+        return [self.random_rate / n + (1 - self.random_rate) * p for p in greedy]
+
+    def pick(self, samples: list[str], query: str = "") -> int:
+        """Index of the chosen sample."""
+        scores = self.scores(samples, query)
+        if self.rng.random() < self.random_rate:
+            return self.rng.randrange(len(samples))
+        if self.temperature == 0:
+            top = max(scores)
+            return self.rng.choice([i for i, s in enumerate(scores) if s == top])
+        z = [s / self.temperature for s in scores]
+        m = max(z)
+        return self.rng.choices(range(len(samples)), weights=[math.exp(v - m) for v in z])[0]
+
+    def answer(self, label_type: str, query: str, samples: list[str]) -> dict[str, float | int]:
+        """The label for a question of `label_type`, as keyword arguments of `LabelStore.add_label`."""
+        value_field, n = label_type_shape(label_type)
+        if len(samples) != n:
+            raise ValueError(f"{label_type} needs {n} samples, got {len(samples)}")
+        if value_field == "best":
+            return {"best": self.pick(samples, query)}
+        scores = self.scores(samples, query)
+        return {"score": scores[0]} if value_field == "score" else {"difference": scores[1] - scores[0]}
+
+
+# -- score functions ------------------------------------------------------------------------------------------
+
+_vader = None
+_vader_lock = threading.Lock()
+
+
+def vader_score(texts: list[str]) -> list[float]:
+    """VADER compound sentiment in [-1, 1] (the mock sentiment task's scorer; lexicon bundled with vaderSentiment)."""
+    global _vader
+    with _vader_lock:  # build the analyzer once (it reads its lexicon from disk)
+        if _vader is None:
+            from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+            _vader = SentimentIntensityAnalyzer()
+    return [_vader.polarity_scores(t)["compound"] for t in texts]
+
+
+# Concrete sensory vocabulary: colour, light, sound, touch/texture, temperature, smell/taste, size/shape, motion.
+_DESCRIPTIVE = frozenset("""
+red crimson scarlet blue azure navy green emerald yellow golden gold amber orange purple violet pink white ivory
+black ebony grey gray silver brown pale dark bright vivid pallid rosy bronze copper
+shining gleaming glittering sparkling glowing dim dusky shadowy shady sunlit moonlit misty foggy hazy murky
+luminous radiant brilliant faint flickering twinkling translucent
+loud quiet silent soft hushed shrill booming thunderous rustling creaking whispering echoing melodious
+rough smooth silky velvety coarse prickly sharp jagged slick slippery sticky damp wet moist dry dusty muddy
+soggy frosty icy cold chilly cool warm hot scorching sweltering balmy crisp brittle fluffy downy feathery
+fragrant sweet sour bitter salty spicy savory musty stale pungent acrid smoky fresh rotten perfumed
+huge vast enormous immense towering tiny little slender thin narrow wide broad tall squat plump round
+curved crooked twisted gnarled hollow heavy delicate graceful sturdy massive
+ancient weathered tattered ragged worn rusty polished gleaming ornate elegant shabby lush verdant barren
+wild dense tangled wooden stone marble velvet satin lace leather woolen
+beautiful lovely gorgeous exquisite handsome ugly grim gloomy cheerful serene tranquil stormy windy rainy
+""".split())
+# -ly words that are not manner adverbs
+_NOT_ADVERBS = frozenset("only family early likely really nearly daily lonely holy ugly jolly reply supply "
+                         "apply rely fly july italy belly bully silly lily ally".split())  # fmt: skip
+_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
+
+
+def descriptiveness_score(texts: list[str]) -> list[float]:
+    """A transparent stand-in for "how descriptive is this continuation" (the paper's descriptiveness task used
+    human labels; this heuristic lets the task run offline with a known ground truth).
+
+    score = (d + 0.5 * a + 0.5 * s) / (n + 3), where, over the lower-cased words of the text,
+      d = words in a small embedded list of concrete sensory adjectives (colour, light, sound, texture,
+          temperature, smell/taste, size/shape),
+      a = other words ending in "-ly" (manner adverbs such as "slowly"), minus a stoplist ("only", "family", ...),
+      s = other words of >= 6 letters ending in an adjective suffix ("-ful", "-ous", "-ish", "-less", "-ive"),
+      n = number of words.
+    Dividing by the length makes it a density, so padding a response with filler does not pay, and the +3 keeps
+    very short texts ("Red.") from scoring near 1. Scores lie in [0, 1); a typical sentence scores 0-0.2.
+    """
+    out = []
+    for text in texts:
+        words = _WORD.findall(text.lower())
+        d = sum(w in _DESCRIPTIVE for w in words)
+        a = sum(w.endswith("ly") and w not in _DESCRIPTIVE and w not in _NOT_ADVERBS and len(w) > 4 for w in words)
+        s = sum(
+            len(w) >= 6 and w not in _DESCRIPTIVE and w.endswith(("ful", "ous", "ish", "less", "ive")) for w in words
+        )
+        out.append((d + 0.5 * a + 0.5 * s) / (len(words) + 3))
+    return out
+
+
+SCORE_FNS: dict[str, ScoreFn] = {"vader": vader_score, "descriptiveness": descriptiveness_score}
+
+
+def make_labeler(name: str, temperature: float = 0.0, random_rate: float = 0.0, seed: int = 0) -> ScoreLabeler:
+    """A simulated labeler for a mock task: "vader" (sentiment) or "descriptiveness"."""
+    if name not in SCORE_FNS:
+        raise ValueError(f"unknown simulated labeler {name!r}; expected one of {sorted(SCORE_FNS)}")
+    return ScoreLabeler(SCORE_FNS[name], temperature=temperature, random_rate=random_rate, seed=seed)
+
+
+def label_items(
+    store: LabelStore, labeler: ScoreLabeler, labeler_name: str, items: Iterable[Item] | None = None,
+    *, batch: str | None = None, limit: int | None = None,
+) -> int:  # fmt: skip
+    """Answer `items` (default: this labeler's queue in the store, `next_item(labeler_name, batch=batch)` until it is
+    empty or `limit` labels were added) as `labeler_name`; items it already answered are passed over.
+    Returns the number of labels added."""
+    added = 0
+
+    def queue() -> Iterable[Item]:
+        while limit is None or added < limit:
+            item = store.next_item(labeler_name, batch=batch)
+            if item is None:
+                return
+            yield item
+
+    for item in queue() if items is None else items:
+        try:
+            store.add_label(item.id, labeler_name, source=f"sim:{labeler_name}",
+                            **labeler.answer(item.label_type, item.query, item.samples))  # fmt: skip
+        except DuplicateLabelError:  # another process (or an earlier call) already answered it as this labeler
+            continue
+        added += 1
+        if limit is not None and added >= limit:
+            break
+    return added

@@ -1,0 +1,245 @@
+"""The PPO math of lm-human-preferences: whitening, KL-penalized rewards, GAE, KL controllers, the clipped losses and
+one `ppo_update` over a rollout batch. Ported from `lm_human_preferences/train_policy.py` and `utils/core.py` at
+openai/lm-human-preferences@cbfd210 (cited as `train_policy.py#Lxx`); every piece has a NumPy parity test in
+tests/test_ppo_math.py. Imports only torch, so the math can be read and tested without models or tokenizers.
+
+Shapes: B = rollout batch, b = minibatch, Q = query length, T = response length.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from lmprefs.config import PPOConfig, RewardsConfig
+
+
+def whiten(x: Tensor, shift_mean: bool = True) -> Tensor:
+    """Normalize `x` to variance 1 using moments over *all* its elements (utils/core.py#L336-L341).
+
+    shift_mean=True: mean 0, variance 1 (used for advantages).
+    shift_mean=False: divide the deviations by the std but keep the original mean, i.e. (x - mean)/std + mean
+    (used for rewards, so a whitened reward keeps its sign on average).
+    The variance is biased (divides by N), as `tf.nn.moments`; eps 1e-8 sits inside the rsqrt, as the original.
+    """
+    mean, var = x.mean(), x.var(correction=0)
+    whitened = (x - mean) * torch.rsqrt(var + 1e-8)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened
+
+
+def kl_penalized_rewards(
+    logprobs: Tensor, ref_logprobs: Tensor, scores: Tensor, kl_coef: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token reward -kl_coef * (logp - logp_ref), plus the score on the last token (train_policy.py#L149-L154).
+
+    logprobs, ref_logprobs: [B, T]; scores: [B]. Returns (rewards, non_score_reward, kl), each [B, T].
+    """
+    kl = logprobs - ref_logprobs  # [B, T] the sampled-token estimate of KL(pi || pi_ref)
+    non_score_reward = -kl_coef * kl
+    rewards = non_score_reward.clone()
+    rewards[:, -1] += scores  # every response has exactly T tokens, so the last index is the episode's end
+    return rewards, non_score_reward, kl
+
+
+def gae(values: Tensor, rewards: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation over the fixed T steps (train_policy.py#L327-L336).
+
+    values, rewards: [b, T]. The value after the last token is 0 (the episode ends). Returns (advantages, returns),
+    each [b, T], with returns = advantages + values (the value target, as in the original; not a discounted sum).
+    """
+    T = rewards.shape[1]
+    lastgaelam = torch.zeros_like(rewards[:, 0])  # [b]
+    advantages_reversed = []
+    for t in reversed(range(T)):
+        nextvalues = values[:, t + 1] if t < T - 1 else 0.0
+        delta = rewards[:, t] + gamma * nextvalues - values[:, t]
+        lastgaelam = delta + gamma * lam * lastgaelam
+        advantages_reversed.append(lastgaelam)
+    advantages = torch.stack(advantages_reversed[::-1], dim=1)  # [b, T]
+    return advantages, advantages + values
+
+
+class FixedKLController:
+    """A constant KL coefficient (train_policy.py#L107-L112): used when rewards.kl_target is None."""
+
+    def __init__(self, value: float) -> None:
+        self.value = float(value)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
+
+class AdaptiveKLController:
+    """Proportional control of the KL coefficient toward a target KL (train_policy.py#L115-L124).
+
+    Per update: beta *= 1 + clip(kl / target - 1, -0.2, 0.2) * n_steps / horizon, where kl is the mean summed
+    per-episode KL of the batch and n_steps the episodes in it (the original passes ppo.batch_size, #L305).
+    """
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: int) -> None:
+        self.value = float(init_kl_coef)
+        self.target = float(target)
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        proportional_error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        mult = 1.0 + proportional_error * n_steps / self.horizon
+        self.value *= mult
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
+
+
+KLController = FixedKLController | AdaptiveKLController
+
+
+def make_kl_controller(rewards_cfg: RewardsConfig) -> KLController:
+    """The original's choice (train_policy.py#L136-L139): adaptive iff a KL target is set."""
+    if rewards_cfg.kl_target is None:
+        return FixedKLController(rewards_cfg.kl_coef)
+    return AdaptiveKLController(rewards_cfg.kl_coef, rewards_cfg.kl_target, rewards_cfg.kl_horizon)
+
+
+def ppo_losses(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    vpred: Tensor,
+    old_values: Tensor,
+    advantages: Tensor,
+    returns: Tensor,
+    cliprange: float,
+    cliprange_value: float,
+    vf_coef: float,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped PPO policy loss + clipped value loss on one minibatch (train_policy.py#L343-L371).
+
+    All inputs [b, T]; `logprobs` and `vpred` carry gradients, the rest are constants of the rollout.
+    Returns (loss, stats), stats as detached 0-dim tensors under the original's names (minus ppo/policy/entropy,
+    which needs the forward's entropies and is added by `ppo_update`).
+    """
+    # Value loss, clipped around the rollout's values as baselines' ppo2 (#L344-L348)
+    vpredclipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
+    vf_losses1 = (vpred - returns) ** 2
+    vf_losses2 = (vpredclipped - returns) ** 2
+    vf_loss = 0.5 * torch.max(vf_losses1, vf_losses2).mean()
+
+    # Policy loss, pessimistic clipped surrogate (#L350-L355)
+    ratio = torch.exp(logprobs - old_logprobs)
+    pg_losses = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    pg_loss = torch.max(pg_losses, pg_losses2).mean()
+
+    loss = pg_loss + vf_coef * vf_loss  # #L357
+
+    with torch.no_grad():  # #L359-L370; var is biased as tf.nn.moments
+        stats = {
+            "ppo/loss/policy": pg_loss,
+            "ppo/loss/value": vf_loss,
+            "ppo/loss/total": loss,
+            "ppo/policy/approxkl": 0.5 * ((logprobs - old_logprobs) ** 2).mean(),
+            "ppo/policy/clipfrac": (pg_losses2 > pg_losses).to(pg_losses.dtype).mean(),
+            "ppo/returns/mean": returns.mean(),
+            "ppo/returns/var": returns.var(correction=0),
+            "ppo/val/vpred": vpred.mean(),
+            "ppo/val/error": ((vpred - returns) ** 2).mean(),
+            "ppo/val/clipfrac": (vf_losses2 > vf_losses1).to(vf_losses1.dtype).mean(),
+            "ppo/val/mean": old_values.mean(),
+            "ppo/val/var": old_values.var(correction=0),
+        }
+    return loss, {k: v.detach() for k, v in stats.items()}
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One batch of episodes, everything PPO needs; tensors index along dim 0 (B)."""
+
+    queries: Tensor  # [B, Q] token ids
+    responses: Tensor  # [B, T] token ids
+    logprobs: Tensor  # [B, T] log pi_old(response_t), at the sampling temperature
+    ref_logprobs: Tensor  # [B, T] log pi_ref(response_t), same temperature
+    values: Tensor  # [B, T] V_old
+    scores: Tensor  # [B] reward-model score after truncation/penalty
+    rewards: Tensor  # [B, T] -kl_coef * KL, plus the score on the last token
+
+    def __getitem__(self, idx: Tensor | slice) -> Rollout:
+        # not dataclasses.astuple/asdict: they deep-copy every tensor
+        return Rollout(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    def __len__(self) -> int:
+        return self.responses.shape[0]
+
+
+Forward = Callable[[Rollout], tuple[Tensor, Tensor, Tensor]]
+
+
+def ppo_update(
+    forward: Forward,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    cfg: PPOConfig,
+    gen: torch.Generator,
+    *,
+    autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+) -> dict[str, float]:
+    """cfg.noptepochs passes of clipped PPO over cfg.nminibatches shuffled minibatches (train_policy.py#L180-L196).
+
+    `forward(mb)` returns (logprobs, vpred, entropy), each [b, T], for the minibatch's responses under the current
+    policy: logprobs at the sampling temperature, values, per-token entropy. It runs inside `autocast()`; its
+    outputs are cast to float32 for the losses (keep the rollout's tensors in float32 too).
+    Returns the stats averaged over all minibatches, as the original's record_step_stats.
+    """
+    B = len(rollout)
+    if B % cfg.nminibatches:
+        raise ValueError(f"rollout batch {B} is not divisible by ppo.nminibatches={cfg.nminibatches}")
+    mb_size = B // cfg.nminibatches
+    stat_list: list[dict[str, Tensor]] = []
+    for _ in range(cfg.noptepochs):
+        order = torch.randperm(B, generator=gen, device=gen.device)  # a fresh shuffle each epoch (#L185)
+        order = order.to(rollout.responses.device)
+        for start in range(0, B, mb_size):
+            mb = rollout[order[start : start + mb_size]]
+            # The original whitens rewards and advantages per minibatch, inside loss() (#L324-L339)
+            with torch.no_grad():
+                rewards = whiten(mb.rewards, shift_mean=False) if cfg.whiten_rewards else mb.rewards  # [b, T]
+                advantages, returns = gae(mb.values, rewards, cfg.gamma, cfg.lam)  # [b, T]
+                advantages = whiten(advantages)
+
+            with autocast():
+                logprobs, vpred, entropy = forward(mb)  # [b, T] each
+            loss, stats = ppo_losses(
+                logprobs.float(), mb.logprobs, vpred.float(), mb.values, advantages, returns,
+                cfg.cliprange, cfg.cliprange_value, cfg.vf_coef,
+            )  # fmt: skip
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+
+            stats["ppo/policy/entropy"] = entropy.detach().float().mean()  # #L359: mean per-token entropy
+            stat_list.append(stats)
+
+    keys = list(stat_list[0])
+    means = torch.stack([torch.stack([s[k] for s in stat_list]).mean() for k in keys]).tolist()  # one sync
+    out = dict(zip(keys, means, strict=True))
+    # record_step_stats (#L241): from the minibatch-averaged stats, i.e. how well the *current* value head
+    # (vpred, before each step) explains the returns: 1 - E[(vpred - R)^2] / Var[R]
+    returns_var = out["ppo/returns/var"]
+    out["ppo/val/var_explained"] = 1.0 - out["ppo/val/error"] / returns_var if returns_var > 0 else float("nan")
+    return out

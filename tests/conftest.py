@@ -1,0 +1,35 @@
+"""Shared fixtures: the tiny random GPT-2 (built once into the asset cache), and a guard that fails any test that
+opens a non-loopback connection: no test may touch the network."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+_connect = socket.socket.connect
+
+
+def _guarded_connect(self, address):
+    host = address[0] if isinstance(address, tuple) else address
+    if isinstance(host, str) and not (host.startswith("127.") or host in ("localhost", "::1") or self.family == socket.AF_UNIX):
+        raise RuntimeError(f"test tried to reach the network: {address!r}")
+    return _connect(self, address)
+
+
+socket.socket.connect = _guarded_connect
+
+
+@pytest.fixture(scope="session")
+def tiny_lm():
+    """(model, tokenizer): a 2-layer, 32-dim random GPT-2 with the real GPT-2 tokenizer."""
+    import torch
+
+    from lmprefs.models.lm import load_lm
+
+    torch.manual_seed(0)
+    return load_lm("tiny-gpt2")
