@@ -16,6 +16,14 @@ COMMANDS = {
     "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen)",
     "sample": "print queries and sampled continuations from the initial model or a trained policy",
     "presets": "list the presets, or print one preset's full config",
+    "label": "sample best-of-N comparisons from the initial policy and have a simulated labeler judge them",
+    "import-labels": "import a label file (the original's JSON, TRL pairwise JSONL, text JSONL) into a label store",
+    "export-labels": "export a label store to a label file",
+    "train-reward": "train a reward model from the label store (or a label file) and report held-out accuracy",
+    "score": "score texts (stdin or a file) with a trained reward model",
+    "serve": "run the labeling web app over a label store (127.0.0.1 by default)",
+    "labelers": "manage labelers of a label store: add NAME [--admin] prints a sign-in token; list",
+    "train-policy": "fine-tune the policy with PPO against a reward model (trained first unless given) or a reward function",
 }
 
 
@@ -107,7 +115,183 @@ def cmd_sample(argv: list[str]) -> int:
     return sample_cli(a, pairs)
 
 
-HANDLERS = {"assets": cmd_assets, "sample": cmd_sample, "presets": cmd_presets}
+def _preset_parser(cmd: str, argv: list[str]):
+    """(parser, own argv, overrides) for commands of the form `lmprefs CMD PRESET [flags] [--section.key V]`."""
+    from lmprefs.overrides import split_overrides
+
+    argv, pairs = split_overrides(argv)
+    p = _parser(cmd)
+    p.add_argument("preset", help="preset name (lmprefs presets lists them)")
+    p.add_argument("--config", help="a saved config.json to start from instead of the preset")
+    preset_name = next((a for a in argv if not a.startswith("-")), "tiny")
+    return p, argv, pairs, preset_name
+
+
+def cmd_label(argv: list[str]) -> int:
+    p, argv, pairs, name = _preset_parser("label", argv)
+    p.add_argument("--db", default="labels.sqlite", help="label store (SQLite file; created if missing)")
+    p.add_argument("--n", type=int, default=1000, help="questions to sample and label")
+    p.add_argument("--labeler", default=None, help="simulated labeler: vader, descriptiveness, or none to only queue")
+    p.add_argument("--seed", type=int, default=None, help="seed for the queries and samples (default run.seed)")
+    _help_with_config(p, argv, name)
+    a = p.parse_args(argv)
+    from lmprefs.pipeline import collect_labels, open_store, setup_task
+
+    if a.n <= 0:
+        raise UserError(f"--n {a.n}: must be positive")
+    cfg = _config(a.preset, pairs, a.config)
+    store = open_store(a.db)
+    out = collect_labels(setup_task(cfg), store, a.n, labeler=a.labeler, seed=a.seed)
+    print(f"{out['items']} questions sampled in {out['sample_seconds']:.0f}s; {out['labels_added']} labels by "
+          f"{out['labeler']} in {a.db} (store now: {store.table_counts()})")  # fmt: skip
+    return 0
+
+
+def cmd_import_labels(argv: list[str]) -> int:
+    p = _parser("import-labels")
+    p.add_argument("file")
+    p.add_argument("--db", default="labels.sqlite")
+    p.add_argument("--format", default="auto", help="auto, openai, pairwise, text")
+    p.add_argument("--labeler", default="import", help="labeler name recorded for the imported labels")
+    a = p.parse_args(argv)
+    from lmprefs.labels.formats import LabelFileError, import_file
+    from lmprefs.pipeline import open_store
+
+    if not Path(a.file).is_file():
+        raise UserError(f"label file {a.file} does not exist")
+    try:
+        report = import_file(open_store(a.db), a.file, format=a.format, labeler=a.labeler)
+    except LabelFileError as e:
+        raise UserError(str(e)) from None
+    print(report)
+    return 0
+
+
+def cmd_export_labels(argv: list[str]) -> int:
+    p = _parser("export-labels")
+    p.add_argument("file")
+    p.add_argument("--db", default="labels.sqlite")
+    p.add_argument("--format", default="auto", help="auto (by extension), pairwise, text")
+    a = p.parse_args(argv)
+    from lmprefs.labels.formats import LabelFileError, export_file
+    from lmprefs.pipeline import open_store
+
+    if not Path(a.db).is_file():
+        raise UserError(f"label store {a.db} does not exist")
+    try:
+        print(export_file(open_store(a.db), a.file, format=a.format))
+    except LabelFileError as e:
+        raise UserError(str(e)) from None
+    return 0
+
+
+def cmd_train_reward(argv: list[str]) -> int:
+    p, argv, pairs, name = _preset_parser("train-reward", argv)
+    p.add_argument("--db", default=None, help="label store to train from (default labels.source, else labels.sqlite)")
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/train-reward-PRESET-TIME)")
+    _help_with_config(p, argv, name)
+    a = p.parse_args(argv)
+    from lmprefs.pipeline import open_store, setup_task, train_reward_model
+    from lmprefs.runlog import RunLogger, default_run_dir
+
+    cfg = _config(a.preset, pairs, a.config)
+    source = a.db or cfg.labels.source or "labels.sqlite"
+    store = _label_source(source)
+    run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-reward", a.preset))
+    log = RunLogger(run_dir, cfg, subdir="reward_model_logs")
+    _, summary = train_reward_model(setup_task(cfg), store, run_dir / "reward_model", log)
+    log.close()
+    print(f"reward model: {run_dir / 'reward_model'}")
+    print(f"  trained on {summary['labels_train']} labels in {summary['seconds']:.0f}s; held-out "
+          f"({summary['labels_heldout']} labels): accuracy {summary.get('heldout/accuracy', float('nan')):.3f} "
+          f"(before training {summary.get('initial_heldout/accuracy', float('nan')):.3f}), "
+          f"loss {summary.get('heldout/loss', float('nan')):.3f}")  # fmt: skip
+    return 0
+
+
+def _label_source(source: str):
+    """A label store from a .sqlite path, or a temporary store holding an imported label file."""
+    import tempfile
+
+    from lmprefs.labels.formats import LabelFileError, import_file
+    from lmprefs.pipeline import open_store
+
+    p = Path(source)
+    if p.suffix in (".sqlite", ".db"):
+        if not p.is_file():
+            raise UserError(f"label store {p} does not exist (run `lmprefs label` first, or pass --db)")
+        return open_store(p)
+    if not p.is_file():
+        raise UserError(f"label source {p} does not exist")
+    store = open_store(Path(tempfile.mkdtemp(prefix="lmprefs-labels-")) / "labels.sqlite")
+    try:
+        import_file(store, p)
+    except LabelFileError as e:
+        raise UserError(str(e)) from None
+    return store
+
+
+def cmd_score(argv: list[str]) -> int:
+    p = _parser("score", "lmprefs score --reward-model DIR [FILE]  (one text per line; '\\t' separates query and response)")
+    p.add_argument("file", nargs="?", help="texts, one per line (default: stdin)")
+    p.add_argument("--reward-model", required=True)
+    p.add_argument("--device", default="auto")
+    a = p.parse_args(argv)
+    from lmprefs.score import score_cli
+
+    return score_cli(a)
+
+
+def cmd_train_policy(argv: list[str]) -> int:
+    p, argv, pairs, name = _preset_parser("train-policy", argv)
+    p.add_argument("--reward", default=None,
+                   help="model (default: a reward model) or a reward function: vader, descriptiveness")
+    p.add_argument("--db", default=None, help="label store for training the reward model (default labels.source)")
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/train-policy-PRESET-TIME)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    _help_with_config(p, argv, name)
+    a = p.parse_args(argv)
+    from lmprefs.pipeline import run_train_policy
+    from lmprefs.runlog import default_run_dir
+    from lmprefs.training.policy import AndonStop
+
+    if a.resume:
+        if not a.run_dir:
+            raise UserError("--resume needs --run-dir (the run to continue)")
+        if pairs:
+            raise UserError("--resume continues a run with its saved config; drop the --section.key overrides")
+        cfg = _config(a.preset, [], str(Path(a.run_dir) / "config.json"))
+    else:
+        cfg = _config(a.preset, pairs, a.config)
+    run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-policy", a.preset))
+    if not a.resume and (run_dir / "checkpoint").exists():
+        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
+    try:
+        out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume)
+    except AndonStop as e:
+        print(f"lmprefs train-policy: {e}", file=sys.stderr)
+        return 3
+    s = out["stats"]
+    print(f"policy: {run_dir / 'policy'}  (score {s.get('objective/score', float('nan')):+.3f}, "
+          f"kl {s.get('objective/kl', float('nan')):.2f}, beta {s.get('objective/kl_coef', float('nan')):.3f})")  # fmt: skip
+    return 0
+
+
+def cmd_serve(argv: list[str]) -> int:
+    from lmprefs.server.cli import cmd_serve as run
+
+    return run(argv)
+
+
+def cmd_labelers(argv: list[str]) -> int:
+    from lmprefs.server.cli import cmd_labelers as run
+
+    return run(argv)
+
+
+HANDLERS = {"serve": cmd_serve, "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample, "presets": cmd_presets, "label": cmd_label,
+            "import-labels": cmd_import_labels, "export-labels": cmd_export_labels, "train-reward": cmd_train_reward,
+            "score": cmd_score}  # fmt: skip
 
 
 def register(name: str, help_text: str, handler) -> None:

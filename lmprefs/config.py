@@ -125,6 +125,8 @@ class PPOConfig:
     """shared: a zero-init value head on the policy's trunk (the original); separate: its own trunk (later work)."""
     kl_stop: float = 50.0
     """Andon cord: stop the run when the mean KL (nats per episode) exceeds this."""
+    score_drop_stop: float | None = 2.0
+    """Andon cord: stop when the running mean score falls this far below its best (None = never)."""
 
     @property
     def num_updates(self) -> int:

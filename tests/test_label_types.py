@@ -52,7 +52,7 @@ def test_scalar_rating_by_hand():
     # pearson r of (1, 2, 4) and (2, 2, 3): cov / sqrt(var x * var y)
     x, y = [1, 2, 4], [2, 2, 3]
     mx, my = sum(x) / 3, sum(y) / 3
-    cov = sum((a - mx) * (b - my) for a, b in zip(x, y)) / 3
+    cov = sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / 3
     vx, vy = sum((a - mx) ** 2 for a in x) / 3, sum((b - my) ** 2 for b in y) / 3
     assert stats["corr"].item() == pytest.approx(cov / math.sqrt(vx * vy), rel=1e-6)
     mean, std = types.ScalarRating().target_scales({"score": score})

@@ -13,6 +13,11 @@
 - "comparisons": plain text JSONL, one `{"query": str, "samples": [str, ...], "best": int, "labeler"?: str}`
   per line (`score` or `difference` instead of `best` for the scalar types).
 
+Token ids from "openai" files are stored as given (pads removed), so a reward model trained on them sees the
+original's tokens; the decoded text is for people and other tokenizers (it shows U+FFFD where a sample ends inside
+a multi-byte character). Caveat: two different id sequences that decode to the same text under the same query share
+one sample row, and the first ids stored win.
+
 An import validates and decodes the whole file before writing anything, then adds every row in one transaction:
 any error rejects the whole file and leaves the store as it was. Errors are `LabelFileError`s that name the file,
 the row (0-based index into a JSON list) or line (1-based, JSONL) and the field. Importing a file twice adds
@@ -76,7 +81,7 @@ def _load(path: Path) -> tuple[str, list[tuple[str, object]]]:
 
 
 def detect_format(path: str | Path) -> str:
-    """"openai" for a JSON list; for JSONL, "pairs" if the first row has `chosen`, "comparisons" if `samples`."""
+    """ "openai" for a JSON list; for JSONL, "pairs" if the first row has `chosen`, "comparisons" if `samples`."""
     path = Path(path)
     return _detect(path, *_load(path))
 
@@ -120,8 +125,10 @@ def _tokens(name: str, where: str, row: dict, key: str) -> list[int]:
     ids = _field(name, where, row, key, list, "a list of GPT-2 token ids")
     for j, t in enumerate(ids):
         if isinstance(t, bool) or not isinstance(t, int) or not (0 <= t < GPT2_VOCAB or t == GPT2_PAD):
-            raise LabelFileError(f"{name} {where}: field {key!r} token {j} = {t!r} is outside the GPT-2 vocabulary "
-                                 f"[0, {GPT2_VOCAB}) and is not the pad id {GPT2_PAD}")  # fmt: skip
+            raise LabelFileError(
+                f"{name} {where}: field {key!r} token {j} = {t!r} is outside the GPT-2 vocabulary "
+                f"[0, {GPT2_VOCAB}) and is not the pad id {GPT2_PAD}"
+            )
     return [t for t in ids if t != GPT2_PAD]  # the original masks pads wherever they are
 
 
@@ -137,7 +144,8 @@ def _openai_rows(name, rows, label_type, labeler, tokenizer, tokenizer_name) -> 
             label_type = f"best_of_{sum(bool(re.fullmatch(r'sample[0-9]+', k)) for k in first)}"
         else:
             label_type = {"score": "scalar_rating", "difference": "scalar_compare"}.get(
-                next((k for k in ("score", "difference") if k in first), ""), "")  # fmt: skip
+                next((k for k in ("score", "difference") if k in first), ""), ""
+            )
     try:
         label_type_shape(label_type or "")
     except ValueError as e:
@@ -148,11 +156,20 @@ def _openai_rows(name, rows, label_type, labeler, tokenizer, tokenizer_name) -> 
         query = _tokens(name, where, row, "query")
         extra = sorted(k for k in row if re.fullmatch(r"sample\d*", k) and k not in keys)
         if extra:
-            raise LabelFileError(f"{name} {where}: field {extra[0]!r} is not a {label_type} field "
-                                 f"(expected {', '.join(keys)})")  # fmt: skip
+            raise LabelFileError(
+                f"{name} {where}: field {extra[0]!r} is not a {label_type} field (expected {', '.join(keys)})"
+            )
         samples = [_tokens(name, where, row, k) for k in keys]
-        parsed.append(dict(label_type=label_type, labeler=labeler, **_label(name, where, row, label_type),
-                           query_tokens=query, sample_tokens=samples, tokenizer=tokenizer_name))  # fmt: skip
+        parsed.append(
+            dict(
+                label_type=label_type,
+                labeler=labeler,
+                **_label(name, where, row, label_type),
+                query_tokens=query,
+                sample_tokens=samples,
+                tokenizer=tokenizer_name,
+            )
+        )
         seqs += [query, *samples]
     texts = iter(tokenizer.batch_decode(seqs, clean_up_tokenization_spaces=False) if seqs else [])
     for r in parsed:
@@ -164,8 +181,10 @@ def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
     out = []
     for where, row in rows:
         if fmt == "pairs":
-            strs = [_field(name, where, row, k, str, "a string (conversational rows are not supported)")
-                    for k in ("prompt", "chosen", "rejected")]  # fmt: skip
+            strs = [
+                _field(name, where, row, k, str, "a string (conversational rows are not supported)")
+                for k in ("prompt", "chosen", "rejected")
+            ]
             r = dict(query=strs[0], samples=strs[1:], label_type="best_of_2", best=0, labeler=labeler)
         else:
             query = _field(name, where, row, "query", str, "a string")
@@ -175,28 +194,39 @@ def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
             given = [k for k in ("best", "score", "difference") if k in row]
             if len(given) != 1:
                 raise LabelFileError(f"{name} {where}: needs exactly one of fields 'best', 'score', 'difference'")
-            lt = {"best": f"best_of_{len(samples)}", "score": "scalar_rating", "difference": "scalar_compare"}[given[0]]
+            lt = {"best": f"best_of_{len(samples)}", "score": "scalar_rating", "difference": "scalar_compare"}[
+                given[0]
+            ]
             who = _field(name, where, row, "labeler", str, "a string") if "labeler" in row else labeler
             r = dict(query=query, samples=samples, label_type=lt, labeler=who)
             if label_type is None:
                 try:
                     label_type_shape(lt)
                 except ValueError:
-                    raise LabelFileError(f"{name} {where}: field 'samples' has {len(samples)} samples, "
-                                         f"too few for a {given[0]!r} label") from None  # fmt: skip
+                    raise LabelFileError(
+                        f"{name} {where}: field 'samples' has {len(samples)} samples, too few for a {given[0]!r} label"
+                    ) from None
             r.update(_label(name, where, row, lt if label_type is None else label_type))
         if label_type is not None and r["label_type"] != label_type:
             n = label_type_shape(label_type)[1]
-            raise LabelFileError(f"{name} {where}: field 'samples' has {len(r['samples'])} samples, "
-                                 f"{label_type} needs {n}")  # fmt: skip
+            raise LabelFileError(
+                f"{name} {where}: field 'samples' has {len(r['samples'])} samples, {label_type} needs {n}"
+            )
         out.append(r)
     return out
 
 
 def import_file(
-    store: LabelStore, path: str | Path, *, format: str = "auto", labeler: str = "import", tokenizer=None,
-    tokenizer_name: str | None = None, label_type: str | None = None, limit: int | None = None,
-) -> ImportReport:  # fmt: skip
+    store: LabelStore,
+    path: str | Path,
+    *,
+    format: str = "auto",
+    labeler: str = "import",
+    tokenizer=None,
+    tokenizer_name: str | None = None,
+    label_type: str | None = None,
+    limit: int | None = None,
+) -> ImportReport:
     """Validate, decode and import a whole label file atomically (see the module docstring).
 
     tokenizer: for "openai" files the decoder (default: the GPT-2 BPE from lmprefs.assets, stored as "gpt2");
@@ -246,8 +276,16 @@ def import_file(
         counts = store.import_batch(import_rows)
     except ValueError as e:  # e.g. a labeler's different answer to an item already in the store
         raise LabelFileError(f"{path.name}: {e}") from e
-    return ImportReport(str(path), fmt, tuple(sorted({r.label_type for r in import_rows})), counts.rows,
-                        counts.items_added, counts.items_present, counts.labels_added, counts.labels_present)  # fmt: skip
+    return ImportReport(
+        str(path),
+        fmt,
+        tuple(sorted({r.label_type for r in import_rows})),
+        counts.rows,
+        counts.items_added,
+        counts.items_present,
+        counts.labels_added,
+        counts.labels_present,
+    )
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -269,9 +307,16 @@ def _pad(ids: list[int], length: int, what: str) -> list[int]:
 
 
 def export_file(
-    store: LabelStore, path: str | Path, *, format: str, label_type: str | None = None, pairs: str = "first",
-    tokenizer=None, query_length: int | None = None, response_length: int | None = None,
-) -> int:  # fmt: skip
+    store: LabelStore,
+    path: str | Path,
+    *,
+    format: str,
+    label_type: str | None = None,
+    pairs: str = "first",
+    tokenizer=None,
+    query_length: int | None = None,
+    response_length: int | None = None,
+) -> int:
     """Write the store's labels (not skips or flags) to `path` atomically; returns the number of rows written.
 
     "openai": one label type (default best_of_4); stored "gpt2" ids are used, texts without them are encoded with
@@ -309,7 +354,7 @@ def export_file(
                     enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in [ex.query, *ex.samples]]
                 else:
                     enc = [ex.query_tokens, *ex.sample_tokens]
-                out.append({"query": enc[0], **dict(zip(_sample_keys(lt), enc[1:])), value_field: value})
+                out.append({"query": enc[0], **dict(zip(_sample_keys(lt), enc[1:], strict=True)), value_field: value})
     if format == "openai":
         sample_keys = _sample_keys(types[0])
         ql = query_length or max((len(r["query"]) for r in out), default=0)

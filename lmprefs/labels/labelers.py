@@ -29,8 +29,15 @@ class ScoreLabeler:
     scalar_rating: score of the sample; scalar_compare: score(sample1) - score(sample0) (both noiseless).
     """
 
-    def __init__(self, score_fn: ScoreFn, *, temperature: float = 0.0, random_rate: float = 0.0, seed: int = 0,
-                 with_query: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        score_fn: ScoreFn,
+        *,
+        temperature: float = 0.0,
+        random_rate: float = 0.0,
+        seed: int = 0,
+        with_query: bool = False,
+    ) -> None:
         if not temperature >= 0:
             raise ValueError(f"temperature={temperature} must be >= 0")
         if not 0 <= random_rate <= 1:
@@ -95,8 +102,9 @@ def vader_score(texts: list[str]) -> list[float]:
     return [_vader.polarity_scores(t)["compound"] for t in texts]
 
 
-# Concrete sensory vocabulary: colour, light, sound, touch/texture, temperature, smell/taste, size/shape, motion.
-_DESCRIPTIVE = frozenset("""
+# Concrete sensory vocabulary: colour, light, sound, touch/texture, temperature, smell/taste, size/shape, looks.
+_DESCRIPTIVE = frozenset(
+    """
 red crimson scarlet blue azure navy green emerald yellow golden gold amber orange purple violet pink white ivory
 black ebony grey gray silver brown pale dark bright vivid pallid rosy bronze copper
 shining gleaming glittering sparkling glowing dim dusky shadowy shady sunlit moonlit misty foggy hazy murky
@@ -110,10 +118,13 @@ curved crooked twisted gnarled hollow heavy delicate graceful sturdy massive
 ancient weathered tattered ragged worn rusty polished gleaming ornate elegant shabby lush verdant barren
 wild dense tangled wooden stone marble velvet satin lace leather woolen
 beautiful lovely gorgeous exquisite handsome ugly grim gloomy cheerful serene tranquil stormy windy rainy
-""".split())
+""".split()
+)
 # -ly words that are not manner adverbs
-_NOT_ADVERBS = frozenset("only family early likely really nearly daily lonely holy ugly jolly reply supply "
-                         "apply rely fly july italy belly bully silly lily ally".split())  # fmt: skip
+_NOT_ADVERBS = frozenset(
+    "only family early likely really nearly daily lonely holy ugly jolly reply supply "
+    "apply rely fly july italy belly bully silly lily ally".split()
+)
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
@@ -153,9 +164,14 @@ def make_labeler(name: str, temperature: float = 0.0, random_rate: float = 0.0, 
 
 
 def label_items(
-    store: LabelStore, labeler: ScoreLabeler, labeler_name: str, items: Iterable[Item] | None = None,
-    *, batch: str | None = None, limit: int | None = None,
-) -> int:  # fmt: skip
+    store: LabelStore,
+    labeler: ScoreLabeler,
+    labeler_name: str,
+    items: Iterable[Item] | None = None,
+    *,
+    batch: str | None = None,
+    limit: int | None = None,
+) -> int:
     """Answer `items` (default: this labeler's queue in the store, `next_item(labeler_name, batch=batch)` until it is
     empty or `limit` labels were added) as `labeler_name`; items it already answered are passed over.
     Returns the number of labels added."""
@@ -170,8 +186,12 @@ def label_items(
 
     for item in queue() if items is None else items:
         try:
-            store.add_label(item.id, labeler_name, source=f"sim:{labeler_name}",
-                            **labeler.answer(item.label_type, item.query, item.samples))  # fmt: skip
+            store.add_label(
+                item.id,
+                labeler_name,
+                source=f"sim:{labeler_name}",
+                **labeler.answer(item.label_type, item.query, item.samples),
+            )
         except DuplicateLabelError:  # another process (or an earlier call) already answered it as this labeler
             continue
         added += 1

@@ -80,7 +80,9 @@ def label_type_shape(label_type: str) -> tuple[str, int]:
     m = re.fullmatch(r"best_of_(\d+)", label_type)
     if m and int(m.group(1)) >= 2:
         return "best", int(m.group(1))
-    raise ValueError(f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'scalar_rating' or 'scalar_compare'")  # fmt: skip
+    raise ValueError(
+        f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'scalar_rating' or 'scalar_compare'"
+    )
 
 
 @dataclass(frozen=True)
@@ -273,22 +275,28 @@ class LabelStore:
     def _put_tokens(self, c, table: str, col: str, row_id: int, tokenizer: str, ids: list[int]) -> None:
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise ValueError(f"{table}: token ids must be ints, got {ids!r:.80}")
-        c.execute(f"INSERT OR IGNORE INTO {table} ({col}, tokenizer, ids) VALUES (?, ?, ?)",
-                  (row_id, tokenizer, json.dumps(ids)))  # fmt: skip
+        c.execute(
+            f"INSERT OR IGNORE INTO {table} ({col}, tokenizer, ids) VALUES (?, ?, ?)",
+            (row_id, tokenizer, json.dumps(ids)),
+        )
 
     def add_item(
-        self, query: str, samples: list[str], *, source: str, label_type: str = "best_of_4",
-        query_tokens: list[int] | None = None, sample_tokens: list[list[int]] | None = None,
-        tokenizer: str | None = None, want_labels: int = 1, batch: str | None = None, priority: int = 0,
+        self,
+        query: str,
+        samples: list[str],
+        *,
+        source: str,
+        label_type: str = "best_of_4",
+        query_tokens: list[int] | None = None,
+        sample_tokens: list[list[int]] | None = None,
+        tokenizer: str | None = None,
+        want_labels: int = 1,
+        batch: str | None = None,
+        priority: int = 0,
         key: str | None = None,
-    ) -> int:  # fmt: skip
+    ) -> int:
         """Add a question (idempotent: the same query, samples, label type, source and `key` give the same id).
-        `key` tells apart deliberate duplicates, e.g. the row number of a file that repeats a row."""
-        return self._add_item(query, samples, source, label_type, query_tokens, sample_tokens, tokenizer,
-                              want_labels, batch, priority, key)[0]  # fmt: skip
-
-    def _add_item(self, query, samples, source, label_type, query_tokens, sample_tokens, tokenizer, want_labels,
-                  batch, priority, key) -> tuple[int, bool]:  # fmt: skip
+        `key` tells apart deliberate duplicates, e.g. the k-th repeat of a row in an imported file."""
         _, n = label_type_shape(label_type)
         if not isinstance(query, str) or not all(isinstance(s, str) for s in samples) or len(samples) != n:
             raise ValueError(f"{label_type} needs a query string and {n} sample strings, got {len(samples)} samples")
@@ -300,38 +308,55 @@ class LabelStore:
             raise ValueError(f"want_labels={want_labels!r} must be an int >= 1")
         now = time.time()
         with self._tx() as c:
-            c.execute("INSERT OR IGNORE INTO queries (text, hash, created) VALUES (?, ?, ?)", (query, _sha(query), now))
+            c.execute(
+                "INSERT OR IGNORE INTO queries (text, hash, created) VALUES (?, ?, ?)", (query, _sha(query), now)
+            )
             (qid,) = c.execute("SELECT id FROM queries WHERE hash = ?", (_sha(query),)).fetchone()
             if query_tokens is not None:
                 self._put_tokens(c, "query_tokens", "query_id", qid, tokenizer, query_tokens)
             sids = []
             for i, text in enumerate(samples):
-                c.execute("INSERT OR IGNORE INTO samples (query_id, text, hash, created) VALUES (?, ?, ?, ?)",
-                          (qid, text, _sha(text), now))  # fmt: skip
-                (sid,) = c.execute("SELECT id FROM samples WHERE query_id = ? AND hash = ?", (qid, _sha(text))).fetchone()
+                c.execute(
+                    "INSERT OR IGNORE INTO samples (query_id, text, hash, created) VALUES (?, ?, ?, ?)",
+                    (qid, text, _sha(text), now),
+                )
+                (sid,) = c.execute(
+                    "SELECT id FROM samples WHERE query_id = ? AND hash = ?", (qid, _sha(text))
+                ).fetchone()
                 if sample_tokens is not None:
                     self._put_tokens(c, "sample_tokens", "sample_id", sid, tokenizer, sample_tokens[i])
                 sids.append(sid)
             ident = _sha(json.dumps([label_type, qid, sids, source, key]))
             row = c.execute("SELECT id FROM items WHERE ident = ?", (ident,)).fetchone()
             if row:
-                return row[0], False
+                return row[0]
             cur = c.execute(
                 "INSERT INTO items (ident, query_id, label_type, num_samples, source, key, batch, priority,"
                 " want_labels, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (ident, qid, label_type, n, source, key, batch, priority, want_labels, now))  # fmt: skip
-            c.executemany("INSERT INTO item_samples VALUES (?, ?, ?)", [(cur.lastrowid, i, s) for i, s in enumerate(sids)])
-            return cur.lastrowid, True
+                (ident, qid, label_type, n, source, key, batch, priority, want_labels, now),
+            )
+            c.executemany(
+                "INSERT INTO item_samples VALUES (?, ?, ?)", [(cur.lastrowid, i, s) for i, s in enumerate(sids)]
+            )
+            return cur.lastrowid
 
     def _items(self, where: str, args: tuple) -> list[Item]:
         out = []
         with self._read() as c:
             rows = c.execute(
                 "SELECT i.id, q.text, i.label_type, i.source, i.batch, i.priority, i.want_labels, i.status, i.created"
-                f" FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}", args).fetchall()  # fmt: skip
+                f" FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
+                args,
+            ).fetchall()
             for r in rows:
-                texts = [t for (t,) in c.execute("SELECT s.text FROM item_samples x JOIN samples s ON s.id = x.sample_id"
-                                                  " WHERE x.item_id = ? ORDER BY x.position", (r[0],))]  # fmt: skip
+                texts = [
+                    t
+                    for (t,) in c.execute(
+                        "SELECT s.text FROM item_samples x JOIN samples s ON s.id = x.sample_id"
+                        " WHERE x.item_id = ? ORDER BY x.position",
+                        (r[0],),
+                    )
+                ]
                 out.append(Item(r[0], r[1], texts, *r[2:]))
         return out
 
@@ -340,11 +365,14 @@ class LabelStore:
         return items[0] if items else None
 
     def next_item(self, labeler: str, *, batch: str | None = None) -> Item | None:
-        """The highest-priority, oldest pending item that `labeler` has not labeled, skipped or flagged yet."""
+        """The highest-priority, oldest pending item that `labeler` has not labeled, skipped or flagged yet.
+        There is no lease: two labelers asking at once may get the same item, and both answers are kept."""
         items = self._items(
             "i.status = 'pending' AND (?1 IS NULL OR i.batch = ?1) AND NOT EXISTS (SELECT 1 FROM labels l"
             " JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id AND b.name = ?2)"
-            " ORDER BY i.priority DESC, i.id LIMIT 1", (batch, labeler))  # fmt: skip
+            " ORDER BY i.priority DESC, i.id LIMIT 1",
+            (batch, labeler),
+        )
         return items[0] if items else None
 
     def pending_count(self, *, batch: str | None = None) -> int:
@@ -366,9 +394,17 @@ class LabelStore:
         return c.execute("SELECT id FROM labelers WHERE name = ?", (name,)).fetchone()[0]
 
     def add_label(
-        self, item_id: int, labeler: str, *, best: int | None = None, score: float | None = None,
-        difference: float | None = None, kind: str = "label", source: str = "", note: str | None = None,
-    ) -> int:  # fmt: skip
+        self,
+        item_id: int,
+        labeler: str,
+        *,
+        best: int | None = None,
+        score: float | None = None,
+        difference: float | None = None,
+        kind: str = "label",
+        source: str = "",
+        note: str | None = None,
+    ) -> int:
         """Record one judgement and return its id. `kind="skip"`/`"flag"` carry no value (a note, perhaps).
         Raises DuplicateLabelError if `labeler` already answered this item, ValueError on an invalid value."""
         if kind not in KINDS:
@@ -383,17 +419,23 @@ class LabelStore:
             elif (best, score, difference) != (None, None, None):
                 raise ValueError(f"a {kind} carries no value, got best={best}, score={score}, difference={difference}")
             lid = self._labeler_id(c, labeler)
-            old = c.execute("SELECT id, kind, best, score, difference FROM labels WHERE item_id = ? AND labeler_id = ?",
-                            (item_id, lid)).fetchone()  # fmt: skip
+            old = c.execute(
+                "SELECT id, kind, best, score, difference FROM labels WHERE item_id = ? AND labeler_id = ?",
+                (item_id, lid),
+            ).fetchone()
             if old:
                 raise DuplicateLabelError(
                     f"labeler {labeler!r} already answered item {item_id} (label {old[0]}: kind={old[1]}, "
-                    f"best={old[2]}, score={old[3]}, difference={old[4]})")  # fmt: skip
+                    f"best={old[2]}, score={old[3]}, difference={old[4]})"
+                )
             cur = c.execute(
                 "INSERT INTO labels (item_id, labeler_id, kind, best, score, difference, note, source, created)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (item_id, lid, kind, best, score, difference, note, source, time.time()))  # fmt: skip
-            (done,) = c.execute("SELECT COUNT(*) FROM labels WHERE item_id = ? AND kind = 'label'", (item_id,)).fetchone()
+                (item_id, lid, kind, best, score, difference, note, source, time.time()),
+            )
+            (done,) = c.execute(
+                "SELECT COUNT(*) FROM labels WHERE item_id = ? AND kind = 'label'", (item_id,)
+            ).fetchone()
             if done >= want:
                 c.execute("UPDATE items SET status = 'done' WHERE id = ?", (item_id,))
             return cur.lastrowid
@@ -404,20 +446,33 @@ class LabelStore:
         labeler raises DuplicateLabelError and rolls everything back."""
         counts = ImportCounts()
         with self._tx() as c:
+            items_before = c.execute("SELECT COUNT(*) FROM items").fetchone()[0]
             for r in rows:
                 counts.rows += 1
-                item_id, added = self._add_item(r.query, r.samples, r.source, r.label_type, r.query_tokens,
-                                                r.sample_tokens, r.tokenizer, 1, None, 0, r.key)  # fmt: skip
-                counts.items_added += added
-                counts.items_present += not added
+                item_id = self.add_item(
+                    r.query,
+                    r.samples,
+                    source=r.source,
+                    label_type=r.label_type,
+                    key=r.key,
+                    tokenizer=r.tokenizer,
+                    query_tokens=r.query_tokens,
+                    sample_tokens=r.sample_tokens,
+                )
                 old = c.execute(
                     "SELECT l.kind, l.best, l.score, l.difference FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-                    " WHERE l.item_id = ? AND b.name = ?", (item_id, r.labeler)).fetchone()  # fmt: skip
+                    " WHERE l.item_id = ? AND b.name = ?",
+                    (item_id, r.labeler),
+                ).fetchone()
                 if old is not None and old == ("label", r.best, r.score, r.difference):
                     counts.labels_present += 1
                     continue
-                self.add_label(item_id, r.labeler, best=r.best, score=r.score, difference=r.difference, source=r.source)
+                self.add_label(
+                    item_id, r.labeler, best=r.best, score=r.score, difference=r.difference, source=r.source
+                )
                 counts.labels_added += 1
+            counts.items_added = c.execute("SELECT COUNT(*) FROM items").fetchone()[0] - items_before
+        counts.items_present = counts.rows - counts.items_added  # rows whose question was already there
         return counts
 
     def labeled_examples(
@@ -425,28 +480,46 @@ class LabelStore:
     ) -> list[Example]:
         """Every `label` (not skips or flags) on items of `label_type`, oldest first; `since_id` keeps labels with a
         larger id (for online training). With `tokenizer`, attach the ids stored under that name (None if absent)."""
+        # the labels wanted, then the samples of their items: two queries for the whole result, not one per item
+        chosen = "SELECT l.id, l.item_id FROM labels l JOIN items i ON i.id = l.item_id"
+        chosen += " WHERE l.kind = 'label' AND i.label_type = :type AND l.id > :since"
+        args = {"tok": tokenizer, "type": label_type, "since": since_id or 0}
         with self._read() as c:
             labels = c.execute(
-                "SELECT l.id, l.item_id, b.name, q.text, l.best, l.score, l.difference, qt.ids FROM labels l"
-                " JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
-                " JOIN queries q ON q.id = i.query_id LEFT JOIN query_tokens qt ON qt.query_id = q.id AND qt.tokenizer = ?"
-                " WHERE l.kind = 'label' AND i.label_type = ? AND l.id > ? ORDER BY l.id",
-                (tokenizer, label_type, since_id or 0)).fetchall()  # fmt: skip
+                f"WITH chosen AS ({chosen}) SELECT l.id, l.item_id, b.name, q.text, l.best, l.score, l.difference,"
+                " qt.ids FROM chosen JOIN labels l ON l.id = chosen.id JOIN labelers b ON b.id = l.labeler_id"
+                " JOIN items i ON i.id = l.item_id JOIN queries q ON q.id = i.query_id"
+                " LEFT JOIN query_tokens qt ON qt.query_id = q.id AND qt.tokenizer = :tok ORDER BY l.id",
+                args,
+            ).fetchall()
             samples: dict[int, list[tuple[str, str | None]]] = defaultdict(list)
             for item_id, text, ids in c.execute(
-                "SELECT x.item_id, s.text, st.ids FROM item_samples x JOIN samples s ON s.id = x.sample_id"
-                " LEFT JOIN sample_tokens st ON st.sample_id = s.id AND st.tokenizer = ?"
-                " WHERE x.item_id IN (SELECT l.item_id FROM labels l JOIN items i ON i.id = l.item_id"
-                "  WHERE l.kind = 'label' AND i.label_type = ? AND l.id > ?) ORDER BY x.item_id, x.position",
-                (tokenizer, label_type, since_id or 0)):  # fmt: skip
+                f"WITH chosen AS ({chosen}) SELECT x.item_id, s.text, st.ids FROM item_samples x"
+                " JOIN samples s ON s.id = x.sample_id"
+                " LEFT JOIN sample_tokens st ON st.sample_id = s.id AND st.tokenizer = :tok"
+                " WHERE x.item_id IN (SELECT item_id FROM chosen) ORDER BY x.item_id, x.position",
+                args,
+            ):
                 samples[item_id].append((text, ids))
         out = []
         for lid, item_id, name, query, best, score, difference, qids in labels:
-            ss = samples[item_id]
-            have = tokenizer is not None and qids is not None and all(ids is not None for _, ids in ss)
-            out.append(Example(lid, item_id, label_type, name, query, [t for t, _ in ss], best, score, difference,
-                               json.loads(qids) if have else None,
-                               [json.loads(ids) for _, ids in ss] if have else None))  # fmt: skip
+            texts, ids = zip(*samples[item_id], strict=True)
+            have = tokenizer is not None and qids is not None and None not in ids
+            out.append(
+                Example(
+                    lid,
+                    item_id,
+                    label_type,
+                    name,
+                    query,
+                    list(texts),
+                    best,
+                    score,
+                    difference,
+                    query_tokens=json.loads(qids) if have else None,
+                    sample_tokens=[json.loads(i) for i in ids] if have else None,
+                )
+            )
         return out
 
     def counts_by_labeler(self) -> dict[str, dict[str, int]]:
@@ -494,6 +567,9 @@ class LabelStore:
         return token
 
     def labeler_for_token(self, token: str) -> Labeler | None:
-        row = self._conn().execute(
-            "SELECT id, name, is_admin, created FROM labelers WHERE token_hash = ?", (_sha(token),)).fetchone()  # fmt: skip
+        row = (
+            self._conn()
+            .execute("SELECT id, name, is_admin, created FROM labelers WHERE token_hash = ?", (_sha(token),))
+            .fetchone()
+        )
         return Labeler(row[0], row[1], bool(row[2]), row[3]) if row else None

@@ -206,12 +206,39 @@ class RewardModel(nn.Module):
 # Saving and loading: a standard HF directory plus the head as safetensors and a small JSON
 
 
+@contextlib.contextmanager
+def atomic_dir(out: Path):
+    """Yield a temporary sibling to write into; on success it replaces `out`, so readers never see half a model."""
+    import os
+    import shutil
+    import tempfile
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    try:
+        yield tmp
+        old = out.with_name(out.name + ".old")
+        if out.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+        os.replace(tmp, out)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def save_policy(policy: Policy, out: Path) -> None:
+    with atomic_dir(out) as tmp:
+        _save_policy(policy, tmp)
+
+
+def _save_policy(policy: Policy, out: Path) -> None:
     import json
 
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
     policy.lm.save_pretrained(out)
     policy.tokenizer.save_pretrained(out)
     save_file({k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()},
@@ -236,11 +263,15 @@ def load_policy(path: Path, device: torch.device | str = "cpu", temperature: flo
 
 
 def save_reward_model(rm: RewardModel, out: Path, extra: dict | None = None) -> None:
+    with atomic_dir(out) as tmp:
+        _save_reward_model(rm, tmp, extra)
+
+
+def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None) -> None:
     import json
 
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
     rm.lm.save_pretrained(out)
     rm.tokenizer.save_pretrained(out)
     tensors = {f"head.{k}": v for k, v in rm.head.state_dict().items()}

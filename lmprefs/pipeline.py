@@ -1,0 +1,212 @@
+"""The stages the commands share: set up a task (device, model, queries), collect simulated judgments into the
+label store, and train a reward model from the store. `lmprefs label`, `train-reward`, `train-policy` and
+`quickstart` are thin wrappers around these."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from lmprefs.config import Config
+from lmprefs.errors import UserError
+
+HELDOUT_QUERIES = 512  # queries set aside (a fixed permutation) for evaluation; never trained on
+
+
+@dataclass
+class Task:
+    cfg: Config
+    device: torch.device
+    dtype: torch.dtype
+    model: object  # the initial policy LM (fp32, eval, dropout off)
+    tok: object
+    train_queries: torch.Tensor  # [N, Q] PAD right
+    heldout_queries: torch.Tensor
+    prefix: list[int]
+    suffix: list[int]
+
+
+def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
+    from lmprefs.generate import setup_torch
+    from lmprefs.models.lm import load_lm, max_positions
+    from lmprefs.queries import task_queries
+
+    device, dtype = setup_torch(cfg.run)
+    torch.manual_seed(cfg.run.seed)
+    model, tok = load_lm(cfg.task.initial_model, device)
+    train, heldout, prefix, suffix = task_queries(cfg.task, tok, max_positions(model), n_heldout)
+    return Task(cfg, device, dtype, model, tok, train, heldout, prefix, suffix)
+
+
+def open_store(path: str | Path):
+    from lmprefs.labels.store import LabelStore
+
+    p = Path(path)
+    if p.exists() and p.is_dir():
+        raise UserError(f"label store {p} is a directory; give a .sqlite file")
+    if not p.parent.exists():
+        raise UserError(f"label store {p}: directory {p.parent} does not exist")
+    return LabelStore(p)
+
+
+def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source: str = "lmprefs label",
+                   batch: str | None = None, seed: int | None = None, queries: torch.Tensor | None = None) -> dict:  # fmt: skip
+    """Sample `n` questions of N continuations from the initial policy, put them in the store, and have the simulated
+    labeler judge them. Returns counts and timings."""
+    from lmprefs.labels.labelers import label_items, make_labeler
+    from lmprefs.labels.types import get as get_label_type
+    from lmprefs.runlog import progress
+    from lmprefs.tasks import decode
+    from lmprefs.training.reward import sample_comparisons, tokenizer_id
+
+    cfg = t.cfg
+    lt = get_label_type(cfg.labels.type)
+    S = getattr(lt, "num_samples", None)
+    if S is None:
+        raise UserError(f"labels.type={cfg.labels.type!r}: simulated labeling samples best_of_N questions only")
+    seed = cfg.run.seed if seed is None else seed
+    pool = t.train_queries if queries is None else queries
+    if n > len(pool):
+        raise UserError(f"--n {n}: only {len(pool)} training queries in task.query_dataset={cfg.task.query_dataset!r}")
+    pick = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed + 17))[:n]
+    q = pool[pick]
+    gen = torch.Generator(device=t.device).manual_seed(seed)
+    t0 = time.time()
+    bar = progress(n, "sampling comparisons")
+    samples = sample_comparisons(t.model, t.tok, q, cfg.task, t.prefix, t.suffix, S,
+                                 cfg.train_reward.rollout_batch_size, gen, t.device, t.dtype, bar.update)  # fmt: skip
+    bar.close()
+    t_sample = time.time() - t0
+    tok_name = tokenizer_id(t.tok)
+    q_text = decode(t.tok, q)
+    item_ids = []
+    with store.transaction():
+        for i in range(n):
+            ids = [[x for x in s if x >= 0] for s in samples[i].tolist()]
+            item_ids.append(store.add_item(
+                q_text[i], decode(t.tok, samples[i]), source=source, label_type=lt.name,
+                query_tokens=[x for x in q[i].tolist() if x >= 0], sample_tokens=ids, tokenizer=tok_name,
+                batch=batch, key=f"{seed}:{i}",
+            ))  # fmt: skip
+    added = 0
+    name = labeler or cfg.labels.labeler
+    if name != "none":
+        sim = make_labeler(name, cfg.labels.labeler_temperature, cfg.labels.labeler_random_rate, seed)
+        items = [store.get_item(i) for i in item_ids]
+        added = label_items(store, sim, name, items)
+    return {"items": n, "labels_added": added, "labeler": name, "sample_seconds": t_sample,
+            "seconds": time.time() - t0}  # fmt: skip
+
+
+def load_examples(cfg: Config, store, tok):
+    """Labeled best-of-N comparisons from the store, as tensors in `tok`'s ids, at most labels.num_train + held out."""
+    from lmprefs.training.reward import examples_to_comparisons, tokenizer_id
+
+    examples = store.labeled_examples(cfg.labels.type, tokenizer=tokenizer_id(tok))
+    if not examples:
+        raise UserError(f"the label store holds no {cfg.labels.type} labels; run `lmprefs label` or import a file "
+                        "with --labels")  # fmt: skip
+    return examples_to_comparisons(examples, tok, cfg.task)
+
+
+def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object, dict]:
+    """Normalize, train one epoch, normalize, evaluate on held-out labels, save to out_dir. -> (rm, summary)."""
+    from lmprefs.labels.types import get as get_label_type
+    from lmprefs.models.lm import RewardModel, save_reward_model
+    from lmprefs.runlog import progress
+    from lmprefs.training.reward import evaluate, normalize, train_epoch
+
+    cfg = t.cfg
+    data = load_examples(cfg, store, t.tok)
+    perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.run.seed + 1))
+    n_held = int(len(data) * cfg.labels.heldout_fraction)
+    held, train = data[perm[:n_held]], data[perm[n_held:]][: cfg.labels.num_train]
+    if len(train) == 0:
+        raise UserError(f"no labels left for training ({len(data)} labels, heldout_fraction "
+                        f"{cfg.labels.heldout_fraction})")  # fmt: skip
+    lt = get_label_type(cfg.labels.type)
+    t0 = time.time()
+    rm = RewardModel(copy.deepcopy(t.model), t.tok).to(t.device)
+    rm.lm.requires_grad_(True)
+    gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 2)
+    summary = {"labels_train": len(train), "labels_heldout": len(held)}
+    if cfg.train_reward.normalize_before:
+        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+        summary["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
+    summary |= {f"initial_{k}": v for k, v in evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype).items()}
+    bar = progress(len(train), "training reward model")
+    rm.train()
+    last = train_epoch(rm, train, lt, cfg, t.prefix, t.suffix, t.device, t.dtype, log, bar)
+    rm.eval()
+    bar.close()
+    if cfg.train_reward.normalize_after:
+        na = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+        summary["norm_after"] = {"mean": na["mean_before"], "std": na["std_before"]}
+    summary |= evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype)
+    summary |= {"final_minibatch": last, "seconds": time.time() - t0}
+    if log is not None:
+        log.scalars({k: v for k, v in summary.items() if isinstance(v, float)}, len(train))
+    task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
+    save_reward_model(rm, out_dir, extra={"summary": summary, "label_type": lt.name, "task": task})
+    return rm, summary
+
+
+def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: str | None, resume: bool, log=None):
+    """The score function PPO optimizes: a reward function by name (`--reward vader`), a trained reward model
+    (rewards.trained_model, or this run's reward_model/ when resuming), or a new one trained from the store."""
+    from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.models.lm import load_reward_model
+    from lmprefs.training.policy import rm_score_fn, text_score_fn
+
+    cfg = t.cfg
+    if reward and reward != "model":
+        if reward not in SCORE_FNS:
+            raise UserError(f"--reward {reward!r}: choose model or one of {', '.join(sorted(SCORE_FNS))}")
+        return text_score_fn(SCORE_FNS[reward], t.tok), {"reward": reward}
+    rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
+    if cfg.rewards.trained_model and not (rm_dir / "reward_head.safetensors").is_file():
+        raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (no reward_head.safetensors)")
+    if (rm_dir / "reward_head.safetensors").is_file() and (cfg.rewards.trained_model or resume):
+        rm = load_reward_model(rm_dir, t.device).eval()
+        return rm_score_fn(rm), {"reward": "model", "reward_model": str(rm_dir)}
+    from lmprefs.cli import _label_source
+
+    store = _label_source(store_path or cfg.labels.source or "labels.sqlite")
+    rm, summary = train_reward_model(t, store, rm_dir, log)
+    rm.requires_grad_(False)
+    return rm_score_fn(rm), {"reward": "model", "reward_model": str(rm_dir), "reward_training": summary}
+
+
+def policy_for(t: Task):
+    from lmprefs.models.lm import Policy
+
+    cfg = t.cfg
+    value_lm = copy.deepcopy(t.model) if cfg.ppo.value_model == "separate" else None
+    return Policy(copy.deepcopy(t.model), t.tok, cfg.task.temperature, value_lm=value_lm).to(t.device)
+
+
+def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,
+                     resume: bool = False, t: Task | None = None) -> dict:  # fmt: skip
+    """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint."""
+    from lmprefs.queries import QueryStream
+    from lmprefs.runlog import RunLogger
+    from lmprefs.training.policy import build_run, load_checkpoint, train_policy
+
+    t = t or setup_task(cfg)
+    run_dir = Path(run_dir)
+    score_fn, info = reward_for_policy(t, run_dir, reward, store_path, resume)
+    policy = policy_for(t)
+    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
+    if resume:
+        load_checkpoint(run, run_dir)
+        print(f"resuming {run_dir} at update {run.update}/{cfg.ppo.num_updates}")
+    log = RunLogger(run_dir, cfg, resume_step=run.update if resume else None)
+    try:
+        stats = train_policy(cfg, run, score_fn, log, run_dir, t.prefix, t.suffix, t.device, t.dtype)
+    finally:
+        log.close()
+    return {"stats": stats, **info, "run": run}

@@ -1,0 +1,80 @@
+"""A run directory: config.json, TensorBoard event files under the original's metric names, metrics.jsonl,
+samples.jsonl, and a progress bar with an ETA. Small on purpose: no logging framework, no callbacks."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from lmprefs.config import Config
+from lmprefs.overrides import save_config, to_dict
+
+
+def default_run_dir(command: str, preset: str) -> Path:
+    return Path("runs") / f"{command}-{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class RunLogger:
+    """Owns the run directory's logs. `resume_step` drops metric rows written after the checkpoint being resumed,
+    so a resumed run's metrics.jsonl reads as if the run had never stopped."""
+
+    def __init__(self, run_dir: Path, cfg: Config, subdir: str = "", resume_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.json")
+        self.dir = self.run_dir / subdir if subdir else self.run_dir
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.samples_path = self.dir / "samples.jsonl"
+        if resume_step is not None:
+            for p in (self.metrics_path, self.samples_path):
+                _truncate_jsonl(p, resume_step)
+        self.writer = SummaryWriter(str(self.dir))
+        if resume_step is None:
+            table = "|key|value|\n|-|-|\n" + "\n".join(
+                f"|{s}.{k}|{v}|" for s, sub in to_dict(cfg).items() for k, v in sub.items()
+            )
+            self.writer.add_text("hyperparameters", table)
+
+    def scalars(self, stats: dict[str, float], step: int) -> None:
+        for k, v in stats.items():
+            self.writer.add_scalar(k, v, step)
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps({"step": step, **{k: _finite(v) for k, v in stats.items()}}) + "\n")
+
+    def samples(self, rows: list[dict], step: int) -> None:
+        with open(self.samples_path, "a") as f:
+            for r in rows:
+                f.write(json.dumps({"step": step, **r}) + "\n")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _finite(v: float):
+    v = float(v)
+    return v if math.isfinite(v) else str(v)
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+    path.write_text("".join(line + "\n" for line in keep))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def progress(total: int, desc: str, initial: int = 0):
+    """A tqdm bar with an ETA on stderr; quiet when stderr is not a terminal except for periodic lines."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, initial=initial, file=sys.stderr, dynamic_ncols=True,
+                mininterval=1.0 if sys.stderr.isatty() else 10.0, unit="it", smoothing=0.1)  # fmt: skip

@@ -1,0 +1,240 @@
+"""Policy training with PPO against a reward model or a reward function (train_policy.py @cbfd210), with
+checkpoints that resume exactly and an automatic stop (the "andon cord") for runs that go wrong.
+
+One update, numbered as the original's PPOTrainer.step:
+ 1. sample queries and fixed-length responses from the policy
+ 2. score logprobs and values of the policy, and logprobs of the frozen reference, on the full responses
+ 3. truncate responses, score them, give penalty_reward_value to those that did not truncate
+ 4. per-token rewards -beta * KL with the score on the last token
+ 5. noptepochs x nminibatches of clipped PPO (whitening and GAE per minibatch, in ppo_update)
+ 6. update the KL controller, log, checkpoint
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from lmprefs.config import Config
+from lmprefs.errors import UserError
+from lmprefs.models.lm import Policy, autocast, logprobs_and_entropy, response_logits_hidden
+from lmprefs.sampling import sample
+from lmprefs.tasks import apply_penalty, decode, format_queries, show, truncate_responses
+from lmprefs.training.optim import TFAdam
+from lmprefs.training.ppo import Rollout, kl_penalized_rewards, make_kl_controller, ppo_update
+
+ScoreFn = Callable[[Tensor, Tensor], Tensor]  # (formatted queries [B, Q'], truncated responses [B, T]) -> [B]
+
+
+class AndonStop(RuntimeError):
+    """The run stopped itself (NaN/inf, KL past its ceiling, or a collapsing score); its state is saved."""
+
+
+def rm_score_fn(rm) -> ScoreFn:
+    def score(queries: Tensor, responses: Tensor) -> Tensor:
+        with torch.no_grad():
+            return rm(queries, responses).float()
+
+    return score
+
+
+def text_score_fn(fn: Callable[[list[str]], list[float]], tok) -> ScoreFn:
+    """A reward on the response text (e.g. VADER): the paper's 'direct access to the true reward'."""
+
+    def score(queries: Tensor, responses: Tensor) -> Tensor:
+        return torch.tensor(fn(decode(tok, responses)), dtype=torch.float32, device=responses.device)
+
+    return score
+
+
+@dataclass
+class PolicyRun:
+    """Everything one train_policy run holds; `state_dict` is what a checkpoint resumes."""
+
+    policy: Policy
+    ref_lm: object
+    optimizer: TFAdam
+    kl_ctl: object
+    stream: object
+    gen_sample: torch.Generator
+    gen_ppo: torch.Generator
+    update: int = 0
+    elapsed: float = 0.0
+    best_score_ema: float = -math.inf
+    score_ema: float | None = None
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "kl_ctl": self.kl_ctl.state_dict(),
+                "stream": self.stream.state_dict(), "gen_sample": self.gen_sample.get_state(),
+                "gen_ppo": self.gen_ppo.get_state(), "update": self.update, "elapsed": self.elapsed,
+                "best_score_ema": self.best_score_ema, "score_ema": self.score_ema}  # fmt: skip
+
+    def load_state_dict(self, s: dict) -> None:
+        self.optimizer.load_state_dict(s["optimizer"])
+        self.kl_ctl.load_state_dict(s["kl_ctl"])
+        self.stream.load_state_dict(s["stream"])
+        self.gen_sample.set_state(s["gen_sample"])
+        self.gen_ppo.set_state(s["gen_ppo"])
+        self.update, self.elapsed = s["update"], s["elapsed"]
+        self.best_score_ema, self.score_ema = s["best_score_ema"], s["score_ema"]
+
+
+def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float, vocab: int) -> Tensor:
+    _, logits = response_logits_hidden(ref_lm, queries, responses)
+    return logprobs_and_entropy(logits, responses, temperature, vocab)[0]
+
+
+@torch.no_grad()
+def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config, prefix, suffix, device, dtype):
+    """Steps 1-4 of an update: (Rollout, stats, texts for printing)."""
+    policy, task = run.policy, cfg.task
+    q = format_queries(queries.to(device), prefix, suffix)
+    with autocast(device, dtype):
+        responses, _ = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab, run.gen_sample)
+        # logprobs and values from the same full forward the update uses, so the first minibatch has ratio 1
+        logprobs, values, _ = policy(q, responses)
+        ref = ref_logprobs(run.ref_lm, q, responses, task.temperature, policy.vocab)
+    logprobs, values, ref = logprobs.float(), values.float(), ref.float()
+    post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
+    with autocast(device, dtype):
+        raw = score_fn(q, post).float()
+    scores = apply_penalty(raw, post, task)
+    rewards, non_score, kl = kl_penalized_rewards(logprobs, ref, scores, run.kl_ctl.value)  # 4.
+    stats = {  # record_step_stats (train_policy.py#L241)
+        "objective/kl": kl.sum(1).mean().item(),
+        "objective/kl_coef": run.kl_ctl.value,
+        "objective/entropy": (-logprobs).sum(1).mean().item(),
+        "objective/score": scores.mean().item(),
+        "objective/score_total": (non_score.sum(1) + scores).mean().item(),
+        "objective/penalized_fraction": (scores != raw).float().mean().item(),
+    }
+    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards)
+    return rollout, stats, {"responses": post, "kl": kl.sum(1)}
+
+
+def build_run(cfg: Config, policy: Policy, stream, device) -> PolicyRun:
+    ref_lm = copy.deepcopy(policy.lm).requires_grad_(False).eval()  # the frozen initial model
+    params = [p for p in policy.parameters() if p.requires_grad]
+    seed = cfg.run.seed
+    return PolicyRun(
+        policy=policy, ref_lm=ref_lm, optimizer=TFAdam(params, lr=cfg.ppo.lr), kl_ctl=make_kl_controller(cfg.rewards),
+        stream=stream, gen_sample=torch.Generator(device=device).manual_seed(seed),
+        gen_ppo=torch.Generator(device=device).manual_seed(seed + 1),
+    )  # fmt: skip
+
+
+def andon_check(run: PolicyRun, stats: dict, cfg: Config) -> str | None:
+    """Why the run must stop now, or None. The paper's sign-flip bug ran all night unnoticed."""
+    bad = [k for k, v in stats.items() if not math.isfinite(v)]
+    if bad:
+        return f"non-finite {', '.join(bad[:4])} at update {run.update}"
+    if stats["objective/kl"] > cfg.ppo.kl_stop:
+        return f"objective/kl = {stats['objective/kl']:.2f} exceeds ppo.kl_stop = {cfg.ppo.kl_stop}"
+    s = stats["objective/score"]
+    run.score_ema = s if run.score_ema is None else 0.8 * run.score_ema + 0.2 * s
+    run.best_score_ema = max(run.best_score_ema, run.score_ema)
+    if cfg.ppo.score_drop_stop is not None and run.best_score_ema - run.score_ema > cfg.ppo.score_drop_stop:
+        return (f"score collapsed: running mean {run.score_ema:+.3f} is {run.best_score_ema - run.score_ema:.2f} below "
+                f"its best {run.best_score_ema:+.3f} (ppo.score_drop_stop = {cfg.ppo.score_drop_stop})")  # fmt: skip
+    return None
+
+
+def save_checkpoint(run: PolicyRun, run_dir: Path) -> None:
+    """policy/ (a HF directory + value head) and state.pt, replaced together atomically."""
+    from lmprefs.models.lm import _save_policy, atomic_dir
+
+    with atomic_dir(Path(run_dir) / "checkpoint") as tmp:
+        _save_policy(run.policy, tmp / "policy")
+        torch.save(run.state_dict(), tmp / "state.pt")
+
+
+def load_checkpoint(run: PolicyRun, run_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    ckpt = Path(run_dir) / "checkpoint"
+    if not (ckpt / "state.pt").is_file():
+        raise UserError(f"--resume: {run_dir} has no checkpoint (checkpoint/state.pt); start without --resume")
+    state = torch.load(ckpt / "state.pt", weights_only=False)
+    src = load_file(ckpt / "policy" / "model.safetensors")
+    lm_state = run.policy.lm.state_dict()
+    missing = [k for k in lm_state if k not in src and not _tied(run.policy.lm, k)]
+    if missing:
+        raise UserError(f"checkpoint in {run_dir} does not match the model (missing {missing[:3]})")
+    run.policy.lm.load_state_dict({k: src.get(k, lm_state[k]) for k in lm_state})
+    run.policy.value_head.load_state_dict(load_file(ckpt / "policy" / "value_head.safetensors"))
+    if run.policy.value_lm is not None:
+        run.policy.value_lm.load_state_dict(load_file(ckpt / "policy" / "value_model" / "model.safetensors"),
+                                            strict=False)  # fmt: skip
+    run.load_state_dict(state)
+
+
+def _tied(model, key: str) -> bool:
+    return key.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)
+
+
+def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: Path, prefix, suffix, device, dtype,
+                 on_update: Callable[[PolicyRun, dict], None] | None = None) -> dict:  # fmt: skip
+    """The outer loop, from run.update to ppo.num_updates. Returns the last update's stats."""
+    from lmprefs.models.lm import save_policy
+    from lmprefs.runlog import progress
+
+    n_updates, B = cfg.ppo.num_updates, cfg.ppo.batch_size
+    if n_updates <= 0:
+        raise UserError(f"ppo.total_episodes={cfg.ppo.total_episodes} is less than one batch ({B})")
+    bar = progress(n_updates, "PPO updates", initial=run.update)
+    stats: dict = {}
+    while run.update < n_updates:
+        t0 = time.time()
+        lr = cfg.ppo.lr * (1 - run.update / n_updates)  # linear decay to 0 over the run
+        for g in run.optimizer.param_groups:
+            g["lr"] = lr
+        rollout, stats, extra = make_rollout(run, score_fn, run.stream.next(B), cfg, prefix, suffix, device, dtype)
+        run.policy.train()
+        stats |= ppo_update(lambda mb: run.policy(mb.queries, mb.responses), run.optimizer, rollout, cfg.ppo,
+                            run.gen_ppo, autocast=lambda: autocast(device, dtype))  # fmt: skip
+        run.policy.eval()
+        run.kl_ctl.update(stats["objective/kl"], B)  # 6.
+        run.update += 1
+        run.elapsed += time.time() - t0
+        stats |= {"ppo/lr": lr, "elapsed/updates": run.update, "elapsed/episodes": run.update * B,
+                  "elapsed/fps": B * cfg.task.response_length / (time.time() - t0), "elapsed/time": run.elapsed}  # fmt: skip
+        log.scalars(stats, run.update)
+        if run.update % cfg.run.log_interval == 0 or run.update == 1:
+            _print_samples(run, rollout, extra, cfg, log)
+        if on_update is not None:
+            on_update(run, stats)
+        reason = andon_check(run, stats, cfg)
+        if reason or run.update % cfg.run.save_interval == 0 or run.update == n_updates:
+            save_checkpoint(run, run_dir)
+        if reason:
+            bar.close()
+            (Path(run_dir) / "ANDON").write_text(reason + "\n")
+            raise AndonStop(f"andon cord pulled: {reason}; state saved in {run_dir}/checkpoint")
+        bar.update(1)
+        bar.set_postfix(score=f"{stats['objective/score']:+.3f}", kl=f"{stats['objective/kl']:.2f}",
+                        beta=f"{stats['objective/kl_coef']:.3f}")  # fmt: skip
+    bar.close()
+    save_policy(run.policy, Path(run_dir) / "policy")
+    return stats
+
+
+def _print_samples(run: PolicyRun, rollout: Rollout, extra: dict, cfg: Config, log, n: int = 3) -> None:
+    """Three samples in the original's format (train_policy.py#L423-L430), also appended to samples.jsonl."""
+    from tqdm import tqdm
+
+    tok = run.policy.tokenizer
+    beta = run.kl_ctl.value
+    rows = []
+    for i in range(min(n, len(rollout))):
+        q, r = decode(tok, rollout.queries[i : i + 1])[0], decode(tok, extra["responses"][i : i + 1])[0]
+        score, kl = rollout.scores[i].item(), extra["kl"][i].item()
+        tqdm.write(f"{show(q)}\n{show(r)}\n  score = {score:+.3f}\n  kl = {kl:+.3f}\n  total = {score - beta * kl:+.3f}")
+        rows.append({"query": q, "response": r, "score": score, "kl": kl, "total": score - beta * kl})
+    log.samples(rows, run.update)
