@@ -196,8 +196,13 @@ def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, s
     from lmprefs.runlog import RunLogger
     from lmprefs.training.policy import build_run, load_checkpoint, train_policy
 
-    t = t or setup_task(cfg)
+    import json
+
     run_dir = Path(run_dir)
+    meta_path = run_dir / "run.json"  # what the command line chose beyond the config, so --resume repeats it
+    if resume and meta_path.is_file():
+        reward = reward or json.loads(meta_path.read_text()).get("reward")
+    t = t or setup_task(cfg)
     score_fn, info = reward_for_policy(t, run_dir, reward, store_path, resume)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
@@ -205,6 +210,11 @@ def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, s
         load_checkpoint(run, run_dir)
         print(f"resuming {run_dir} at update {run.update}/{cfg.ppo.num_updates}")
     log = RunLogger(run_dir, cfg, resume_step=run.update if resume else None)
+    if not resume:
+        from lmprefs.overrides import atomic_write_text
+
+        atomic_write_text(meta_path, json.dumps({"reward": reward or "model", **{k: v for k, v in info.items()
+                                                                                 if isinstance(v, str)}}))  # fmt: skip
     try:
         stats = train_policy(cfg, run, score_fn, log, run_dir, t.prefix, t.suffix, t.device, t.dtype)
     finally:

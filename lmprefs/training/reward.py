@@ -147,8 +147,8 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
         opt.zero_grad(set_to_none=True)
         out["loss"].backward()
         opt.step()
-        stats = {"train_reward/minibatch/loss": float(out["loss"]), "train_reward/minibatch/error": float(out["error"]),
-                 "train_reward/minibatch/accuracy": float(out["accuracy"]), "train_reward/lr": opt.param_groups[0]["lr"]}  # fmt: skip
+        stats = {f"train_reward/minibatch/{k}": float(out[k].detach()) for k in ("loss", "error", "accuracy")}
+        stats["train_reward/lr"] = opt.param_groups[0]["lr"]
         if not all(math.isfinite(v) for v in stats.values()):
             raise FloatingPointError(f"reward-model training diverged at step {step}: {stats}")
         if log is not None and step % max(1, cfg.run.log_interval) == 0:

@@ -1,0 +1,102 @@
+"""The admin page's numbers: answers per labeler, throughput, and agreement between labelers.
+
+Throughput counts `label`s (not skips or flags) in the last hour and the last 24 hours, and a rate while active:
+labels per hour of time spent labeling, where time spent is the sum of the gaps between a labeler's consecutive
+answers that are shorter than IDLE_GAP (a longer gap is a break, not work). Imported files and simulated labelers
+write all their labels within seconds; their active time is ~0, so their rate is shown as unknown instead of as a
+huge number. The median gap is the typical seconds a person spends on one question.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from lmprefs.labels.store import LabelStore, label_type_shape
+
+IDLE_GAP = 30 * 60  # seconds; a longer pause between two answers is a break
+MIN_ACTIVE = 60  # seconds of active time below which a rate per hour means nothing
+
+
+@dataclass(frozen=True)
+class Throughput:
+    labels: int  # all time
+    last_hour: int
+    last_day: int
+    active_hours: float
+    median_seconds: float | None  # median gap between consecutive answers (excluding breaks)
+
+    @property
+    def per_hour_active(self) -> float | None:
+        return self.labels / self.active_hours if self.active_hours * 3600 >= MIN_ACTIVE else None
+
+
+@dataclass(frozen=True)
+class LabelerRow:
+    name: str
+    is_admin: bool
+    has_token: bool
+    label: int
+    skip: int
+    flag: int
+    last_answer: float | None
+    throughput: Throughput
+
+
+def _throughput(answers: list[tuple[str, float]], gaps: list[float], now: float) -> Throughput:
+    """`answers`: (kind, unix time); `gaps`: seconds between consecutive answers of the same labeler, breaks cut."""
+    times = [t for kind, t in answers if kind == "label"]
+    return Throughput(
+        labels=len(times),
+        last_hour=sum(t >= now - 3600 for t in times),
+        last_day=sum(t >= now - 86400 for t in times),
+        active_hours=sum(gaps) / 3600,
+        median_seconds=statistics.median(gaps) if gaps else None,
+    )
+
+
+def labeler_rows(store: LabelStore, now: float | None = None) -> tuple[list[LabelerRow], Throughput]:
+    """One row per registered labeler (with or without answers), and the totals over everyone."""
+    now = time.time() if now is None else now
+    with store._read() as c:  # one snapshot, so the totals equal the sum of the rows
+        labelers = c.execute("SELECT id, name, is_admin, token_hash IS NOT NULL FROM labelers ORDER BY name").fetchall()
+        answers: dict[int, list[tuple[str, float]]] = defaultdict(list)
+        for labeler_id, kind, created in c.execute("SELECT labeler_id, kind, created FROM labels ORDER BY created"):
+            answers[labeler_id].append((kind, created))
+    rows, all_answers, all_gaps = [], [], []
+    for labeler_id, name, is_admin, has_token in labelers:
+        mine = answers.get(labeler_id, [])
+        gaps = [b - a for (_, a), (_, b) in zip(mine, mine[1:]) if b - a < IDLE_GAP]
+        all_answers += mine
+        all_gaps += gaps
+        counts = {k: sum(kind == k for kind, _ in mine) for k in ("label", "skip", "flag")}
+        rows.append(
+            LabelerRow(
+                name,
+                bool(is_admin),
+                bool(has_token),
+                **counts,
+                last_answer=mine[-1][1] if mine else None,
+                throughput=_throughput(mine, gaps, now),
+            )
+        )
+    return rows, _throughput(all_answers, all_gaps, now)
+
+
+def chance_agreement(store: LabelStore) -> float | None:
+    """Agreement two random labelers would reach on the store's best_of_N items (1/N; None if N differs)."""
+    ns = {label_type_shape(t)[1] for t in store.label_types() if t.startswith("best_of_")}
+    return 1 / ns.pop() if len(ns) == 1 else None
+
+
+def ago(t: float | None, now: float | None = None) -> str:
+    """'3 min ago' for the admin table."""
+    if t is None:
+        return "never"
+    s = max(0.0, (time.time() if now is None else now) - t)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{s / size:.0f} {unit} ago"
+    return f"{s:.0f} s ago"

@@ -1,0 +1,161 @@
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmprefs.cli import main
+from lmprefs.config import preset
+from lmprefs.models.lm import Policy
+from lmprefs.pipeline import setup_task
+from lmprefs.queries import QueryStream
+from lmprefs.runlog import RunLogger, read_jsonl
+from lmprefs.training.policy import build_run, make_rollout, train_policy
+from lmprefs.training.ppo import ppo_update
+
+R = dataclasses.replace
+ORIGINAL_METRICS = [
+    "objective/kl", "objective/kl_coef", "objective/entropy", "objective/score", "objective/score_total",
+    "ppo/loss/policy", "ppo/loss/value", "ppo/loss/total", "ppo/policy/entropy", "ppo/policy/approxkl",
+    "ppo/policy/clipfrac", "ppo/returns/mean", "ppo/returns/var", "ppo/val/vpred", "ppo/val/error",
+    "ppo/val/clipfrac", "ppo/val/mean", "ppo/val/var", "ppo/val/var_explained", "elapsed/updates",
+    "elapsed/episodes", "elapsed/fps", "elapsed/time",
+]  # fmt: skip
+
+
+def low_ids_score(queries, responses):
+    """Any dense reward: the fraction of response tokens in the lower half of the vocabulary."""
+    return (responses.clamp(min=0) < 25000).float().mean(1) * 2 - 1
+
+
+@pytest.fixture(scope="module")
+def tiny_task():
+    return setup_task(preset("tiny"), n_heldout=16)
+
+
+def _run(t, cfg):
+    import copy
+
+    policy = Policy(copy.deepcopy(t.model), t.tok, cfg.task.temperature)
+    return build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
+
+
+def test_first_minibatch_of_first_epoch_has_ratio_one(tiny_task):
+    cfg = R(tiny_task.cfg, ppo=R(tiny_task.cfg.ppo, nminibatches=1, noptepochs=1))
+    run = _run(tiny_task, cfg)
+    rollout, stats, _ = make_rollout(run, low_ids_score, run.stream.next(16), cfg, tiny_task.prefix, tiny_task.suffix,
+                                     tiny_task.device, tiny_task.dtype)  # fmt: skip
+    assert rollout.responses.shape == (16, cfg.task.response_length) and stats["objective/kl"] == 0.0
+    out = ppo_update(lambda mb: run.policy(mb.queries, mb.responses), run.optimizer, rollout, cfg.ppo, run.gen_ppo)
+    assert out["ppo/policy/approxkl"] < 1e-10 and out["ppo/policy/clipfrac"] == 0.0
+    assert abs(out["ppo/val/vpred"]) < 1e-7  # the value head starts at zero
+
+
+class CountingTokenizer:
+    """The tokenizer surface the training loop uses, for a model over 64 bare token ids."""
+
+    def __len__(self):
+        return 64
+
+    def decode(self, ids):
+        return " ".join(map(str, ids))
+
+    def save_pretrained(self, d):
+        pass
+
+
+def test_learning_raises_the_score_while_kl_stays_bounded(tmp_path):
+    """A 64-token random GPT-2 learns to emit token 7 (reward: its frequency) under an adaptive KL target of 3."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0,
+                                    embd_pdrop=0, attn_pdrop=0)).eval()  # fmt: skip
+    cfg = preset("tiny")
+    cfg = R(cfg, task=R(cfg.task, truncate_token=None, query_length=8),
+            ppo=R(cfg.ppo, total_episodes=16 * 40, lr=3e-3, nminibatches=2),
+            rewards=R(cfg.rewards, kl_coef=0.05, kl_target=3.0), run=R(cfg.run, log_interval=1000, save_interval=1000))  # fmt: skip
+    run = build_run(cfg, Policy(lm, CountingTokenizer(), cfg.task.temperature),
+                    QueryStream(torch.randint(0, 64, (256, 8)), 1), torch.device("cpu"))  # fmt: skip
+    hist = []
+    log = RunLogger(tmp_path, cfg)
+    train_policy(cfg, run, lambda q, r: (r == 7).float().mean(1), log, tmp_path, [], [], torch.device("cpu"),
+                 torch.float32, on_update=lambda r, s: hist.append((s["objective/score"], s["objective/kl"])))  # fmt: skip
+    log.close()
+    first, last = sum(s for s, _ in hist[:5]) / 5, sum(s for s, _ in hist[-10:]) / 10
+    assert last > first + 0.07, hist  # chance is 1/64 = 0.016
+    assert max(k for _, k in hist) < 10, hist  # the controller holds KL near its target of 3 nats
+    assert hist[-1][1] > 0.5  # and the policy did move
+
+
+def _policy_tensors(d):
+    return load_file(d / "model.safetensors") | {f"value_head.{k}": v for k, v in load_file(d / "value_head.safetensors").items()}
+
+
+def test_tiny_end_to_end_run_dir_and_every_parameter_changes(tmp_path, tiny_task):
+    db = tmp_path / "labels.sqlite"
+    assert main(["label", "tiny", "--db", str(db), "--n", "40"]) == 0
+    run_dir = tmp_path / "run"
+    assert main(["train-policy", "tiny", "--db", str(db), "--run-dir", str(run_dir)]) == 0
+    for f in ["config.json", "metrics.jsonl", "samples.jsonl", "policy/model.safetensors", "policy/value_head.safetensors",
+              "policy/config.json", "reward_model/reward_head.safetensors", "reward_model/model.safetensors"]:  # fmt: skip
+        assert (run_dir / f).is_file(), f
+    assert list(run_dir.glob("events.out.tfevents.*"))
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(rows) == 2 and all(k in rows[-1] for k in ORIGINAL_METRICS)
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    assert {"query", "response", "score", "kl", "total"} <= set(samples[0])
+    before = {k: v for k, v in tiny_task.model.state_dict().items()}
+    after = _policy_tensors(run_dir / "policy")
+    unchanged = [k for k, v in before.items() if k in after and torch.equal(v, after[k])]
+    assert not unchanged, f"parameters that did not change: {unchanged}"
+    assert after["value_head.linear.weight"].abs().sum() > 0
+    # the trained policy samples through `lmprefs sample RUN_DIR`
+    assert main(["sample", str(run_dir), "--n", "2", "--temperature", "1.0"]) == 0
+
+
+def _metrics(path):
+    return [{k: v for k, v in r.items() if not k.startswith("elapsed/") or k in ("elapsed/updates", "elapsed/episodes")}
+            for r in read_jsonl(path)]  # fmt: skip
+
+
+def test_kill_and_resume_reproduces_an_uninterrupted_run(tmp_path):
+    args = ["train-policy", "tiny", "--reward", "vader", "--ppo.total-episodes", str(16 * 8), "--run.save-interval", "2",
+            "--run.log-interval", "100"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "lmprefs"]
+    full = tmp_path / "full"
+    subprocess.run(cmd + args + ["--run-dir", str(full)], check=True, env=env, capture_output=True)
+    killed = tmp_path / "killed"
+    p = subprocess.Popen(cmd + args + ["--run-dir", str(killed)], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline and p.poll() is None:
+        m = killed / "metrics.jsonl"
+        if (killed / "checkpoint" / "state.pt").exists() and m.exists() and len(m.read_text().splitlines()) >= 3:
+            os.kill(p.pid, signal.SIGKILL)  # mid-run, after a checkpoint at update 2 and past it
+            break
+        time.sleep(0.02)
+    p.wait()
+    assert p.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    assert len(read_jsonl(killed / "metrics.jsonl")) < 8
+    r = subprocess.run(cmd + ["train-policy", "tiny", "--resume", "--run-dir", str(killed)], env=env,
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resuming" in r.stdout
+    assert _metrics(killed / "metrics.jsonl") == _metrics(full / "metrics.jsonl")
+    a, b = _policy_tensors(full / "policy"), _policy_tensors(killed / "policy")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_andon_cord_stops_on_kl_ceiling_and_saves_state(tmp_path):
+    rc = main(["train-policy", "tiny", "--reward", "vader", "--run-dir", str(tmp_path), "--ppo.kl-stop", "-1"])
+    assert rc == 3
+    assert "kl_stop" in (tmp_path / "ANDON").read_text()
+    assert (tmp_path / "checkpoint" / "state.pt").is_file()
