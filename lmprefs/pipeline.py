@@ -130,8 +130,14 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
                         f"{cfg.labels.heldout_fraction})")  # fmt: skip
     lt = get_label_type(cfg.labels.type)
     t0 = time.time()
-    rm = RewardModel(copy.deepcopy(t.model), t.tok).to(t.device)
-    rm.lm.requires_grad_(True)
+    if cfg.lora.rank > 0:  # an adapter on the shared base, which stays the initial policy with adapters off
+        from lmprefs.models.lora import add_adapter
+
+        add_adapter(t.model, cfg.lora, "reward", seed=cfg.run.seed)
+        rm = RewardModel(t.model, t.tok, adapter="reward").to(t.device)
+    else:
+        rm = RewardModel(copy.deepcopy(t.model), t.tok).to(t.device)
+        rm.lm.requires_grad_(True)
     gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 2)
     summary = {"labels_train": len(train), "labels_heldout": len(held)}
     if cfg.train_reward.normalize_before:
@@ -185,7 +191,16 @@ def policy_for(t: Task):
     from lmprefs.models.lm import Policy
 
     cfg = t.cfg
-    value_lm = copy.deepcopy(t.model) if cfg.ppo.value_model == "separate" else None
+    separate = cfg.ppo.value_model == "separate"
+    if cfg.lora.rank > 0:  # policy (and value) adapters on the shared base
+        from lmprefs.models.lora import add_adapter
+
+        add_adapter(t.model, cfg.lora, "policy", seed=cfg.run.seed + 3)
+        if separate:
+            add_adapter(t.model, cfg.lora, "value", seed=cfg.run.seed + 4)
+        return Policy(t.model, t.tok, cfg.task.temperature, adapter="policy",
+                      value_adapter="value" if separate else None).to(t.device)  # fmt: skip
+    value_lm = copy.deepcopy(t.model) if separate else None
     return Policy(copy.deepcopy(t.model), t.tok, cfg.task.temperature, value_lm=value_lm).to(t.device)
 
 

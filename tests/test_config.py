@@ -1,11 +1,13 @@
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 
 from lmprefs.cli import main
-from lmprefs.config import PRESETS, preset
-from lmprefs.overrides import ConfigError, apply_overrides, load_config, save_config
+from lmprefs.config import PRESETS, Config, preset
+from lmprefs.overrides import ConfigError, all_keys, apply_overrides, load_config, save_config
 
 
 def test_presets_carry_the_originals_hyperparameters():
@@ -58,3 +60,9 @@ def test_cli_unknown_key_exits_2_with_a_suggestion(capsys):
     assert "--ppo.nminibatch" in err and "did you mean --ppo.nminibatches" in err and "Traceback" not in err
     assert main(["sample", "--preset", "nope"]) == 2
     assert "unknown preset 'nope'" in capsys.readouterr().err
+def test_every_config_field_is_read_somewhere_in_the_package():
+    """A knob nobody reads is a lie (torchtune's whiten_rewards, the original's rewards.whiten)."""
+    pkg = Path(__file__).parents[1] / "lmprefs"
+    source = "\n".join(p.read_text() for p in pkg.rglob("*.py") if p.name not in ("config.py", "overrides.py"))
+    unread = [k for k in all_keys(Config) if not re.search(rf"\.{k.split('.')[-1]}\b", source)]
+    assert not unread, f"config fields never read: {unread}"

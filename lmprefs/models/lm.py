@@ -153,30 +153,49 @@ def logprobs_and_entropy(logits: Tensor, tokens: Tensor, temperature: float, voc
 
 class Policy(nn.Module):
     """The policy LM and its value function (policy.py): a zero-init value head on the same trunk (the original),
-    or, with value_model='separate', a second trunk with its own head (the later summarization work)."""
+    or, with value_model='separate', a second trunk with its own head (the later summarization work).
+    With LoRA, `lm` is the shared frozen base and `adapter` / `value_adapter` name this policy's adapters on it.
+    """
 
-    def __init__(self, lm, tokenizer, temperature: float, value_lm=None):
+    def __init__(self, lm, tokenizer, temperature: float, value_lm=None, adapter: str | None = None,
+                 value_adapter: str | None = None):  # fmt: skip
         super().__init__()
         self.lm, self.tokenizer, self.temperature = lm, tokenizer, temperature
-        self.value_lm = value_lm
+        self.value_lm, self.adapter, self.value_adapter = value_lm, adapter, value_adapter
         self.value_head = ScalarHead(hidden_size(lm), init_std=0.0)
         self.vocab = vocab_size(tokenizer)
 
     def forward(self, queries: Tensor, responses: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(logprobs, values, entropy), each [B, T], for responses given queries."""
-        h, logits = response_logits_hidden(self.lm, queries, responses)
+        from lmprefs.models.lora import using
+
+        with using(self.lm, self.adapter):
+            h, logits = response_logits_hidden(self.lm, queries, responses)
         logprobs, entropy = logprobs_and_entropy(logits, responses, self.temperature, self.vocab)
-        if self.value_lm is not None:
+        if self.value_adapter is not None:
+            with using(self.lm, self.value_adapter):
+                h = response_hidden(self.lm, queries, responses)
+        elif self.value_lm is not None:
             h = response_hidden(self.value_lm, queries, responses)
         return logprobs, self.value_head(h), entropy
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """The value head and the trunk, or only this policy's adapters when the trunk is a shared LoRA base."""
+        from lmprefs.models.lora import lora_modules
+
+        if self.adapter is None:
+            return [p for p in self.parameters() if p.requires_grad]
+        names = {self.adapter, self.value_adapter} - {None}
+        adapters = [m[n] for mod in lora_modules(self.lm) for m in (mod.A, mod.B) for n in names]
+        return adapters + list(self.value_head.parameters())
 
 
 class RewardModel(nn.Module):
     """A trunk plus a scalar head read at the last real token, then reward = gain * r + bias (rewards.py:47-57)."""
 
-    def __init__(self, lm, tokenizer):
+    def __init__(self, lm, tokenizer, adapter: str | None = None):
         super().__init__()
-        self.lm, self.tokenizer = lm, tokenizer
+        self.lm, self.tokenizer, self.adapter = lm, tokenizer, adapter
         d = hidden_size(lm)
         self.head = ScalarHead(d, init_std=1.0 / (d + 1) ** 0.5)
         self.gain = nn.Parameter(torch.ones(()))
@@ -184,11 +203,22 @@ class RewardModel(nn.Module):
 
     def forward(self, queries: Tensor, responses: Tensor) -> Tensor:
         """Rewards [B] of query+response; responses may end in PAD after truncation."""
+        from lmprefs.models.lora import using
+
         tokens = torch.cat([queries, responses], dim=1)
-        h = trunk_hidden(self.lm, tokens)  # [B, L, d]
+        with using(self.lm, self.adapter):
+            h = trunk_hidden(self.lm, tokens)  # [B, L, d]
         last = (tokens != PAD).long().cumsum(-1).argmax(-1)  # index of the last real token
         r = self.head(h[torch.arange(h.shape[0], device=h.device), last])
         return self.gain * r + self.bias
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        from lmprefs.models.lora import lora_modules
+
+        extra = [self.gain, self.bias, *self.head.parameters()]
+        if self.adapter is None:
+            return [p for p in self.lm.parameters() if p.requires_grad] + extra
+        return [m[self.adapter] for mod in lora_modules(self.lm) for m in (mod.A, mod.B)] + extra
 
     @torch.no_grad()
     def set_norm(self, mean: float, std: float, target_mean: float = 0.0, target_std: float = 1.0) -> None:
@@ -239,11 +269,16 @@ def _save_policy(policy: Policy, out: Path) -> None:
 
     from safetensors.torch import save_file
 
-    policy.lm.save_pretrained(out)
+    from lmprefs.models.lora import merged_copy
+
+    lm = merged_copy(policy.lm, policy.adapter) if policy.adapter else policy.lm
+    lm.save_pretrained(out)
     policy.tokenizer.save_pretrained(out)
     save_file({k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()},
               out / "value_head.safetensors")  # fmt: skip
-    if policy.value_lm is not None:
+    if policy.value_adapter is not None:
+        merged_copy(policy.lm, policy.value_adapter).save_pretrained(out / "value_model")
+    elif policy.value_lm is not None:
         policy.value_lm.save_pretrained(out / "value_model")
     (out / "lmprefs.json").write_text(json.dumps({"kind": "policy", "temperature": policy.temperature}))
 
@@ -272,7 +307,9 @@ def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None) -> None:
 
     from safetensors.torch import save_file
 
-    rm.lm.save_pretrained(out)
+    from lmprefs.models.lora import merged_copy
+
+    (merged_copy(rm.lm, rm.adapter) if rm.adapter else rm.lm).save_pretrained(out)
     rm.tokenizer.save_pretrained(out)
     tensors = {f"head.{k}": v for k, v in rm.head.state_dict().items()}
     tensors |= {"gain": rm.gain.detach(), "bias": rm.bias.detach()}

@@ -4,7 +4,7 @@ Throughput counts `label`s (not skips or flags) in the last hour and the last 24
 labels per hour of time spent labeling, where time spent is the sum of the gaps between a labeler's consecutive
 answers that are shorter than IDLE_GAP (a longer gap is a break, not work). Imported files and simulated labelers
 write all their labels within seconds; their active time is ~0, so their rate is shown as unknown instead of as a
-huge number. The median gap is the typical seconds a person spends on one question.
+huge number. The median gap is the typical seconds a person spends on one question (also unknown for a burst).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _throughput(answers: list[tuple[str, float]], gaps: list[float], now: float)
         last_hour=sum(t >= now - 3600 for t in times),
         last_day=sum(t >= now - 86400 for t in times),
         active_hours=sum(gaps) / 3600,
-        median_seconds=statistics.median(gaps) if gaps else None,
+        median_seconds=statistics.median(gaps) if sum(gaps) >= MIN_ACTIVE else None,  # a burst is no person
     )
 
 

@@ -59,7 +59,7 @@ class PolicyRun:
     """Everything one train_policy run holds; `state_dict` is what a checkpoint resumes."""
 
     policy: Policy
-    ref_lm: object
+    ref_lm: object | None
     optimizer: TFAdam
     kl_ctl: object
     stream: object
@@ -94,13 +94,17 @@ def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float,
 @torch.no_grad()
 def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config, prefix, suffix, device, dtype):
     """Steps 1-4 of an update: (Rollout, stats, texts for printing)."""
+    from lmprefs.models.lora import using
+
     policy, task = run.policy, cfg.task
     q = format_queries(queries.to(device), prefix, suffix)
     with autocast(device, dtype):
-        responses, _ = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab, run.gen_sample)
+        with using(policy.lm, policy.adapter):
+            responses, _ = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab, run.gen_sample)
         # logprobs and values from the same full forward the update uses, so the first minibatch has ratio 1
         logprobs, values, _ = policy(q, responses)
-        ref = ref_logprobs(run.ref_lm, q, responses, task.temperature, policy.vocab)
+        with using(policy.lm, None):  # with LoRA the reference is the shared base, adapters off
+            ref = ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab)
     logprobs, values, ref = logprobs.float(), values.float(), ref.float()
     post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
     with autocast(device, dtype):
@@ -120,8 +124,9 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
 
 
 def build_run(cfg: Config, policy: Policy, stream, device) -> PolicyRun:
-    ref_lm = copy.deepcopy(policy.lm).requires_grad_(False).eval()  # the frozen initial model
-    params = [p for p in policy.parameters() if p.requires_grad]
+    # the frozen initial model; with LoRA it is the shared base itself (adapters off), no copy needed
+    ref_lm = None if policy.adapter else copy.deepcopy(policy.lm).requires_grad_(False).eval()
+    params = policy.trainable_parameters()
     seed = cfg.run.seed
     return PolicyRun(
         policy=policy, ref_lm=ref_lm, optimizer=TFAdam(params, lr=cfg.ppo.lr), kl_ctl=make_kl_controller(cfg.rewards),
@@ -150,8 +155,14 @@ def save_checkpoint(run: PolicyRun, run_dir: Path) -> None:
     """policy/ (a HF directory + value head) and state.pt, replaced together atomically."""
     from lmprefs.models.lm import _save_policy, atomic_dir
 
+    from safetensors.torch import save_file
+
+    from lmprefs.models.lora import adapter_state
+
     with atomic_dir(Path(run_dir) / "checkpoint") as tmp:
         _save_policy(run.policy, tmp / "policy")
+        if run.policy.adapter:  # the exact adapter weights; the merged export above is for sampling
+            save_file(adapter_state(run.policy.lm), tmp / "adapters.safetensors")
         torch.save(run.state_dict(), tmp / "state.pt")
 
 
@@ -162,6 +173,11 @@ def load_checkpoint(run: PolicyRun, run_dir: Path) -> None:
     if not (ckpt / "state.pt").is_file():
         raise UserError(f"--resume: {run_dir} has no checkpoint (checkpoint/state.pt); start without --resume")
     state = torch.load(ckpt / "state.pt", weights_only=False)
+    if run.policy.adapter:
+        run.policy.lm.load_state_dict(load_file(ckpt / "adapters.safetensors"), strict=False)
+        run.policy.value_head.load_state_dict(load_file(ckpt / "policy" / "value_head.safetensors"))
+        run.load_state_dict(state)
+        return
     src = load_file(ckpt / "policy" / "model.safetensors")
     lm_state = run.policy.lm.state_dict()
     missing = [k for k in lm_state if k not in src and not _tied(run.policy.lm, k)]

@@ -130,7 +130,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     """One epoch over `data` in a random permutation, LR decaying linearly to 0 (train_reward.py:train l.241-249)."""
     from lmprefs.training.optim import TFAdam
 
-    params = [p for p in rm.parameters() if p.requires_grad]
+    params = rm.trainable_parameters()
     opt = TFAdam(params, lr=cfg.train_reward.lr)
     g = torch.Generator().manual_seed(cfg.run.seed)
     n, bs, S = len(data), cfg.train_reward.batch_size, data.samples.shape[1]

@@ -1,0 +1,104 @@
+"""LoRA adapters (Hu et al. 2021) on one frozen base: the policy, the value function and the reward model are named
+adapters on the same weights, and the reference policy is the base with adapters off, so one copy of the model
+serves all four roles. Written here (about 100 lines) rather than taken from peft to keep several named adapters
+on one module switchable by a context manager, and GPT-2's Conv1D handled alongside nn.Linear.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+
+import torch
+from torch import Tensor, nn
+
+from lmprefs.config import LoraConfig
+
+
+class LoRALinear(nn.Module):
+    """base(x) + scale * x A^T B^T for the active adapter; B starts at 0 so an adapter starts as the identity."""
+
+    def __init__(self, base: nn.Module, rank: int, alpha: float):
+        super().__init__()
+        self.base, self.rank, self.scale = base, rank, alpha / rank
+        self.transposed = type(base).__name__ == "Conv1D"  # GPT-2 stores [in, out]
+        w = base.weight
+        self.in_features, self.out_features = (w.shape[0], w.shape[1]) if self.transposed else (w.shape[1], w.shape[0])
+        self.A = nn.ParameterDict()
+        self.B = nn.ParameterDict()
+        self.active: str | None = None
+
+    def add(self, name: str, generator: torch.Generator | None = None) -> None:
+        a = torch.empty(self.rank, self.in_features, device=self.base.weight.device)
+        bound = 1 / math.sqrt(self.in_features)  # nn.Linear's default init (kaiming uniform, a=sqrt(5))
+        a.uniform_(-bound, bound, generator=generator)
+        self.A[name] = nn.Parameter(a)
+        self.B[name] = nn.Parameter(torch.zeros(self.out_features, self.rank, device=a.device))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.base(x)
+        if self.active is None:
+            return y
+        a, b = self.A[self.active], self.B[self.active]
+        return y + (x.to(a.dtype) @ a.t() @ b.t()).to(y.dtype) * self.scale
+
+    def merged_weight(self, name: str) -> Tensor:
+        delta = (self.B[name] @ self.A[name]) * self.scale  # [out, in]
+        return self.base.weight + (delta.t() if self.transposed else delta)
+
+
+def lora_modules(model: nn.Module) -> list[LoRALinear]:
+    return [m for m in model.modules() if isinstance(m, LoRALinear)]
+
+
+def add_adapter(model: nn.Module, cfg: LoraConfig, name: str, seed: int = 0) -> list[nn.Parameter]:
+    """Wrap the target layers once (freezing the base), then add adapter `name`; returns its parameters."""
+    if not lora_modules(model):
+        model.requires_grad_(False)
+        targets = [(n, m) for n, m in model.named_modules()
+                   if n.split(".")[-1] in cfg.targets and type(m).__name__ in ("Linear", "Conv1D")]  # fmt: skip
+        if not targets:
+            raise ValueError(f"lora.targets={cfg.targets} match no Linear layer of {type(model).__name__}")
+        for n, m in targets:
+            parent = model.get_submodule(n.rsplit(".", 1)[0]) if "." in n else model
+            setattr(parent, n.split(".")[-1], LoRALinear(m, cfg.rank, cfg.alpha))
+    g = torch.Generator().manual_seed(seed)
+    params = []
+    for m in lora_modules(model):
+        if name not in m.A:
+            m.add(name, g)
+        params += [m.A[name], m.B[name]]
+    return params
+
+
+@contextlib.contextmanager
+def using(model: nn.Module, name: str | None):
+    """Run with adapter `name` active (None: the bare base, i.e. the reference policy); restores the previous one."""
+    mods = lora_modules(model)
+    before = [m.active for m in mods]
+    for m in mods:
+        m.active = name
+    try:
+        yield
+    finally:
+        for m, b in zip(mods, before):
+            m.active = b
+
+
+def merged_copy(model: nn.Module, name: str | None) -> nn.Module:
+    """A plain copy of the model with adapter `name` merged into its weights (a standard HF model to save)."""
+    out = copy.deepcopy(model)
+    for n, m in list(out.named_modules()):
+        if isinstance(m, LoRALinear):
+            base = m.base
+            if name is not None:
+                with torch.no_grad():
+                    base.weight.copy_(m.merged_weight(name))
+            parent = out.get_submodule(n.rsplit(".", 1)[0]) if "." in n else out
+            setattr(parent, n.split(".")[-1], base)
+    return out
+
+
+def adapter_state(model: nn.Module) -> dict[str, Tensor]:
+    return {k: v.detach().cpu() for k, v in model.state_dict().items() if ".A." in k or ".B." in k}
