@@ -13,6 +13,7 @@ from pathlib import Path
 from lmprefs.errors import UserError
 
 COMMANDS = {
+    "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
     "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen)",
     "sample": "print queries and sampled continuations from the initial model or a trained policy",
     "presets": "list the presets, or print one preset's full config",
@@ -289,7 +290,44 @@ def cmd_labelers(argv: list[str]) -> int:
     return run(argv)
 
 
-HANDLERS = {"serve": cmd_serve, "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample, "presets": cmd_presets, "label": cmd_label,
+def cmd_quickstart(argv: list[str]) -> int:
+    from lmprefs.overrides import split_overrides
+
+    argv, pairs = split_overrides(argv)
+    p = _parser("quickstart", "lmprefs quickstart [--preset NAME] [--run-dir DIR] [--section.key VALUE ...]")
+    p.add_argument("--preset", default="quickstart", help="preset (default: quickstart, SmolLM2 + Austen + VADER)")
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/quickstart-PRESET-TIME)")
+    p.add_argument("--eval-queries", type=int, default=256, help="held-out queries for the true-reward evaluation")
+    p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query")
+    _help_with_config(p, argv, "quickstart")
+    a = p.parse_args(argv)
+    from lmprefs.quickstart import run_quickstart
+    from lmprefs.runlog import default_run_dir
+    from lmprefs.training.policy import AndonStop
+
+    if a.eval_queries < 2 or a.eval_samples < 1:
+        raise UserError("--eval-queries must be >= 2 and --eval-samples >= 1")
+    cfg = _config(a.preset, pairs)
+    run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("quickstart", a.preset))
+    if (run_dir / "report.md").exists() or (run_dir / "labels.sqlite").exists():
+        raise UserError(f"{run_dir} already holds a quickstart run; choose another --run-dir")
+    try:
+        out = run_quickstart(cfg, run_dir, a.eval_queries, a.eval_samples)
+    except AndonStop as e:
+        print(f"lmprefs quickstart: {e}", file=sys.stderr)
+        return 3
+    b, f, st = out["before"], out["after"], out["figures"]
+    se = (b["stderr"] ** 2 + f["stderr"] ** 2) ** 0.5
+    print(f"\nreward model held-out accuracy: {st['rm_accuracy']:.3f} (chance 0.25)")
+    print(f"true reward (VADER) on {f['n_queries']} held-out queries: {b['mean']:+.4f} +/- {b['stderr']:.4f} -> "
+          f"{f['mean']:+.4f} +/- {f['stderr']:.4f} ({(f['mean'] - b['mean']) / se if se else float('nan'):+.1f} s.e.)")
+    print(f"final KL {st['kl']:.2f} nats (target {cfg.rewards.kl_target}), beta {st['beta']:.4f}; "
+          f"total {sum(out['stages'].values()):.0f}s")
+    print(f"report: {out['report']}")
+    return 0
+
+
+HANDLERS = {"quickstart": cmd_quickstart, "serve": cmd_serve, "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample, "presets": cmd_presets, "label": cmd_label,
             "import-labels": cmd_import_labels, "export-labels": cmd_export_labels, "train-reward": cmd_train_reward,
             "score": cmd_score}  # fmt: skip
 

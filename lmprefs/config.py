@@ -301,6 +301,18 @@ PRESETS: dict[str, tuple[str, Config]] = {
             run=RunConfig(log_interval=5, save_interval=10),
         ),
     ),
+    "quickstart": (
+        "The README's first command: austen-sentiment sized for a 2-core CPU, LoRA adapters on one bf16-autocast base.",
+        Config(
+            task=R(AUSTEN_TASK, query_length=32),
+            labels=LabelsConfig(num_train=400, labeler="vader"),
+            train_reward=TrainRewardConfig(batch_size=16, lr=2e-4, rollout_batch_size=64, normalize_samples=64),
+            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
+            ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=2e-4),
+            lora=LoraConfig(rank=8, alpha=16.0),
+            run=RunConfig(log_interval=5, save_interval=10, dtype="bfloat16"),
+        ),
+    ),
     "austen-descriptiveness": (
         "Offline mock descriptiveness: as austen-sentiment, with the descriptiveness heuristic as the labeler.",
         Config(

@@ -10,22 +10,10 @@ import torch
 
 from lmprefs.errors import UserError
 
-HELDOUT_QUERIES = 512  # queries kept aside (by a fixed permutation) for evaluation and `sample`
-
-
-def setup_torch(run) -> tuple[torch.device, torch.dtype]:
-    """Device, autocast dtype and threads from RunConfig."""
-    from lmprefs.models.lm import pick_device, pick_dtype
-
-    if run.threads:
-        torch.set_num_threads(run.threads)
-    device = pick_device(run.device)
-    return device, pick_dtype(run.dtype, device)
-
-
 def sample_cli(a: argparse.Namespace, pairs) -> int:
     from lmprefs.cli import _config
     from lmprefs.models.lm import autocast, load_lm, load_policy, max_positions
+    from lmprefs.pipeline import HELDOUT_QUERIES, setup_torch
     from lmprefs.queries import task_queries
     from lmprefs.sampling import sample
     from lmprefs.tasks import decode, format_queries, show

@@ -30,8 +30,17 @@ class Task:
     suffix: list[int]
 
 
+def setup_torch(run) -> tuple[torch.device, torch.dtype]:
+    """Device, autocast dtype and threads from RunConfig."""
+    from lmprefs.models.lm import pick_device, pick_dtype
+
+    if run.threads:
+        torch.set_num_threads(run.threads)
+    device = pick_device(run.device)
+    return device, pick_dtype(run.dtype, device)
+
+
 def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
-    from lmprefs.generate import setup_torch
     from lmprefs.models.lm import load_lm, max_positions
     from lmprefs.queries import task_queries
 

@@ -74,7 +74,8 @@ def test_every_route_but_sign_in_and_static_needs_a_session(app, db):
     routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods if r.path != "/login"]
     assert {p for _, p in routes} == {"/", "/logout", "/label", "/admin", "/admin/export"}
     for method, path in routes:
-        r = client.request(method, path, data={"item_id": "1", "choice": "0", "csrf": "x"} if method == "POST" else None)
+        form = {"item_id": "1", "choice": "0", "csrf": "x"} if method == "POST" else None
+        r = client.request(method, path, data=form)
         if method == "GET":
             assert (r.status_code, r.headers["location"]) == (303, "/login"), path
         else:
@@ -153,6 +154,7 @@ def test_security_headers(app, tokens):
         ({"item_id": "ITEM", "choice": "4"}, 422),
         ({"item_id": "ITEM", "choice": "-1"}, 422),
         ({"item_id": "ITEM", "choice": "1.0"}, 422),
+        ({"item_id": "ITEM", "choice": "\u0663"}, 422),  # ARABIC-INDIC DIGIT THREE: isdigit(), but not a choice
         ({"item_id": "ITEM", "choice": "best"}, 422),
         ({"item_id": "ITEM", "choice": ""}, 422),
         ({"item_id": "ITEM"}, 422),
@@ -193,7 +195,8 @@ def test_label_skip_flag_progress_and_an_empty_queue(app, db, tokens):
     for choice, note in (("3", ""), ("skip", ""), ("flag", "gibberish <b>"), ("0", ""), ("1", ""), ("2", "")):
         item, csrf = page(bob)
         seen.append(item)
-        assert bob.post("/label", data={"item_id": item, "choice": choice, "note": note, "csrf": csrf}).status_code == 303
+        r = bob.post("/label", data={"item_id": item, "choice": choice, "note": note, "csrf": csrf})
+        assert r.status_code == 303
         html = bob.get("/label").text
         assert f"Saved: item {item}" in html
     assert len(set(seen)) == 6 and 7 not in seen  # each best_of_4 item once; never the scalar_rating item
@@ -220,12 +223,13 @@ def test_sign_out_and_revoking_a_token_end_the_session(app, db, tokens):
     assert main(["labelers", "revoke", "alice", "--db", str(db)]) == 0
     assert alice.get("/label").headers["location"] == "/login"
     client = TestClient(app, follow_redirects=False)
-    assert client.post("/login", data={"token": tokens["alice"], "csrf": csrf_of(client.get("/login").text)}).status_code == 401
+    form = {"token": tokens["alice"], "csrf": csrf_of(client.get("/login").text)}
+    assert client.post("/login", data=form).status_code == 401
 
 
 def test_admin_page_shows_counts_throughput_and_agreement(app, db, tokens):
     with LabelStore(db) as store:
-        for item, (a, b) in zip(range(2, 6), [(0, 0), (1, 1), (2, 3), (3, 3)]):
+        for item, (a, b) in zip(range(2, 6), [(0, 0), (1, 1), (2, 3), (3, 3)], strict=True):
             store.add_label(item, "carol", best=a)
             store.add_label(item, "dave", best=b)
         store.add_label(2, "erin", kind="flag")
@@ -238,10 +242,11 @@ def test_admin_page_shows_counts_throughput_and_agreement(app, db, tokens):
                 store._conn().execute("UPDATE labels SET created = ? WHERE id = ?", (t0 + 20 * k, lid))
     html = sign_in(app, tokens["alice"]).get("/admin").text
     assert 'id="agreement">75%<' in html and "over 4 items" in html and "Chance is 25%" in html
-    assert 'id="labels-total">8<' in html and 'id="labels-hour">4<' in html and 'id="pending">3<' in html  # items 1, 6 and the scalar one
+    assert 'id="labels-total">8<' in html and 'id="labels-hour">4<' in html
+    assert 'id="pending">3<' in html  # items 1, 6 and the scalar_rating one
     row = re.search(r"<td>carol <span class=\"tag muted\">no token(.*?)</tr>", html, re.S).group(1)
     cells = re.findall(r'<td class="num">(.*?)</td>', row)
-    assert cells == ["4", "0", "0", "0", "0", "240", "20 s"]  # labels skips flags, last hour/day, rate, median
+    assert cells == ["4", "0", "0", "0", "4", "240", "20 s"]  # labels skips flags, last hour/day, rate, median
     assert "38%" in html
 
 
@@ -279,7 +284,7 @@ def test_export_rejects_unknown_format_and_label_type(app, tokens):
 
 def test_task_instructions(db, tokens):
     assert "vividly descriptive" in sign_in(create_app(db, "descriptiveness"), tokens["bob"]).get("/label").text
-    assert "best summary" in sign_in(create_app(db, "summarize"), tokens["bob"]).get("/label").text
+    assert "Which summary is the best?" in sign_in(create_app(db, "summarize"), tokens["bob"]).get("/label").text
     with pytest.raises(ValueError, match="task='poetry'"):
         create_app(db, "poetry")
 

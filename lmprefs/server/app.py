@@ -94,11 +94,8 @@ def signed_in(request: Request) -> User:
     if session is None:
         raise NotSignedIn
     # re-read the labeler each time: a revoked token or a changed admin flag takes effect at once
-    row = (
-        st.store._conn()
-        .execute("SELECT name, is_admin FROM labelers WHERE id = ? AND token_hash = ?", (session.labeler_id, session.token_hash))
-        .fetchone()
-    )  # fmt: skip
+    sql = "SELECT name, is_admin FROM labelers WHERE id = ? AND token_hash = ?"
+    row = st.store._conn().execute(sql, (session.labeler_id, session.token_hash)).fetchone()
     if row is None:
         st.sessions.close(session.sid)
         raise NotSignedIn
@@ -175,9 +172,7 @@ def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> H
     item = st.queue.current(user.name)
     flash, user.session.flash = user.session.flash, None
     progress = st.queue.progress(user.id, user.name)
-    return _render(
-        request, "label.html", user=user, csrf=user.session.csrf, item=item, progress=progress, flash=flash
-    )
+    return _render(request, "label.html", user=user, csrf=user.session.csrf, item=item, progress=progress, flash=flash)
 
 
 def submit_label(
@@ -196,7 +191,7 @@ def submit_label(
         raise HTTPException(422, f"Item {item_id} is a {item.label_type} question; this page answers best-of-N only.")
     kind, best = (choice, None) if choice in ("skip", "flag") else ("label", None)
     if kind == "label":
-        if not choice.isdigit() or not 0 <= int(choice) < n:
+        if not (choice.isascii() and choice.isdigit()) or not 0 <= int(choice) < n:  # "٣".isdigit() is True
             raise HTTPException(422, f"choice={choice!r} must be 0..{n - 1}, 'skip' or 'flag' for item {item_id}.")
         best = int(choice)
     try:
@@ -204,7 +199,7 @@ def submit_label(
     except DuplicateLabelError:
         raise HTTPException(409, f"You already answered item {item_id}; that answer stands.") from None
     st.queue.release(user.name, item_id)
-    done = f"picked option {best + 1}" if best is not None else f"{kind}ged" if kind == "flag" else "skipped"
+    done = {"label": f"picked option {(best or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
     user.session.flash = f"Saved: item {item_id} {done}."
     return RedirectResponse("/label", 303)
 
@@ -234,8 +229,9 @@ def export(
     st = _state(request)
     if format not in FORMATS:
         raise HTTPException(422, f"format={format!r} must be one of {', '.join(FORMATS)}.")
-    if label_type and label_type not in st.store.label_types():
-        raise HTTPException(422, f"label_type={label_type!r} is not in the store ({', '.join(st.store.label_types())}).")
+    types = st.store.label_types()
+    if label_type and label_type not in types:
+        raise HTTPException(422, f"label_type={label_type!r} is not in the store ({', '.join(types)}).")
     tmp = Path(tempfile.mkdtemp(prefix="lmprefs-export-"))
     name = f"labels-{format}{'-' + label_type if label_type else ''}.{'json' if format == 'openai' else 'jsonl'}"
     try:

@@ -69,9 +69,7 @@ class Queue:
                 # at most len(leased) candidates can be blocked, so one more is enough to find a free one
                 rows = (
                     self.store._conn()
-                    .execute(
-                        _CANDIDATES, {"batch": self.batch, "labeler": labeler, "limit": sum(leased.values()) + 1}
-                    )
+                    .execute(_CANDIDATES, {"batch": self.batch, "labeler": labeler, "limit": sum(leased.values()) + 1})
                     .fetchall()
                 )
                 if not rows:

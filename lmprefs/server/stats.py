@@ -61,14 +61,16 @@ def labeler_rows(store: LabelStore, now: float | None = None) -> tuple[list[Labe
     """One row per registered labeler (with or without answers), and the totals over everyone."""
     now = time.time() if now is None else now
     with store._read() as c:  # one snapshot, so the totals equal the sum of the rows
-        labelers = c.execute("SELECT id, name, is_admin, token_hash IS NOT NULL FROM labelers ORDER BY name").fetchall()
+        labelers = c.execute(
+            "SELECT id, name, is_admin, token_hash IS NOT NULL FROM labelers ORDER BY name"
+        ).fetchall()
         answers: dict[int, list[tuple[str, float]]] = defaultdict(list)
         for labeler_id, kind, created in c.execute("SELECT labeler_id, kind, created FROM labels ORDER BY created"):
             answers[labeler_id].append((kind, created))
     rows, all_answers, all_gaps = [], [], []
     for labeler_id, name, is_admin, has_token in labelers:
         mine = answers.get(labeler_id, [])
-        gaps = [b - a for (_, a), (_, b) in zip(mine, mine[1:]) if b - a < IDLE_GAP]
+        gaps = [b - a for (_, a), (_, b) in zip(mine, mine[1:], strict=False) if b - a < IDLE_GAP]
         all_answers += mine
         all_gaps += gaps
         counts = {k: sum(kind == k for kind, _ in mine) for k in ("label", "skip", "flag")}

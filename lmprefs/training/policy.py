@@ -221,11 +221,11 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         run.elapsed += time.time() - t0
         stats |= {"ppo/lr": lr, "elapsed/updates": run.update, "elapsed/episodes": run.update * B,
                   "elapsed/fps": B * cfg.task.response_length / (time.time() - t0), "elapsed/time": run.elapsed}  # fmt: skip
+        if on_update is not None:  # may add metrics of its own before they are written
+            on_update(run, stats)
         log.scalars(stats, run.update)
         if run.update % cfg.run.log_interval == 0 or run.update == 1:
             _print_samples(run, rollout, extra, cfg, log)
-        if on_update is not None:
-            on_update(run, stats)
         reason = andon_check(run, stats, cfg)
         if reason or run.update % cfg.run.save_interval == 0 or run.update == n_updates:
             save_checkpoint(run, run_dir)

@@ -1,0 +1,181 @@
+"""`lmprefs quickstart`: the paper's mock-sentiment experiment (section 3.1.1) end to end on one machine.
+
+A simulated human (VADER) judges best-of-4 comparisons sampled from the initial policy; a reward model learns the
+judgments; PPO with the adaptive KL controller optimizes the reward model; the initial and final policies are
+evaluated on held-out queries with the true reward. Everything lands in a run directory with report.md and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from lmprefs.config import Config
+from lmprefs.pipeline import Task
+
+
+@torch.no_grad()
+def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None, samples_per_query: int,
+                    seed: int, batch_size: int = 64, desc: str = "evaluating") -> dict:  # fmt: skip
+    """True reward of a policy on held-out queries: mean and standard error over queries (each query's reward is
+    the mean over its samples), with the texts of the first sample of each query."""
+    from lmprefs.models.lm import autocast
+    from lmprefs.models.lora import using
+    from lmprefs.runlog import progress
+    from lmprefs.sampling import sample
+    from lmprefs.tasks import decode, format_queries, truncate_responses
+
+    task = t.cfg.task
+    gen = torch.Generator(device=t.device).manual_seed(seed)
+    per_query, texts = [], []
+    bar = progress(len(queries), desc)
+    for i in range(0, len(queries), max(1, batch_size // samples_per_query)):
+        q = queries[i : i + max(1, batch_size // samples_per_query)].to(t.device)
+        rep = format_queries(q.repeat_interleave(samples_per_query, 0), t.prefix, t.suffix)
+        with autocast(t.device, t.dtype), using(t.model, adapter):
+            r, _ = sample(t.model, rep, task.response_length, task.temperature, len(t.tok), gen)
+        post = truncate_responses(r, task.truncate_token, task.truncate_after)
+        resp = decode(t.tok, post)
+        scores = torch.tensor(true_fn(resp)).view(len(q), samples_per_query)
+        per_query += scores.mean(1).tolist()
+        texts += resp[::samples_per_query]
+        bar.update(len(q))
+    bar.close()
+    x = torch.tensor(per_query, dtype=torch.float64)
+    return {"mean": x.mean().item(), "stderr": (x.std() / math.sqrt(len(x))).item(), "n_queries": len(x),
+            "samples_per_query": samples_per_query, "per_query": per_query, "texts": texts}  # fmt: skip
+
+
+def plot_curves(metrics: list[dict], out: Path) -> list[str]:
+    """PNG learning curves: score, true reward, KL and beta over updates."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("objective/score", "reward-model score"), ("objective/true_reward", "true reward (VADER)"),
+              ("objective/kl", "KL(policy || initial), nats"), ("objective/kl_coef", "KL coefficient beta")]  # fmt: skip
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    steps = [m["step"] for m in metrics]
+    for ax, (key, title) in zip(axes.flat, panels):
+        ax.plot(steps, [m.get(key, float("nan")) for m in metrics], marker=".")
+        ax.set_title(title)
+        ax.set_xlabel("PPO update")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "curves.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return [path.name]
+
+
+def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before: dict, after: dict, queries,
+                 tok) -> Path:  # fmt: skip
+    from lmprefs.tasks import decode, show
+
+    gain = after["mean"] - before["mean"]
+    se = math.sqrt(before["stderr"] ** 2 + after["stderr"] ** 2)
+    lines = [
+        "# lmprefs quickstart: mock sentiment", "",
+        f"Model `{cfg.task.initial_model}`, queries `{cfg.task.query_dataset}`, simulated labeler `{cfg.labels.labeler}`.",
+        "", "| figure | value |", "|---|---|",
+        f"| reward model held-out accuracy (best of 4, chance 0.25) | {figures.get('rm_accuracy', float('nan')):.3f} "
+        f"({figures.get('rm_heldout', 0)} held-out labels; {figures.get('rm_train', 0)} trained) |",
+        f"| true reward, initial policy | {before['mean']:+.4f} +/- {before['stderr']:.4f} |",
+        f"| true reward, final policy | {after['mean']:+.4f} +/- {after['stderr']:.4f} |",
+        f"| improvement | {gain:+.4f} ({gain / se if se > 0 else float('nan'):.1f} standard errors) |",
+        f"| evaluation | {after['n_queries']} held-out queries x {after['samples_per_query']} samples |",
+        f"| final KL (nats) / target | {figures.get('kl', float('nan')):.2f} / {cfg.rewards.kl_target} |",
+        f"| final beta | {figures.get('beta', float('nan')):.4f} |", "",
+        "| stage | seconds |", "|---|---|", *[f"| {k} | {v:.0f} |" for k, v in stages.items()],
+        f"| total | {sum(stages.values()):.0f} |", "",
+        "![learning curves](curves.png)", "", "## Samples before and after, same queries", "",
+    ]  # fmt: skip
+    qs = decode(tok, queries[:8])
+    for i, q in enumerate(qs):
+        lines += [f"**Query:** {show(q)}", "",
+                  f"- before ({before['per_query'][i]:+.3f}): {show(before['texts'][i])}",
+                  f"- after ({after['per_query'][i]:+.3f}): {show(after['texts'][i])}", ""]  # fmt: skip
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines))
+    (run_dir / "report.json").write_text(json.dumps({"figures": figures, "stages": stages,
+        "true_reward_before": {k: before[k] for k in ("mean", "stderr", "n_queries")},
+        "true_reward_after": {k: after[k] for k in ("mean", "stderr", "n_queries")}}, indent=1))  # fmt: skip
+    return path
+
+
+def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -> dict:
+    from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.pipeline import collect_labels, open_store, policy_for, setup_task, train_reward_model
+    from lmprefs.queries import QueryStream
+    from lmprefs.runlog import RunLogger, read_jsonl
+    from lmprefs.training.policy import build_run, rm_score_fn, train_policy
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stages: dict[str, float] = {}
+    t0 = time.time()
+    print("[1/6] preparing assets and queries", flush=True)
+    t = setup_task(cfg, n_heldout=n_eval)
+    stages["assets and model"] = time.time() - t0
+    true_fn = SCORE_FNS[cfg.labels.labeler]
+    heldout = t.heldout_queries[:n_eval]
+
+    s = time.time()
+    print("[2/6] evaluating the initial policy on held-out queries (true reward)", flush=True)
+    before = evaluate_policy(t, heldout, true_fn, None, eval_samples, cfg.run.seed + 5, desc="initial policy")
+    stages["evaluate initial"] = time.time() - s
+
+    s = time.time()
+    print(f"[3/6] sampling {cfg.labels.num_train} comparisons and labeling them with {cfg.labels.labeler}", flush=True)
+    store = open_store(run_dir / "labels.sqlite")
+    n_questions = math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction))
+    collect_labels(t, store, n_questions, source="quickstart")
+    stages["sample and label"] = time.time() - s
+
+    s = time.time()
+    print("[4/6] training the reward model", flush=True)
+    log = RunLogger(run_dir, cfg)
+    rm, rm_summary = train_reward_model(t, store, run_dir / "reward_model", log)
+    rm.requires_grad_(False)
+    stages["train reward model"] = time.time() - s
+    print(f"      held-out accuracy {rm_summary.get('heldout/accuracy', float('nan')):.3f} "
+          f"({rm_summary['labels_heldout']} labels; chance 0.25)", flush=True)  # fmt: skip
+
+    s = time.time()
+    print(f"[5/6] PPO against the reward model: {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", flush=True)
+    policy = policy_for(t)
+    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
+    score = rm_score_fn(rm)
+    last_true = {}
+
+    def score_and_track(q, r):
+        from lmprefs.tasks import decode
+
+        last_true["v"] = sum(true_fn(decode(t.tok, r))) / len(r)  # the true reward of this rollout, for the plot
+        return score(q, r)
+
+    def on_update(_, stats):
+        stats["objective/true_reward"] = last_true.get("v", float("nan"))
+
+    stats = train_policy(cfg, run, score_and_track, log, run_dir, t.prefix, t.suffix, t.device, t.dtype, on_update)
+    log.close()
+    stages["PPO"] = time.time() - s
+
+    s = time.time()
+    print("[6/6] evaluating the final policy on the same held-out queries", flush=True)
+    # with LoRA the trained policy is an adapter on t.model; with full fine-tuning it is its own copy
+    final = t if policy.adapter else Task(**{**t.__dict__, "model": policy.lm})
+    after = evaluate_policy(final, heldout, true_fn, policy.adapter, eval_samples, cfg.run.seed + 5,
+                            desc="final policy")  # fmt: skip
+    stages["evaluate final"] = time.time() - s
+
+    figures = {"rm_accuracy": rm_summary.get("heldout/accuracy", float("nan")), "rm_heldout": rm_summary["labels_heldout"],
+               "rm_train": rm_summary["labels_train"], "kl": stats["objective/kl"], "beta": stats["objective/kl_coef"],
+               "score": stats["objective/score"]}  # fmt: skip
+    plot_curves(read_jsonl(run_dir / "metrics.jsonl"), run_dir)
+    report = write_report(run_dir, cfg, figures, stages, before, after, heldout, t.tok)
+    return {"report": report, "figures": figures, "before": before, "after": after, "stages": stages}

@@ -1,0 +1,84 @@
+"""A real browser: Playwright drives Debian's Chromium (headless) against the app on loopback. It signs in, answers
+with the keyboard only (three picks, a skip, a flag with a note), and the store must hold exactly those judgements.
+Also checks that the page runs under its CSP without errors and that a `<script>` in a sample is shown as text.
+CI installs Chromium with scripts/ci_browser_deps.sh; never `playwright install` (it downloads browsers)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lmprefs.labels.store import LabelStore
+from lmprefs.server.app import create_app
+from lmprefs.server.live import running
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+XSS = "<script>alert('xss')</script>"
+
+
+@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing: run scripts/ci_browser_deps.sh")
+def test_label_with_the_keyboard_in_chromium(tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        store.add_item(f"The first query. {XSS}", [f" first {j} {XSS}" for j in range(4)], source="t")
+        for i in range(2, 8):
+            store.add_item(f"Query {i}.", [f" sample {i}.{j}" for j in range(4)], source="t")
+        token = store.add_labeler("browser")
+
+    problems: list[str] = []
+    answered: list[tuple[int, str]] = []
+    with running(create_app(path)) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(10_000)
+            page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(url + "/label")  # not signed in: sent to the sign-in page
+            assert page.url == url + "/login"
+            page.fill("#token", token)
+            page.keyboard.press("Enter")
+            page.wait_for_url(url + "/label")
+            assert XSS in page.inner_text(".query .text")  # shown as text, never run
+
+            def answer(key: str, expect: str, note: str | None = None) -> None:
+                item = int(page.get_attribute("#label-form", "data-item"))
+                if note is None:
+                    page.keyboard.press(key)
+                else:
+                    page.keyboard.press("f")  # moves to the note field, typing nothing into it
+                    page.keyboard.type(note)
+                    page.keyboard.press("Enter")
+                page.wait_for_selector(f'.flash:has-text("Saved: item {item} {expect}")')
+                answered.append((item, key if note is None else "f"))
+
+            answer("2", "picked option 2")
+            answer("4", "picked option 4")
+            answer("1", "picked option 1")
+            answer("s", "skipped")
+            answer("f", "flagged", note="off-topic")
+            assert page.inner_text("#done-count") == "3"
+        finally:
+            browser.close()
+
+    assert not problems, problems
+    assert len({item for item, _ in answered}) == 5
+    with LabelStore(path) as store:
+        rows = store._conn().execute("SELECT item_id, kind, best, note FROM labels ORDER BY id").fetchall()
+    expected = [(item, "label", int(key) - 1, None) for item, key in answered[:3]]
+    expected += [(answered[3][0], "skip", None, None), (answered[4][0], "flag", None, "off-topic")]
+    assert rows == expected

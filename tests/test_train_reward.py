@@ -1,0 +1,69 @@
+import copy
+import dataclasses
+
+import torch
+
+from lmprefs.cli import main
+from lmprefs.config import preset
+from lmprefs.labels.types import get as get_label_type
+from lmprefs.models.lm import PAD, RewardModel
+from lmprefs.pipeline import setup_task
+from lmprefs.training.reward import Comparisons, evaluate, normalize, rm_rewards, train_epoch
+
+R = dataclasses.replace
+
+
+def test_normalization_reaches_mean_0_std_1_on_the_sampled_set(tiny_lm):
+    cfg = preset("tiny")
+    t = setup_task(cfg, n_heldout=8)
+    rm = RewardModel(copy.deepcopy(t.model), t.tok)
+    with torch.no_grad():
+        rm.gain.fill_(3.0)
+        rm.bias.fill_(-2.0)  # start from a non-trivial gain/bias: set_norm must account for them
+    out = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, torch.Generator().manual_seed(0),
+                    t.device, t.dtype)  # fmt: skip
+    r = rm_rewards(rm, out["queries"], out["responses"], t.prefix, t.suffix, t.device, t.dtype).double()
+    assert len(r) == cfg.train_reward.normalize_samples
+    assert abs(r.mean().item()) < 1e-3 and abs(r.std(unbiased=False).item() - 1) < 1e-3
+
+
+def _scripted(n, g, marker=0):
+    """Best-of-4 questions where the preferred sample is the one that ends in the marker token ('!')."""
+    q = torch.randint(300, 20000, (n, 6), generator=g)
+    s = torch.randint(300, 20000, (n, 4, 5), generator=g)
+    best = torch.randint(0, 4, (n,), generator=g)
+    s[torch.arange(n), best, -1] = marker
+    s[:, :, 3][torch.rand(n, 4, generator=g) < 0.3] = 500  # some noise tokens, some padding after truncation
+    s[:, :, 4][(torch.rand(n, 4, generator=g) < 0.2) & (s[:, :, 4] != marker)] = PAD
+    return Comparisons(q, s, best)
+
+
+def test_tiny_reward_model_learns_a_scripted_preference(tiny_lm):
+    model, tok = tiny_lm
+    g = torch.Generator().manual_seed(0)
+    train, held = _scripted(320, g), _scripted(64, g)
+    cfg = preset("tiny")
+    cfg = R(cfg, train_reward=R(cfg.train_reward, batch_size=8, lr=2e-3))
+    rm = RewardModel(copy.deepcopy(model), tok)
+    lt = get_label_type("best_of_4")
+    before = evaluate(rm, held, lt, [], [], torch.device("cpu"), torch.float32)
+    rm.train()
+    train_epoch(rm, train, lt, cfg, [], [], torch.device("cpu"), torch.float32)
+    after = evaluate(rm.eval(), held, lt, [], [], torch.device("cpu"), torch.float32)
+    assert after["heldout/accuracy"] > 0.7 > before["heldout/accuracy"] + 0.2, (before, after)
+    assert after["heldout/loss"] < before["heldout/loss"]
+
+
+def test_label_train_reward_and_score_commands(tmp_path, capsys):
+    db = tmp_path / "l.sqlite"
+    assert main(["label", "tiny", "--db", str(db), "--n", "40", "--labeler", "vader"]) == 0
+    assert "40 labels by vader" in capsys.readouterr().out
+    assert main(["train-reward", "tiny", "--db", str(db), "--run-dir", str(tmp_path / "r")]) == 0
+    assert "held-out" in capsys.readouterr().out
+    (tmp_path / "texts.txt").write_text("She smiled.\nA query\tHe wept.\n")
+    assert main(["score", "--reward-model", str(tmp_path / "r" / "reward_model"), str(tmp_path / "texts.txt")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(float(x.split("\t")[0]) == float(x.split("\t")[0]) for x in lines)
+    assert main(["score", "--reward-model", str(tmp_path)]) == 2
+    assert "not a reward-model directory" in capsys.readouterr().err
+    assert main(["train-reward", "tiny", "--db", str(tmp_path / "none.sqlite")]) == 2
