@@ -232,7 +232,7 @@ def test_admin_page_shows_counts_throughput_and_agreement(app, db, tokens):
         for item, (a, b) in zip(range(2, 6), [(0, 0), (1, 1), (2, 3), (3, 3)], strict=True):
             store.add_label(item, "carol", best=a)
             store.add_label(item, "dave", best=b)
-        store.add_label(2, "erin", kind="flag")
+        store.add_label(2, "erin", kind="flag", note="<b>broken</b>")
         # carol labeled at 20 s intervals an hour ago-ish: 4 labels, 60 s active, so 240 labels per active hour
         t0 = store._conn().execute("SELECT MIN(created) FROM labels").fetchone()[0] - 7200
         ids = [r[0] for r in store._conn().execute("SELECT l.id FROM labels l JOIN labelers b ON b.id = l.labeler_id"
@@ -248,6 +248,7 @@ def test_admin_page_shows_counts_throughput_and_agreement(app, db, tokens):
     cells = re.findall(r'<td class="num">(.*?)</td>', row)
     assert cells == ["4", "0", "0", "0", "4", "240", "20 s"]  # labels skips flags, last hour/day, rate, median
     assert "38%" in html
+    assert "<td>&lt;b&gt;broken&lt;/b&gt;</td>" in html  # the flag's note, escaped
 
 
 @pytest.mark.parametrize("fmt", ["comparisons", "pairs", "openai"])
@@ -280,6 +281,13 @@ def test_export_rejects_unknown_format_and_label_type(app, tokens):
     alice = sign_in(app, tokens["alice"])
     assert alice.get("/admin/export?format=csv").status_code == 422
     assert alice.get("/admin/export?format=pairs&label_type=best_of_9").status_code == 422
+
+
+def test_a_foreign_host_header_is_refused_when_hosts_are_pinned(db, tokens):
+    app = create_app(db, allowed_hosts=["127.0.0.1", "localhost"])
+    assert TestClient(app, base_url="http://127.0.0.1:8000").get("/login").status_code == 200
+    r = TestClient(app, base_url="http://rebound.example:8000").get("/login")
+    assert r.status_code == 400 and r.headers["x-frame-options"] == "DENY"
 
 
 def test_task_instructions(db, tokens):

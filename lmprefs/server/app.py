@@ -24,13 +24,14 @@ from pathlib import Path
 from typing import Annotated
 
 import jinja2
-from fastapi import Depends, FastAPI, Form, Header, HTTPException, Request
+from fastapi import Depends, FastAPI, Form, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from lmprefs.errors import UserError
 from lmprefs.labels.formats import FORMATS, export_file
@@ -41,12 +42,16 @@ from lmprefs.server.queue import Queue
 from lmprefs.server.security import (
     LOGIN_COOKIE,
     SESSION_COOKIE,
+    NotSignedIn,
     SecurityMiddleware,
-    Session,
     Sessions,
+    User,
+    admin,
     cross_site,
+    csrf_checked,
     same,
     set_cookie,
+    signed_in,
     token_hash,
 )
 
@@ -63,18 +68,6 @@ class State:
     templates: Jinja2Templates
 
 
-@dataclass(frozen=True)
-class User:
-    id: int
-    name: str
-    is_admin: bool
-    session: Session
-
-
-class NotSignedIn(Exception):
-    """No valid session: pages redirect to /login, POSTs get 401."""
-
-
 def _state(request: Request) -> State:
     return request.app.state.lmprefs
 
@@ -83,40 +76,6 @@ def _render(request: Request, name: str, status_code: int = 200, **context) -> H
     st = _state(request)
     context = {"task": st.task, "instructions": st.instructions, "user": None, **context}
     return st.templates.TemplateResponse(request, name, context, status_code=status_code)
-
-
-# -- dependencies ------------------------------------------------------------------------------------------------
-
-
-def signed_in(request: Request) -> User:
-    st = _state(request)
-    session = st.sessions.get(request.cookies.get(SESSION_COOKIE))
-    if session is None:
-        raise NotSignedIn
-    # re-read the labeler each time: a revoked token or a changed admin flag takes effect at once
-    sql = "SELECT name, is_admin FROM labelers WHERE id = ? AND token_hash = ?"
-    row = st.store._conn().execute(sql, (session.labeler_id, session.token_hash)).fetchone()
-    if row is None:
-        st.sessions.close(session.sid)
-        raise NotSignedIn
-    return User(session.labeler_id, row[0], bool(row[1]), session)
-
-
-def admin(user: Annotated[User, Depends(signed_in)]) -> User:
-    if not user.is_admin:
-        raise HTTPException(403, "This page is for admins only.")
-    return user
-
-
-def csrf_checked(
-    request: Request,
-    user: Annotated[User, Depends(signed_in)],
-    csrf: Annotated[str, Form(max_length=100)] = "",
-    x_csrf_token: Annotated[str | None, Header(max_length=100)] = None,
-) -> User:
-    if cross_site(request) or not same(csrf or x_csrf_token, user.session.csrf):
-        raise HTTPException(403, "This form is out of date or came from another site. Reload the page and try again.")
-    return user
 
 
 # -- routes ------------------------------------------------------------------------------------------------------
@@ -215,6 +174,7 @@ def admin_page(request: Request, user: Annotated[User, Depends(admin)]) -> HTMLR
         rows=rows,
         total=total,
         agreement=st.store.agreement(),
+        flags=stats.recent_flags(st.store),
         chance=stats.chance_agreement(st.store),
         pending=st.store.pending_count(batch=st.queue.batch),
         label_types=st.store.label_types(),
@@ -268,8 +228,11 @@ def create_app(
     batch: str | None = None,
     lease_seconds: float = 900,
     session_idle_seconds: float = 8 * 3600,
+    allowed_hosts: list[str] | None = None,
 ) -> FastAPI:
-    """The app over the label store at `store_path` (created if missing), with `task`'s instructions."""
+    """The app over the label store at `store_path` (created if missing), with `task`'s instructions.
+    `allowed_hosts`: Host headers to accept (None: any); `lmprefs serve` on loopback passes the loopback names, so
+    a web page that rebinds its own domain name to 127.0.0.1 cannot talk to the app."""
     if task not in TASKS:
         raise ValueError(f"task={task!r} must be one of {', '.join(TASKS)}")
     store = LabelStore(store_path)
@@ -292,7 +255,9 @@ def create_app(
         instructions=TASKS[task],
         templates=Jinja2Templates(env=env),
     )
-    app.add_middleware(SecurityMiddleware)
+    if allowed_hosts is not None:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
+    app.add_middleware(SecurityMiddleware)  # added last, so it is outermost: every response gets the headers
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     app.add_exception_handler(NotSignedIn, _not_signed_in)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # ours, and 404/405 from routing

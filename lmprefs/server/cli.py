@@ -49,8 +49,10 @@ def cmd_serve(argv: list[str]) -> int:
         sock = bind(a.host, a.port)
     except OSError as e:
         raise UserError(f"cannot listen on {a.host}:{a.port} ({e.strerror or e}); pass a free --port, or 0") from None
-    app = create_app(a.db, a.task, batch=a.batch, lease_seconds=a.lease_minutes * 60)
-    if a.host not in LOOPBACK:
+    loopback = a.host in LOOPBACK or a.host.startswith("127.")
+    hosts = ["127.0.0.1", "localhost", "::1", "[::1]", a.host] if loopback else None  # no DNS-rebinding onto loopback
+    app = create_app(a.db, a.task, batch=a.batch, lease_seconds=a.lease_minutes * 60, allowed_hosts=hosts)
+    if not loopback:
         print(f"lmprefs serve: warning: listening on {a.host}, reachable from other machines over plain HTTP; "
               "put it behind HTTPS before labelers send tokens over a network", file=sys.stderr)  # fmt: skip
     print(f"lmprefs serve: {url(sock)}/  task {a.task}, {pending} items pending, {tokens} labelers with tokens"

@@ -1,4 +1,5 @@
-"""Sign-in sessions, CSRF checks and the security headers of the labeling app.
+"""Sign-in sessions, CSRF checks, the FastAPI dependencies that enforce them (`signed_in`, `admin`, `csrf_checked`)
+and the security headers of the labeling app.
 
 Sessions live in server memory: the cookie carries only a random session id (HttpOnly, SameSite=Strict), never the
 labeler's token, and a restart signs everyone out (they sign in again with their token). Each session remembers the
@@ -18,9 +19,10 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Annotated
 from urllib.parse import urlsplit
 
-from starlette.requests import Request
+from fastapi import Depends, Form, Header, HTTPException, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 SESSION_COOKIE = "lmprefs_session"
@@ -117,6 +119,53 @@ def set_cookie(response, request: Request, name: str, value: str, max_age: int |
         samesite="strict",
         secure=request.url.scheme == "https",  # plain http on loopback is the default; https behind a proxy
     )
+
+
+@dataclass(frozen=True)
+class User:
+    id: int
+    name: str
+    is_admin: bool
+    session: Session
+
+
+class NotSignedIn(Exception):
+    """No valid session: pages redirect to /login, POSTs get 401 (see app.py)."""
+
+
+# -- FastAPI dependencies: the app keeps its store and sessions in app.state.lmprefs ------------------------------
+
+
+def signed_in(request: Request) -> User:
+    st = request.app.state.lmprefs
+    session = st.sessions.get(request.cookies.get(SESSION_COOKIE))
+    if session is None:
+        raise NotSignedIn
+    # re-read the labeler each time: a revoked token or a changed admin flag takes effect at once
+    sql = "SELECT name, is_admin FROM labelers WHERE id = ? AND token_hash = ?"
+    row = st.store._conn().execute(sql, (session.labeler_id, session.token_hash)).fetchone()
+    if row is None:
+        st.sessions.close(session.sid)
+        raise NotSignedIn
+    return User(session.labeler_id, row[0], bool(row[1]), session)
+
+
+def admin(user: Annotated[User, Depends(signed_in)]) -> User:
+    if not user.is_admin:
+        raise HTTPException(403, "This page is for admins only.")
+    return user
+
+
+def csrf_checked(
+    request: Request,
+    user: Annotated[User, Depends(signed_in)],
+    csrf: Annotated[str, Form(max_length=100)] = "",
+    x_csrf_token: Annotated[str | None, Header(max_length=100)] = None,
+) -> User:
+    """A signed-in user whose POST carries their session's CSRF token and did not come from another site."""
+    if cross_site(request) or not same(csrf or x_csrf_token, user.session.csrf):
+        raise HTTPException(403, "This form is out of date or came from another site. Reload the page and try again.")
+    return user
 
 
 class _TooLarge(Exception):

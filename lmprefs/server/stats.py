@@ -87,6 +87,20 @@ def labeler_rows(store: LabelStore, now: float | None = None) -> tuple[list[Labe
     return rows, _throughput(all_answers, all_gaps, now)
 
 
+def recent_flags(store: LabelStore, limit: int = 20) -> list[tuple[int, str, str | None, float, str]]:
+    """(item id, labeler, note, time, query) of the latest flags, newest first: what labelers found broken."""
+    return (
+        store._conn()
+        .execute(
+            "SELECT l.item_id, b.name, l.note, l.created, q.text FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+            " JOIN items i ON i.id = l.item_id JOIN queries q ON q.id = i.query_id WHERE l.kind = 'flag'"
+            " ORDER BY l.id DESC LIMIT ?",
+            (limit,),
+        )
+        .fetchall()
+    )
+
+
 def chance_agreement(store: LabelStore) -> float | None:
     """Agreement two random labelers would reach on the store's best_of_N items (1/N; None if N differs)."""
     ns = {label_type_shape(t)[1] for t in store.label_types() if t.startswith("best_of_")}
