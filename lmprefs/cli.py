@@ -13,6 +13,7 @@ from pathlib import Path
 from lmprefs.errors import UserError
 
 COMMANDS = {
+    "experiment": "mock-sentiment: Figure 2 at small scale (reward models from N labels vs direct access); resumable",
     "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
     "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen)",
     "sample": "print queries and sampled continuations from the initial model or a trained policy",
@@ -327,7 +328,48 @@ def cmd_quickstart(argv: list[str]) -> int:
     return 0
 
 
-HANDLERS = {"quickstart": cmd_quickstart, "serve": cmd_serve, "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample, "presets": cmd_presets, "label": cmd_label,
+def cmd_experiment(argv: list[str]) -> int:
+    from lmprefs.overrides import split_overrides
+
+    argv, pairs = split_overrides(argv)
+    p = _parser("experiment", "lmprefs experiment mock-sentiment [--labels 250,1000,4000] [--run-dir DIR] [...]")
+    p.add_argument("name", choices=["mock-sentiment"])
+    p.add_argument("--preset", default="quickstart")
+    p.add_argument("--labels", default="250,1000,4000", help="label counts of the reward-model arms")
+    p.add_argument("--run-dir", default=None, help="directory (an existing one resumes)")
+    p.add_argument("--eval-queries", type=int, default=256)
+    p.add_argument("--eval-samples", type=int, default=2)
+    _help_with_config(p, argv, "quickstart")
+    a = p.parse_args(argv)
+    from lmprefs.experiment import run_mock_sentiment
+    from lmprefs.runlog import default_run_dir
+
+    try:
+        counts = sorted({int(x) for x in a.labels.split(",") if x.strip()})
+    except ValueError:
+        raise UserError(f"--labels {a.labels!r}: expected comma-separated label counts like 250,1000,4000") from None
+    if not counts or counts[0] <= 0:
+        raise UserError(f"--labels {a.labels!r}: label counts must be positive")
+    run_dir = Path(a.run_dir or default_run_dir("experiment", a.name))
+    cfg_file = run_dir / "experiment-config.json"
+    if cfg_file.exists():  # resuming: the saved config wins
+        if pairs:
+            raise UserError(f"{run_dir} is an existing experiment; drop the --section.key overrides to resume it")
+        cfg = _config(a.preset, [], str(cfg_file))
+    else:
+        cfg = _config(a.preset, pairs)
+        from lmprefs.overrides import save_config
+
+        save_config(cfg, cfg_file)
+    out = run_mock_sentiment(cfg, run_dir, counts, a.eval_queries, a.eval_samples)
+    for k, v in out["results"].items():
+        if "mean" in v:
+            print(f"  {k:12s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f}")
+    print(f"figure: {out['figure']}")
+    return 0
+
+
+HANDLERS = {"experiment": cmd_experiment, "quickstart": cmd_quickstart, "serve": cmd_serve, "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample, "presets": cmd_presets, "label": cmd_label,
             "import-labels": cmd_import_labels, "export-labels": cmd_export_labels, "train-reward": cmd_train_reward,
             "score": cmd_score}  # fmt: skip
 

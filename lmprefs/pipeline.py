@@ -196,6 +196,23 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
     return rm_score_fn(rm), {"reward": "model", "reward_model": str(rm_dir), "reward_training": summary}
 
 
+def track_true_reward(score_fn, true_fn, tok):
+    """(score_fn, on_update): the same scores, plus objective/true_reward (the true reward of each rollout's
+    truncated responses) added to every update's metrics, for curves of what the reward model stands in for."""
+    from lmprefs.tasks import decode
+
+    last: dict[str, float] = {}
+
+    def score(q, r):
+        last["v"] = sum(true_fn(decode(tok, r))) / len(r)
+        return score_fn(q, r)
+
+    def on_update(_, stats):
+        stats["objective/true_reward"] = last.get("v", float("nan"))
+
+    return score, on_update
+
+
 def policy_for(t: Task):
     from lmprefs.models.lm import Policy
 
@@ -214,7 +231,7 @@ def policy_for(t: Task):
 
 
 def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,
-                     resume: bool = False, t: Task | None = None) -> dict:  # fmt: skip
+                     resume: bool = False, t: Task | None = None, true_reward: str | None = None) -> dict:  # fmt: skip
     """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint."""
     from lmprefs.queries import QueryStream
     from lmprefs.runlog import RunLogger
@@ -228,6 +245,11 @@ def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, s
         reward = reward or json.loads(meta_path.read_text()).get("reward")
     t = t or setup_task(cfg)
     score_fn, info = reward_for_policy(t, run_dir, reward, store_path, resume)
+    on_update = None
+    if true_reward:
+        from lmprefs.labels.labelers import SCORE_FNS
+
+        score_fn, on_update = track_true_reward(score_fn, SCORE_FNS[true_reward], t.tok)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
     if resume:
@@ -240,7 +262,7 @@ def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, s
         atomic_write_text(meta_path, json.dumps({"reward": reward or "model", **{k: v for k, v in info.items()
                                                                                  if isinstance(v, str)}}))  # fmt: skip
     try:
-        stats = train_policy(cfg, run, score_fn, log, run_dir, t.prefix, t.suffix, t.device, t.dtype)
+        stats = train_policy(cfg, run, score_fn, log, run_dir, t.prefix, t.suffix, t.device, t.dtype, on_update)
     finally:
         log.close()
-    return {"stats": stats, **info, "run": run}
+    return {"stats": stats, **info, "run": run, "task": t}

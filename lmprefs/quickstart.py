@@ -110,7 +110,7 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 
 def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -> dict:
     from lmprefs.labels.labelers import SCORE_FNS
-    from lmprefs.pipeline import collect_labels, open_store, policy_for, setup_task, train_reward_model
+    from lmprefs.pipeline import collect_labels, open_store, policy_for, setup_task, track_true_reward, train_reward_model
     from lmprefs.queries import QueryStream
     from lmprefs.runlog import RunLogger, read_jsonl
     from lmprefs.training.policy import build_run, rm_score_fn, train_policy
@@ -149,19 +149,8 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     print(f"[5/6] PPO against the reward model: {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", flush=True)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
-    score = rm_score_fn(rm)
-    last_true = {}
-
-    def score_and_track(q, r):
-        from lmprefs.tasks import decode
-
-        last_true["v"] = sum(true_fn(decode(t.tok, r))) / len(r)  # the true reward of this rollout, for the plot
-        return score(q, r)
-
-    def on_update(_, stats):
-        stats["objective/true_reward"] = last_true.get("v", float("nan"))
-
-    stats = train_policy(cfg, run, score_and_track, log, run_dir, t.prefix, t.suffix, t.device, t.dtype, on_update)
+    score, on_update = track_true_reward(rm_score_fn(rm), true_fn, t.tok)
+    stats = train_policy(cfg, run, score, log, run_dir, t.prefix, t.suffix, t.device, t.dtype, on_update)
     log.close()
     stages["PPO"] = time.time() - s
 
