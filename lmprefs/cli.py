@@ -251,6 +251,10 @@ def cmd_train_policy(argv: list[str]) -> int:
     p.add_argument("--db", default=None, help="label store for training the reward model (default labels.source)")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-policy-PRESET-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.add_argument("--online", action="store_true",
+                   help="ask for judgments on the current policy's samples while training and retrain the reward model")
+    p.add_argument("--labeler", default=None,
+                   help="online: a simulated labeler (vader, descriptiveness) answers the queue; default: people via serve")
     _help_with_config(p, argv, name)
     a = p.parse_args(argv)
     from lmprefs.pipeline import run_train_policy
@@ -269,11 +273,14 @@ def cmd_train_policy(argv: list[str]) -> int:
     if not a.resume and (run_dir / "checkpoint").exists():
         raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
     try:
-        out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume)
+        out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume, online=a.online,
+                               labeler=a.labeler)  # fmt: skip
     except AndonStop as e:
         print(f"lmprefs train-policy: {e}", file=sys.stderr)
         return 3
     s = out["stats"]
+    if "online_summary" in out:
+        print("reward models of this run:\n" + out["online_summary"])
     print(f"policy: {run_dir / 'policy'}  (score {s.get('objective/score', float('nan')):+.3f}, "
           f"kl {s.get('objective/kl', float('nan')):.2f}, beta {s.get('objective/kl_coef', float('nan')):.3f})")  # fmt: skip
     return 0

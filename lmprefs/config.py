@@ -61,6 +61,12 @@ class LabelsConfig:
     """Probability that the simulated labeler answers uniformly at random (models inattentive labelers)."""
     heldout_fraction: float = 0.1
     """Fraction of labels held out from reward-model training to report accuracy and loss."""
+    online_questions: int = 64
+    """Online mode: questions (N continuations of one query by the current policy) queued per request."""
+    online_interval: int = 5
+    """Online mode: PPO updates between two requests for judgments."""
+    online_retrains: int = 19
+    """Online mode: reward-model retrains at evenly spaced updates after the first (the paper retrained 19 times)."""
 
 
 @dataclass(frozen=True)
@@ -340,7 +346,7 @@ PRESETS: dict[str, tuple[str, Config]] = {
             train_reward=TrainRewardConfig(batch_size=8, lr=1e-3, rollout_batch_size=16, normalize_samples=32),
             rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
             ppo=PPOConfig(total_episodes=32, batch_size=16, nminibatches=2, lr=1e-4),
-            run=RunConfig(log_interval=1, save_interval=1, device="cpu", dtype="float32"),
+            run=RunConfig(log_interval=1, save_interval=1, device="cpu", dtype="float32", threads=1),
         ),
     ),
 }

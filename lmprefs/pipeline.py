@@ -63,9 +63,11 @@ def open_store(path: str | Path):
 
 
 def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source: str = "lmprefs label",
-                   batch: str | None = None, seed: int | None = None, queries: torch.Tensor | None = None) -> dict:  # fmt: skip
-    """Sample `n` questions of N continuations from the initial policy, put them in the store, and have the simulated
-    labeler judge them. Returns counts and timings."""
+                   batch: str | None = None, seed: int | None = None, queries: torch.Tensor | None = None,
+                   model=None, adapter: str | None = None) -> dict:  # fmt: skip
+    """Sample `n` questions of N continuations from the initial policy (or `model` with `adapter`: the current
+    policy, in online mode), put them in the store, and have the simulated labeler judge them ('none': queue them
+    for people). Returns counts and timings."""
     from lmprefs.labels.labelers import label_items, make_labeler
     from lmprefs.labels.types import get as get_label_type
     from lmprefs.runlog import progress
@@ -85,9 +87,13 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     q = pool[pick]
     gen = torch.Generator(device=t.device).manual_seed(seed)
     t0 = time.time()
+    from lmprefs.models.lora import using
+
     bar = progress(n, "sampling comparisons")
-    samples = sample_comparisons(t.model, t.tok, q, cfg.task, t.prefix, t.suffix, S,
-                                 cfg.train_reward.rollout_batch_size, gen, t.device, t.dtype, bar.update)  # fmt: skip
+    model = t.model if model is None else model
+    with using(model, adapter):
+        samples = sample_comparisons(model, t.tok, q, cfg.task, t.prefix, t.suffix, S,
+                                     cfg.train_reward.rollout_batch_size, gen, t.device, t.dtype, bar.update)  # fmt: skip
     bar.close()
     t_sample = time.time() - t0
     tok_name = tokenizer_id(t.tok)
@@ -140,9 +146,10 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
     lt = get_label_type(cfg.labels.type)
     t0 = time.time()
     if cfg.lora.rank > 0:  # an adapter on the shared base, which stays the initial policy with adapters off
-        from lmprefs.models.lora import add_adapter
+        from lmprefs.models.lora import add_adapter, reset_adapter
 
         add_adapter(t.model, cfg.lora, "reward", seed=cfg.run.seed)
+        reset_adapter(t.model, "reward", seed=cfg.run.seed)  # a retrain starts from the initial model, as the paper
         rm = RewardModel(t.model, t.tok, adapter="reward").to(t.device)
     else:
         rm = RewardModel(copy.deepcopy(t.model), t.tok).to(t.device)
@@ -231,25 +238,42 @@ def policy_for(t: Task):
 
 
 def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,
-                     resume: bool = False, t: Task | None = None, true_reward: str | None = None) -> dict:  # fmt: skip
-    """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint."""
+                     resume: bool = False, t: Task | None = None, true_reward: str | None = None,
+                     online: bool = False, labeler: str | None = None) -> dict:  # fmt: skip
+    """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint.
+    online: judgments are requested from the current policy during training and the reward model is retrained."""
+    import json
+
     from lmprefs.queries import QueryStream
     from lmprefs.runlog import RunLogger
     from lmprefs.training.policy import build_run, load_checkpoint, train_policy
 
-    import json
-
     run_dir = Path(run_dir)
     meta_path = run_dir / "run.json"  # what the command line chose beyond the config, so --resume repeats it
     if resume and meta_path.is_file():
-        reward = reward or json.loads(meta_path.read_text()).get("reward")
+        meta = json.loads(meta_path.read_text())
+        reward, online = reward or meta.get("reward"), online or meta.get("online", False)
+        labeler, store_path = labeler or meta.get("labeler"), store_path or meta.get("store")
     t = t or setup_task(cfg)
-    score_fn, info = reward_for_policy(t, run_dir, reward, store_path, resume)
-    on_update = None
+    hooks = []
+    if online:
+        from lmprefs.training.online import OnlineRewards
+
+        if reward and reward != "model":
+            raise UserError(f"--online learns a reward model from judgments; it cannot use --reward {reward}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        store_path = str(store_path or cfg.labels.source or run_dir / "labels.sqlite")
+        onl = OnlineRewards(t, open_store(store_path), run_dir, labeler)
+        onl.start(resume)
+        score_fn, info, reward = onl.score, {"reward": "online", "store": store_path}, "model"
+        hooks.append(onl.on_update)
+    else:
+        score_fn, info = reward_for_policy(t, run_dir, reward, store_path, resume)
     if true_reward:
         from lmprefs.labels.labelers import SCORE_FNS
 
-        score_fn, on_update = track_true_reward(score_fn, SCORE_FNS[true_reward], t.tok)
+        score_fn, track = track_true_reward(score_fn, SCORE_FNS[true_reward], t.tok)
+        hooks.append(track)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
     if resume:
@@ -259,10 +283,15 @@ def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, s
     if not resume:
         from lmprefs.overrides import atomic_write_text
 
-        atomic_write_text(meta_path, json.dumps({"reward": reward or "model", **{k: v for k, v in info.items()
-                                                                                 if isinstance(v, str)}}))  # fmt: skip
+        meta = {"reward": reward or "model", "online": online, "labeler": labeler, "store": store_path}
+        atomic_write_text(meta_path, json.dumps(meta | {k: v for k, v in info.items() if isinstance(v, str)}))
     try:
-        stats = train_policy(cfg, run, score_fn, log, run_dir, t.prefix, t.suffix, t.device, t.dtype, on_update)
+        stats = train_policy(cfg, run, score_fn, log, run_dir, t.prefix, t.suffix, t.device, t.dtype,
+                             lambda r, st: [h(r, st) for h in hooks])  # fmt: skip
     finally:
         log.close()
+    if online:
+        from lmprefs.training.online import online_summary
+
+        info["online_summary"] = online_summary(run_dir)
     return {"stats": stats, **info, "run": run, "task": t}

@@ -9,6 +9,9 @@ import socket
 import pytest
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# Tests run tiny models: with two OpenMP threads their small matmuls spend more time synchronising than computing,
+# and under load from other processes 10x more. Subprocesses inherit this too.
+os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 _connect = socket.socket.connect

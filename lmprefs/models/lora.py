@@ -72,6 +72,16 @@ def add_adapter(model: nn.Module, cfg: LoraConfig, name: str, seed: int = 0) -> 
     return params
 
 
+def reset_adapter(model: nn.Module, name: str, seed: int = 0) -> None:
+    """Re-initialize adapter `name` in place (B = 0 again: the adapter is the identity)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in lora_modules(model):
+            bound = 1 / math.sqrt(m.in_features)
+            m.A[name].uniform_(-bound, bound, generator=g)
+            m.B[name].zero_()
+
+
 @contextlib.contextmanager
 def using(model: nn.Module, name: str | None):
     """Run with adapter `name` active (None: the bare base, i.e. the reference policy); restores the previous one."""

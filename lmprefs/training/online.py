@@ -1,0 +1,115 @@
+"""Online label collection (paper section 2.2; not in the original's release): while PPO trains, batches of
+comparisons sampled from the *current* policy go to the label store's queue, judgments arrive (from the simulated
+labeler, or from people through `lmprefs serve`), and the reward model is retrained from all labels so far at evenly
+spaced updates, each time from the initial model with a fresh head (the paper retrained 19 times over a run)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from lmprefs.errors import UserError
+
+
+def retrain_points(n_updates: int, retrains: int) -> set[int]:
+    """Updates after which the reward model is retrained: `retrains` evenly spaced points inside the run."""
+    return {round(n_updates * k / (retrains + 1)) for k in range(1, retrains + 1)} - {0, n_updates}
+
+
+class OnlineRewards:
+    """The current reward model behind a stable `score` function, plus the queue and retrain schedule.
+
+    `labeler` names a simulated labeler that answers each batch at once; None leaves the batches to people.
+    """
+
+    def __init__(self, t, store, run_dir: Path, labeler: str | None, log=None):
+        self.t, self.store, self.run_dir, self.labeler, self.log = t, store, Path(run_dir), labeler, log
+        self.cfg = t.cfg
+        self.history_path = self.run_dir / "online.jsonl"
+        self._score = None
+        self.policy = None  # set once the policy exists: questions come from its current samples
+
+    def score(self, queries, responses):
+        return self._score(queries, responses)
+
+    def labels_so_far(self) -> int:
+        return len(self.store.labeled_examples(self.cfg.labels.type))
+
+    def request(self, update: int, model=None, adapter: str | None = None) -> dict:
+        """Queue a batch of questions from the current policy (idempotent per update) and, when simulated, answer it."""
+        from lmprefs.pipeline import collect_labels
+
+        n = min(self.cfg.labels.online_questions, len(self.t.train_queries))
+        return collect_labels(self.t, self.store, n, labeler=self.labeler or "none", source=f"online:{update}",
+                              batch=f"online:{update}", seed=self.cfg.run.seed + 1000 + update, model=model,
+                              adapter=adapter)  # fmt: skip
+
+    poll_seconds = 5.0
+
+    def wait_for_labels(self, minimum: int) -> None:
+        """Block until the store holds `minimum` labels (people answer through the web app)."""
+        have = self.labels_so_far()
+        while have < minimum:
+            print(f"waiting for judgments: {have}/{minimum} in {self.store.path} (lmprefs serve --db "
+                  f"{self.store.path})", flush=True)  # fmt: skip
+            time.sleep(self.poll_seconds)
+            have = self.labels_so_far()
+
+    def retrain(self, update: int) -> dict:
+        from lmprefs.pipeline import train_reward_model
+        from lmprefs.training.policy import rm_score_fn
+
+        rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log)
+        rm.requires_grad_(False)
+        self._score = rm_score_fn(rm)
+        row = {"update": update, "labels": summary["labels_train"] + summary["labels_heldout"],
+               "labels_train": summary["labels_train"], "heldout_accuracy": summary.get("heldout/accuracy")}  # fmt: skip
+        with open(self.history_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        return row
+
+    def start(self, resume: bool) -> None:
+        """The first reward model: from the labels already in the store, after asking for a first batch from the
+        initial policy when there are too few."""
+        from lmprefs.models.lm import load_reward_model
+        from lmprefs.training.policy import rm_score_fn
+
+        rm_dir = self.run_dir / "reward_model"
+        if resume and (rm_dir / "reward_head.safetensors").is_file():
+            self._score = rm_score_fn(load_reward_model(rm_dir, self.t.device).eval().requires_grad_(False))
+            return
+        need = max(8, self.cfg.labels.online_questions // 2)
+        if self.labels_so_far() < need:
+            self.request(0)
+            if self.labeler is None:
+                self.wait_for_labels(need)
+        self.retrain(0)
+
+    def on_update(self, run, stats: dict) -> None:
+        u, cfg = run.update, self.cfg
+        if u % cfg.labels.online_interval == 0 and u < cfg.ppo.num_updates:
+            self.request(u, run.policy.lm, run.policy.adapter)
+        if u in retrain_points(cfg.ppo.num_updates, cfg.labels.online_retrains):
+            row = self.retrain(u)
+            print(f"reward model retrained at update {u} on {row['labels_train']} labels "
+                  f"(held-out accuracy {row['heldout_accuracy']})", flush=True)  # fmt: skip
+        stats["online/labels"] = self.labels_so_far()
+        stats["online/pending"] = self.store.pending_count()
+
+
+def online_summary(run_dir: Path) -> str:
+    """How many labels each reward model of the run saw, as a markdown table (written to online.md)."""
+    path = Path(run_dir) / "online.jsonl"
+    if not path.exists():
+        raise UserError(f"{run_dir} has no online.jsonl")
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    lines = ["| reward model | after update | labels (train + held out) | trained on | held-out accuracy |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for i, r in enumerate(rows):
+        acc = r["heldout_accuracy"]
+        lines.append(f"| {i} | {r['update']} | {r['labels']} | {r['labels_train']} | "
+                     f"{'-' if acc is None else f'{acc:.3f}'} |")  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    (Path(run_dir) / "online.md").write_text("# Online reward models\n\n" + text)
+    return text

@@ -1,0 +1,60 @@
+import json
+import threading
+
+from lmprefs.cli import main
+from lmprefs.labels.store import LabelStore
+from lmprefs.runlog import read_jsonl
+from lmprefs.training import online
+from lmprefs.training.online import retrain_points
+
+
+def test_retrain_points_are_evenly_spaced_inside_the_run():
+    assert retrain_points(100, 19) == set(range(5, 100, 5))
+    assert retrain_points(10, 4) == {2, 4, 6, 8}
+    assert retrain_points(3, 19) <= {1, 2}
+
+
+def test_online_simulated_labeler_answers_the_queue_and_reward_model_retrains(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    args = ["train-policy", "tiny", "--online", "--labeler", "vader", "--run-dir", str(run_dir),
+            "--ppo.total-episodes", "96", "--labels.online-interval", "2", "--labels.online-retrains", "2",
+            "--labels.online-questions", "16"]  # fmt: skip
+    assert main(args) == 0
+    rows = [json.loads(x) for x in (run_dir / "online.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [0, 2, 4]
+    assert [r["labels"] for r in rows] == [16, 32, 48]  # every reward model saw all labels so far
+    assert "| 2 | 4 | 48 |" in (run_dir / "online.md").read_text()
+    store = LabelStore(run_dir / "labels.sqlite")
+    assert store.table_counts()["items"] == 16 * 3  # requests before updates 1, 3 and 5; none after the last
+    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    assert metrics[-1]["online/labels"] >= 48
+    assert "reward models of this run" in capsys.readouterr().out
+
+
+def test_online_with_people_waits_for_judgments_from_the_queue(tmp_path, monkeypatch):
+    """No simulated labeler: training waits until people (here a thread using the store as the web app does) answer."""
+    monkeypatch.setattr(online.OnlineRewards, "poll_seconds", 0.1)
+    run_dir = tmp_path / "run"
+    db = run_dir / "labels.sqlite"
+    run_dir.mkdir()
+    stop = threading.Event()
+
+    def person():
+        store = LabelStore(db)
+        while not stop.is_set():
+            item = store.next_item("alice")
+            if item is None:
+                stop.wait(0.05)
+                continue
+            store.add_label(item.id, "alice", best=len(item.query) % len(item.samples), source="web")
+
+    th = threading.Thread(target=person, daemon=True)
+    th.start()
+    try:
+        assert main(["train-policy", "tiny", "--online", "--run-dir", str(run_dir), "--ppo.total-episodes", "32",
+                     "--labels.online-questions", "16", "--labels.online-retrains", "1"]) == 0  # fmt: skip
+    finally:
+        stop.set()
+        th.join(5)
+    assert json.loads((run_dir / "run.json").read_text())["online"] is True
+    assert LabelStore(db).counts_by_labeler()["alice"]["label"] >= 8
