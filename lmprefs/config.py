@@ -249,85 +249,73 @@ SUMMARIZE_REWARD = TrainRewardConfig(batch_size=16, lr=2.5e-5, rollout_batch_siz
 # The quickstart's offline task: SmolLM2-135M continuing Austen passages. Token 30 is '.' in SmolLM2's vocabulary.
 AUSTEN_TASK = R(BOOKS_TASK, query_dataset="austen", initial_model="smollm2-135m", truncate_token=30)
 
+SENTIMENT = Config(
+    task=BOOKS_TASK,
+    labels=LabelsConfig(num_train=4992, labeler="vader"),
+    train_reward=BOOKS_REWARD,
+    rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0),
+    ppo=BOOKS_PPO,
+)
+SUMMARIZE = Config(
+    task=SUMMARIZE_TASK,
+    labels=LabelsConfig(num_train=46000),
+    train_reward=SUMMARIZE_REWARD,
+    rewards=RewardsConfig(kl_coef=0.03, kl_target=None),
+    ppo=SUMMARIZE_PPO,
+)
+AUSTEN_SENTIMENT = Config(
+    task=R(AUSTEN_TASK, query_length=32),
+    labels=LabelsConfig(num_train=1000, labeler="vader"),
+    train_reward=TrainRewardConfig(batch_size=16, lr=5e-5, rollout_batch_size=64, normalize_samples=128),
+    rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
+    ppo=PPOConfig(total_episodes=64 * 30, batch_size=64, nminibatches=4, lr=1e-5),
+    run=RunConfig(log_interval=5, save_interval=10),
+)
+
+
+def _labeler(cfg: Config, name: str) -> Config:
+    return R(cfg, labels=R(cfg.labels, labeler=name))
+
+
 PRESETS: dict[str, tuple[str, Config]] = {
     "sentiment": (
         "The paper's sentiment task: GPT-2 124M continues book passages; 4,992 best-of-4 labels; adaptive KL, target 6.",
-        Config(
-            task=BOOKS_TASK,
-            labels=LabelsConfig(num_train=4992, labeler="vader"),
-            train_reward=BOOKS_REWARD,
-            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0),
-            ppo=BOOKS_PPO,
-        ),
+        SENTIMENT,
     ),
     "descriptiveness": (
         "The paper's descriptiveness task: as sentiment, with descriptiveness labels.",
-        Config(
-            task=BOOKS_TASK,
-            labels=LabelsConfig(num_train=4992, labeler="descriptiveness"),
-            train_reward=BOOKS_REWARD,
-            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0),
-            ppo=BOOKS_PPO,
-        ),
+        _labeler(SENTIMENT, "descriptiveness"),
     ),
     "tldr": (
         "TL;DR summarization: 500-token posts, 75-token summaries; fixed KL 0.03, no reward whitening.",
-        Config(
-            task=SUMMARIZE_TASK,
-            labels=LabelsConfig(num_train=46000),
-            train_reward=SUMMARIZE_REWARD,
-            rewards=RewardsConfig(kl_coef=0.03, kl_target=None),
-            ppo=SUMMARIZE_PPO,
-        ),
+        SUMMARIZE,
     ),
     "cnndm": (
         "CNN/DM summarization: 'Article:' prefix, temperature 0.5; fixed KL 0.01, no reward whitening.",
-        Config(
-            task=R(
-                SUMMARIZE_TASK,
-                query_dataset="hf:abisee/cnn_dailymail:train:article",
-                end_text="\n",
-                query_prefix="Article:\n\n",
-                temperature=0.5,
-            ),
-            labels=LabelsConfig(num_train=46000),
-            train_reward=SUMMARIZE_REWARD,
+        R(
+            SUMMARIZE,
+            task=R(SUMMARIZE_TASK, query_dataset="hf:abisee/cnn_dailymail:train:article", end_text="\n",
+                   query_prefix="Article:\n\n", temperature=0.5),
             rewards=RewardsConfig(kl_coef=0.01, kl_target=None),
-            ppo=SUMMARIZE_PPO,
-        ),
+        ),  # fmt: skip
     ),
     "austen-sentiment": (
         "Offline mock sentiment: SmolLM2-135M continues Austen passages; VADER plays the human; sized for a CPU.",
-        Config(
-            task=R(AUSTEN_TASK, query_length=32),
-            labels=LabelsConfig(num_train=1000, labeler="vader"),
-            train_reward=TrainRewardConfig(batch_size=16, lr=5e-5, rollout_batch_size=64, normalize_samples=128),
-            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
-            ppo=PPOConfig(total_episodes=64 * 30, batch_size=64, nminibatches=4, lr=1e-5),
-            run=RunConfig(log_interval=5, save_interval=10),
-        ),
-    ),
-    "quickstart": (
-        "The README's first command: austen-sentiment sized for a 2-core CPU, LoRA adapters on one bf16-autocast base.",
-        Config(
-            task=R(AUSTEN_TASK, query_length=32),
-            labels=LabelsConfig(num_train=400, labeler="vader"),
-            train_reward=TrainRewardConfig(batch_size=16, lr=2e-4, rollout_batch_size=64, normalize_samples=64),
-            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
-            ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=2e-4),
-            lora=LoraConfig(rank=8, alpha=16.0),
-            run=RunConfig(log_interval=5, save_interval=10, dtype="bfloat16"),
-        ),
+        AUSTEN_SENTIMENT,
     ),
     "austen-descriptiveness": (
         "Offline mock descriptiveness: as austen-sentiment, with the descriptiveness heuristic as the labeler.",
-        Config(
-            task=R(AUSTEN_TASK, query_length=32),
-            labels=LabelsConfig(num_train=1000, labeler="descriptiveness"),
-            train_reward=TrainRewardConfig(batch_size=16, lr=5e-5, rollout_batch_size=64, normalize_samples=128),
-            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
-            ppo=PPOConfig(total_episodes=64 * 30, batch_size=64, nminibatches=4, lr=1e-5),
-            run=RunConfig(log_interval=5, save_interval=10),
+        _labeler(AUSTEN_SENTIMENT, "descriptiveness"),
+    ),
+    "quickstart": (
+        "The README's first command: austen-sentiment sized for a 2-core CPU, LoRA adapters on one bf16-autocast base.",
+        R(
+            AUSTEN_SENTIMENT,
+            labels=R(AUSTEN_SENTIMENT.labels, num_train=400),
+            train_reward=R(AUSTEN_SENTIMENT.train_reward, lr=2e-4, normalize_samples=64),
+            ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=2e-4),
+            lora=LoraConfig(rank=8, alpha=16.0),
+            run=R(AUSTEN_SENTIMENT.run, dtype="bfloat16"),
         ),
     ),
     "tiny": (
