@@ -16,8 +16,10 @@ from lmprefs.models.lm import PAD, lm_head, model_inputs
 
 @torch.no_grad()
 def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
-           generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Sample responses [B, length] and their logprobs [B, length] at `temperature` given queries [B, Q]."""
+           generator: torch.Generator | None = None, return_hidden: bool = False):  # fmt: skip
+    """Sample responses [B, length] and their logprobs [B, length] at `temperature` given queries [B, Q].
+    With return_hidden, also the hidden states that predicted each token [B, length, d]: the value head reads
+    them, so a rollout needs no second forward pass (the original's policy.respond returns values this way)."""
     ids, mask, positions = model_inputs(queries)
     B = queries.shape[0]
     rows = torch.arange(B, device=queries.device)
@@ -27,8 +29,10 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     h = out.last_hidden_state[rows, last]  # [B, d]
     next_pos = mask.sum(-1)  # [B] position of the first response token
     head = lm_head(model)
-    responses, logprobs = [], []
+    responses, logprobs, hidden = [], [], []
     for t in range(length):
+        if return_hidden:
+            hidden.append(h)
         logp = torch.log_softmax(head(h)[:, :vocab].float() / temperature, dim=-1)  # [B, V]
         cdf = logp.exp().cumsum(-1)
         u = torch.rand(B, 1, generator=generator, device=cdf.device) * cdf[:, -1:]
@@ -42,4 +46,6 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
                                past_key_values=past, use_cache=True)  # fmt: skip
         past = out.past_key_values
         h = out.last_hidden_state[:, -1]
+    if return_hidden:
+        return torch.cat(responses, 1), torch.cat(logprobs, 1), torch.stack(hidden, 1)
     return torch.cat(responses, 1), torch.cat(logprobs, 1)

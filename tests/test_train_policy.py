@@ -51,7 +51,8 @@ def test_first_minibatch_of_first_epoch_has_ratio_one(tiny_task):
     run = _run(tiny_task, cfg)
     rollout, stats, _ = make_rollout(run, low_ids_score, run.stream.next(16), cfg, tiny_task.prefix, tiny_task.suffix,
                                      tiny_task.device, tiny_task.dtype)  # fmt: skip
-    assert rollout.responses.shape == (16, cfg.task.response_length) and stats["objective/kl"] == 0.0
+    # the rollout's logprobs come from the KV-cache sampler, the update's from a full forward: equal up to fp32 noise
+    assert rollout.responses.shape == (16, cfg.task.response_length) and abs(stats["objective/kl"]) < 1e-5
     out = ppo_update(lambda mb: run.policy(mb.queries, mb.responses), run.optimizer, rollout, cfg.ppo, run.gen_ppo)
     assert out["ppo/policy/approxkl"] < 1e-10 and out["ppo/policy/clipfrac"] == 0.0
     assert abs(out["ppo/val/vpred"]) < 1e-7  # the value head starts at zero

@@ -179,6 +179,18 @@ class Policy(nn.Module):
             h = response_hidden(self.value_lm, queries, responses)
         return logprobs, self.value_head(h), entropy
 
+    def values_from(self, queries: Tensor, responses: Tensor, hidden: Tensor) -> Tensor:
+        """Values [B, T] given the policy trunk's hidden states at the response positions (from the sampler);
+        a separate value trunk runs its own forward."""
+        from lmprefs.models.lora import using
+
+        if self.value_adapter is not None:
+            with using(self.lm, self.value_adapter):
+                hidden = response_hidden(self.lm, queries, responses)
+        elif self.value_lm is not None:
+            hidden = response_hidden(self.value_lm, queries, responses)
+        return self.value_head(hidden)
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The value head and the trunk, or only this policy's adapters when the trunk is a shared LoRA base."""
         from lmprefs.models.lora import lora_modules

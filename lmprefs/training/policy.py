@@ -99,10 +99,11 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
     policy, task = run.policy, cfg.task
     q = format_queries(queries.to(device), prefix, suffix)
     with autocast(device, dtype):
+        # logprobs and values come from the sampling pass itself (policy.respond in the original): no extra forward
         with using(policy.lm, policy.adapter):
-            responses, _ = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab, run.gen_sample)
-        # logprobs and values from the same full forward the update uses, so the first minibatch has ratio 1
-        logprobs, values, _ = policy(q, responses)
+            responses, logprobs, hidden = sample(policy.lm, q, task.response_length, task.temperature,
+                                                 policy.vocab, run.gen_sample, return_hidden=True)  # fmt: skip
+        values = policy.values_from(q, responses, hidden)
         with using(policy.lm, None):  # with LoRA the reference is the shared base, adapters off
             ref = ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab)
     logprobs, values, ref = logprobs.float(), values.float(), ref.float()
