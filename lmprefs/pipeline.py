@@ -199,7 +199,7 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
 
     store = _label_source(store_path or cfg.labels.source or "labels.sqlite")
     rm, summary = train_reward_model(t, store, rm_dir, log)
-    rm.requires_grad_(False)
+    rm.freeze()
     return rm_score_fn(rm), {"reward": "model", "reward_model": str(rm_dir), "reward_training": summary}
 
 

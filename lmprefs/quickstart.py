@@ -140,7 +140,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     print("[4/6] training the reward model", flush=True)
     log = RunLogger(run_dir, cfg)
     rm, rm_summary = train_reward_model(t, store, run_dir / "reward_model", log)
-    rm.requires_grad_(False)
+    rm.freeze()
     stages["train reward model"] = time.time() - s
     print(f"      held-out accuracy {rm_summary.get('heldout/accuracy', float('nan')):.3f} "
           f"({rm_summary['labels_heldout']} labels; chance 0.25)", flush=True)  # fmt: skip

@@ -58,3 +58,30 @@ def test_online_with_people_waits_for_judgments_from_the_queue(tmp_path, monkeyp
         th.join(5)
     assert json.loads((run_dir / "run.json").read_text())["online"] is True
     assert LabelStore(db).counts_by_labeler()["alice"]["label"] >= 8
+
+
+def test_retrains_with_lora_train_the_reward_adapter_and_leave_the_policy_trainable(tmp_path):
+    """With LoRA the reward model and the policy are adapters on one base: a retrain must re-train the reward
+    adapter from scratch and must not freeze the policy's adapter."""
+    import dataclasses
+
+    import torch
+
+    from lmprefs.config import preset
+    from lmprefs.models.lora import lora_modules
+    from lmprefs.pipeline import open_store, policy_for, setup_task
+    from lmprefs.training.online import OnlineRewards
+
+    cfg = preset("tiny")
+    cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, rank=4),
+                              labels=dataclasses.replace(cfg.labels, online_questions=16))  # fmt: skip
+    t = setup_task(cfg, n_heldout=8)
+    onl = OnlineRewards(t, open_store(tmp_path / "l.sqlite"), tmp_path, "vader")
+    onl.start(resume=False)
+    policy = policy_for(t)
+    first = [m.B["reward"].clone() for m in lora_modules(t.model)]
+    onl.request(1, policy.lm, policy.adapter)
+    onl.retrain(1)
+    assert all(p.requires_grad for p in policy.trainable_parameters())
+    second = [m.B["reward"] for m in lora_modules(t.model)]
+    assert all(b.abs().sum() > 0 for b in second) and not all(torch.equal(a, b) for a, b in zip(first, second))

@@ -232,6 +232,13 @@ class RewardModel(nn.Module):
             return [p for p in self.lm.parameters() if p.requires_grad] + extra
         return [m[self.adapter] for mod in lora_modules(self.lm) for m in (mod.A, mod.B)] + extra
 
+    def freeze(self) -> RewardModel:
+        """Stop training this reward model's own parameters; with LoRA the policy's adapters on the same base
+        are left alone."""
+        for p in self.trainable_parameters():
+            p.requires_grad_(False)
+        return self
+
     @torch.no_grad()
     def set_norm(self, mean: float, std: float, target_mean: float = 0.0, target_std: float = 1.0) -> None:
         """Given the current rewards' mean and std, set gain and bias so they become (target_mean, target_std)

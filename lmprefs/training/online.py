@@ -61,7 +61,7 @@ class OnlineRewards:
         from lmprefs.training.policy import rm_score_fn
 
         rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log)
-        rm.requires_grad_(False)
+        rm.freeze()
         self._score = rm_score_fn(rm)
         row = {"update": update, "labels": summary["labels_train"] + summary["labels_heldout"],
                "labels_train": summary["labels_train"], "heldout_accuracy": summary.get("heldout/accuracy")}  # fmt: skip
@@ -77,7 +77,7 @@ class OnlineRewards:
 
         rm_dir = self.run_dir / "reward_model"
         if resume and (rm_dir / "reward_head.safetensors").is_file():
-            self._score = rm_score_fn(load_reward_model(rm_dir, self.t.device).eval().requires_grad_(False))
+            self._score = rm_score_fn(load_reward_model(rm_dir, self.t.device).eval().freeze())
             return
         need = max(8, self.cfg.labels.online_questions // 2)
         if self.labels_so_far() < need:

@@ -131,6 +131,8 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     from lmprefs.training.optim import TFAdam
 
     params = rm.trainable_parameters()
+    for p in params:  # a retrain after freeze(): these are the parameters this epoch trains
+        p.requires_grad_(True)
     opt = TFAdam(params, lr=cfg.train_reward.lr)
     g = torch.Generator().manual_seed(cfg.run.seed)
     n, bs, S = len(data), cfg.train_reward.batch_size, data.samples.shape[1]
