@@ -76,7 +76,9 @@ class TrainRewardConfig:
     batch_size: int = 32
     """Labels per optimizer step, summed over all workers."""
     lr: float = 5e-5
-    """Peak Adam learning rate; decays linearly to 0 over the single epoch."""
+    """Peak Adam learning rate; decays linearly to 0 over training."""
+    epochs: int = 1
+    """Passes over the labels (the original makes one; small label sets learn more from a few)."""
     rollout_batch_size: int = 512
     """Queries per sampling batch when sampling for normalization."""
     normalize_samples: int = 256
@@ -205,6 +207,8 @@ def validate(cfg: Config) -> list[str]:
         out.append(f"task.temperature={cfg.task.temperature} must be positive")
     if not 0 <= cfg.labels.heldout_fraction < 1:
         out.append(f"labels.heldout_fraction={cfg.labels.heldout_fraction} must be in [0, 1)")
+    if cfg.train_reward.epochs <= 0:
+        out.append(f"train_reward.epochs={cfg.train_reward.epochs} must be positive")
     if cfg.train_reward.batch_size <= 0:
         out.append(f"train_reward.batch_size={cfg.train_reward.batch_size} must be positive")
     if cfg.rewards.kl_target is not None and cfg.rewards.kl_target <= 0:

@@ -160,7 +160,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
         nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
         summary["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
     summary |= {f"initial_{k}": v for k, v in evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype).items()}
-    bar = progress(len(train), "training reward model")
+    bar = progress(len(train) * cfg.train_reward.epochs, "training reward model")
     rm.train()
     last = train_epoch(rm, train, lt, cfg, t.prefix, t.suffix, t.device, t.dtype, log, bar)
     rm.eval()

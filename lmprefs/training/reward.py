@@ -127,7 +127,8 @@ def evaluate(rm: RewardModel, data: Comparisons, label_type, prefix, suffix, dev
 
 def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, prefix, suffix, device, dtype,
                 log=None, bar=None) -> dict:  # fmt: skip
-    """One epoch over `data` in a random permutation, LR decaying linearly to 0 (train_reward.py:train l.241-249)."""
+    """train_reward.epochs passes over `data`, each in a fresh random permutation, the LR decaying linearly to 0
+    over all of them (train_reward.py:train l.241-249, which makes one pass)."""
     from lmprefs.training.optim import TFAdam
 
     params = rm.trainable_parameters()
@@ -136,25 +137,28 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     opt = TFAdam(params, lr=cfg.train_reward.lr)
     g = torch.Generator().manual_seed(cfg.run.seed)
     n, bs, S = len(data), cfg.train_reward.batch_size, data.samples.shape[1]
-    perm = torch.randperm(n, generator=g)
-    stats = {}
-    for step, start in enumerate(range(0, n, bs)):
-        for group in opt.param_groups:
-            group["lr"] = cfg.train_reward.lr * (1 - start / n)
-        mb = data[perm[start : start + bs]]
-        q = format_queries(mb.queries.to(device), prefix, suffix).repeat_interleave(S, 0)  # [b*S, Q']
-        with autocast(device, dtype):
-            rewards = rm(q, mb.samples.flatten(0, 1).to(device)).float().view(len(mb), S)  # [b, S]
-        out = label_type.loss(rewards, {"best": mb.best.to(device)})
-        opt.zero_grad(set_to_none=True)
-        out["loss"].backward()
-        opt.step()
-        stats = {f"train_reward/minibatch/{k}": float(out[k].detach()) for k in ("loss", "error", "accuracy")}
-        stats["train_reward/lr"] = opt.param_groups[0]["lr"]
-        if not all(math.isfinite(v) for v in stats.values()):
-            raise FloatingPointError(f"reward-model training diverged at step {step}: {stats}")
-        if log is not None and step % max(1, cfg.run.log_interval) == 0:
-            log.scalars(stats, step)
-        if bar is not None:
-            bar.update(len(mb))
+    total = n * cfg.train_reward.epochs
+    stats, step = {}, 0
+    for epoch in range(cfg.train_reward.epochs):
+        perm = torch.randperm(n, generator=g)
+        for start in range(0, n, bs):
+            for group in opt.param_groups:
+                group["lr"] = cfg.train_reward.lr * (1 - (epoch * n + start) / total)
+            mb = data[perm[start : start + bs]]
+            q = format_queries(mb.queries.to(device), prefix, suffix).repeat_interleave(S, 0)  # [b*S, Q']
+            with autocast(device, dtype):
+                rewards = rm(q, mb.samples.flatten(0, 1).to(device)).float().view(len(mb), S)  # [b, S]
+            out = label_type.loss(rewards, {"best": mb.best.to(device)})
+            opt.zero_grad(set_to_none=True)
+            out["loss"].backward()
+            opt.step()
+            stats = {f"train_reward/minibatch/{k}": float(out[k].detach()) for k in ("loss", "error", "accuracy")}
+            stats["train_reward/lr"] = opt.param_groups[0]["lr"]
+            if not all(math.isfinite(v) for v in stats.values()):
+                raise FloatingPointError(f"reward-model training diverged at step {step}: {stats}")
+            if log is not None and step % max(1, cfg.run.log_interval) == 0:
+                log.scalars(stats, step)
+            if bar is not None:
+                bar.update(len(mb))
+            step += 1
     return stats
