@@ -155,6 +155,9 @@ class LoraConfig:
     """Adapter scale numerator (scale = alpha / rank)."""
     targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "c_proj")
     """Module name suffixes that get adapters (Llama and GPT-2 names)."""
+    layers: int = 0
+    """Adapters only in the top N transformer blocks (0 = all): backward passes then stop at the lowest adapted
+    block, so training costs a forward plus N/L of a backward."""
 
 
 @dataclass(frozen=True)
@@ -312,13 +315,16 @@ PRESETS: dict[str, tuple[str, Config]] = {
         _labeler(AUSTEN_SENTIMENT, "descriptiveness"),
     ),
     "quickstart": (
-        "The README's first command: austen-sentiment sized for a 2-core CPU, LoRA adapters on one bf16-autocast base.",
+        "The README's first command: austen-sentiment sized for a 2-core CPU: LoRA adapters in the top 8 blocks of one "
+        "bf16-autocast base.",
         R(
             AUSTEN_SENTIMENT,
             labels=R(AUSTEN_SENTIMENT.labels, num_train=400),
-            train_reward=R(AUSTEN_SENTIMENT.train_reward, lr=2e-4, normalize_samples=64),
-            ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=2e-4),
-            lora=LoraConfig(rank=8, alpha=16.0),
+            # a few hundred labels teach a one-epoch reward model little: 3 epochs at lr 2e-3 took held-out best-of-4
+            # accuracy on 400 VADER labels from 29-36% (1 epoch, lr 1e-3 / 3e-3) to 42.5% (200 held out)
+            train_reward=R(AUSTEN_SENTIMENT.train_reward, lr=2e-3, epochs=3, normalize_samples=64),
+            ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=5e-4),
+            lora=LoraConfig(rank=8, alpha=16.0, layers=8),
             run=R(AUSTEN_SENTIMENT.run, dtype="bfloat16"),
         ),
     ),

@@ -85,3 +85,16 @@ def test_reward_model_adapter_trains_on_shared_base(tiny_lm):
     names = {id(p) for p in rm.trainable_parameters()}
     assert all(id(m.A["reward"]) in names for m in lora_modules(lm)) and id(rm.gain) in names
     assert not any(id(p) in names for n, p in lm.named_parameters() if ".base." in n)
+
+
+def test_adapters_in_the_top_blocks_only_stop_the_backward_there(tiny_lm):
+    base, tok = tiny_lm
+    lm = copy.deepcopy(base)
+    add_adapter(lm, LoraConfig(rank=2, layers=1, targets=("c_attn", "c_proj")), "policy")
+    names = [n for n, m in lm.named_modules() if type(m).__name__ == "LoRALinear"]
+    assert names and all(".h.1." in n for n in names)  # block 1 of 2 only
+    policy = Policy(lm, tok, 0.7, adapter="policy")
+    lp, v, _ = policy(_queries(tok), torch.randint(0, 50000, (2, 4)))
+    (lp.sum() + v.sum()).backward()
+    assert all(p.grad is not None for p in policy.trainable_parameters())
+    assert all(p.grad is None for n, p in lm.named_parameters() if ".h.0." in n)  # nothing below was touched

@@ -57,7 +57,8 @@ def add_adapter(model: nn.Module, cfg: LoraConfig, name: str, seed: int = 0) -> 
     if not lora_modules(model):
         model.requires_grad_(False)
         targets = [(n, m) for n, m in model.named_modules()
-                   if n.split(".")[-1] in cfg.targets and type(m).__name__ in ("Linear", "Conv1D")]  # fmt: skip
+                   if n.split(".")[-1] in cfg.targets and type(m).__name__ in ("Linear", "Conv1D")
+                   and _in_top_blocks(model, n, cfg.layers)]  # fmt: skip
         if not targets:
             raise ValueError(f"lora.targets={cfg.targets} match no Linear layer of {type(model).__name__}")
         for n, m in targets:
@@ -80,6 +81,17 @@ def reset_adapter(model: nn.Module, name: str, seed: int = 0) -> None:
             bound = 1 / math.sqrt(m.in_features)
             m.A[name].uniform_(-bound, bound, generator=g)
             m.B[name].zero_()
+
+
+def _in_top_blocks(model: nn.Module, name: str, top: int) -> bool:
+    """Whether module `name` sits in one of the top `top` transformer blocks (model.layers.12..., transformer.h.3...)."""
+    if top <= 0:
+        return True
+    c = model.config
+    n_layers = getattr(c, "num_hidden_layers", None) or getattr(c, "n_layer")
+    parts = name.split(".")
+    idx = next((int(b) for a, b in zip(parts, parts[1:]) if a in ("layers", "h") and b.isdigit()), None)
+    return idx is not None and idx >= n_layers - top
 
 
 @contextlib.contextmanager
