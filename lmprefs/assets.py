@@ -8,8 +8,6 @@ See ../shared/reference/offline-assets.md for where every snippet here was teste
 
 from __future__ import annotations
 
-from lmprefs.errors import UserError
-
 import gzip
 import importlib.util
 import json
@@ -21,6 +19,8 @@ import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+
+from lmprefs.errors import UserError
 
 GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

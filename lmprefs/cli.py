@@ -193,7 +193,7 @@ def cmd_train_reward(argv: list[str]) -> int:
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-reward-PRESET-TIME)")
     _help_with_config(p, argv, name)
     a = p.parse_args(argv)
-    from lmprefs.pipeline import open_store, setup_task, train_reward_model
+    from lmprefs.pipeline import setup_task, train_reward_model
     from lmprefs.runlog import RunLogger, default_run_dir
 
     cfg = _config(a.preset, pairs, a.config)
@@ -409,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"lmprefs {cmd}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `lmprefs presets x | head`: the reader left; nothing to report
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

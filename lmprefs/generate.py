@@ -10,6 +10,7 @@ import torch
 
 from lmprefs.errors import UserError
 
+
 def sample_cli(a: argparse.Namespace, pairs) -> int:
     from lmprefs.cli import _config
     from lmprefs.models.lm import autocast, load_lm, load_policy, max_positions

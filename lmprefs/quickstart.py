@@ -110,7 +110,14 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 
 def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -> dict:
     from lmprefs.labels.labelers import SCORE_FNS
-    from lmprefs.pipeline import collect_labels, open_store, policy_for, setup_task, track_true_reward, train_reward_model
+    from lmprefs.pipeline import (
+        collect_labels,
+        open_store,
+        policy_for,
+        setup_task,
+        track_true_reward,
+        train_reward_model,
+    )
     from lmprefs.queries import QueryStream
     from lmprefs.runlog import RunLogger, read_jsonl
     from lmprefs.training.policy import build_run, rm_score_fn, train_policy

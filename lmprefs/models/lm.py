@@ -51,9 +51,7 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     from transformers.utils import logging as hf_logging
 
     from lmprefs.assets import MODEL_ASSETS as MODEL_NAMES
-    from lmprefs.assets import resolve_model
-
-    from lmprefs.assets import AssetError
+    from lmprefs.assets import AssetError, resolve_model
 
     path = resolve_model(name)
     hf_logging.disable_progress_bar()  # "Loading weights" bars on every load drown the run's own progress

@@ -88,7 +88,7 @@ def _in_top_blocks(model: nn.Module, name: str, top: int) -> bool:
     if top <= 0:
         return True
     c = model.config
-    n_layers = getattr(c, "num_hidden_layers", None) or getattr(c, "n_layer")
+    n_layers = getattr(c, "num_hidden_layers", None) or c.n_layer
     parts = name.split(".")
     idx = next((int(b) for a, b in zip(parts, parts[1:]) if a in ("layers", "h") and b.isdigit()), None)
     return idx is not None and idx >= n_layers - top

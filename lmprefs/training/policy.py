@@ -154,10 +154,9 @@ def andon_check(run: PolicyRun, stats: dict, cfg: Config) -> str | None:
 
 def save_checkpoint(run: PolicyRun, run_dir: Path) -> None:
     """policy/ (a HF directory + value head) and state.pt, replaced together atomically."""
-    from lmprefs.models.lm import _save_policy, atomic_dir
-
     from safetensors.torch import save_file
 
+    from lmprefs.models.lm import _save_policy, atomic_dir
     from lmprefs.models.lora import adapter_state
 
     with atomic_dir(Path(run_dir) / "checkpoint") as tmp:

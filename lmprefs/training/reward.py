@@ -15,7 +15,7 @@ from torch import Tensor
 from lmprefs.config import Config, TaskConfig
 from lmprefs.models.lm import PAD, RewardModel, autocast
 from lmprefs.sampling import sample
-from lmprefs.tasks import decode, format_queries, truncate_responses
+from lmprefs.tasks import format_queries, truncate_responses
 
 
 @dataclass
