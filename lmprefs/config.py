@@ -319,11 +319,15 @@ PRESETS: dict[str, tuple[str, Config]] = {
         "bf16-autocast base.",
         R(
             AUSTEN_SENTIMENT,
+            # No truncation penalty: SmolLM2 seldom emits the bare '.' token (30) at positions 16-23, so with it most
+            # rollouts scored -1 and PPO learned to place periods instead of sentiment (true reward -0.2 s.e., KL 0.5
+            # after 20 updates); without it, +10.1 s.e. at KL 4.8 (2026-11-21, see the README).
+            task=R(AUSTEN_SENTIMENT.task, truncate_token=None),
             labels=R(AUSTEN_SENTIMENT.labels, num_train=400),
             # a few hundred labels teach a one-epoch reward model little: 3 epochs at lr 2e-3 took held-out best-of-4
             # accuracy on 400 VADER labels from 29-36% (1 epoch, lr 1e-3 / 3e-3) to 42.5% (200 held out)
             train_reward=R(AUSTEN_SENTIMENT.train_reward, lr=2e-3, epochs=3, normalize_samples=64),
-            ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=5e-4),
+            ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=2e-3),
             lora=LoraConfig(rank=8, alpha=16.0, layers=8),
             run=R(AUSTEN_SENTIMENT.run, dtype="bfloat16"),
         ),
