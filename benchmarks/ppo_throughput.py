@@ -1,0 +1,548 @@
+#!/usr/bin/env python
+"""PPO throughput: lmprefs against Hugging Face TRL's PPO on the same model, settings and machine, in one invocation.
+
+What is measured
+  Episodes per second of PPO updates (rollout + optimisation), for
+    * TRL 1.12's PPOTrainer, via the speed anchor ../shared/bench/trl_ppo_bench.py run with the anchor venv's python
+      (.venv-anchor; see ../shared/bench/README.md for its set-up), and
+    * lmprefs' real training loop, `lmprefs.training.policy.train_policy` (build_run + make_rollout + ppo_update,
+      KL controller, LR decay, andon checks), once with the defaults (`ppo.value_model=shared`: a value head on the
+      policy trunk) and once with `ppo.value_model=separate` (its own trunk, like TRL's value model).
+  Both sides load the SAME model directory: the anchor's random 5.3M-parameter GPT-2 (4 layers, 4 heads, 256 dims,
+  8,192-token byte-level BPE) built by _anchor_common.ensure_model, and the same 32-token queries
+  (_anchor_common.make_queries, same seed). Settings as the anchor: batch 64, query 32, response 24, 4 PPO epochs x
+  4 minibatches (16 optimizer steps per batch), temperature 0.7, lr 1e-5, 2 threads, fp32 (lmprefs run.dtype=float32,
+  TRL bf16 off), no truncation (TRL stop_token None; lmprefs task.truncate_token None). The reward is the anchor's
+  default cheap text reward, the fraction of 'e' characters in the decoded response (TRL: wrapped as a pseudo reward
+  model; lmprefs: `text_score_fn`). The first update of each run is warm-up and excluded, as the anchor does:
+  episodes/s = batch * (steps - 1) / (sum of the other updates' seconds).
+
+How
+  Each measurement is its own subprocess (fresh process, same interpreter settings). With --reps R the script runs R
+  rounds of [TRL, lmprefs shared, lmprefs separate], rotating the order every round, and reports per-round ratios
+  (TRL measured in the same round) and medians. Loads are shared: it prints os.getloadavg() before and after and, for
+  every run, the cores used by other processes during the timed region (other_cores_avg; ~0 means a clean number).
+
+  --profile adds one profiled lmprefs update per mode (after a warm-up): seconds per phase (sampling, rollout policy
+  forward, reference forward, scoring, PPO train forwards / backward / optimizer steps / rest) and torch.profiler's
+  top operators by self CPU time.
+
+Writes only under --out-dir (default: a new temporary directory): the model directory (unless --model-dir is given),
+lmprefs' run directories, TRL's output (its subprocess gets TMPDIR=<out-dir>/tmp) and results.json.
+
+Example
+  export LMPREFS_CACHE=/tmp/lmcache
+  python benchmarks/ppo_throughput.py --reps 3 --profile
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_ANCHOR_DIR = REPO.parent / "shared" / "bench"
+DEFAULT_ANCHOR_PYTHON = REPO / ".venv-anchor" / "bin" / "python"
+MODES = ("shared", "separate")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out-dir", default=None, help="where everything is written (default: a new temp dir)")
+    p.add_argument("--model-dir", default=None,
+                   help="anchor model directory to use (created if absent; default <out-dir>/anchor-model)")
+    p.add_argument("--anchor-dir", default=str(DEFAULT_ANCHOR_DIR), help="folder of trl_ppo_bench.py")
+    p.add_argument("--anchor-python", default=str(DEFAULT_ANCHOR_PYTHON), help="python of the TRL venv")
+    p.add_argument("--reps", type=int, default=3, help="rounds of [TRL, lmprefs modes], order rotated per round")
+    p.add_argument("--modes", default="shared,separate", help="lmprefs value-model modes to time")
+    p.add_argument("--skip-trl", action="store_true", help="time lmprefs only (no ratios)")
+    p.add_argument("--profile", action="store_true", help="also print a profile of one lmprefs update per mode")
+    p.add_argument("--profile-top", type=int, default=15, help="operators listed per profile")
+    p.add_argument("--steps", type=int, default=5, help="PPO updates per run; the first is warm-up")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--query-len", type=int, default=32)
+    p.add_argument("--response-len", type=int, default=24)
+    p.add_argument("--ppo-epochs", type=int, default=4)
+    p.add_argument("--minibatches", type=int, default=4)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=int, default=1800, help="seconds allowed per subprocess")
+    p.add_argument("--idle-threshold", type=float, default=0.5,
+                   help="before each run, wait until fewer than this many cores are busy (measured over 3 s)")
+    p.add_argument("--max-wait", type=float, default=240, help="seconds to wait for that before running anyway")
+    p.add_argument("--max-other", type=float, default=0.15,
+                   help="a run during whose timed region other processes used more cores than this is redone")
+    p.add_argument("--retries", type=int, default=3, help="redo a contaminated run at most this often")
+    # internal: one lmprefs measurement in this process, JSON on stdout
+    p.add_argument("--worker", choices=("lmprefs",), help=argparse.SUPPRESS)
+    p.add_argument("--value-model", choices=MODES, default="shared", help=argparse.SUPPRESS)
+    p.add_argument("--profile-update", action="store_true", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def loadavg() -> str:
+    return "loadavg %.2f %.2f %.2f" % os.getloadavg()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# worker: lmprefs
+
+
+def char_frac(target: str):
+    """The anchor's default reward: fraction of `target` characters in each decoded response."""
+
+    def fn(texts: list[str]) -> list[float]:
+        return [t.count(target) / max(len(t), 1) for t in texts]
+
+    return fn
+
+
+class _NullLog:
+    """What train_policy needs of a RunLogger, without files (the anchor runs TRL with report_to=none)."""
+
+    def scalars(self, stats, step):
+        pass
+
+    def samples(self, rows, step):
+        pass
+
+
+def _setup_torch(run):
+    """lmprefs' own device/dtype/threads set-up (it moved from lmprefs.generate to lmprefs.pipeline)."""
+    try:
+        from lmprefs.pipeline import setup_torch
+    except ImportError:
+        from lmprefs.generate import setup_torch
+    return setup_torch(run)
+
+
+def source_fingerprint() -> dict:
+    """sha1 of lmprefs' Python sources (and their newest mtime): which code a run measured, without git."""
+    import hashlib
+
+    import lmprefs
+
+    root = Path(lmprefs.__file__).parent
+    h, newest = hashlib.sha1(), 0.0
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+        newest = max(newest, f.stat().st_mtime)
+    return {"sha1": h.hexdigest()[:12], "newest_mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(newest))}
+
+
+def lmprefs_worker(args) -> dict:
+    import torch
+
+    sys.path.insert(0, args.anchor_dir)
+    import _anchor_common as common
+
+    import lmprefs
+    from lmprefs.config import Config, PPOConfig, RewardsConfig, RunConfig, TaskConfig
+    from lmprefs.models.lm import load_lm
+    from lmprefs.pipeline import Task, policy_for
+    from lmprefs.queries import QueryStream
+    from lmprefs.training import policy as P
+
+    src = source_fingerprint()
+    steps = args.steps + (1 if args.profile_update else 0)
+    B = args.batch_size
+    cfg = Config(
+        task=TaskConfig(query_dataset="bundled", query_length=args.query_len, response_length=args.response_len,
+                        start_text=None, end_text=None, truncate_token=None, temperature=args.temperature,
+                        initial_model=args.model_dir),
+        rewards=RewardsConfig(kl_coef=0.05, kl_target=None),  # TRL's PPOConfig default: fixed 0.05
+        ppo=PPOConfig(total_episodes=B * steps, batch_size=B, nminibatches=args.minibatches,
+                      noptepochs=args.ppo_epochs, lr=args.lr, value_model=args.value_model, score_drop_stop=None),
+        run=RunConfig(seed=args.seed, device="cpu", dtype="float32", threads=args.threads,
+                      log_interval=10**9, save_interval=10**9),
+    )
+    t_setup = time.perf_counter()
+    device, dtype = _setup_torch(cfg.run)
+    torch.manual_seed(args.seed)
+    model, tok = load_lm(args.model_dir, device)
+    queries = torch.tensor(common.make_queries(tok, args.steps * B + B, args.query_len, seed=args.seed))[: steps * B]
+    t = Task(cfg, device, dtype, model, tok, queries, queries[:0], [], [])
+    policy = policy_for(t)
+    run = P.build_run(cfg, policy, QueryStream(queries, cfg.run.seed), device)
+    score_fn = P.text_score_fn(char_frac("e"), tok)
+    setup_s = time.perf_counter() - t_setup
+
+    # ---- phase timers: wrap what the loop calls, as the anchor wraps TRL's helpers ----
+    cur: dict[str, float] = defaultdict(float)
+    prof_state = {"prof": None}
+
+    def timed(name_fn, fn):
+        def wrapper(*a, **k):
+            name = name_fn(*a, **k)
+            t0 = time.perf_counter()
+            with torch.profiler.record_function("lmprefs::" + name):
+                try:
+                    return fn(*a, **k)
+                finally:
+                    cur[name] += time.perf_counter() - t0
+
+        return wrapper
+
+    P.sample = timed(lambda *a, **k: "sample", P.sample)
+    P.ref_logprobs = timed(lambda *a, **k: "rollout_ref_fwd", P.ref_logprobs)
+    P.ppo_update = timed(lambda *a, **k: "ppo_update", P.ppo_update)
+    score_fn = timed(lambda *a, **k: "score", score_fn)
+    policy.forward = timed(lambda *a, **k: "ppo_train_fwd" if torch.is_grad_enabled() else "rollout_policy_fwd",
+                           policy.forward)
+    if hasattr(policy, "values_from"):  # newer lmprefs: rollout values from the sampler's hidden states
+        policy.values_from = timed(lambda *a, **k: "rollout_policy_fwd", policy.values_from)
+    run.optimizer.step = timed(lambda *a, **k: "ppo_optimizer_step", run.optimizer.step)
+    orig_backward = torch.Tensor.backward
+    torch.Tensor.backward = timed(lambda *a, **k: "ppo_backward", orig_backward)
+
+    updates: list[dict] = []
+    mark = {"t": None}
+    last_stats: dict = {}
+
+    def on_update(r, stats):
+        now = time.perf_counter()
+        rec = {"total_s": now - mark["t"], **cur}
+        updates.append(rec)
+        cur.clear()
+        last_stats.update(stats)
+        if args.profile_update:
+            if r.update == steps - 1:  # profile the next (last) update
+                prof_state["prof"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                                            with_flops=True)
+                prof_state["prof"].start()
+            elif prof_state["prof"] is not None:
+                prof_state["prof"].stop()
+        mark["t"] = time.perf_counter()
+
+    run_dir = Path(args.out_dir) / f"lmprefs-{args.value_model}-{os.getpid()}"
+    mon = common.CpuMonitor().start()
+    mark["t"] = time.perf_counter()
+    t0 = time.perf_counter()
+    P.train_policy(cfg, run, score_fn, _NullLog(), run_dir, [], [], device, dtype, on_update=on_update)
+    train_s = time.perf_counter() - t0
+    cpu = mon.stop()
+    torch.Tensor.backward = orig_backward
+
+    def phase(rec):
+        rollout_fwd = rec.get("rollout_policy_fwd", 0.0) + rec.get("rollout_ref_fwd", 0.0)
+        gen, scoring = rec.get("sample", 0.0), rec.get("score", 0.0)
+        return {"total_s": rec["total_s"], "generation_s": gen, "rollout_forward_s": rollout_fwd,
+                "scoring_s": scoring, "optimization_s": rec["total_s"] - gen - rollout_fwd - scoring,
+                "detail": {k: round(v, 4) for k, v in rec.items() if k != "total_s"}}
+
+    per = [phase(r) for r in updates]
+    timed_steps = per[1 : args.steps]  # warm-up excluded; a profiled update (if any) is not in the average
+    n = len(timed_steps)
+    eps = B * n / sum(s["total_s"] for s in timed_steps)
+    n_params = sum(p.numel() for p in policy.parameters())
+    res = {
+        "bench": f"lmprefs_ppo[{args.value_model}]",
+        "versions": {**common.versions(), "lmprefs": getattr(lmprefs, "__version__", "?")},
+        "lmprefs_source": src,
+        "lmprefs_source_end": source_fingerprint(),
+        "model": {**common.model_info(model), "dir": args.model_dir,
+                  "policy_params_M": round(n_params / 1e6, 3), "value_model": args.value_model,
+                  "param_dtype": str(next(policy.parameters()).dtype), "autocast_dtype": str(dtype)},
+        "episodes_per_sec": round(eps, 3),
+        "sec_per_step_mean": {k: round(sum(s[k] for s in timed_steps) / n, 4) for k in
+                              ("total_s", "generation_s", "rollout_forward_s", "scoring_s", "optimization_s")},
+        "detail_mean": {k: round(sum(s["detail"].get(k, 0.0) for s in timed_steps) / n, 4)
+                        for k in sorted({k for s in timed_steps for k in s["detail"]})},
+        "warmup_step_s": round(per[0]["total_s"], 4),
+        "per_step_total_s": [round(s["total_s"], 4) for s in per],
+        "setup_s": round(setup_s, 3),
+        "train_wall_s": round(train_s, 3),
+        "last_metrics": {k: last_stats.get(k) for k in ("objective/score", "objective/kl", "ppo/loss/policy",
+                                                         "ppo/loss/value", "ppo/policy/approxkl")},
+        "peak_rss_mib": round(common.peak_rss_mib(), 1),
+        "cpu_during_train": cpu,
+    }
+    if args.profile_update:
+        prof = prof_state["prof"]
+        prof_rec = per[-1]
+        ka = prof.key_averages()
+        res["profile"] = {
+            "update_s": round(prof_rec["total_s"], 4),
+            "gflop": round(sum(getattr(e, "flops", 0) or 0 for e in ka) / 1e9, 2),
+            "phases": prof_rec["detail"],
+            "table": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_top,
+                                               max_name_column_width=48),
+            "phase_table": prof.key_averages().table(sort_by="cpu_time_total", row_limit=12,
+                                                     max_name_column_width=48),
+        }
+    return res
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# orchestrator
+
+
+def busy_cores(window: float = 3.0) -> float:
+    """Cores busy system-wide over `window` seconds (this script sleeps meanwhile), from /proc/stat."""
+
+    def jiffies():
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v[:8]) - v[3] - v[4]
+
+    b0 = jiffies()
+    time.sleep(window)
+    return (jiffies() - b0) / os.sysconf("SC_CLK_TCK") / window
+
+
+def wait_idle(threshold: float, max_wait: float) -> float:
+    t0 = time.time()
+    while True:
+        busy = busy_cores()
+        if busy <= threshold or time.time() - t0 > max_wait:
+            return busy
+        log(f"machine busy ({busy:.2f} cores in use by others), waiting ...")
+
+
+def run_json(cmd: list[str], env: dict, timeout: int, label: str, idle=(0.5, 240.0), max_other: float = 0.15,
+             retries: int = 3) -> dict | None:
+    """Run one measurement subprocess (JSON on its stdout); redo it while other processes took more than
+    `max_other` cores during its timed region (at most `retries` times; the last attempt is kept, flagged)."""
+    res = None
+    for attempt in range(retries + 1):
+        busy = wait_idle(*idle)
+        log(f"{label}: {' '.join(cmd[:2])} ... (busy cores before {busy:.2f}, {loadavg()})")
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            log(f"{label} FAILED (rc {p.returncode}); stderr tail:\n{p.stderr[-3000:]}")
+            return None
+        try:
+            res = json.loads(p.stdout)
+        except json.JSONDecodeError:
+            log(f"{label}: no JSON on stdout; stdout tail:\n{p.stdout[-2000:]}\nstderr tail:\n{p.stderr[-2000:]}")
+            return None
+        res["busy_cores_before"] = round(busy, 2)
+        res["attempt"] = attempt + 1
+        other = res.get("cpu_during_train", {}).get("other_cores_avg", 0.0)
+        log(f"{label}: {res['episodes_per_sec']:.3f} episodes/s (wall {time.perf_counter() - t0:.0f}s, "
+            f"other_cores_avg {other}, {loadavg()})")
+        if other <= max_other:
+            return res
+        if attempt < retries:
+            log(f"{label}: other processes used {other} cores during the timed region; redoing")
+    res["contaminated"] = True
+    return res
+
+
+def fmt_phases(s: dict) -> str:
+    return ("total %.3f s = generation %.3f + rollout forwards %.3f + scoring %.3f + optimization %.3f"
+            % tuple(s[k] for k in ("total_s", "generation_s", "rollout_forward_s", "scoring_s", "optimization_s")))
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    if args.worker:
+        import contextlib
+
+        with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the JSON result
+            res = lmprefs_worker(args)
+        print(json.dumps(res, indent=1))
+        return 0
+
+    out = Path(args.out_dir or tempfile.mkdtemp(prefix="ppo-throughput-"))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tmp").mkdir(exist_ok=True)
+    model_dir = Path(args.model_dir or out / "anchor-model")
+    modes = [m for m in args.modes.split(",") if m]
+    if any(m not in MODES for m in modes):
+        sys.exit(f"--modes: choose from {MODES}")
+    anchor_py = Path(args.anchor_python)
+    if not args.skip_trl and not anchor_py.exists():
+        sys.exit(f"{anchor_py} not found: create the TRL venv as ../shared/bench/README.md says, or pass --skip-trl")
+
+    import platform
+
+    import torch
+    import transformers
+
+    print(f"# ppo_throughput  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  out={out}")
+    print(f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"cpu_count {os.cpu_count()}, threads {args.threads}, {platform.machine()}")
+    load_start = os.getloadavg()
+    print(f"machine load before: {loadavg()}")
+
+    sys.path.insert(0, args.anchor_dir)
+    import _anchor_common as common
+
+    log(f"model dir {model_dir} (built once if absent)")
+    common.ensure_model(str(model_dir))
+
+    env = dict(os.environ, TMPDIR=str(out / "tmp"))
+    shared_flags = ["--batch-size", str(args.batch_size), "--query-len", str(args.query_len),
+                    "--response-len", str(args.response_len), "--steps", str(args.steps),
+                    "--ppo-epochs", str(args.ppo_epochs), "--minibatches", str(args.minibatches),
+                    "--temperature", str(args.temperature), "--lr", str(args.lr), "--threads", str(args.threads),
+                    "--seed", str(args.seed), "--model-dir", str(model_dir)]
+    trl_cmd = [str(anchor_py), str(Path(args.anchor_dir) / "trl_ppo_bench.py"), "--reward", "char-frac:e",
+               *shared_flags]
+
+    def lm_cmd(mode, profile=False):
+        return [sys.executable, str(Path(__file__).resolve()), "--worker", "lmprefs", "--value-model", mode,
+                "--out-dir", str(out), "--anchor-dir", args.anchor_dir, *shared_flags,
+                *(["--profile-update", "--profile-top", str(args.profile_top), "--steps", "2"] if profile else [])]
+
+    systems = ([] if args.skip_trl else ["trl"]) + modes
+    idle = (args.idle_threshold, args.max_wait)
+    results: dict[str, list[dict | None]] = {s: [] for s in systems}
+    for rep in range(args.reps):
+        k = rep % len(systems)
+        order = systems[k:] + systems[:k]
+        for s in order:
+            cmd = trl_cmd if s == "trl" else lm_cmd(s)
+            results[s].append(run_json(cmd, env, args.timeout, f"rep {rep + 1}/{args.reps} {s}", idle,
+                                      args.max_other, args.retries))
+
+    profiles = {}
+    if args.profile:
+        for m in modes:
+            profiles[m] = run_json(lm_cmd(m, profile=True), env, args.timeout, f"profile {m}", idle, args.max_other, args.retries)
+
+    load_end = os.getloadavg()
+
+    # ---------------- report ----------------
+    def eps_list(s):
+        return [r["episodes_per_sec"] if r else None for r in results[s]]
+
+    print()
+    first = next((r for s in systems for r in results[s] if r), None)
+    trl_first = next((r for r in results.get("trl", []) if r), None)
+    if trl_first:
+        print(f"TRL side: {trl_first['ppo_trainer']} versions {json.dumps(trl_first['versions'])}")
+    if first and "lmprefs" in first.get("versions", {}):
+        print(f"lmprefs side: versions {json.dumps(first['versions'])}")
+    if first:
+        print(f"model: {json.dumps(first['model'])}")
+    srcs = {json.dumps(r[k]) for s in systems if s != "trl" for r in results[s] if r for k in
+            ("lmprefs_source", "lmprefs_source_end")}
+    srcs |= {json.dumps(pr[k]) for pr in profiles.values() if pr for k in ("lmprefs_source", "lmprefs_source_end")}
+    print(f"lmprefs source (sha1 of lmprefs/**/*.py): {', '.join(sorted(srcs))}"
+          + ("  WARNING: the package changed during this benchmark" if len(srcs) > 1 else ""))
+    print(f"settings: batch {args.batch_size}, query {args.query_len}, response {args.response_len}, "
+          f"{args.ppo_epochs} epochs x {args.minibatches} minibatches, T {args.temperature}, lr {args.lr}, "
+          f"{args.threads} threads, fp32, reward char-frac:e, {args.steps} updates/run (first = warm-up, excluded)")
+    print()
+    print("episodes/s per round [cores used by other processes during the timed region / busy cores just before]:")
+    for s in systems:
+        cells = []
+        for r in results[s]:
+            cells.append("FAILED" if r is None else
+                         f"{r['episodes_per_sec']:.3f} [{r['cpu_during_train'].get('other_cores_avg')}/{r.get('busy_cores_before')}]"
+                         + (" CONTAMINATED" if r.get("contaminated") else ""))
+        print(f"  {('TRL' if s == 'trl' else 'lmprefs ' + s):>18}: " + ", ".join(cells))
+    summary: dict = {"systems": {}, "ratios": {}}
+
+    def clean(r):
+        return r is not None and not r.get("contaminated")
+
+    any_clean = all(any(clean(r) for r in results[s]) for s in systems)
+    use = clean if any_clean else (lambda r: r is not None)
+    if not any_clean:
+        print("WARNING: some system has no uncontaminated run; the figures below include contaminated runs")
+    for s in systems:
+        ok = [r["episodes_per_sec"] for r in results[s] if use(r)]
+        summary["systems"][s] = {"episodes_per_sec_median": median(ok), "per_round": eps_list(s),
+                                 "used": len(ok)}
+    print()
+    targets = {"shared": 3.0, "separate": 1.5}
+    for m in modes:
+        med = summary["systems"][m]["episodes_per_sec_median"]
+        line = f"lmprefs ({m:>8} value model): {med:.3f} episodes/s (median of {summary['systems'][m]['used']})"
+        if "trl" in systems:
+            ratios = [a["episodes_per_sec"] / b["episodes_per_sec"]
+                      for a, b in zip(results[m], results["trl"]) if use(a) and use(b)]
+            trl_med = summary["systems"]["trl"]["episodes_per_sec_median"]
+            r_med = median(ratios)
+            summary["ratios"][m] = {"per_round": ratios, "median_of_round_ratios": r_med,
+                                    "ratio_of_medians": med / trl_med, "target": targets[m]}
+            line += (f" | TRL {trl_med:.3f} | ratio {r_med:.2f}x (median of per-round ratios "
+                     f"{', '.join(f'{x:.2f}' for x in ratios) or 'none usable'}; ratio of medians "
+                     f"{med / trl_med:.2f}x) target >= {targets[m]}x: "
+                     f"{'MET' if min(r_med, med / trl_med) >= targets[m] else 'NOT MET'}")
+        print(line)
+    print()
+    print("mean seconds per update (median run of each system):")
+    for s in systems:
+        ok = [r for r in results[s] if use(r)]
+        if not ok:
+            continue
+        r = sorted(ok, key=lambda r: r["episodes_per_sec"])[len(ok) // 2]
+        print(f"  {('TRL' if s == 'trl' else 'lmprefs ' + s):>18}: {fmt_phases(r['sec_per_step_mean'])}")
+        if s != "trl":
+            print(f"  {'':>18}  detail: {json.dumps(r['detail_mean'])}")
+        else:
+            d = defaultdict(float)
+            for st in r["per_step"][1:]:
+                for k, v in st["detail"].items():
+                    d[k] += v / (len(r["per_step"]) - 1)
+            print(f"  {'':>18}  detail: {json.dumps({k: round(v, 4) for k, v in sorted(d.items())})}")
+        print(f"  {'':>18}  last metrics: {json.dumps(r.get('last_metrics'))}")
+
+    if profiles:
+        print()
+        for m, pr in profiles.items():
+            if not pr:
+                print(f"profile {m}: FAILED")
+                continue
+            pf = pr["profile"]
+            ph = pf["phases"]
+            print(f"== profile of one lmprefs update, value_model={m} (torch.profiler on; "
+                  f"{pf['update_s']:.3f} s with profiler, {pr['sec_per_step_mean']['total_s']:.3f} s mean "
+                  f"unprofiled in the same run) ==")
+            opt_parts = ("ppo_train_fwd", "ppo_backward", "ppo_optimizer_step")
+            rows = [("sampling (KV-cache, 24 tokens)", ph.get("sample", 0)),
+                    ("rollout forward: policy/value", ph.get("rollout_policy_fwd", 0)),
+                    ("rollout forward: reference", ph.get("rollout_ref_fwd", 0)),
+                    ("scoring (decode + char-frac)", ph.get("score", 0)),
+                    ("PPO: train forwards (16)", ph.get("ppo_train_fwd", 0)),
+                    ("PPO: backward (16)", ph.get("ppo_backward", 0)),
+                    ("PPO: optimizer steps (16)", ph.get("ppo_optimizer_step", 0)),
+                    ("PPO: rest (GAE, whitening, losses)",
+                     ph.get("ppo_update", 0) - sum(ph.get(k, 0) for k in opt_parts))]
+            accounted = sum(v for _, v in rows)
+            rows.append(("other (loop, KL ctl, stream, stats)", pf["update_s"] - accounted))
+            for name, v in rows:
+                print(f"  {name:<38} {v:8.3f} s  {100 * v / pf['update_s']:5.1f}%")
+            print(f"  {'total':<38} {pf['update_s']:8.3f} s")
+            if pf.get("gflop"):
+                print(f"  GFLOP counted by torch.profiler (mm/addmm/bmm, mul/add; not attention): {pf['gflop']:.0f} "
+                      f"({pf['gflop'] / pf['update_s']:.0f} GFLOP/s over the profiled update)")
+            print(f"top {args.profile_top} operators by self CPU time:")
+            print(pf["table"])
+
+    print("machine load before: %.2f %.2f %.2f; after: %.2f %.2f %.2f" % (*load_start, *load_end))
+    summary.update({"load_before": load_start, "load_after": load_end, "args": vars(args),
+                    "runs": results, "profiles": profiles})
+    (out / "results.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(f"results: {out / 'results.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

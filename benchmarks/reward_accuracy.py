@@ -1,0 +1,321 @@
+#!/usr/bin/env python
+"""Reward-model benchmark: held-out best-of-4 accuracy against the number of labels, and training tokens per second.
+
+What is measured
+  The `austen-sentiment` preset (SmolLM2-135M continuing Jane Austen passages; VADER plays the human labeler) through
+  the package pipeline:
+    1. `lmprefs.pipeline.setup_task(cfg)` loads the model and queries;
+    2. `collect_labels(t, store, M, labeler="vader")` samples M = max(--labels) + --heldout best-of-4 questions from
+       the initial policy into a fresh LabelStore and has the simulated VADER labeler answer them (noiseless:
+       labels.labeler_temperature 0, random rate 0; ties broken uniformly at random);
+    3. for every N in --labels, `train_reward_model(t, store, out)` (normalize, one epoch, normalize, evaluate) with
+       labels.num_train = N and labels.heldout_fraction = (H + 0.5) / M. train_reward_model holds out
+       int(M * heldout_fraction) = H labels by a permutation seeded with run.seed + 1 over ALL M labels, then trains
+       on the first N of the rest; M and the seed are the same for every N, so the held-out set is the same H labels
+       for every N and the training sets are nested. The script checks this: it fingerprints the held-out tensors
+       that reach `evaluate` in each run.
+  Reported per N: held-out accuracy (chance 25%) before and after training, held-out loss, and the reward model's
+  training throughput (tokens through forward+backward per second in train_epoch: padded positions of the
+  [labels x 4, query+response] batches, and real non-pad tokens). Also reported: the accuracy ceiling of the labels
+  themselves (the expected held-out accuracy of a perfect VADER scorer, < 100% because tied VADER scores, mostly
+  0.0 for neutral text, are labeled at random) and the 95% binomial interval of each accuracy.
+
+  The policy sampling and the reward model run under bf16 autocast by default (--dtype; parameters and optimizer
+  state stay fp32). Target (the issue): >= 55% held-out accuracy from at most 1,000 labels.
+
+Writes only under --out-dir (default: a new temporary directory): the label store and, with --keep-models, each
+reward model (about 0.5 GB each; deleted after evaluation otherwise), and results.json. No network: the
+smollm2-135m and austen assets must already be prepared in $LMPREFS_CACHE.
+
+Example
+  export LMPREFS_CACHE=/tmp/lmcache
+  python benchmarks/reward_accuracy.py --labels 100,200 --heldout 100        # a quick check (~10 min)
+  python benchmarks/reward_accuracy.py --labels 250,500,1000 --heldout 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--labels", default="250,500,1000", help="comma-separated training-label counts N")
+    p.add_argument("--heldout", type=int, default=400, help="held-out labels H (the same set for every N)")
+    p.add_argument("--out-dir", default=None, help="where everything is written (default: a new temp dir)")
+    p.add_argument("--preset", default="austen-sentiment")
+    p.add_argument("--labeler", default="vader", help="simulated labeler (vader or descriptiveness)")
+    p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="autocast dtype (run.dtype)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1, help="run.seed (sampling, split, training order)")
+    p.add_argument("--batch-size", type=int, default=None, help="train_reward.batch_size (default: the preset's)")
+    p.add_argument("--lr", type=float, default=None, help="train_reward.lr (default: the preset's)")
+    p.add_argument("--keep-models", action="store_true", help="keep each trained reward model in --out-dir")
+    p.add_argument("--store", default=None,
+                   help="reuse the labels of an earlier run (its labels.sqlite, copied into --out-dir) instead of "
+                        "collecting; the held-out set is then H labels of ALL its labels, the same set as that run's "
+                        "when it used the same --heldout and --seed")
+    return p.parse_args(argv)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (float("nan"), float("nan"))
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return c - h, c + h
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    ns = sorted({int(x) for x in args.labels.split(",") if x.strip()})
+    if not ns or ns[0] <= 0 or args.heldout <= 0:
+        sys.exit("--labels must be positive integers and --heldout positive")
+    out = Path(args.out_dir or tempfile.mkdtemp(prefix="reward-accuracy-"))
+    out.mkdir(parents=True, exist_ok=True)
+
+    import platform
+
+    import torch
+    import transformers
+
+    import lmprefs
+    import lmprefs.training.reward as R
+    from lmprefs import pipeline
+    from lmprefs.config import preset
+    from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.tasks import decode
+
+    R_ = dataclasses.replace
+    cfg = preset(args.preset)
+    cfg = R_(cfg, run=R_(cfg.run, dtype=args.dtype, threads=args.threads, device="cpu", seed=args.seed),
+             labels=R_(cfg.labels, labeler=args.labeler, labeler_temperature=0.0, labeler_random_rate=0.0),
+             train_reward=R_(cfg.train_reward, **{k: v for k, v in (("batch_size", args.batch_size),
+                                                                  ("lr", args.lr)) if v is not None}))
+    H, M = args.heldout, max(ns) + args.heldout
+    load0 = os.getloadavg()
+    print(f"# reward_accuracy  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  out={out}")
+    print(f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"lmprefs {getattr(lmprefs, '__version__', '?')}, cpu_count {os.cpu_count()}, threads {args.threads}")
+    print(f"preset {args.preset}: model {cfg.task.initial_model}, queries {cfg.task.query_dataset} "
+          f"(query {cfg.task.query_length}, response {cfg.task.response_length}), labels {cfg.labels.type} by "
+          f"{args.labeler}, train_reward batch {cfg.train_reward.batch_size} lr {cfg.train_reward.lr}, "
+          f"normalize_samples {cfg.train_reward.normalize_samples}, dtype {args.dtype}, seed {args.seed}")
+    print(f"labels N = {ns}, held-out H = {H}, questions needed M = {M}")
+    src = source_fingerprint()
+    print(f"lmprefs source (sha1 of lmprefs/**/*.py): {json.dumps(src)}")
+    print("machine load before: %.2f %.2f %.2f" % load0)
+
+    # ---- 1. task + labels (once) ----
+    t0 = time.time()
+    t = pipeline.setup_task(cfg)
+    setup_s = time.time() - t0
+    log(f"task ready in {setup_s:.1f}s: {len(t.train_queries)} training queries, dtype {t.dtype}")
+    store_path = out / "labels.sqlite"
+    if store_path.exists():
+        sys.exit(f"{store_path} exists; give a fresh --out-dir")
+    if args.store:
+        shutil.copyfile(args.store, store_path)
+        for ext in ("-wal", "-shm"):  # an unclosed store's write-ahead log, if any
+            if Path(args.store + ext).exists():
+                shutil.copyfile(args.store + ext, str(store_path) + ext)
+        store = pipeline.open_store(store_path)
+        col = {"reused_store": str(args.store)}
+        log(f"reusing the labels in {args.store}")
+    else:
+        store = pipeline.open_store(store_path)
+        log(f"collecting {M} best-of-4 questions and {args.labeler} labels ...")
+        col = pipeline.collect_labels(t, store, M, labeler=args.labeler)
+        log(f"collected: {col}")
+        print(f"labels: {col['labels_added']} in {col['seconds']:.0f}s (sampling {col['sample_seconds']:.0f}s, "
+              f"{col['sample_seconds'] / M:.2f} s per question of 4 samples)")
+    # train_reward_model holds out int(total * heldout_fraction) of ALL labels in the store
+    total = len(pipeline.load_examples(cfg, store, t.tok))
+    if total < M:
+        sys.exit(f"the store holds {total} labels; {M} needed (max(--labels) + --heldout)")
+    col["labels_in_store"] = total
+
+    # ---- instrumentation: time train_epoch / normalize / evaluate, capture the held-out set ----
+    timers: dict[str, float] = {}
+    captured: dict = {}
+    orig = {k: getattr(R, k) for k in ("train_epoch", "normalize", "evaluate")}
+
+    def wrap(name):
+        def f(*a, **k):
+            s = time.perf_counter()
+            try:
+                return orig[name](*a, **k)
+            finally:
+                timers[name] = timers.get(name, 0.0) + time.perf_counter() - s
+
+        return f
+
+    def train_epoch(rm, data, *a, **k):
+        captured["train"] = data
+        mon = CpuMonitor()
+        try:
+            return wrap("train_epoch")(rm, data, *a, **k)
+        finally:
+            captured["cpu"] = mon.stop()
+
+    def evaluate(rm, data, *a, **k):
+        captured["held"] = data
+        return wrap("evaluate")(rm, data, *a, **k)
+
+    R.train_epoch, R.normalize, R.evaluate = train_epoch, wrap("normalize"), evaluate
+
+    def fingerprint(c) -> str:
+        h = hashlib.sha1()
+        for x in (c.queries, c.samples, c.best):
+            h.update(x.contiguous().numpy().tobytes())
+        return h.hexdigest()[:12]
+
+    score_fn = SCORE_FNS[args.labeler]
+    rows, ceiling = [], None
+    for n in ns:
+        cfg_n = R_(cfg, labels=R_(cfg.labels, num_train=n, heldout_fraction=(H + 0.5) / total))
+        t_n = dataclasses.replace(t, cfg=cfg_n)
+        timers.clear()
+        captured.clear()
+        log(f"training a reward model on N={n} labels ({loadavg()})")
+        s = time.time()
+        rm, summary = pipeline.train_reward_model(t_n, store, out / f"rm-{n}")
+        wall = time.time() - s
+        del rm
+        if not args.keep_models:
+            shutil.rmtree(out / f"rm-{n}", ignore_errors=True)
+        train, held = captured["train"], captured["held"]
+        S = train.samples.shape[1]
+        L = cfg.task.query_length + len(t.prefix) + len(t.suffix) + cfg.task.response_length
+        positions = len(train) * S * L
+        real = int((train.queries >= 0).sum()) * S + int((train.samples >= 0).sum())
+        te = timers.get("train_epoch", float("nan"))
+        if ceiling is None:  # labels' own ceiling: a perfect scorer, ties broken at random
+            texts = [decode(t.tok, held.samples[i]) for i in range(len(held))]
+            exp_acc = []
+            for i, txt in enumerate(texts):
+                sc = score_fn(txt)
+                top = max(sc)
+                ties = [j for j, v in enumerate(sc) if v == top]
+                exp_acc.append((int(held.best[i]) in ties) / len(ties))
+            ceiling = sum(exp_acc) / len(exp_acc)
+        acc = summary["heldout/accuracy"]
+        row = {
+            "labels": n, "labels_train": summary["labels_train"], "labels_heldout": summary["labels_heldout"],
+            "heldout_accuracy": acc, "heldout_accuracy_95ci": wilson(acc, summary["labels_heldout"]),
+            "heldout_loss": summary.get("heldout/loss"), "initial_heldout_accuracy": summary.get("initial_heldout/accuracy"),
+            "initial_heldout_loss": summary.get("initial_heldout/loss"),
+            "heldout_fingerprint": fingerprint(held), "train_epoch_s": te,
+            "train_positions_per_s": positions / te, "train_real_tokens_per_s": real / te,
+            "train_s_per_label": te / len(train), "normalize_s": timers.get("normalize"),
+            "evaluate_s": timers.get("evaluate"), "wall_s": wall, "train_epoch_cpu": captured.get("cpu"),
+            "final_minibatch": summary.get("final_minibatch"),
+            "load_after": os.getloadavg(),
+        }
+        rows.append(row)
+        lo, hi = row["heldout_accuracy_95ci"]
+        print(f"N={n:5d}: held-out accuracy {100 * acc:5.1f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}; before training "
+              f"{100 * row['initial_heldout_accuracy']:.1f}%), loss {row['heldout_loss']:.3f}; train_epoch "
+              f"{te:.0f}s = {row['train_s_per_label']:.2f} s/label, {row['train_positions_per_s']:.0f} tokens/s "
+              f"({row['train_real_tokens_per_s']:.0f} non-pad); run {wall:.0f}s (normalize {row['normalize_s']:.0f}s, "
+              f"evaluate {row['evaluate_s']:.0f}s); held-out set {row['heldout_fingerprint']}; during train_epoch other "
+              f"processes used {row['train_epoch_cpu']['other_cores_avg']} cores ({loadavg()})",
+              flush=True)
+
+    fps = {r["heldout_fingerprint"] for r in rows}
+    load1 = os.getloadavg()
+    print()
+    print(f"held-out set identical for every N: {'yes' if len(fps) == 1 else 'NO ' + str(fps)} "
+          f"({rows[0]['labels_heldout']} labels)")
+    print(f"label ceiling (perfect {args.labeler} scorer, ties at random) on the held-out set: {100 * ceiling:.1f}%; "
+          f"chance 25%")
+    print()
+    print("| labels | held-out acc. | 95% CI | before training | held-out loss | train tokens/s (padded / non-pad) "
+          "| s/label | other cores during training |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
+    for r in rows:
+        lo, hi = r["heldout_accuracy_95ci"]
+        print(f"| {r['labels']} | {100 * r['heldout_accuracy']:.1f}% | {100 * lo:.1f}-{100 * hi:.1f}% | "
+              f"{100 * r['initial_heldout_accuracy']:.1f}% | {r['heldout_loss']:.3f} | "
+              f"{r['train_positions_per_s']:.0f} / {r['train_real_tokens_per_s']:.0f} | {r['train_s_per_label']:.2f} | "
+              f"{r['train_epoch_cpu']['other_cores_avg']} |")
+    best = [r for r in rows if r["labels"] <= 1000]
+    if best:
+        b = max(best, key=lambda r: r["heldout_accuracy"])
+        print(f"\ntarget >= 55% held-out accuracy from <= 1,000 labels: "
+              f"{'MET' if b['heldout_accuracy'] >= 0.55 else 'NOT MET'} (best {100 * b['heldout_accuracy']:.1f}% at "
+              f"N={b['labels']})")
+    src1 = source_fingerprint()
+    if src1 != src:
+        print(f"WARNING: the lmprefs sources changed during this benchmark: now {json.dumps(src1)}")
+    print("machine load before: %.2f %.2f %.2f; after: %.2f %.2f %.2f" % (*load0, *load1))
+    res = {"args": vars(args), "lmprefs_source": [src, src1], "collect": col, "setup_s": setup_s, "label_ceiling": ceiling, "rows": rows,
+           "load_before": load0, "load_after": load1,
+           "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                        "transformers": transformers.__version__}}
+    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"results: {out / 'results.json'}")
+    store.close()
+    return 0
+
+
+class CpuMonitor:
+    """Cores used by this process and by everything else over a region (/proc/stat), as the anchor's CpuMonitor."""
+
+    def __init__(self):
+        self.t0, self.b0, self.o0 = time.perf_counter(), self._busy(), self._own()
+
+    @staticmethod
+    def _busy() -> float:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    def stop(self) -> dict:
+        wall = time.perf_counter() - self.t0
+        own = self._own() - self.o0
+        return {"wall_s": round(wall, 2), "own_cores_avg": round(own / wall, 2),
+                "other_cores_avg": round(max(self._busy() - self.b0 - own, 0.0) / wall, 2)}
+
+
+def source_fingerprint() -> dict:
+    """sha1 of lmprefs' Python sources (and their newest mtime): which code a run measured, without git."""
+    import lmprefs
+
+    root = Path(lmprefs.__file__).parent
+    h, newest = hashlib.sha1(), 0.0
+    for f in sorted(root.rglob("*.py")):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+        newest = max(newest, f.stat().st_mtime)
+    return {"sha1": h.hexdigest()[:12], "newest_mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(newest))}
+
+
+def loadavg() -> str:
+    return "loadavg %.2f %.2f %.2f" % os.getloadavg()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
