@@ -198,7 +198,9 @@ def cmd_train_reward(argv: list[str]) -> int:
 
     cfg = _config(a.preset, pairs, a.config)
     source = a.db or cfg.labels.source or "labels.sqlite"
-    store = _label_source(source)
+    from lmprefs.pipeline import label_source
+
+    store = label_source(source)
     run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-reward", a.preset))
     log = RunLogger(run_dir, cfg, subdir="reward_model_logs")
     _, summary = train_reward_model(setup_task(cfg), store, run_dir / "reward_model", log)
@@ -209,28 +211,6 @@ def cmd_train_reward(argv: list[str]) -> int:
           f"(before training {summary.get('initial_heldout/accuracy', float('nan')):.3f}), "
           f"loss {summary.get('heldout/loss', float('nan')):.3f}")  # fmt: skip
     return 0
-
-
-def _label_source(source: str):
-    """A label store from a .sqlite path, or a temporary store holding an imported label file."""
-    import tempfile
-
-    from lmprefs.labels.formats import LabelFileError, import_file
-    from lmprefs.pipeline import open_store
-
-    p = Path(source)
-    if p.suffix in (".sqlite", ".db"):
-        if not p.is_file():
-            raise UserError(f"label store {p} does not exist (run `lmprefs label` first, or pass --db)")
-        return open_store(p)
-    if not p.is_file():
-        raise UserError(f"label source {p} does not exist")
-    store = open_store(Path(tempfile.mkdtemp(prefix="lmprefs-labels-")) / "labels.sqlite")
-    try:
-        import_file(store, p)
-    except LabelFileError as e:
-        raise UserError(str(e)) from None
-    return store
 
 
 def cmd_score(argv: list[str]) -> int:

@@ -62,6 +62,27 @@ def open_store(path: str | Path):
     return LabelStore(p)
 
 
+def label_source(source: str):
+    """A label store from a .sqlite path, or a temporary store holding an imported label file."""
+    import tempfile
+
+    from lmprefs.labels.formats import LabelFileError, import_file
+
+    p = Path(source)
+    if p.suffix in (".sqlite", ".db"):
+        if not p.is_file():
+            raise UserError(f"label store {p} does not exist (run `lmprefs label` first, or pass --db)")
+        return open_store(p)
+    if not p.is_file():
+        raise UserError(f"label source {p} does not exist")
+    store = open_store(Path(tempfile.mkdtemp(prefix="lmprefs-labels-")) / "labels.sqlite")
+    try:
+        import_file(store, p)
+    except LabelFileError as e:
+        raise UserError(str(e)) from None
+    return store
+
+
 def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source: str = "lmprefs label",
                    batch: str | None = None, seed: int | None = None, queries: torch.Tensor | None = None,
                    model=None, adapter: str | None = None) -> dict:  # fmt: skip
@@ -195,9 +216,7 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
     if (rm_dir / "reward_head.safetensors").is_file() and (cfg.rewards.trained_model or resume):
         rm = load_reward_model(rm_dir, t.device).eval()
         return rm_score_fn(rm), {"reward": "model", "reward_model": str(rm_dir)}
-    from lmprefs.cli import _label_source
-
-    store = _label_source(store_path or cfg.labels.source or "labels.sqlite")
+    store = label_source(store_path or cfg.labels.source or "labels.sqlite")
     rm, summary = train_reward_model(t, store, rm_dir, log)
     rm.freeze()
     return rm_score_fn(rm), {"reward": "model", "reward_model": str(rm_dir), "reward_training": summary}
