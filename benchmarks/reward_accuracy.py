@@ -228,7 +228,7 @@ def main(argv=None) -> int:
             "train_s_per_label": te / len(train), "normalize_s": timers.get("normalize"),
             "evaluate_s": timers.get("evaluate"), "wall_s": wall, "train_epoch_cpu": captured.get("cpu"),
             "final_minibatch": summary.get("final_minibatch"),
-            "load_after": os.getloadavg(),
+            "load_after": os.getloadavg(), "rss_gib": rss_gib(),
         }
         rows.append(row)
         lo, hi = row["heldout_accuracy_95ci"]
@@ -237,7 +237,8 @@ def main(argv=None) -> int:
               f"{te:.0f}s = {row['train_s_per_label']:.2f} s/label, {row['train_positions_per_s']:.0f} tokens/s "
               f"({row['train_real_tokens_per_s']:.0f} non-pad); run {wall:.0f}s (normalize {row['normalize_s']:.0f}s, "
               f"evaluate {row['evaluate_s']:.0f}s); held-out set {row['heldout_fingerprint']}; during train_epoch other "
-              f"processes used {row['train_epoch_cpu']['other_cores_avg']} cores ({loadavg()})",
+              f"processes used {row['train_epoch_cpu']['other_cores_avg']} cores; RSS {row['rss_gib'][0]:.1f} GiB "
+              f"(peak {row['rss_gib'][1]:.1f}) ({loadavg()})",
               flush=True)
 
     fps = {r["heldout_fingerprint"] for r in rows}
@@ -311,6 +312,15 @@ def source_fingerprint() -> dict:
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
         newest = max(newest, f.stat().st_mtime)
     return {"sha1": h.hexdigest()[:12], "newest_mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(newest))}
+
+
+def rss_gib() -> tuple[float, float]:
+    """(current, peak) resident memory of this process in GiB (Linux)."""
+    import resource
+
+    with open("/proc/self/statm") as f:
+        cur = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return round(cur / 2**30, 2), round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
 
 
 def loadavg() -> str:
