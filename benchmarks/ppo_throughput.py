@@ -22,10 +22,14 @@ How
   rounds of [TRL, lmprefs shared, lmprefs separate], rotating the order every round, and reports per-round ratios
   (TRL measured in the same round) and medians. Loads are shared: it prints os.getloadavg() before and after and, for
   every run, the cores used by other processes during the timed region (other_cores_avg; ~0 means a clean number).
+  Before each run it waits (up to --max-wait s) until fewer than --idle-threshold cores are busy, and it redoes a run
+  whose timed region had more than --max-other foreign cores (up to --retries times; a run that stays contaminated is
+  flagged and left out of the medians when clean runs exist). On 2 cores, one foreign busy core slows lmprefs ~10x.
 
   --profile adds one profiled lmprefs update per mode (after a warm-up): seconds per phase (sampling, rollout policy
-  forward, reference forward, scoring, PPO train forwards / backward / optimizer steps / rest) and torch.profiler's
-  top operators by self CPU time.
+  forward, reference forward, scoring, PPO train forwards / backward / optimizer steps / rest), torch.profiler's
+  top operators by self CPU time, and the update's FLOPs (torch FlopCounterMode over the warm-up update), next to a
+  matmul FLOP model of TRL's and lmprefs' updates.
 
 Writes only under --out-dir (default: a new temporary directory): the model directory (unless --model-dir is given),
 lmprefs' run directories, TRL's output (its subprocess gets TMPDIR=<out-dir>/tmp) and results.json.
@@ -57,8 +61,11 @@ MODES = ("shared", "separate")
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default=None, help="where everything is written (default: a new temp dir)")
-    p.add_argument("--model-dir", default=None,
-                   help="anchor model directory to use (created if absent; default <out-dir>/anchor-model)")
+    p.add_argument(
+        "--model-dir",
+        default=None,
+        help="anchor model directory to use (created if absent; default <out-dir>/anchor-model)",
+    )
     p.add_argument("--anchor-dir", default=str(DEFAULT_ANCHOR_DIR), help="folder of trl_ppo_bench.py")
     p.add_argument("--anchor-python", default=str(DEFAULT_ANCHOR_PYTHON), help="python of the TRL venv")
     p.add_argument("--reps", type=int, default=3, help="rounds of [TRL, lmprefs modes], order rotated per round")
@@ -77,11 +84,19 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=1800, help="seconds allowed per subprocess")
-    p.add_argument("--idle-threshold", type=float, default=0.5,
-                   help="before each run, wait until fewer than this many cores are busy (measured over 3 s)")
+    p.add_argument(
+        "--idle-threshold",
+        type=float,
+        default=0.5,
+        help="before each run, wait until fewer than this many cores are busy (measured over 3 s)",
+    )
     p.add_argument("--max-wait", type=float, default=240, help="seconds to wait for that before running anyway")
-    p.add_argument("--max-other", type=float, default=0.15,
-                   help="a run during whose timed region other processes used more cores than this is redone")
+    p.add_argument(
+        "--max-other",
+        type=float,
+        default=0.15,
+        help="a run during whose timed region other processes used more cores than this is redone",
+    )
     p.add_argument("--retries", type=int, default=3, help="redo a contaminated run at most this often")
     # internal: one lmprefs measurement in this process, JSON on stdout
     p.add_argument("--worker", choices=("lmprefs",), help=argparse.SUPPRESS)
@@ -95,7 +110,7 @@ def log(msg: str) -> None:
 
 
 def loadavg() -> str:
-    return "loadavg %.2f %.2f %.2f" % os.getloadavg()
+    return "loadavg {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -161,14 +176,34 @@ def lmprefs_worker(args) -> dict:
     steps = args.steps + (1 if args.profile_update else 0)
     B = args.batch_size
     cfg = Config(
-        task=TaskConfig(query_dataset="bundled", query_length=args.query_len, response_length=args.response_len,
-                        start_text=None, end_text=None, truncate_token=None, temperature=args.temperature,
-                        initial_model=args.model_dir),
+        task=TaskConfig(
+            query_dataset="bundled",
+            query_length=args.query_len,
+            response_length=args.response_len,
+            start_text=None,
+            end_text=None,
+            truncate_token=None,
+            temperature=args.temperature,
+            initial_model=args.model_dir,
+        ),
         rewards=RewardsConfig(kl_coef=0.05, kl_target=None),  # TRL's PPOConfig default: fixed 0.05
-        ppo=PPOConfig(total_episodes=B * steps, batch_size=B, nminibatches=args.minibatches,
-                      noptepochs=args.ppo_epochs, lr=args.lr, value_model=args.value_model, score_drop_stop=None),
-        run=RunConfig(seed=args.seed, device="cpu", dtype="float32", threads=args.threads,
-                      log_interval=10**9, save_interval=10**9),
+        ppo=PPOConfig(
+            total_episodes=B * steps,
+            batch_size=B,
+            nminibatches=args.minibatches,
+            noptepochs=args.ppo_epochs,
+            lr=args.lr,
+            value_model=args.value_model,
+            score_drop_stop=None,
+        ),
+        run=RunConfig(
+            seed=args.seed,
+            device="cpu",
+            dtype="float32",
+            threads=args.threads,
+            log_interval=10**9,
+            save_interval=10**9,
+        ),
     )
     t_setup = time.perf_counter()
     device, dtype = _setup_torch(cfg.run)
@@ -201,8 +236,9 @@ def lmprefs_worker(args) -> dict:
     P.ref_logprobs = timed(lambda *a, **k: "rollout_ref_fwd", P.ref_logprobs)
     P.ppo_update = timed(lambda *a, **k: "ppo_update", P.ppo_update)
     score_fn = timed(lambda *a, **k: "score", score_fn)
-    policy.forward = timed(lambda *a, **k: "ppo_train_fwd" if torch.is_grad_enabled() else "rollout_policy_fwd",
-                           policy.forward)
+    policy.forward = timed(
+        lambda *a, **k: "ppo_train_fwd" if torch.is_grad_enabled() else "rollout_policy_fwd", policy.forward
+    )
     if hasattr(policy, "values_from"):  # newer lmprefs: rollout values from the sampler's hidden states
         policy.values_from = timed(lambda *a, **k: "rollout_policy_fwd", policy.values_from)
     run.optimizer.step = timed(lambda *a, **k: "ppo_optimizer_step", run.optimizer.step)
@@ -220,15 +256,22 @@ def lmprefs_worker(args) -> dict:
         cur.clear()
         last_stats.update(stats)
         if args.profile_update:
+            if r.update == 1 and prof_state.get("flops") is not None:
+                prof_state["flops"].__exit__(None, None, None)
+                prof_state["gflop"] = prof_state["flops"].get_total_flops() / 1e9
             if r.update == steps - 1:  # profile the next (last) update
-                prof_state["prof"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
-                                                            with_flops=True)
+                prof_state["prof"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
                 prof_state["prof"].start()
             elif prof_state["prof"] is not None:
                 prof_state["prof"].stop()
         mark["t"] = time.perf_counter()
 
     run_dir = Path(args.out_dir) / f"lmprefs-{args.value_model}-{os.getpid()}"
+    if args.profile_update:  # count the FLOPs of the warm-up update (excluded from timing anyway)
+        from torch.utils.flop_counter import FlopCounterMode
+
+        prof_state["flops"] = FlopCounterMode(display=False)
+        prof_state["flops"].__enter__()
     mon = common.CpuMonitor().start()
     mark["t"] = time.perf_counter()
     t0 = time.perf_counter()
@@ -240,9 +283,14 @@ def lmprefs_worker(args) -> dict:
     def phase(rec):
         rollout_fwd = rec.get("rollout_policy_fwd", 0.0) + rec.get("rollout_ref_fwd", 0.0)
         gen, scoring = rec.get("sample", 0.0), rec.get("score", 0.0)
-        return {"total_s": rec["total_s"], "generation_s": gen, "rollout_forward_s": rollout_fwd,
-                "scoring_s": scoring, "optimization_s": rec["total_s"] - gen - rollout_fwd - scoring,
-                "detail": {k: round(v, 4) for k, v in rec.items() if k != "total_s"}}
+        return {
+            "total_s": rec["total_s"],
+            "generation_s": gen,
+            "rollout_forward_s": rollout_fwd,
+            "scoring_s": scoring,
+            "optimization_s": rec["total_s"] - gen - rollout_fwd - scoring,
+            "detail": {k: round(v, 4) for k, v in rec.items() if k != "total_s"},
+        }
 
     per = [phase(r) for r in updates]
     timed_steps = per[1 : args.steps]  # warm-up excluded; a profiled update (if any) is not in the average
@@ -254,35 +302,45 @@ def lmprefs_worker(args) -> dict:
         "versions": {**common.versions(), "lmprefs": getattr(lmprefs, "__version__", "?")},
         "lmprefs_source": src,
         "lmprefs_source_end": source_fingerprint(),
-        "model": {**common.model_info(model), "dir": args.model_dir,
-                  "policy_params_M": round(n_params / 1e6, 3), "value_model": args.value_model,
-                  "param_dtype": str(next(policy.parameters()).dtype), "autocast_dtype": str(dtype)},
+        "model": {
+            **common.model_info(model),
+            "dir": args.model_dir,
+            "policy_params_M": round(n_params / 1e6, 3),
+            "value_model": args.value_model,
+            "param_dtype": str(next(policy.parameters()).dtype),
+            "autocast_dtype": str(dtype),
+        },
         "episodes_per_sec": round(eps, 3),
-        "sec_per_step_mean": {k: round(sum(s[k] for s in timed_steps) / n, 4) for k in
-                              ("total_s", "generation_s", "rollout_forward_s", "scoring_s", "optimization_s")},
-        "detail_mean": {k: round(sum(s["detail"].get(k, 0.0) for s in timed_steps) / n, 4)
-                        for k in sorted({k for s in timed_steps for k in s["detail"]})},
+        "sec_per_step_mean": {
+            k: round(sum(s[k] for s in timed_steps) / n, 4)
+            for k in ("total_s", "generation_s", "rollout_forward_s", "scoring_s", "optimization_s")
+        },
+        "detail_mean": {
+            k: round(sum(s["detail"].get(k, 0.0) for s in timed_steps) / n, 4)
+            for k in sorted({k for s in timed_steps for k in s["detail"]})
+        },
         "warmup_step_s": round(per[0]["total_s"], 4),
         "per_step_total_s": [round(s["total_s"], 4) for s in per],
         "setup_s": round(setup_s, 3),
         "train_wall_s": round(train_s, 3),
-        "last_metrics": {k: last_stats.get(k) for k in ("objective/score", "objective/kl", "ppo/loss/policy",
-                                                         "ppo/loss/value", "ppo/policy/approxkl")},
+        "last_metrics": {
+            k: last_stats.get(k)
+            for k in ("objective/score", "objective/kl", "ppo/loss/policy", "ppo/loss/value", "ppo/policy/approxkl")
+        },
         "peak_rss_mib": round(common.peak_rss_mib(), 1),
         "cpu_during_train": cpu,
     }
     if args.profile_update:
         prof = prof_state["prof"]
         prof_rec = per[-1]
-        ka = prof.key_averages()
         res["profile"] = {
             "update_s": round(prof_rec["total_s"], 4),
-            "gflop": round(sum(getattr(e, "flops", 0) or 0 for e in ka) / 1e9, 2),
+            "gflop": round(prof_state.get("gflop") or 0.0, 2),
             "phases": prof_rec["detail"],
-            "table": prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile_top,
-                                               max_name_column_width=48),
-            "phase_table": prof.key_averages().table(sort_by="cpu_time_total", row_limit=12,
-                                                     max_name_column_width=48),
+            "table": prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=args.profile_top, max_name_column_width=48
+            ),
+            "phase_table": prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=48),
         }
     return res
 
@@ -313,8 +371,9 @@ def wait_idle(threshold: float, max_wait: float) -> float:
         log(f"machine busy ({busy:.2f} cores in use by others), waiting ...")
 
 
-def run_json(cmd: list[str], env: dict, timeout: int, label: str, idle=(0.5, 240.0), max_other: float = 0.15,
-             retries: int = 3) -> dict | None:
+def run_json(
+    cmd: list[str], env: dict, timeout: int, label: str, idle=(0.5, 240.0), max_other: float = 0.15, retries: int = 3
+) -> dict | None:
     """Run one measurement subprocess (JSON on its stdout); redo it while other processes took more than
     `max_other` cores during its timed region (at most `retries` times; the last attempt is kept, flagged)."""
     res = None
@@ -334,8 +393,10 @@ def run_json(cmd: list[str], env: dict, timeout: int, label: str, idle=(0.5, 240
         res["busy_cores_before"] = round(busy, 2)
         res["attempt"] = attempt + 1
         other = res.get("cpu_during_train", {}).get("other_cores_avg", 0.0)
-        log(f"{label}: {res['episodes_per_sec']:.3f} episodes/s (wall {time.perf_counter() - t0:.0f}s, "
-            f"other_cores_avg {other}, {loadavg()})")
+        log(
+            f"{label}: {res['episodes_per_sec']:.3f} episodes/s (wall {time.perf_counter() - t0:.0f}s, "
+            f"other_cores_avg {other}, {loadavg()})"
+        )
         if other <= max_other:
             return res
         if attempt < retries:
@@ -344,13 +405,103 @@ def run_json(cmd: list[str], env: dict, timeout: int, label: str, idle=(0.5, 240
     return res
 
 
+def flop_model(args, n_layer: int = 4, d: int = 256, V: int = 8192) -> dict:
+    """Matmul GFLOP per update of TRL's PPO and of lmprefs' (current code), for the anchor model's shape."""
+    B, Q, T, E = args.batch_size, args.query_len, args.response_len, args.ppo_epochs
+    Ft, Fh = 24 * n_layer * d * d, 2 * d * V
+    L = Q + T
+    gen = B * (L - 1) * Ft + B * T * Fh  # prefill + T-1 cached steps, head on the T sampling positions
+    trl = gen + B * L * (Ft + Fh) + B * L * Ft + 3 * E * B * L * (2 * Ft + Fh)
+    shared = gen + B * (L * Ft + T * Fh) + 3 * E * B * (L * Ft + T * Fh)
+    separate = shared + B * L * Ft + 3 * E * B * L * Ft
+    return {"trl": trl / 1e9, "lmprefs shared": shared / 1e9, "lmprefs separate": separate / 1e9}
+
+
 def fmt_phases(s: dict) -> str:
-    return ("total %.3f s = generation %.3f + rollout forwards %.3f + scoring %.3f + optimization %.3f"
-            % tuple(s[k] for k in ("total_s", "generation_s", "rollout_forward_s", "scoring_s", "optimization_s")))
+    keys = ("total_s", "generation_s", "rollout_forward_s", "scoring_s", "optimization_s")
+    return (
+        "total {:.3f} s = generation {:.3f} + rollout forwards {:.3f} + scoring {:.3f} + optimization {:.3f}".format(
+            *(s[k] for k in keys)
+        )
+    )
 
 
 def median(xs):
     return statistics.median(xs) if xs else float("nan")
+
+
+def report_throughput(args, systems, modes, results, summary) -> None:
+    """Per-round episodes/s, medians, ratios against TRL and the phase split of the median runs."""
+
+    def eps_list(s):
+        return [r["episodes_per_sec"] if r else None for r in results[s]]
+
+    print()
+    print("episodes/s per round [cores used by other processes during the timed region / busy cores just before]:")
+    for s in systems:
+        cells = []
+        for r in results[s]:
+            if r is None:
+                cells.append("FAILED")
+                continue
+            other = r["cpu_during_train"].get("other_cores_avg")
+            flag = " CONTAMINATED" if r.get("contaminated") else ""
+            cells.append(f"{r['episodes_per_sec']:.3f} [{other}/{r.get('busy_cores_before')}]{flag}")
+        print(f"  {('TRL' if s == 'trl' else 'lmprefs ' + s):>18}: " + ", ".join(cells))
+
+    def clean(r):
+        return r is not None and not r.get("contaminated")
+
+    any_clean = all(any(clean(r) for r in results[s]) for s in systems)
+    use = clean if any_clean else (lambda r: r is not None)
+    if not any_clean:
+        print("WARNING: some system has no uncontaminated run; the figures below include contaminated runs")
+    for s in systems:
+        ok = [r["episodes_per_sec"] for r in results[s] if use(r)]
+        summary["systems"][s] = {"episodes_per_sec_median": median(ok), "per_round": eps_list(s), "used": len(ok)}
+    print()
+    targets = {"shared": 3.0, "separate": 1.5}
+    for m in modes:
+        med = summary["systems"][m]["episodes_per_sec_median"]
+        line = f"lmprefs ({m:>8} value model): {med:.3f} episodes/s (median of {summary['systems'][m]['used']})"
+        if "trl" in systems:
+            ratios = [
+                a["episodes_per_sec"] / b["episodes_per_sec"]
+                for a, b in zip(results[m], results["trl"], strict=True)
+                if use(a) and use(b)
+            ]
+            trl_med = summary["systems"]["trl"]["episodes_per_sec_median"]
+            r_med = median(ratios)
+            summary["ratios"][m] = {
+                "per_round": ratios,
+                "median_of_round_ratios": r_med,
+                "ratio_of_medians": med / trl_med,
+                "target": targets[m],
+            }
+            line += (
+                f" | TRL {trl_med:.3f} | ratio {r_med:.2f}x (median of per-round ratios "
+                f"{', '.join(f'{x:.2f}' for x in ratios) or 'none usable'}; ratio of medians "
+                f"{med / trl_med:.2f}x) target >= {targets[m]}x: "
+                f"{'MET' if min(r_med, med / trl_med) >= targets[m] else 'NOT MET'}"
+            )
+        print(line)
+    print()
+    print("mean seconds per update (median run of each system):")
+    for s in systems:
+        ok = [r for r in results[s] if use(r)]
+        if not ok:
+            continue
+        r = sorted(ok, key=lambda r: r["episodes_per_sec"])[len(ok) // 2]
+        print(f"  {('TRL' if s == 'trl' else 'lmprefs ' + s):>18}: {fmt_phases(r['sec_per_step_mean'])}")
+        if s != "trl":
+            print(f"  {'':>18}  detail: {json.dumps(r['detail_mean'])}")
+        else:
+            d = defaultdict(float)
+            for st in r["per_step"][1:]:
+                for k, v in st["detail"].items():
+                    d[k] += v / (len(r["per_step"]) - 1)
+            print(f"  {'':>18}  detail: {json.dumps({k: round(v, 4) for k, v in sorted(d.items())})}")
+        print(f"  {'':>18}  last metrics: {json.dumps(r.get('last_metrics'))}")
 
 
 def main(argv=None) -> int:
@@ -383,8 +534,10 @@ def main(argv=None) -> int:
     import transformers
 
     print(f"# ppo_throughput  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  out={out}")
-    print(f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"cpu_count {os.cpu_count()}, threads {args.threads}, {platform.machine()}")
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"cpu_count {os.cpu_count()}, threads {args.threads}, {platform.machine()}"
+    )
     load_start = os.getloadavg()
     print(f"machine load before: {loadavg()}")
 
@@ -395,18 +548,53 @@ def main(argv=None) -> int:
     common.ensure_model(str(model_dir))
 
     env = dict(os.environ, TMPDIR=str(out / "tmp"))
-    shared_flags = ["--batch-size", str(args.batch_size), "--query-len", str(args.query_len),
-                    "--response-len", str(args.response_len), "--steps", str(args.steps),
-                    "--ppo-epochs", str(args.ppo_epochs), "--minibatches", str(args.minibatches),
-                    "--temperature", str(args.temperature), "--lr", str(args.lr), "--threads", str(args.threads),
-                    "--seed", str(args.seed), "--model-dir", str(model_dir)]
-    trl_cmd = [str(anchor_py), str(Path(args.anchor_dir) / "trl_ppo_bench.py"), "--reward", "char-frac:e",
-               *shared_flags]
+    shared_flags = [
+        "--batch-size",
+        str(args.batch_size),
+        "--query-len",
+        str(args.query_len),
+        "--response-len",
+        str(args.response_len),
+        "--steps",
+        str(args.steps),
+        "--ppo-epochs",
+        str(args.ppo_epochs),
+        "--minibatches",
+        str(args.minibatches),
+        "--temperature",
+        str(args.temperature),
+        "--lr",
+        str(args.lr),
+        "--threads",
+        str(args.threads),
+        "--seed",
+        str(args.seed),
+        "--model-dir",
+        str(model_dir),
+    ]
+    trl_cmd = [
+        str(anchor_py),
+        str(Path(args.anchor_dir) / "trl_ppo_bench.py"),
+        "--reward",
+        "char-frac:e",
+        *shared_flags,
+    ]
 
     def lm_cmd(mode, profile=False):
-        return [sys.executable, str(Path(__file__).resolve()), "--worker", "lmprefs", "--value-model", mode,
-                "--out-dir", str(out), "--anchor-dir", args.anchor_dir, *shared_flags,
-                *(["--profile-update", "--profile-top", str(args.profile_top), "--steps", "2"] if profile else [])]
+        return [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            "lmprefs",
+            "--value-model",
+            mode,
+            "--out-dir",
+            str(out),
+            "--anchor-dir",
+            args.anchor_dir,
+            *shared_flags,
+            *(["--profile-update", "--profile-top", str(args.profile_top), "--steps", "2"] if profile else []),
+        ]
 
     systems = ([] if args.skip_trl else ["trl"]) + modes
     idle = (args.idle_threshold, args.max_wait)
@@ -416,20 +604,20 @@ def main(argv=None) -> int:
         order = systems[k:] + systems[:k]
         for s in order:
             cmd = trl_cmd if s == "trl" else lm_cmd(s)
-            results[s].append(run_json(cmd, env, args.timeout, f"rep {rep + 1}/{args.reps} {s}", idle,
-                                      args.max_other, args.retries))
+            results[s].append(
+                run_json(cmd, env, args.timeout, f"rep {rep + 1}/{args.reps} {s}", idle, args.max_other, args.retries)
+            )
 
     profiles = {}
     if args.profile:
         for m in modes:
-            profiles[m] = run_json(lm_cmd(m, profile=True), env, args.timeout, f"profile {m}", idle, args.max_other, args.retries)
+            profiles[m] = run_json(
+                lm_cmd(m, profile=True), env, args.timeout, f"profile {m}", idle, args.max_other, args.retries
+            )
 
     load_end = os.getloadavg()
 
     # ---------------- report ----------------
-    def eps_list(s):
-        return [r["episodes_per_sec"] if r else None for r in results[s]]
-
     print()
     first = next((r for s in systems for r in results[s] if r), None)
     trl_first = next((r for r in results.get("trl", []) if r), None)
@@ -439,70 +627,42 @@ def main(argv=None) -> int:
         print(f"lmprefs side: versions {json.dumps(first['versions'])}")
     if first:
         print(f"model: {json.dumps(first['model'])}")
-    srcs = {json.dumps(r[k]) for s in systems if s != "trl" for r in results[s] if r for k in
-            ("lmprefs_source", "lmprefs_source_end")}
+    srcs = {
+        json.dumps(r[k])
+        for s in systems
+        if s != "trl"
+        for r in results[s]
+        if r
+        for k in ("lmprefs_source", "lmprefs_source_end")
+    }
     srcs |= {json.dumps(pr[k]) for pr in profiles.values() if pr for k in ("lmprefs_source", "lmprefs_source_end")}
-    print(f"lmprefs source (sha1 of lmprefs/**/*.py): {', '.join(sorted(srcs))}"
-          + ("  WARNING: the package changed during this benchmark" if len(srcs) > 1 else ""))
-    print(f"settings: batch {args.batch_size}, query {args.query_len}, response {args.response_len}, "
-          f"{args.ppo_epochs} epochs x {args.minibatches} minibatches, T {args.temperature}, lr {args.lr}, "
-          f"{args.threads} threads, fp32, reward char-frac:e, {args.steps} updates/run (first = warm-up, excluded)")
-    print()
-    print("episodes/s per round [cores used by other processes during the timed region / busy cores just before]:")
-    for s in systems:
-        cells = []
-        for r in results[s]:
-            cells.append("FAILED" if r is None else
-                         f"{r['episodes_per_sec']:.3f} [{r['cpu_during_train'].get('other_cores_avg')}/{r.get('busy_cores_before')}]"
-                         + (" CONTAMINATED" if r.get("contaminated") else ""))
-        print(f"  {('TRL' if s == 'trl' else 'lmprefs ' + s):>18}: " + ", ".join(cells))
+    print(
+        f"lmprefs source (sha1 of lmprefs/**/*.py): {', '.join(sorted(srcs))}"
+        + ("  WARNING: the package changed during this benchmark" if len(srcs) > 1 else "")
+    )
+    print(
+        f"settings: batch {args.batch_size}, query {args.query_len}, response {args.response_len}, "
+        f"{args.ppo_epochs} epochs x {args.minibatches} minibatches, T {args.temperature}, lr {args.lr}, "
+        f"{args.threads} threads, fp32, reward char-frac:e, {args.steps} updates/run (first = warm-up, excluded)"
+    )
     summary: dict = {"systems": {}, "ratios": {}}
-
-    def clean(r):
-        return r is not None and not r.get("contaminated")
-
-    any_clean = all(any(clean(r) for r in results[s]) for s in systems)
-    use = clean if any_clean else (lambda r: r is not None)
-    if not any_clean:
-        print("WARNING: some system has no uncontaminated run; the figures below include contaminated runs")
-    for s in systems:
-        ok = [r["episodes_per_sec"] for r in results[s] if use(r)]
-        summary["systems"][s] = {"episodes_per_sec_median": median(ok), "per_round": eps_list(s),
-                                 "used": len(ok)}
+    if args.reps > 0:
+        report_throughput(args, systems, modes, results, summary)
+    else:
+        print("(--reps 0: no throughput rounds)")
+    fm = flop_model(args)
     print()
-    targets = {"shared": 3.0, "separate": 1.5}
-    for m in modes:
-        med = summary["systems"][m]["episodes_per_sec_median"]
-        line = f"lmprefs ({m:>8} value model): {med:.3f} episodes/s (median of {summary['systems'][m]['used']})"
-        if "trl" in systems:
-            ratios = [a["episodes_per_sec"] / b["episodes_per_sec"]
-                      for a, b in zip(results[m], results["trl"]) if use(a) and use(b)]
-            trl_med = summary["systems"]["trl"]["episodes_per_sec_median"]
-            r_med = median(ratios)
-            summary["ratios"][m] = {"per_round": ratios, "median_of_round_ratios": r_med,
-                                    "ratio_of_medians": med / trl_med, "target": targets[m]}
-            line += (f" | TRL {trl_med:.3f} | ratio {r_med:.2f}x (median of per-round ratios "
-                     f"{', '.join(f'{x:.2f}' for x in ratios) or 'none usable'}; ratio of medians "
-                     f"{med / trl_med:.2f}x) target >= {targets[m]}x: "
-                     f"{'MET' if min(r_med, med / trl_med) >= targets[m] else 'NOT MET'}")
-        print(line)
-    print()
-    print("mean seconds per update (median run of each system):")
-    for s in systems:
-        ok = [r for r in results[s] if use(r)]
-        if not ok:
-            continue
-        r = sorted(ok, key=lambda r: r["episodes_per_sec"])[len(ok) // 2]
-        print(f"  {('TRL' if s == 'trl' else 'lmprefs ' + s):>18}: {fmt_phases(r['sec_per_step_mean'])}")
-        if s != "trl":
-            print(f"  {'':>18}  detail: {json.dumps(r['detail_mean'])}")
-        else:
-            d = defaultdict(float)
-            for st in r["per_step"][1:]:
-                for k, v in st["detail"].items():
-                    d[k] += v / (len(r["per_step"]) - 1)
-            print(f"  {'':>18}  detail: {json.dumps({k: round(v, 4) for k, v in sorted(d.items())})}")
-        print(f"  {'':>18}  last metrics: {json.dumps(r.get('last_metrics'))}")
+    print(
+        "FLOP model per update (matmuls only; per token Ft = 24*n_layer*d^2, LM head Fh = 2*d*V per position; "
+        "training = 3x forward):"
+    )
+    for k, v in fm.items():
+        ceiling = f", TRL/this = {fm['trl'] / v:.2f}x" if k != "trl" else ""
+        print(f"  {k:>18}: {v:6.0f} GFLOP{ceiling}")
+    print(
+        "  (TRL: full-sequence logits and a separate critic trunk in every train forward, reference logits over the "
+        "whole sequence; lmprefs: LM head only at the response positions, values from the sampler's hidden states)"
+    )
 
     if profiles:
         print()
@@ -512,33 +672,40 @@ def main(argv=None) -> int:
                 continue
             pf = pr["profile"]
             ph = pf["phases"]
-            print(f"== profile of one lmprefs update, value_model={m} (torch.profiler on; "
-                  f"{pf['update_s']:.3f} s with profiler, {pr['sec_per_step_mean']['total_s']:.3f} s mean "
-                  f"unprofiled in the same run) ==")
+            print(
+                f"== profile of one lmprefs update, value_model={m} (torch.profiler on; "
+                f"{pf['update_s']:.3f} s with profiler, {pr['sec_per_step_mean']['total_s']:.3f} s mean "
+                f"unprofiled in the same run) =="
+            )
             opt_parts = ("ppo_train_fwd", "ppo_backward", "ppo_optimizer_step")
-            rows = [("sampling (KV-cache, 24 tokens)", ph.get("sample", 0)),
-                    ("rollout forward: policy/value", ph.get("rollout_policy_fwd", 0)),
-                    ("rollout forward: reference", ph.get("rollout_ref_fwd", 0)),
-                    ("scoring (decode + char-frac)", ph.get("score", 0)),
-                    ("PPO: train forwards (16)", ph.get("ppo_train_fwd", 0)),
-                    ("PPO: backward (16)", ph.get("ppo_backward", 0)),
-                    ("PPO: optimizer steps (16)", ph.get("ppo_optimizer_step", 0)),
-                    ("PPO: rest (GAE, whitening, losses)",
-                     ph.get("ppo_update", 0) - sum(ph.get(k, 0) for k in opt_parts))]
+            rows = [
+                ("sampling (KV-cache, 24 tokens)", ph.get("sample", 0)),
+                ("rollout forward: policy/value", ph.get("rollout_policy_fwd", 0)),
+                ("rollout forward: reference", ph.get("rollout_ref_fwd", 0)),
+                ("scoring (decode + char-frac)", ph.get("score", 0)),
+                ("PPO: train forwards (16)", ph.get("ppo_train_fwd", 0)),
+                ("PPO: backward (16)", ph.get("ppo_backward", 0)),
+                ("PPO: optimizer steps (16)", ph.get("ppo_optimizer_step", 0)),
+                ("PPO: rest (GAE, whitening, losses)", ph.get("ppo_update", 0) - sum(ph.get(k, 0) for k in opt_parts)),
+            ]
             accounted = sum(v for _, v in rows)
             rows.append(("other (loop, KL ctl, stream, stats)", pf["update_s"] - accounted))
             for name, v in rows:
                 print(f"  {name:<38} {v:8.3f} s  {100 * v / pf['update_s']:5.1f}%")
             print(f"  {'total':<38} {pf['update_s']:8.3f} s")
             if pf.get("gflop"):
-                print(f"  GFLOP counted by torch.profiler (mm/addmm/bmm, mul/add; not attention): {pf['gflop']:.0f} "
-                      f"({pf['gflop'] / pf['update_s']:.0f} GFLOP/s over the profiled update)")
+                unprof = pr["sec_per_step_mean"]["total_s"]
+                print(
+                    f"  FLOPs of one update (torch FlopCounterMode: matmuls + attention): {pf['gflop']:.0f} GFLOP "
+                    f"= {pf['gflop'] / unprof:.0f} GFLOP/s at the unprofiled {unprof:.3f} s/update"
+                )
             print(f"top {args.profile_top} operators by self CPU time:")
             print(pf["table"])
 
-    print("machine load before: %.2f %.2f %.2f; after: %.2f %.2f %.2f" % (*load_start, *load_end))
-    summary.update({"load_before": load_start, "load_after": load_end, "args": vars(args),
-                    "runs": results, "profiles": profiles})
+    print("machine load before: {:.2f} {:.2f} {:.2f}; after: {:.2f} {:.2f} {:.2f}".format(*load_start, *load_end))
+    summary.update(
+        {"load_before": load_start, "load_after": load_end, "args": vars(args), "runs": results, "profiles": profiles}
+    )
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=str))
     print(f"results: {out / 'results.json'}")
     return 0

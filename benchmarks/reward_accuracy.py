@@ -9,27 +9,30 @@ What is measured
        the initial policy into a fresh LabelStore and has the simulated VADER labeler answer them (noiseless:
        labels.labeler_temperature 0, random rate 0; ties broken uniformly at random);
     3. for every N in --labels, `train_reward_model(t, store, out)` (normalize, one epoch, normalize, evaluate) with
-       labels.num_train = N and labels.heldout_fraction = (H + 0.5) / M. train_reward_model holds out
-       int(M * heldout_fraction) = H labels by a permutation seeded with run.seed + 1 over ALL M labels, then trains
-       on the first N of the rest; M and the seed are the same for every N, so the held-out set is the same H labels
-       for every N and the training sets are nested. The script checks this: it fingerprints the held-out tensors
-       that reach `evaluate` in each run.
+       labels.num_train = N and labels.heldout_fraction = (H + 0.5) / K, K = the labels in the store (M).
+       train_reward_model holds out int(K * heldout_fraction) = H labels by a permutation seeded with run.seed + 1
+       over ALL K labels, then trains on the first N of the rest; K and the seed are the same for every N, so the
+       held-out set is the same H labels for every N and the training sets are nested. The script checks this: it
+       fingerprints the held-out tensors that reach `evaluate` in each run.
   Reported per N: held-out accuracy (chance 25%) before and after training, held-out loss, and the reward model's
   training throughput (tokens through forward+backward per second in train_epoch: padded positions of the
   [labels x 4, query+response] batches, and real non-pad tokens). Also reported: the accuracy ceiling of the labels
   themselves (the expected held-out accuracy of a perfect VADER scorer, < 100% because tied VADER scores, mostly
   0.0 for neutral text, are labeled at random) and the 95% binomial interval of each accuracy.
+  --store reuses the labels of an earlier run (copied into --out-dir) instead of collecting: with the same --heldout
+  and --seed the held-out set is that run's (e.g. to add a larger N later, or to try another --lr).
 
   The policy sampling and the reward model run under bf16 autocast by default (--dtype; parameters and optimizer
   state stay fp32). Target (the issue): >= 55% held-out accuracy from at most 1,000 labels.
 
 Writes only under --out-dir (default: a new temporary directory): the label store and, with --keep-models, each
 reward model (about 0.5 GB each; deleted after evaluation otherwise), and results.json. No network: the
-smollm2-135m and austen assets must already be prepared in $LMPREFS_CACHE.
+smollm2-135m and austen assets must already be prepared in $LMPREFS_CACHE. Peak memory is ~9 GiB (the activations of a
+64-sequence minibatch of SmolLM2).
 
 Example
   export LMPREFS_CACHE=/tmp/lmcache
-  python benchmarks/reward_accuracy.py --labels 100,200 --heldout 100        # a quick check (~10 min)
+  python benchmarks/reward_accuracy.py --labels 100,200 --heldout 100        # a quick check (~4 min idle)
   python benchmarks/reward_accuracy.py --labels 250,500,1000 --heldout 400
 """
 
@@ -61,10 +64,13 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=None, help="train_reward.batch_size (default: the preset's)")
     p.add_argument("--lr", type=float, default=None, help="train_reward.lr (default: the preset's)")
     p.add_argument("--keep-models", action="store_true", help="keep each trained reward model in --out-dir")
-    p.add_argument("--store", default=None,
-                   help="reuse the labels of an earlier run (its labels.sqlite, copied into --out-dir) instead of "
-                        "collecting; the held-out set is then H labels of ALL its labels, the same set as that run's "
-                        "when it used the same --heldout and --seed")
+    p.add_argument(
+        "--store",
+        default=None,
+        help="reuse the labels of an earlier run (its labels.sqlite, copied into --out-dir) instead of "
+        "collecting; the held-out set is then H labels of ALL its labels, the same set as that run's "
+        "when it used the same --heldout and --seed",
+    )
     return p.parse_args(argv)
 
 
@@ -106,23 +112,31 @@ def main(argv=None) -> int:
 
     R_ = dataclasses.replace
     cfg = preset(args.preset)
-    cfg = R_(cfg, run=R_(cfg.run, dtype=args.dtype, threads=args.threads, device="cpu", seed=args.seed),
-             labels=R_(cfg.labels, labeler=args.labeler, labeler_temperature=0.0, labeler_random_rate=0.0),
-             train_reward=R_(cfg.train_reward, **{k: v for k, v in (("batch_size", args.batch_size),
-                                                                  ("lr", args.lr)) if v is not None}))
+    cfg = R_(
+        cfg,
+        run=R_(cfg.run, dtype=args.dtype, threads=args.threads, device="cpu", seed=args.seed),
+        labels=R_(cfg.labels, labeler=args.labeler, labeler_temperature=0.0, labeler_random_rate=0.0),
+        train_reward=R_(
+            cfg.train_reward, **{k: v for k, v in (("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
+        ),
+    )
     H, M = args.heldout, max(ns) + args.heldout
     load0 = os.getloadavg()
     print(f"# reward_accuracy  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  out={out}")
-    print(f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-          f"lmprefs {getattr(lmprefs, '__version__', '?')}, cpu_count {os.cpu_count()}, threads {args.threads}")
-    print(f"preset {args.preset}: model {cfg.task.initial_model}, queries {cfg.task.query_dataset} "
-          f"(query {cfg.task.query_length}, response {cfg.task.response_length}), labels {cfg.labels.type} by "
-          f"{args.labeler}, train_reward batch {cfg.train_reward.batch_size} lr {cfg.train_reward.lr}, "
-          f"normalize_samples {cfg.train_reward.normalize_samples}, dtype {args.dtype}, seed {args.seed}")
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"lmprefs {getattr(lmprefs, '__version__', '?')}, cpu_count {os.cpu_count()}, threads {args.threads}"
+    )
+    print(
+        f"preset {args.preset}: model {cfg.task.initial_model}, queries {cfg.task.query_dataset} "
+        f"(query {cfg.task.query_length}, response {cfg.task.response_length}), labels {cfg.labels.type} by "
+        f"{args.labeler}, train_reward batch {cfg.train_reward.batch_size} lr {cfg.train_reward.lr}, "
+        f"normalize_samples {cfg.train_reward.normalize_samples}, dtype {args.dtype}, seed {args.seed}"
+    )
     print(f"labels N = {ns}, held-out H = {H}, questions needed M = {M}")
     src = source_fingerprint()
     print(f"lmprefs source (sha1 of lmprefs/**/*.py): {json.dumps(src)}")
-    print("machine load before: %.2f %.2f %.2f" % load0)
+    print("machine load before: {:.2f} {:.2f} {:.2f}".format(*load0))
 
     # ---- 1. task + labels (once) ----
     t0 = time.time()
@@ -145,8 +159,10 @@ def main(argv=None) -> int:
         log(f"collecting {M} best-of-4 questions and {args.labeler} labels ...")
         col = pipeline.collect_labels(t, store, M, labeler=args.labeler)
         log(f"collected: {col}")
-        print(f"labels: {col['labels_added']} in {col['seconds']:.0f}s (sampling {col['sample_seconds']:.0f}s, "
-              f"{col['sample_seconds'] / M:.2f} s per question of 4 samples)")
+        print(
+            f"labels: {col['labels_added']} in {col['seconds']:.0f}s (sampling {col['sample_seconds']:.0f}s, "
+            f"{col['sample_seconds'] / M:.2f} s per question of 4 samples)"
+        )
     # train_reward_model holds out int(total * heldout_fraction) of ALL labels in the store
     total = len(pipeline.load_examples(cfg, store, t.tok))
     if total < M:
@@ -219,59 +235,92 @@ def main(argv=None) -> int:
             ceiling = sum(exp_acc) / len(exp_acc)
         acc = summary["heldout/accuracy"]
         row = {
-            "labels": n, "labels_train": summary["labels_train"], "labels_heldout": summary["labels_heldout"],
-            "heldout_accuracy": acc, "heldout_accuracy_95ci": wilson(acc, summary["labels_heldout"]),
-            "heldout_loss": summary.get("heldout/loss"), "initial_heldout_accuracy": summary.get("initial_heldout/accuracy"),
+            "labels": n,
+            "labels_train": summary["labels_train"],
+            "labels_heldout": summary["labels_heldout"],
+            "heldout_accuracy": acc,
+            "heldout_accuracy_95ci": wilson(acc, summary["labels_heldout"]),
+            "heldout_loss": summary.get("heldout/loss"),
+            "initial_heldout_accuracy": summary.get("initial_heldout/accuracy"),
             "initial_heldout_loss": summary.get("initial_heldout/loss"),
-            "heldout_fingerprint": fingerprint(held), "train_epoch_s": te,
-            "train_positions_per_s": positions / te, "train_real_tokens_per_s": real / te,
-            "train_s_per_label": te / len(train), "normalize_s": timers.get("normalize"),
-            "evaluate_s": timers.get("evaluate"), "wall_s": wall, "train_epoch_cpu": captured.get("cpu"),
+            "heldout_fingerprint": fingerprint(held),
+            "train_epoch_s": te,
+            "train_positions_per_s": positions / te,
+            "train_real_tokens_per_s": real / te,
+            "train_s_per_label": te / len(train),
+            "normalize_s": timers.get("normalize"),
+            "evaluate_s": timers.get("evaluate"),
+            "wall_s": wall,
+            "train_epoch_cpu": captured.get("cpu"),
             "final_minibatch": summary.get("final_minibatch"),
-            "load_after": os.getloadavg(), "rss_gib": rss_gib(),
+            "load_after": os.getloadavg(),
+            "rss_gib": rss_gib(),
         }
         rows.append(row)
         lo, hi = row["heldout_accuracy_95ci"]
-        print(f"N={n:5d}: held-out accuracy {100 * acc:5.1f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}; before training "
-              f"{100 * row['initial_heldout_accuracy']:.1f}%), loss {row['heldout_loss']:.3f}; train_epoch "
-              f"{te:.0f}s = {row['train_s_per_label']:.2f} s/label, {row['train_positions_per_s']:.0f} tokens/s "
-              f"({row['train_real_tokens_per_s']:.0f} non-pad); run {wall:.0f}s (normalize {row['normalize_s']:.0f}s, "
-              f"evaluate {row['evaluate_s']:.0f}s); held-out set {row['heldout_fingerprint']}; during train_epoch other "
-              f"processes used {row['train_epoch_cpu']['other_cores_avg']} cores; RSS {row['rss_gib'][0]:.1f} GiB "
-              f"(peak {row['rss_gib'][1]:.1f}) ({loadavg()})",
-              flush=True)
+        print(
+            f"N={n:5d}: held-out accuracy {100 * acc:5.1f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}; before training "
+            f"{100 * row['initial_heldout_accuracy']:.1f}%), loss {row['heldout_loss']:.3f}; train_epoch "
+            f"{te:.0f}s = {row['train_s_per_label']:.2f} s/label, {row['train_positions_per_s']:.0f} tokens/s "
+            f"({row['train_real_tokens_per_s']:.0f} non-pad); run {wall:.0f}s (normalize {row['normalize_s']:.0f}s, "
+            f"evaluate {row['evaluate_s']:.0f}s); held-out set {row['heldout_fingerprint']}; during train_epoch other "
+            f"processes used {row['train_epoch_cpu']['other_cores_avg']} cores; RSS {row['rss_gib'][0]:.1f} GiB "
+            f"(peak {row['rss_gib'][1]:.1f}) ({loadavg()})",
+            flush=True,
+        )
 
     fps = {r["heldout_fingerprint"] for r in rows}
     load1 = os.getloadavg()
     print()
-    print(f"held-out set identical for every N: {'yes' if len(fps) == 1 else 'NO ' + str(fps)} "
-          f"({rows[0]['labels_heldout']} labels)")
-    print(f"label ceiling (perfect {args.labeler} scorer, ties at random) on the held-out set: {100 * ceiling:.1f}%; "
-          f"chance 25%")
+    print(
+        f"held-out set identical for every N: {'yes' if len(fps) == 1 else 'NO ' + str(fps)} "
+        f"({rows[0]['labels_heldout']} labels)"
+    )
+    print(
+        f"label ceiling (perfect {args.labeler} scorer, ties at random) on the held-out set: {100 * ceiling:.1f}%; "
+        f"chance 25%"
+    )
     print()
-    print("| labels | held-out acc. | 95% CI | before training | held-out loss | train tokens/s (padded / non-pad) "
-          "| s/label | other cores during training |")
+    print(
+        "| labels | held-out acc. | 95% CI | before training | held-out loss | train tokens/s (padded / non-pad) "
+        "| s/label | other cores during training |"
+    )
     print("|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows:
         lo, hi = r["heldout_accuracy_95ci"]
-        print(f"| {r['labels']} | {100 * r['heldout_accuracy']:.1f}% | {100 * lo:.1f}-{100 * hi:.1f}% | "
-              f"{100 * r['initial_heldout_accuracy']:.1f}% | {r['heldout_loss']:.3f} | "
-              f"{r['train_positions_per_s']:.0f} / {r['train_real_tokens_per_s']:.0f} | {r['train_s_per_label']:.2f} | "
-              f"{r['train_epoch_cpu']['other_cores_avg']} |")
+        print(
+            f"| {r['labels']} | {100 * r['heldout_accuracy']:.1f}% | {100 * lo:.1f}-{100 * hi:.1f}% | "
+            f"{100 * r['initial_heldout_accuracy']:.1f}% | {r['heldout_loss']:.3f} | "
+            f"{r['train_positions_per_s']:.0f} / {r['train_real_tokens_per_s']:.0f} | {r['train_s_per_label']:.2f} | "
+            f"{r['train_epoch_cpu']['other_cores_avg']} |"
+        )
     best = [r for r in rows if r["labels"] <= 1000]
     if best:
         b = max(best, key=lambda r: r["heldout_accuracy"])
-        print(f"\ntarget >= 55% held-out accuracy from <= 1,000 labels: "
-              f"{'MET' if b['heldout_accuracy'] >= 0.55 else 'NOT MET'} (best {100 * b['heldout_accuracy']:.1f}% at "
-              f"N={b['labels']})")
+        print(
+            f"\ntarget >= 55% held-out accuracy from <= 1,000 labels: "
+            f"{'MET' if b['heldout_accuracy'] >= 0.55 else 'NOT MET'} (best {100 * b['heldout_accuracy']:.1f}% at "
+            f"N={b['labels']})"
+        )
     src1 = source_fingerprint()
     if src1 != src:
         print(f"WARNING: the lmprefs sources changed during this benchmark: now {json.dumps(src1)}")
-    print("machine load before: %.2f %.2f %.2f; after: %.2f %.2f %.2f" % (*load0, *load1))
-    res = {"args": vars(args), "lmprefs_source": [src, src1], "collect": col, "setup_s": setup_s, "label_ceiling": ceiling, "rows": rows,
-           "load_before": load0, "load_after": load1,
-           "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                        "transformers": transformers.__version__}}
+    print("machine load before: {:.2f} {:.2f} {:.2f}; after: {:.2f} {:.2f} {:.2f}".format(*load0, *load1))
+    res = {
+        "args": vars(args),
+        "lmprefs_source": [src, src1],
+        "collect": col,
+        "setup_s": setup_s,
+        "label_ceiling": ceiling,
+        "rows": rows,
+        "load_before": load0,
+        "load_after": load1,
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+        },
+    }
     (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"results: {out / 'results.json'}")
     store.close()
@@ -298,8 +347,11 @@ class CpuMonitor:
     def stop(self) -> dict:
         wall = time.perf_counter() - self.t0
         own = self._own() - self.o0
-        return {"wall_s": round(wall, 2), "own_cores_avg": round(own / wall, 2),
-                "other_cores_avg": round(max(self._busy() - self.b0 - own, 0.0) / wall, 2)}
+        return {
+            "wall_s": round(wall, 2),
+            "own_cores_avg": round(own / wall, 2),
+            "other_cores_avg": round(max(self._busy() - self.b0 - own, 0.0) / wall, 2),
+        }
 
 
 def source_fingerprint() -> dict:
@@ -324,7 +376,7 @@ def rss_gib() -> tuple[float, float]:
 
 
 def loadavg() -> str:
-    return "loadavg %.2f %.2f %.2f" % os.getloadavg()
+    return "loadavg {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 if __name__ == "__main__":

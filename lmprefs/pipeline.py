@@ -139,7 +139,8 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
 
 
 def load_examples(cfg: Config, store, tok):
-    """Labeled best-of-N comparisons from the store, as tensors in `tok`'s ids, at most labels.num_train + held out."""
+    """Every labeled best-of-N comparison in the store, as tensors in `tok`'s ids (the caller splits off held-out
+    labels and keeps labels.num_train)."""
     from lmprefs.training.reward import examples_to_comparisons, tokenizer_id
 
     examples = store.labeled_examples(cfg.labels.type, tokenizer=tokenizer_id(tok))
