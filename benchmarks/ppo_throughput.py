@@ -58,6 +58,8 @@ DEFAULT_ANCHOR_PYTHON = REPO / ".venv-anchor" / "bin" / "python"
 MODES = ("shared", "separate")
 
 
+from _common import source_fingerprint  # noqa: E402
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default=None, help="where everything is written (default: a new temp dir)")
@@ -143,20 +145,6 @@ def _setup_torch(run):
     except ImportError:
         from lmprefs.generate import setup_torch
     return setup_torch(run)
-
-
-def source_fingerprint() -> dict:
-    """sha1 of lmprefs' Python sources (and their newest mtime): which code a run measured, without git."""
-    import hashlib
-
-    import lmprefs
-
-    root = Path(lmprefs.__file__).parent
-    h, newest = hashlib.sha1(), 0.0
-    for f in sorted(root.rglob("*.py")):
-        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
-        newest = max(newest, f.stat().st_mtime)
-    return {"sha1": h.hexdigest()[:12], "newest_mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(newest))}
 
 
 def lmprefs_worker(args) -> dict:

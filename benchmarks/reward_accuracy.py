@@ -51,6 +51,8 @@ import time
 from pathlib import Path
 
 
+from _common import source_fingerprint  # noqa: E402
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--labels", default="250,500,1000", help="comma-separated training-label counts N")
@@ -352,18 +354,6 @@ class CpuMonitor:
             "own_cores_avg": round(own / wall, 2),
             "other_cores_avg": round(max(self._busy() - self.b0 - own, 0.0) / wall, 2),
         }
-
-
-def source_fingerprint() -> dict:
-    """sha1 of lmprefs' Python sources (and their newest mtime): which code a run measured, without git."""
-    import lmprefs
-
-    root = Path(lmprefs.__file__).parent
-    h, newest = hashlib.sha1(), 0.0
-    for f in sorted(root.rglob("*.py")):
-        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
-        newest = max(newest, f.stat().st_mtime)
-    return {"sha1": h.hexdigest()[:12], "newest_mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(newest))}
 
 
 def rss_gib() -> tuple[float, float]:

@@ -153,7 +153,7 @@ def cmd_import_labels(argv: list[str]) -> int:
     p = _parser("import-labels")
     p.add_argument("file")
     p.add_argument("--db", default="labels.sqlite")
-    p.add_argument("--format", default="auto", help="auto, openai, pairwise, text")
+    p.add_argument("--format", default="auto", help="auto (by extension and content), openai, pairs, comparisons")
     p.add_argument("--labeler", default="import", help="labeler name recorded for the imported labels")
     a = p.parse_args(argv)
     from lmprefs.labels.formats import LabelFileError, import_file
@@ -173,7 +173,7 @@ def cmd_export_labels(argv: list[str]) -> int:
     p = _parser("export-labels")
     p.add_argument("file")
     p.add_argument("--db", default="labels.sqlite")
-    p.add_argument("--format", default="auto", help="auto (by extension), pairwise, text")
+    p.add_argument("--format", default="auto", help="auto (by extension), openai, pairs, comparisons")
     a = p.parse_args(argv)
     from lmprefs.labels.formats import LabelFileError, export_file
     from lmprefs.pipeline import open_store
