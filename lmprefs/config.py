@@ -79,6 +79,9 @@ class TrainRewardConfig:
     """Peak Adam learning rate; decays linearly to 0 over training."""
     epochs: int = 1
     """Passes over the labels (the original makes one; small label sets learn more from a few)."""
+    microbatch: int = 0
+    """Questions per forward pass; their gradients add up to one batch_size step (0 = the whole batch at once).
+    Lowers peak memory (a 16-question batch of 4 samples on SmolLM2 takes several GiB), not the result."""
     rollout_batch_size: int = 512
     """Queries per sampling batch when sampling for normalization."""
     normalize_samples: int = 256

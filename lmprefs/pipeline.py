@@ -15,6 +15,7 @@ from lmprefs.config import Config
 from lmprefs.errors import UserError
 
 HELDOUT_QUERIES = 512  # queries set aside (a fixed permutation) for evaluation; never trained on
+PREFIX_CACHE_BYTES = 4 << 30  # reward-model training keeps the frozen blocks' outputs of all labels up to this size
 
 
 @dataclass
@@ -155,13 +156,13 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
     from lmprefs.labels.types import get as get_label_type
     from lmprefs.models.lm import RewardModel, save_reward_model
     from lmprefs.runlog import progress
-    from lmprefs.training.reward import evaluate, normalize, train_epoch
+    from lmprefs.models.lm import frozen_depth
+    from lmprefs.training.reward import evaluate, heldout_mask, normalize, prefix_bytes, reward_prefixes, train_epoch
 
     cfg = t.cfg
     data = load_examples(cfg, store, t.tok)
-    perm = torch.randperm(len(data), generator=torch.Generator().manual_seed(cfg.run.seed + 1))
-    n_held = int(len(data) * cfg.labels.heldout_fraction)
-    held, train = data[perm[:n_held]], data[perm[n_held:]][: cfg.labels.num_train]
+    is_held = heldout_mask(data.items, cfg.run.seed, cfg.labels.heldout_fraction)
+    held, train = data[is_held], data[~is_held][: cfg.labels.num_train]
     if len(train) == 0:
         raise UserError(f"no labels left for training ({len(data)} labels, heldout_fraction "
                         f"{cfg.labels.heldout_fraction})")  # fmt: skip
@@ -172,9 +173,9 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
 
         add_adapter(t.model, cfg.lora, "reward", seed=cfg.run.seed)
         reset_adapter(t.model, "reward", seed=cfg.run.seed)  # a retrain starts from the initial model, as the paper
-        rm = RewardModel(t.model, t.tok, adapter="reward").to(t.device)
+        rm = RewardModel(t.model, t.tok, adapter="reward", seed=cfg.run.seed).to(t.device)
     else:
-        rm = RewardModel(copy.deepcopy(t.model), t.tok).to(t.device)
+        rm = RewardModel(copy.deepcopy(t.model), t.tok, seed=cfg.run.seed).to(t.device)
         rm.lm.requires_grad_(True)
     gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 2)
     summary = {"labels_train": len(train), "labels_heldout": len(held)}
@@ -182,9 +183,18 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
         nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
         summary["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
     summary |= {f"initial_{k}": v for k, v in evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype).items()}
+    cache = None
+    if cfg.train_reward.epochs > 1 and frozen_depth(rm.lm) > 0:
+        # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory
+        if prefix_bytes(rm, train, t.prefix, t.suffix) <= PREFIX_CACHE_BYTES:
+            bar = progress(len(train), "reward model: frozen blocks")
+            cache = reward_prefixes(rm, train, t.prefix, t.suffix, t.device, t.dtype,
+                                    cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)  # fmt: skip
+            bar.close()
     bar = progress(len(train) * cfg.train_reward.epochs, "training reward model")
     rm.train()
-    last = train_epoch(rm, train, lt, cfg, t.prefix, t.suffix, t.device, t.dtype, log, bar)
+    last = train_epoch(rm, train, lt, cfg, t.prefix, t.suffix, t.device, t.dtype, log, bar, cache)
+    del cache
     rm.eval()
     bar.close()
     if cfg.train_reward.normalize_after:
@@ -230,9 +240,9 @@ def track_true_reward(score_fn, true_fn, tok):
 
     last: dict[str, float] = {}
 
-    def score(q, r):
+    def score(q, r, prefix=None):
         last["v"] = sum(true_fn(decode(tok, r))) / len(r)
-        return score_fn(q, r)
+        return score_fn(q, r, prefix)
 
     def on_update(_, stats):
         stats["objective/true_reward"] = last.get("v", float("nan"))

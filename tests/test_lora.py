@@ -58,7 +58,7 @@ def test_lora_ppo_trains_only_adapters_and_checkpoints_exactly(tmp_path):
     policy = Policy(t.model, t.tok, cfg.task.temperature, adapter="policy", value_adapter="value")
     run = build_run(cfg, policy, QueryStream(t.train_queries, 1), t.device)
     assert run.ref_lm is None  # the reference is the base with adapters off: no second copy
-    rollout, _, _ = make_rollout(run, lambda q, r: (r < 25000).float().mean(1), run.stream.next(16), cfg, [], [],
+    rollout, _, _ = make_rollout(run, lambda q, r, _: (r < 25000).float().mean(1), run.stream.next(16), cfg, [], [],
                                  t.device, t.dtype)  # fmt: skip
     ppo_update(lambda mb: policy(mb.queries, mb.responses), run.optimizer, rollout, cfg.ppo, run.gen_ppo)
     after = {k.replace(".base.", "."): v for k, v in t.model.state_dict().items()}
@@ -98,3 +98,64 @@ def test_adapters_in_the_top_blocks_only_stop_the_backward_there(tiny_lm):
     (lp.sum() + v.sum()).backward()
     assert all(p.grad is not None for p in policy.trainable_parameters())
     assert all(p.grad is None for n, p in lm.named_parameters() if ".h.0." in n)  # nothing below was touched
+
+
+def _tiny_llama():
+    """A random 4-block Llama (SmolLM2's architecture) built offline, with rotary positions and RMSNorm."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_frozen_prefix_gives_the_full_forward_exactly(tiny_lm):
+    from lmprefs.models.lm import frozen_depth, frozen_prefix, trunk_hidden
+
+    for lm, top in ((copy.deepcopy(tiny_lm[0]), 1), (_tiny_llama(), 2)):  # GPT-2 (additive positions) and Llama
+        assert frozen_prefix(lm, torch.zeros(1, 3, dtype=torch.long)) is None  # no adapters: nothing is frozen
+        add_adapter(lm, LoraConfig(rank=2, layers=top), "a")
+        for m in lora_modules(lm):
+            torch.nn.init.normal_(m.B["a"], std=0.1)
+        n_blocks = lm.config.num_hidden_layers
+        assert frozen_depth(lm) == n_blocks - top
+        tokens = torch.randint(0, 200, (3, 9))
+        tokens[0, :2] = -1  # left padding
+        cut = tokens.clone()
+        cut[1, 6:] = -1  # a truncated response: pads after the last real token
+        with torch.no_grad():
+            prefix = frozen_prefix(lm, tokens)
+            for adapter in ("a", None):  # the policy and the reference share it
+                with using(lm, adapter):
+                    assert torch.equal(trunk_hidden(lm, tokens, prefix), trunk_hidden(lm, tokens))
+                    assert torch.equal(trunk_hidden(lm, cut, prefix)[1, :6], trunk_hidden(lm, cut)[1, :6])
+            other = copy.deepcopy(lm)  # a prefix of another model is ignored, not misused
+            assert torch.equal(trunk_hidden(other, tokens, prefix), trunk_hidden(other, tokens))
+        assert len(lm.base_model.get_submodule("layers" if hasattr(lm.base_model, "layers") else "h")) == n_blocks
+
+
+def test_lora_rollout_with_the_frozen_prefix_matches_full_forwards():
+    from lmprefs.tasks import apply_penalty, truncate_responses
+    from lmprefs.training.policy import ref_logprobs, rm_score_fn
+
+    cfg = preset("tiny")
+    cfg = R(cfg, lora=R(cfg.lora, rank=4, layers=1))
+    t = setup_task(cfg, n_heldout=8)
+    add_adapter(t.model, cfg.lora, "policy")
+    add_adapter(t.model, cfg.lora, "reward", seed=1)
+    for m in lora_modules(t.model):
+        torch.nn.init.normal_(m.B["policy"], std=0.05)
+        torch.nn.init.normal_(m.B["reward"], std=0.05)
+    policy = Policy(t.model, t.tok, cfg.task.temperature, adapter="policy")
+    rm = RewardModel(t.model, t.tok, adapter="reward", seed=3)
+    run = build_run(cfg, policy, QueryStream(t.train_queries, 1), t.device)
+    rollout, _, _ = make_rollout(run, rm_score_fn(rm), run.stream.next(8), cfg, [], [], t.device, t.dtype)
+    assert rollout.prefix is not None and rollout[2:5].prefix.hidden.shape[0] == 3
+    q, r = rollout.queries, rollout.responses
+    with torch.no_grad(), using(t.model, None):
+        assert torch.equal(rollout.ref_logprobs, ref_logprobs(t.model, q, r, cfg.task.temperature, policy.vocab))
+    post = truncate_responses(r, cfg.task.truncate_token, cfg.task.truncate_after)
+    with torch.no_grad():
+        assert torch.equal(rollout.scores, apply_penalty(rm(q, post), post, cfg.task))  # rows with PAD included
+        assert all(torch.equal(a, b) for a, b in zip(policy(q, r, rollout.prefix), policy(q, r), strict=True))

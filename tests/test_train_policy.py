@@ -28,7 +28,7 @@ ORIGINAL_METRICS = [
 ]  # fmt: skip
 
 
-def low_ids_score(queries, responses):
+def low_ids_score(queries, responses, prefix=None):
     """Any dense reward: the fraction of response tokens in the lower half of the vocabulary."""
     return (responses.clamp(min=0) < 25000).float().mean(1) * 2 - 1
 
@@ -85,7 +85,7 @@ def test_learning_raises_the_score_while_kl_stays_bounded(tmp_path):
                     QueryStream(torch.randint(0, 64, (256, 8)), 1), torch.device("cpu"))  # fmt: skip
     hist = []
     log = RunLogger(tmp_path, cfg)
-    train_policy(cfg, run, lambda q, r: (r == 7).float().mean(1), log, tmp_path, [], [], torch.device("cpu"),
+    train_policy(cfg, run, lambda q, r, _: (r == 7).float().mean(1), log, tmp_path, [], [], torch.device("cpu"),
                  torch.float32, on_update=lambda r, s: hist.append((s["objective/score"], s["objective/kl"])))  # fmt: skip
     log.close()
     first, last = sum(s for s, _ in hist[:5]) / 5, sum(s for s, _ in hist[-10:]) / 10

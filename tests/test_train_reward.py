@@ -8,7 +8,15 @@ from lmprefs.config import preset
 from lmprefs.labels.types import get as get_label_type
 from lmprefs.models.lm import PAD, RewardModel
 from lmprefs.pipeline import setup_task
-from lmprefs.training.reward import Comparisons, evaluate, normalize, rm_rewards, train_epoch
+from lmprefs.training.reward import (
+    Comparisons,
+    evaluate,
+    heldout_mask,
+    normalize,
+    reward_prefixes,
+    rm_rewards,
+    train_epoch,
+)
 
 R = dataclasses.replace
 
@@ -52,6 +60,40 @@ def test_tiny_reward_model_learns_a_scripted_preference(tiny_lm):
     after = evaluate(rm.eval(), held, lt, [], [], torch.device("cpu"), torch.float32)
     assert after["heldout/accuracy"] > 0.7 > before["heldout/accuracy"] + 0.2, (before, after)
     assert after["heldout/loss"] < before["heldout/loss"]
+
+
+def test_cached_frozen_blocks_and_microbatches_train_the_same_reward_model(tiny_lm):
+    from lmprefs.config import LoraConfig
+    from lmprefs.models.lora import add_adapter
+
+    model, tok = tiny_lm
+    train = _scripted(40, torch.Generator().manual_seed(0))
+    cfg = preset("tiny")
+    lt, cpu = get_label_type("best_of_4"), torch.device("cpu")
+
+    def trained(microbatch: int, cached: bool) -> list[torch.Tensor]:
+        lm = copy.deepcopy(model)
+        add_adapter(lm, LoraConfig(rank=2, layers=1), "reward")
+        rm = RewardModel(lm, tok, adapter="reward", seed=0)
+        cache = reward_prefixes(rm, train, [], [], cpu, torch.float32, 16) if cached else None
+        assert (cache is not None) == cached
+        tr = R(cfg.train_reward, batch_size=8, lr=2e-3, epochs=2, microbatch=microbatch)
+        train_epoch(rm, train, lt, R(cfg, train_reward=tr), [], [], cpu, torch.float32, cache=cache)
+        return [p.detach().clone() for p in rm.trainable_parameters()]
+
+    plain = trained(0, False)
+    init = RewardModel(copy.deepcopy(model), tok, seed=0)
+    assert not torch.equal(plain[-2], init.head.linear.weight)  # it trained (and the head init is seeded)
+    assert all(torch.equal(a, b) for a, b in zip(plain, trained(0, True), strict=True))  # bitwise
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain, trained(3, True), strict=True))  # 3+3+2
+
+
+def test_heldout_split_is_stable_as_the_store_grows():
+    items = torch.arange(1, 2001)
+    held = heldout_mask(items, 1, 0.1)
+    assert 150 < int(held.sum()) < 250
+    assert torch.equal(heldout_mask(items[:500], 1, 0.1), held[:500])  # earlier items keep their side
+    assert not torch.equal(heldout_mask(items, 2, 0.1), held)  # the seed picks another split
 
 
 def test_label_train_reward_and_score_commands(tmp_path, capsys):

@@ -9,6 +9,7 @@ token 0 and are masked out of attention, and position ids are the exclusive cums
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -91,11 +92,103 @@ def model_inputs(tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return ids, mask.long(), positions
 
 
-def trunk_hidden(model, tokens: Tensor) -> Tensor:
-    """Last hidden states [B, L, d] of the model's transformer trunk (no LM head: we apply it only where needed)."""
+def trunk_hidden(model, tokens: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
+    """Last hidden states [B, L, d] of the model's transformer trunk (no LM head: we apply it only where needed).
+    With a `prefix` computed on this model for these tokens, only the blocks above it run."""
     ids, mask, positions = model_inputs(tokens)
+    if prefix is not None and prefix.model is model:
+        with _only_blocks(model, prefix.start, None, from_hidden=True):
+            out = model.base_model(inputs_embeds=prefix.hidden, attention_mask=mask, position_ids=positions,
+                                   use_cache=False)  # fmt: skip
+        return out.last_hidden_state
     out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
     return out.last_hidden_state
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The frozen prefix. With LoRA adapters in the top N blocks only (lora.layers), the blocks below are frozen and
+# carry no adapter, so the policy, the reference (adapters off), the value and the reward adapters all compute the
+# same hidden states there. A rollout computes them once and every later forward of the batch (reference, reward,
+# 4 PPO epochs) runs the top N blocks only; reward-model training does the same over its labels for all epochs.
+
+
+@dataclass
+class FrozenPrefix:
+    """Hidden states [B, L, d] entering block `start` of `model` for a batch of token rows (the residual stream,
+    fp32). Valid for any adapter on `model`, and for rows that only differ by PAD after their last real token
+    (truncation): attention is causal and pads are masked."""
+
+    model: nn.Module
+    start: int
+    hidden: Tensor
+
+    def __getitem__(self, idx) -> FrozenPrefix:
+        return FrozenPrefix(self.model, self.start, self.hidden[idx])
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+
+def _trunk_names(model) -> tuple[str, str, str | None]:
+    """(blocks, final norm, additive position embedding or None) attribute names of a Llama- or GPT-2-style trunk."""
+    trunk = model.base_model
+    blocks = "layers" if hasattr(trunk, "layers") else "h"
+    norm = "norm" if hasattr(trunk, "norm") else "ln_f"
+    return blocks, norm, "wpe" if hasattr(trunk, "wpe") else None
+
+
+def frozen_depth(model) -> int:
+    """Number of bottom blocks that hold no LoRA adapter (0 without LoRA, or with adapters in every block)."""
+    from lmprefs.models.lora import LoRALinear
+
+    blocks = getattr(model.base_model, _trunk_names(model)[0])
+    for i, block in enumerate(blocks):
+        if any(isinstance(m, LoRALinear) for m in block.modules()):
+            return i
+    return 0
+
+
+class _ZeroPositions(nn.Module):
+    """Stands in for GPT-2's position embedding when the input is already a residual stream (it holds them)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.d = d
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        return torch.zeros(*position_ids.shape, self.d, device=position_ids.device)
+
+
+@contextlib.contextmanager
+def _only_blocks(model, lo: int, hi: int | None, *, from_hidden: bool = False, final_norm: bool = True):
+    """Run the HF trunk over blocks lo..hi only: its block list is swapped for the slice for the duration (the HF
+    forward then does its usual masks and rotary/position handling around them). from_hidden: inputs_embeds is a
+    residual stream, so GPT-2's additive position embedding is skipped; final_norm=False returns the raw stream."""
+    trunk = model.base_model
+    blocks, norm, wpe = _trunk_names(model)
+    saved = {blocks: trunk._modules[blocks], norm: trunk._modules[norm]}
+    trunk._modules[blocks] = nn.ModuleList(list(saved[blocks])[lo:hi])
+    if not final_norm:
+        trunk._modules[norm] = nn.Identity()
+    if from_hidden and wpe is not None:
+        saved[wpe] = trunk._modules[wpe]
+        trunk._modules[wpe] = _ZeroPositions(hidden_size(model))
+    try:
+        yield
+    finally:
+        trunk._modules.update(saved)
+
+
+def frozen_prefix(model, tokens: Tensor) -> FrozenPrefix | None:
+    """The frozen prefix of `model` for token rows [B, L] (PAD allowed), or None when every block is trainable.
+    Run under the caller's autocast, like the forwards that will use it."""
+    start = frozen_depth(model)
+    if start == 0:
+        return None
+    ids, mask, positions = model_inputs(tokens)
+    with torch.no_grad(), _only_blocks(model, 0, start, final_norm=False):
+        out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    return FrozenPrefix(model, start, out.last_hidden_state)
 
 
 def lm_head(model) -> nn.Module:
@@ -105,11 +198,13 @@ def lm_head(model) -> nn.Module:
 class ScalarHead(nn.Module):
     """A linear map d -> 1 (language/model.py:fc_layer). Value heads start at 0; reward heads at N(0, 1/sqrt(d+1))."""
 
-    def __init__(self, d: int, init_std: float):
+    def __init__(self, d: int, init_std: float, seed: int | None = None):
         super().__init__()
         self.linear = nn.Linear(d, 1)
+        # a generator of its own: the draw must not depend on what else ran in the process before
+        g = torch.Generator().manual_seed(seed) if seed is not None else None
         with torch.no_grad():
-            self.linear.weight.normal_(0.0, init_std) if init_std > 0 else self.linear.weight.zero_()
+            self.linear.weight.normal_(0.0, init_std, generator=g) if init_std > 0 else self.linear.weight.zero_()
             self.linear.bias.zero_()
 
     def forward(self, h: Tensor) -> Tensor:  # [..., d] -> [...]
@@ -127,17 +222,18 @@ def response_positions(queries: Tensor, T: int) -> Tensor:
     return idx
 
 
-def response_hidden(model, queries: Tensor, responses: Tensor) -> Tensor:
+def response_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
     """The hidden states [B, T, d] that predict each response token (and carry its value)."""
-    h = trunk_hidden(model, torch.cat([queries, responses], dim=1))
+    h = trunk_hidden(model, torch.cat([queries, responses], dim=1), prefix)
     idx = response_positions(queries, responses.shape[1])
     return h.gather(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
 
 
-def response_logits_hidden(model, queries: Tensor, responses: Tensor) -> tuple[Tensor, Tensor]:
+def response_logits_hidden(model, queries: Tensor, responses: Tensor,
+                           prefix: FrozenPrefix | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Run query+response once; (hidden [B, T, d], logits [B, T, V]) at the positions predicting the response.
     The LM head runs only there: most of a sequence is query, and the head is the largest matmul."""
-    h = response_hidden(model, queries, responses)
+    h = response_hidden(model, queries, responses, prefix)
     return h, lm_head(model)(h)
 
 
@@ -163,28 +259,30 @@ class Policy(nn.Module):
         self.value_head = ScalarHead(hidden_size(lm), init_std=0.0)
         self.vocab = vocab_size(tokenizer)
 
-    def forward(self, queries: Tensor, responses: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(self, queries: Tensor, responses: Tensor,
+                prefix: FrozenPrefix | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         """(logprobs, values, entropy), each [B, T], for responses given queries."""
         from lmprefs.models.lora import using
 
         with using(self.lm, self.adapter):
-            h, logits = response_logits_hidden(self.lm, queries, responses)
+            h, logits = response_logits_hidden(self.lm, queries, responses, prefix)
         logprobs, entropy = logprobs_and_entropy(logits, responses, self.temperature, self.vocab)
         if self.value_adapter is not None:
             with using(self.lm, self.value_adapter):
-                h = response_hidden(self.lm, queries, responses)
+                h = response_hidden(self.lm, queries, responses, prefix)
         elif self.value_lm is not None:
             h = response_hidden(self.value_lm, queries, responses)
         return logprobs, self.value_head(h), entropy
 
-    def values_from(self, queries: Tensor, responses: Tensor, hidden: Tensor) -> Tensor:
+    def values_from(self, queries: Tensor, responses: Tensor, hidden: Tensor,
+                    prefix: FrozenPrefix | None = None) -> Tensor:  # fmt: skip
         """Values [B, T] given the policy trunk's hidden states at the response positions (from the sampler);
         a separate value trunk runs its own forward."""
         from lmprefs.models.lora import using
 
         if self.value_adapter is not None:
             with using(self.lm, self.value_adapter):
-                hidden = response_hidden(self.lm, queries, responses)
+                hidden = response_hidden(self.lm, queries, responses, prefix)
         elif self.value_lm is not None:
             hidden = response_hidden(self.value_lm, queries, responses)
         return self.value_head(hidden)
@@ -203,21 +301,21 @@ class Policy(nn.Module):
 class RewardModel(nn.Module):
     """A trunk plus a scalar head read at the last real token, then reward = gain * r + bias (rewards.py:47-57)."""
 
-    def __init__(self, lm, tokenizer, adapter: str | None = None):
+    def __init__(self, lm, tokenizer, adapter: str | None = None, seed: int | None = None):
         super().__init__()
         self.lm, self.tokenizer, self.adapter = lm, tokenizer, adapter
         d = hidden_size(lm)
-        self.head = ScalarHead(d, init_std=1.0 / (d + 1) ** 0.5)
+        self.head = ScalarHead(d, init_std=1.0 / (d + 1) ** 0.5, seed=seed)
         self.gain = nn.Parameter(torch.ones(()))
         self.bias = nn.Parameter(torch.zeros(()))
 
-    def forward(self, queries: Tensor, responses: Tensor) -> Tensor:
+    def forward(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
         """Rewards [B] of query+response; responses may end in PAD after truncation."""
         from lmprefs.models.lora import using
 
         tokens = torch.cat([queries, responses], dim=1)
         with using(self.lm, self.adapter):
-            h = trunk_hidden(self.lm, tokens)  # [B, L, d]
+            h = trunk_hidden(self.lm, tokens, prefix)  # [B, L, d]
         last = (tokens != PAD).long().cumsum(-1).argmax(-1)  # index of the last real token
         r = self.head(h[torch.arange(h.shape[0], device=h.device), last])
         return self.gain * r + self.bias

@@ -30,8 +30,8 @@ class OnlineRewards:
         self._score = None
         self.policy = None  # set once the policy exists: questions come from its current samples
 
-    def score(self, queries, responses):
-        return self._score(queries, responses)
+    def score(self, queries, responses, prefix=None):
+        return self._score(queries, responses, prefix)
 
     def labels_so_far(self) -> int:
         return len(self.store.labeled_examples(self.cfg.labels.type))

@@ -24,13 +24,21 @@ from torch import Tensor
 
 from lmprefs.config import Config
 from lmprefs.errors import UserError
-from lmprefs.models.lm import Policy, autocast, logprobs_and_entropy, response_logits_hidden
+from lmprefs.models.lm import (
+    FrozenPrefix,
+    Policy,
+    autocast,
+    frozen_prefix,
+    logprobs_and_entropy,
+    response_logits_hidden,
+)
 from lmprefs.sampling import sample
 from lmprefs.tasks import apply_penalty, decode, format_queries, show, truncate_responses
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards, make_kl_controller, ppo_update
 
-ScoreFn = Callable[[Tensor, Tensor], Tensor]  # (formatted queries [B, Q'], truncated responses [B, T]) -> [B]
+# (formatted queries [B, Q'], truncated responses [B, T], FrozenPrefix of the rollout or None) -> scores [B]
+ScoreFn = Callable[[Tensor, Tensor, FrozenPrefix | None], Tensor]
 
 
 class AndonStop(RuntimeError):
@@ -38,9 +46,11 @@ class AndonStop(RuntimeError):
 
 
 def rm_score_fn(rm) -> ScoreFn:
-    def score(queries: Tensor, responses: Tensor) -> Tensor:
+    """Scores from a reward model; a reward adapter on the policy's base reuses the rollout's frozen prefix."""
+
+    def score(queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
         with torch.no_grad():
-            return rm(queries, responses).float()
+            return rm(queries, responses, prefix).float()
 
     return score
 
@@ -48,7 +58,7 @@ def rm_score_fn(rm) -> ScoreFn:
 def text_score_fn(fn: Callable[[list[str]], list[float]], tok) -> ScoreFn:
     """A reward on the response text (e.g. VADER): the paper's 'direct access to the true reward'."""
 
-    def score(queries: Tensor, responses: Tensor) -> Tensor:
+    def score(queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
         return torch.tensor(fn(decode(tok, responses)), dtype=torch.float32, device=responses.device)
 
     return score
@@ -86,8 +96,9 @@ class PolicyRun:
         self.best_score_ema, self.score_ema = s["best_score_ema"], s["score_ema"]
 
 
-def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float, vocab: int) -> Tensor:
-    _, logits = response_logits_hidden(ref_lm, queries, responses)
+def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float, vocab: int,
+                 prefix: FrozenPrefix | None = None) -> Tensor:  # fmt: skip
+    _, logits = response_logits_hidden(ref_lm, queries, responses, prefix)
     return logprobs_and_entropy(logits, responses, temperature, vocab)[0]
 
 
@@ -103,13 +114,16 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         with using(policy.lm, policy.adapter):
             responses, logprobs, hidden = sample(policy.lm, q, task.response_length, task.temperature,
                                                  policy.vocab, run.gen_sample, return_hidden=True)  # fmt: skip
-        values = policy.values_from(q, responses, hidden)
+        # with LoRA in the top blocks, the frozen blocks below run once here for the reference, the reward model
+        # and every PPO epoch of this batch (None when all blocks train)
+        prefix = frozen_prefix(policy.lm, torch.cat([q, responses], dim=1))
+        values = policy.values_from(q, responses, hidden, prefix)
         with using(policy.lm, None):  # with LoRA the reference is the shared base, adapters off
-            ref = ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab)
+            ref = ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab, prefix)
     logprobs, values, ref = logprobs.float(), values.float(), ref.float()
     post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
     with autocast(device, dtype):
-        raw = score_fn(q, post).float()
+        raw = score_fn(q, post, prefix).float()
     scores = apply_penalty(raw, post, task)
     rewards, non_score, kl = kl_penalized_rewards(logprobs, ref, scores, run.kl_ctl.value)  # 4.
     stats = {  # record_step_stats (train_policy.py#L241)
@@ -120,7 +134,7 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         "objective/score_total": (non_score.sum(1) + scores).mean().item(),
         "objective/penalized_fraction": (scores != raw).float().mean().item(),
     }
-    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards)
+    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards, prefix)
     return rollout, stats, {"responses": post, "kl": kl.sum(1)}
 
 
@@ -213,8 +227,8 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
             g["lr"] = lr
         rollout, stats, extra = make_rollout(run, score_fn, run.stream.next(B), cfg, prefix, suffix, device, dtype)
         run.policy.train()
-        stats |= ppo_update(lambda mb: run.policy(mb.queries, mb.responses), run.optimizer, rollout, cfg.ppo,
-                            run.gen_ppo, autocast=lambda: autocast(device, dtype))  # fmt: skip
+        stats |= ppo_update(lambda mb: run.policy(mb.queries, mb.responses, mb.prefix), run.optimizer, rollout,
+                            cfg.ppo, run.gen_ppo, autocast=lambda: autocast(device, dtype))  # fmt: skip
         run.policy.eval()
         run.kl_ctl.update(stats["objective/kl"], B)  # 6.
         run.update += 1

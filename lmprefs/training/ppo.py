@@ -178,10 +178,12 @@ class Rollout:
     values: Tensor  # [B, T] V_old
     scores: Tensor  # [B] reward-model score after truncation/penalty
     rewards: Tensor  # [B, T] -kl_coef * KL, plus the score on the last token
+    prefix: object = None  # FrozenPrefix [B, L, d] of query+response, or None: what the forward may reuse
 
     def __getitem__(self, idx: Tensor | slice) -> Rollout:
         # not dataclasses.astuple/asdict: they deep-copy every tensor
-        return Rollout(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+        return Rollout(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[idx]
+                          for f in fields(self)})  # fmt: skip
 
     def __len__(self) -> int:
         return self.responses.shape[0]

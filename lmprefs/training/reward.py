@@ -13,24 +13,38 @@ import torch
 from torch import Tensor
 
 from lmprefs.config import Config, TaskConfig
-from lmprefs.models.lm import PAD, RewardModel, autocast
+from lmprefs.models.lm import PAD, FrozenPrefix, RewardModel, autocast, frozen_depth, frozen_prefix, hidden_size
 from lmprefs.sampling import sample
 from lmprefs.tasks import format_queries, truncate_responses
 
 
 @dataclass
 class Comparisons:
-    """Labeled questions as tensors: queries [N, Q] (unformatted, PAD right), samples [N, S, T], labels [N]."""
+    """Labeled questions as tensors: queries [N, Q] (unformatted, PAD right), samples [N, S, T], labels [N], and
+    the store's item id of each question [N] (None when they did not come from a store)."""
 
     queries: Tensor
     samples: Tensor
     best: Tensor
+    items: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.queries)
 
     def __getitem__(self, idx) -> Comparisons:
-        return Comparisons(self.queries[idx], self.samples[idx], self.best[idx])
+        items = None if self.items is None else self.items[idx]
+        return Comparisons(self.queries[idx], self.samples[idx], self.best[idx], items)
+
+
+def heldout_mask(items: Tensor, seed: int, fraction: float) -> Tensor:
+    """[N] bool: whether each item is held out, by a hash of (seed, item id). The split of an item never changes as
+    the store grows (online retrains never train on what an earlier model was evaluated on), and all labels of one
+    item fall on the same side."""
+
+    def u(i: int) -> float:  # a uniform draw in [0, 1) per item
+        return int.from_bytes(hashlib.sha1(f"{seed}:{i}".encode()).digest()[:8], "big") / 2**64
+
+    return torch.tensor([u(i) < fraction for i in items.tolist()], dtype=torch.bool)
 
 
 def tokenizer_id(tok) -> str:
@@ -49,7 +63,7 @@ def _pad(ids: list[int], n: int) -> list[int]:
 def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
     """Store examples -> tensors in `tok`'s ids: the stored ids when they exist for this tokenizer, else the texts
     re-encoded (the original's files are GPT-2 ids; any other model re-tokenizes the decoded text)."""
-    qs, ss, best = [], [], []
+    qs, ss, best, items = [], [], [], []
     for e in examples:
         if e.query_tokens is not None and e.sample_tokens is not None:
             q, s = e.query_tokens, e.sample_tokens
@@ -59,7 +73,8 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
         qs.append(_pad(q, task.query_length))
         ss.append([_pad(x, task.response_length) for x in s])
         best.append(e.best)
-    return Comparisons(torch.tensor(qs), torch.tensor(ss), torch.tensor(best))
+        items.append(e.item_id)
+    return Comparisons(torch.tensor(qs), torch.tensor(ss), torch.tensor(best), torch.tensor(items))
 
 
 @torch.no_grad()
@@ -125,10 +140,37 @@ def evaluate(rm: RewardModel, data: Comparisons, label_type, prefix, suffix, dev
     return {"heldout/loss": float(out["loss"]), "heldout/accuracy": float(out["accuracy"]), "heldout/n": len(data)}
 
 
+def reward_prefixes(rm: RewardModel, data: Comparisons, prefix, suffix, device, dtype, batch_size: int,
+                    bar=None) -> FrozenPrefix | None:  # fmt: skip
+    """The frozen prefix of every (question, sample) row, [N * S, L, d], computed once so that each epoch runs only
+    the adapted top blocks (None when every block trains). Row i * S + j is sample j of question i."""
+    if frozen_depth(rm.lm) == 0:
+        return None
+    S, parts = data.samples.shape[1], []
+    with torch.no_grad():
+        for i in range(0, len(data), batch_size):
+            mb = data[i : i + batch_size]
+            q = format_queries(mb.queries.to(device), prefix, suffix).repeat_interleave(S, 0)
+            with autocast(device, dtype):
+                parts.append(frozen_prefix(rm.lm, torch.cat([q, mb.samples.flatten(0, 1).to(device)], 1)))
+            if bar is not None:
+                bar.update(len(mb))
+    return FrozenPrefix(rm.lm, parts[0].start, torch.cat([p.hidden for p in parts]))
+
+
+def prefix_bytes(rm: RewardModel, data: Comparisons, prefix, suffix) -> int:
+    """What reward_prefixes would hold in memory (fp32 residual stream of every row)."""
+    S = data.samples.shape[1]
+    L = data.queries.shape[1] + len(prefix) + len(suffix) + data.samples.shape[2]
+    return len(data) * S * L * hidden_size(rm.lm) * 4
+
+
 def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, prefix, suffix, device, dtype,
-                log=None, bar=None) -> dict:  # fmt: skip
+                log=None, bar=None, cache: FrozenPrefix | None = None) -> dict:  # fmt: skip
     """train_reward.epochs passes over `data`, each in a fresh random permutation, the LR decaying linearly to 0
-    over all of them (train_reward.py:train l.241-249, which makes one pass)."""
+    over all of them (train_reward.py:train l.241-249, which makes one pass). A minibatch of train_reward.batch_size
+    questions runs as forwards of train_reward.microbatch questions whose gradients add up (the same step, less
+    memory). `cache`: reward_prefixes(data), so the frozen bottom blocks are not run again."""
     from lmprefs.training.optim import TFAdam
 
     params = rm.trainable_parameters()
@@ -137,6 +179,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     opt = TFAdam(params, lr=cfg.train_reward.lr)
     g = torch.Generator().manual_seed(cfg.run.seed)
     n, bs, S = len(data), cfg.train_reward.batch_size, data.samples.shape[1]
+    micro = cfg.train_reward.microbatch or bs
     total = n * cfg.train_reward.epochs
     stats, step = {}, 0
     for epoch in range(cfg.train_reward.epochs):
@@ -144,21 +187,29 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
         for start in range(0, n, bs):
             for group in opt.param_groups:
                 group["lr"] = cfg.train_reward.lr * (1 - (epoch * n + start) / total)
-            mb = data[perm[start : start + bs]]
-            q = format_queries(mb.queries.to(device), prefix, suffix).repeat_interleave(S, 0)  # [b*S, Q']
-            with autocast(device, dtype):
-                rewards = rm(q, mb.samples.flatten(0, 1).to(device)).float().view(len(mb), S)  # [b, S]
-            out = label_type.loss(rewards, {"best": mb.best.to(device)})
+            idx = perm[start : start + bs]
             opt.zero_grad(set_to_none=True)
-            out["loss"].backward()
+            sums = dict.fromkeys(("loss", "error", "accuracy"), 0.0)
+            for m0 in range(0, len(idx), micro):
+                sub = idx[m0 : m0 + micro]
+                mb = data[sub]
+                q = format_queries(mb.queries.to(device), prefix, suffix).repeat_interleave(S, 0)  # [b*S, Q']
+                rows = (sub.unsqueeze(1) * S + torch.arange(S)).flatten()  # this microbatch's rows of the cache
+                pre = cache[rows.to(cache.hidden.device)] if cache is not None else None
+                with autocast(device, dtype):
+                    rewards = rm(q, mb.samples.flatten(0, 1).to(device), pre).float().view(len(mb), S)  # [b, S]
+                out = label_type.loss(rewards, {"best": mb.best.to(device)})
+                (out["loss"] * (len(sub) / len(idx))).backward()  # the mean over the minibatch
+                for k in sums:
+                    sums[k] += float(out[k].detach()) * len(sub) / len(idx)
             opt.step()
-            stats = {f"train_reward/minibatch/{k}": float(out[k].detach()) for k in ("loss", "error", "accuracy")}
+            stats = {f"train_reward/minibatch/{k}": v for k, v in sums.items()}
             stats["train_reward/lr"] = opt.param_groups[0]["lr"]
             if not all(math.isfinite(v) for v in stats.values()):
                 raise FloatingPointError(f"reward-model training diverged at step {step}: {stats}")
             if log is not None and step % max(1, cfg.run.log_interval) == 0:
                 log.scalars(stats, step)
             if bar is not None:
-                bar.update(len(mb))
+                bar.update(len(idx))
             step += 1
     return stats
