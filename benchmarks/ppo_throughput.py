@@ -84,6 +84,9 @@ def parse_args(argv=None):
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="lmprefs' autocast dtype (run.dtype); TRL stays fp32. The issue's targets are for float32; "
+                   "bfloat16 is the flag that says otherwise")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=1800, help="seconds allowed per subprocess")
     p.add_argument(
@@ -187,7 +190,7 @@ def lmprefs_worker(args) -> dict:
         run=RunConfig(
             seed=args.seed,
             device="cpu",
-            dtype="float32",
+            dtype=args.dtype,
             threads=args.threads,
             log_interval=10**9,
             save_interval=10**9,
@@ -580,6 +583,8 @@ def main(argv=None) -> int:
             str(out),
             "--anchor-dir",
             args.anchor_dir,
+            "--dtype",
+            args.dtype,
             *shared_flags,
             *(["--profile-update", "--profile-top", str(args.profile_top), "--steps", "2"] if profile else []),
         ]
@@ -631,7 +636,8 @@ def main(argv=None) -> int:
     print(
         f"settings: batch {args.batch_size}, query {args.query_len}, response {args.response_len}, "
         f"{args.ppo_epochs} epochs x {args.minibatches} minibatches, T {args.temperature}, lr {args.lr}, "
-        f"{args.threads} threads, fp32, reward char-frac:e, {args.steps} updates/run (first = warm-up, excluded)"
+        f"{args.threads} threads, TRL fp32, lmprefs {'fp32' if args.dtype == 'float32' else 'bf16 autocast'}, "
+        f"reward char-frac:e, {args.steps} updates/run (first = warm-up, excluded)"
     )
     summary: dict = {"systems": {}, "ratios": {}}
     if args.reps > 0:

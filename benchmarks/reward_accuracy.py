@@ -8,11 +8,11 @@ What is measured
     2. `collect_labels(t, store, M, labeler="vader")` samples M = max(--labels) + --heldout best-of-4 questions from
        the initial policy into a fresh LabelStore and has the simulated VADER labeler answer them (noiseless:
        labels.labeler_temperature 0, random rate 0; ties broken uniformly at random);
-    3. for every N in --labels, `train_reward_model(t, store, out)` (normalize, one epoch, normalize, evaluate) with
-       labels.num_train = N and labels.heldout_fraction = (H + 0.5) / K, K = the labels in the store (M).
-       train_reward_model holds out int(K * heldout_fraction) = H labels by a permutation seeded with run.seed + 1
-       over ALL K labels, then trains on the first N of the rest; K and the seed are the same for every N, so the
-       held-out set is the same H labels for every N and the training sets are nested. The script checks this: it
+    3. for every N in --labels, `train_reward_model(t, store, out)` (normalize, train_reward.epochs passes,
+       normalize, evaluate) with labels.num_train = N and labels.heldout_fraction = H / K, K = the labels in the
+       store (M). train_reward_model holds out each item whose hash of (run.seed, item id) falls under that fraction
+       (about H labels), then trains on the first N of the rest; K and the seed are the same for every N, so the
+       held-out set is the same for every N and the training sets are nested. The script checks this: it
        fingerprints the held-out tensors that reach `evaluate` in each run.
   Reported per N: held-out accuracy (chance 25%) before and after training, held-out loss, and the reward model's
   training throughput (tokens through forward+backward per second in train_epoch: padded positions of the
@@ -65,6 +65,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1, help="run.seed (sampling, split, training order)")
     p.add_argument("--batch-size", type=int, default=None, help="train_reward.batch_size (default: the preset's)")
     p.add_argument("--lr", type=float, default=None, help="train_reward.lr (default: the preset's)")
+    p.add_argument("--epochs", type=int, default=None, help="train_reward.epochs (default: the preset's)")
+    p.add_argument("--microbatch", type=int, default=None, help="train_reward.microbatch (default: the preset's)")
+    p.add_argument("--lora-rank", type=int, default=None, help="lora.rank, 0 = full fine-tuning (default: preset)")
+    p.add_argument("--lora-layers", type=int, default=None, help="lora.layers (default: the preset's)")
     p.add_argument("--keep-models", action="store_true", help="keep each trained reward model in --out-dir")
     p.add_argument(
         "--store",
@@ -74,6 +78,11 @@ def parse_args(argv=None):
         "when it used the same --heldout and --seed",
     )
     return p.parse_args(argv)
+
+
+def given(**kw) -> dict:
+    """The keyword arguments that were given on the command line (not None)."""
+    return {k: v for k, v in kw.items() if v is not None}
 
 
 def log(msg: str) -> None:
@@ -118,9 +127,9 @@ def main(argv=None) -> int:
         cfg,
         run=R_(cfg.run, dtype=args.dtype, threads=args.threads, device="cpu", seed=args.seed),
         labels=R_(cfg.labels, labeler=args.labeler, labeler_temperature=0.0, labeler_random_rate=0.0),
-        train_reward=R_(
-            cfg.train_reward, **{k: v for k, v in (("batch_size", args.batch_size), ("lr", args.lr)) if v is not None}
-        ),
+        train_reward=R_(cfg.train_reward, **given(batch_size=args.batch_size, lr=args.lr, epochs=args.epochs,
+                                                   microbatch=args.microbatch)),
+        lora=R_(cfg.lora, **given(rank=args.lora_rank, layers=args.lora_layers)),
     )
     H, M = args.heldout, max(ns) + args.heldout
     load0 = os.getloadavg()
@@ -132,7 +141,8 @@ def main(argv=None) -> int:
     print(
         f"preset {args.preset}: model {cfg.task.initial_model}, queries {cfg.task.query_dataset} "
         f"(query {cfg.task.query_length}, response {cfg.task.response_length}), labels {cfg.labels.type} by "
-        f"{args.labeler}, train_reward batch {cfg.train_reward.batch_size} lr {cfg.train_reward.lr}, "
+        f"{args.labeler}, train_reward batch {cfg.train_reward.batch_size} lr {cfg.train_reward.lr} epochs "
+        f"{cfg.train_reward.epochs}, lora rank {cfg.lora.rank} layers {cfg.lora.layers}, "
         f"normalize_samples {cfg.train_reward.normalize_samples}, dtype {args.dtype}, seed {args.seed}"
     )
     print(f"labels N = {ns}, held-out H = {H}, questions needed M = {M}")
@@ -174,7 +184,7 @@ def main(argv=None) -> int:
     # ---- instrumentation: time train_epoch / normalize / evaluate, capture the held-out set ----
     timers: dict[str, float] = {}
     captured: dict = {}
-    orig = {k: getattr(R, k) for k in ("train_epoch", "normalize", "evaluate")}
+    orig = {k: getattr(R, k) for k in ("train_epoch", "normalize", "evaluate", "reward_prefixes")}
 
     def wrap(name):
         def f(*a, **k):
@@ -199,6 +209,7 @@ def main(argv=None) -> int:
         return wrap("evaluate")(rm, data, *a, **k)
 
     R.train_epoch, R.normalize, R.evaluate = train_epoch, wrap("normalize"), evaluate
+    R.reward_prefixes = wrap("reward_prefixes")  # the frozen blocks, run once before the epochs (LoRA only)
 
     def fingerprint(c) -> str:
         h = hashlib.sha1()
@@ -209,7 +220,7 @@ def main(argv=None) -> int:
     score_fn = SCORE_FNS[args.labeler]
     rows, ceiling = [], None
     for n in ns:
-        cfg_n = R_(cfg, labels=R_(cfg.labels, num_train=n, heldout_fraction=(H + 0.5) / total))
+        cfg_n = R_(cfg, labels=R_(cfg.labels, num_train=n, heldout_fraction=H / total))
         t_n = dataclasses.replace(t, cfg=cfg_n)
         timers.clear()
         captured.clear()
@@ -223,9 +234,11 @@ def main(argv=None) -> int:
         train, held = captured["train"], captured["held"]
         S = train.samples.shape[1]
         L = cfg.task.query_length + len(t.prefix) + len(t.suffix) + cfg.task.response_length
-        positions = len(train) * S * L
-        real = int((train.queries >= 0).sum()) * S + int((train.samples >= 0).sum())
-        te = timers.get("train_epoch", float("nan"))
+        epochs = cfg.train_reward.epochs
+        positions = len(train) * S * L * epochs
+        real = (int((train.queries >= 0).sum()) * S + int((train.samples >= 0).sum())) * epochs
+        # training time: the epochs plus the one pass through the frozen bottom blocks that they reuse
+        te = timers.get("train_epoch", float("nan")) + timers.get("reward_prefixes", 0.0)
         if ceiling is None:  # labels' own ceiling: a perfect scorer, ties broken at random
             texts = [decode(t.tok, held.samples[i]) for i in range(len(held))]
             exp_acc = []
