@@ -78,7 +78,7 @@ def test_label_with_the_keyboard_in_chromium(tmp_path):
     assert not problems, problems
     assert len({item for item, _ in answered}) == 5
     with LabelStore(path) as store:
-        rows = store._conn().execute("SELECT item_id, kind, best, note FROM labels ORDER BY id").fetchall()
+        rows = store.connection().execute("SELECT item_id, kind, best, note FROM labels ORDER BY id").fetchall()
     expected = [(item, "label", int(key) - 1, None) for item, key in answered[:3]]
     expected += [(answered[3][0], "skip", None, None), (answered[4][0], "flag", None, "off-topic")]
     assert rows == expected

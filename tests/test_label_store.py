@@ -21,7 +21,7 @@ def store(tmp_path):
 
 
 def test_pragmas_and_no_torch(store, tmp_path):
-    c = store._conn()
+    c = store.connection()
     assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     code = "import sys, lmprefs.labels.store; assert 'torch' not in sys.modules"
@@ -91,7 +91,7 @@ def test_labels_are_validated_and_unique(store):
         store.add_label(i, "alice", kind="flag")
     # the schema itself refuses a second row and a value-less label, whatever the Python code does
     with pytest.raises(sqlite3.IntegrityError):
-        store._conn().execute(
+        store.connection().execute(
             "INSERT INTO labels (item_id, labeler_id, kind, created) VALUES (?, 1, 'label', 0)", (i,)
         )
     store.add_label(r, "alice", score=3)
@@ -136,7 +136,7 @@ def test_agreement_by_hand(store):
 def test_labeler_tokens(store):
     token = store.add_labeler("alice", admin=True)
     assert len(token) >= 40
-    raw = store._conn().execute("SELECT token_hash FROM labelers").fetchall()
+    raw = store.connection().execute("SELECT token_hash FROM labelers").fetchall()
     assert all(token not in str(r) for r in raw)  # only the hash is stored
     who = store.labeler_for_token(token)
     assert who.name == "alice" and who.is_admin

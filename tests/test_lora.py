@@ -159,3 +159,18 @@ def test_lora_rollout_with_the_frozen_prefix_matches_full_forwards():
     with torch.no_grad():
         assert torch.equal(rollout.scores, apply_penalty(rm(q, post), post, cfg.task))  # rows with PAD included
         assert all(torch.equal(a, b) for a, b in zip(policy(q, r, rollout.prefix), policy(q, r), strict=True))
+
+
+def test_gpt2_gelu_runs_as_one_kernel_and_computes_the_same_function(tiny_lm):
+    from transformers import AutoModelForCausalLM
+
+    from lmprefs.assets import resolve_model
+
+    lm, tok = tiny_lm
+    assert lm.config.activation_function == "gelu_pytorch_tanh"
+    reference = AutoModelForCausalLM.from_pretrained(resolve_model("tiny-gpt2")).eval()  # HF's own: gelu_new
+    assert reference.config.activation_function == "gelu_new"
+    q, r = _queries(tok), torch.randint(0, 50000, (2, 6))
+    with torch.no_grad():
+        ours, theirs = response_logits_hidden(lm, q, r)[1], response_logits_hidden(reference, q, r)[1]
+    assert (ours - theirs).abs().max() < 1e-4 and not torch.equal(ours, theirs)

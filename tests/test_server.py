@@ -204,7 +204,7 @@ def test_label_skip_flag_progress_and_an_empty_queue(app, db, tokens):
     assert re.search(r'id="done-count">4</b> labeled · 1 skipped · 1 flagged', html)
     with LabelStore(db) as store:
         assert store.counts_by_labeler()["bob"] == {"label": 4, "skip": 1, "flag": 1}
-        note = store._conn().execute("SELECT note FROM labels WHERE kind = 'flag'").fetchone()[0]
+        note = store.connection().execute("SELECT note FROM labels WHERE kind = 'flag'").fetchone()[0]
         assert note == "gibberish <b>"
 
 
@@ -234,12 +234,12 @@ def test_admin_page_shows_counts_throughput_and_agreement(app, db, tokens):
             store.add_label(item, "dave", best=b)
         store.add_label(2, "erin", kind="flag", note="<b>broken</b>")
         # carol labeled at 20 s intervals an hour ago-ish: 4 labels, 60 s active, so 240 labels per active hour
-        t0 = store._conn().execute("SELECT MIN(created) FROM labels").fetchone()[0] - 7200
-        ids = [r[0] for r in store._conn().execute("SELECT l.id FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+        t0 = store.connection().execute("SELECT MIN(created) FROM labels").fetchone()[0] - 7200
+        ids = [r[0] for r in store.connection().execute("SELECT l.id FROM labels l JOIN labelers b ON b.id = l.labeler_id"
                                                    " WHERE b.name = 'carol' ORDER BY l.id")]  # fmt: skip
         with store.transaction():
             for k, lid in enumerate(ids):
-                store._conn().execute("UPDATE labels SET created = ? WHERE id = ?", (t0 + 20 * k, lid))
+                store.connection().execute("UPDATE labels SET created = ? WHERE id = ?", (t0 + 20 * k, lid))
     html = sign_in(app, tokens["alice"]).get("/admin").text
     assert 'id="agreement">75%<' in html and "over 4 items" in html and "Chance is 25%" in html
     assert 'id="labels-total">8<' in html and 'id="labels-hour">4<' in html

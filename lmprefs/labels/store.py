@@ -192,7 +192,7 @@ class LabelStore:
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
-        self._conn().executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")  # all tables or none
+        self.connection().executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")  # all tables or none
         with self._tx() as c:
             c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             (v,) = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -201,7 +201,10 @@ class LabelStore:
 
     # -- connections and transactions ------------------------------------------------------------------------
 
-    def _conn(self) -> sqlite3.Connection:
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (WAL, foreign keys on), for modules that query the schema directly, such as the
+        web app's queue and statistics. Writes go through `transaction()`; multi-statement reads through
+        `snapshot()`."""
         conn = getattr(self._local, "conn", None)
         if conn is None:
             # isolation_level=None: we issue BEGIN ourselves (BEGIN IMMEDIATE takes the write lock up front, so two
@@ -218,7 +221,7 @@ class LabelStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
+        conn = self.connection()
         depth = self._local.depth
         self._local.depth = depth + 1
         try:
@@ -239,9 +242,9 @@ class LabelStore:
             self._local.depth = depth
 
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
         """One consistent snapshot for a multi-statement read (inside a write transaction, that one)."""
-        conn = self._conn()
+        conn = self.connection()
         if self._local.depth:
             yield conn
             return
@@ -342,7 +345,7 @@ class LabelStore:
 
     def _items(self, where: str, args: tuple) -> list[Item]:
         out = []
-        with self._read() as c:
+        with self.snapshot() as c:
             rows = c.execute(
                 "SELECT i.id, q.text, i.label_type, i.source, i.batch, i.priority, i.want_labels, i.status, i.created"
                 f" FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
@@ -377,15 +380,15 @@ class LabelStore:
 
     def pending_count(self, *, batch: str | None = None) -> int:
         sql = "SELECT COUNT(*) FROM items WHERE status = 'pending' AND (?1 IS NULL OR batch = ?1)"
-        return self._conn().execute(sql, (batch,)).fetchone()[0]
+        return self.connection().execute(sql, (batch,)).fetchone()[0]
 
     def label_types(self) -> list[str]:
-        return [t for (t,) in self._conn().execute("SELECT DISTINCT label_type FROM items ORDER BY label_type")]
+        return [t for (t,) in self.connection().execute("SELECT DISTINCT label_type FROM items ORDER BY label_type")]
 
     def table_counts(self) -> dict[str, int]:
         """Rows per table (for reports, and to check that a failed import changed nothing)."""
         tables = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels")
-        return {t: self._conn().execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}
+        return {t: self.connection().execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in tables}
 
     # -- labels ----------------------------------------------------------------------------------------------
 
@@ -484,7 +487,7 @@ class LabelStore:
         chosen = "SELECT l.id, l.item_id FROM labels l JOIN items i ON i.id = l.item_id"
         chosen += " WHERE l.kind = 'label' AND i.label_type = :type AND l.id > :since"
         args = {"tok": tokenizer, "type": label_type, "since": since_id or 0}
-        with self._read() as c:
+        with self.snapshot() as c:
             labels = c.execute(
                 f"WITH chosen AS ({chosen}) SELECT l.id, l.item_id, b.name, q.text, l.best, l.score, l.difference,"
                 " qt.ids FROM chosen JOIN labels l ON l.id = chosen.id JOIN labelers b ON b.id = l.labeler_id"
@@ -525,7 +528,7 @@ class LabelStore:
     def counts_by_labeler(self) -> dict[str, dict[str, int]]:
         """{labeler: {"label": n, "skip": n, "flag": n}} for every labeler with at least one answer."""
         out: dict[str, dict[str, int]] = {}
-        for name, kind, n in self._conn().execute(
+        for name, kind, n in self.connection().execute(
             "SELECT b.name, l.kind, COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id GROUP BY 1, 2"
         ):
             out.setdefault(name, dict.fromkeys(KINDS, 0))[kind] = n
@@ -534,7 +537,7 @@ class LabelStore:
     def agreement(self) -> Agreement:
         """How often two labelers pick the same best sample, over best_of_N items with >= 2 labels."""
         by_item: dict[int, list[tuple[str, int]]] = defaultdict(list)
-        for item_id, name, best in self._conn().execute(
+        for item_id, name, best in self.connection().execute(
             "SELECT l.item_id, b.name, l.best FROM labels l JOIN labelers b ON b.id = l.labeler_id"
             " WHERE l.kind = 'label' AND l.best IS NOT NULL ORDER BY l.item_id, b.name"
         ):
@@ -568,7 +571,7 @@ class LabelStore:
 
     def labeler_for_token(self, token: str) -> Labeler | None:
         row = (
-            self._conn()
+            self.connection()
             .execute("SELECT id, name, is_admin, created FROM labelers WHERE token_hash = ?", (_sha(token),))
             .fetchone()
         )

@@ -65,6 +65,11 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     for key in list(cfg.to_dict()):
         if ("dropout" in key or "pdrop" in key) and isinstance(getattr(cfg, key, None), float):
             setattr(cfg, key, 0.0)
+    if getattr(cfg, "activation_function", None) == "gelu_new":
+        # GPT-2's GELU is the tanh approximation (the original's model.py:gelu); HF's "gelu_new" spells it as five
+        # elementwise ops in Python, "gelu_pytorch_tanh" as one kernel: the same function (|dlogprob| ~1e-6), ~5%
+        # faster PPO steps on the benchmark's GPT-2
+        cfg.activation_function = "gelu_pytorch_tanh"
     model = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch.float32).to(device).eval()
     tok = AutoTokenizer.from_pretrained(path)
     return model, tok

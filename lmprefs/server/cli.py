@@ -38,7 +38,7 @@ def cmd_serve(argv: list[str]) -> int:
     if a.lease_minutes <= 0:
         raise UserError(f"--lease-minutes {a.lease_minutes}: must be positive")
     store = _existing_store(a.db)
-    tokens = store._conn().execute("SELECT COUNT(*) FROM labelers WHERE token_hash IS NOT NULL").fetchone()[0]
+    tokens = store.connection().execute("SELECT COUNT(*) FROM labelers WHERE token_hash IS NOT NULL").fetchone()[0]
     pending = store.pending_count(batch=a.batch)
     store.close()
 
@@ -95,14 +95,14 @@ def cmd_labelers(argv: list[str]) -> int:
     store = _existing_store(a.db)
     if a.action == "revoke":
         with store.transaction():
-            cur = store._conn().execute("UPDATE labelers SET token_hash = NULL WHERE name = ?", (a.name,))
+            cur = store.connection().execute("UPDATE labelers SET token_hash = NULL WHERE name = ?", (a.name,))
         if cur.rowcount == 0:
             raise UserError(f"no labeler named {a.name!r} in {a.db}; `lmprefs labelers list` shows them")
         print(f"revoked the token of {a.name!r}; their open sessions end at their next request")
         return 0
 
     counts = store.counts_by_labeler()
-    rows = store._conn().execute("SELECT name, is_admin, token_hash IS NOT NULL FROM labelers ORDER BY name")
+    rows = store.connection().execute("SELECT name, is_admin, token_hash IS NOT NULL FROM labelers ORDER BY name")
     print(f"{'name':24s} {'role':8s} {'token':6s} {'labels':>7s} {'skips':>6s} {'flags':>6s}")
     for name, is_admin, has_token in rows:
         c = counts.get(name, {})

@@ -47,7 +47,7 @@ class Queue:
 
     def _answered(self, item_id: int, labeler: str) -> bool:
         return (
-            self.store._conn()
+            self.store.connection()
             .execute(
                 "SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = ? AND b.name = ?",
                 (item_id, labeler),
@@ -68,7 +68,7 @@ class Queue:
                 leased = Counter(item for name, (item, _) in self._current.items() if name != labeler)
                 # at most len(leased) candidates can be blocked, so one more is enough to find a free one
                 rows = (
-                    self.store._conn()
+                    self.store.connection()
                     .execute(_CANDIDATES, {"batch": self.batch, "labeler": labeler, "limit": sum(leased.values()) + 1})
                     .fetchall()
                 )
@@ -87,7 +87,7 @@ class Queue:
                 del self._current[labeler]
 
     def progress(self, labeler_id: int, labeler: str) -> Progress:
-        c = self.store._conn()
+        c = self.store.connection()
         kinds = dict(c.execute("SELECT kind, COUNT(*) FROM labels WHERE labeler_id = ? GROUP BY kind", (labeler_id,)))
         (remaining,) = c.execute("SELECT COUNT(*) " + _OPEN, {"batch": self.batch, "labeler": labeler}).fetchone()
         return Progress(kinds.get("label", 0), kinds.get("skip", 0), kinds.get("flag", 0), remaining)

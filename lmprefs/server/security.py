@@ -143,7 +143,7 @@ def signed_in(request: Request) -> User:
         raise NotSignedIn
     # re-read the labeler each time: a revoked token or a changed admin flag takes effect at once
     sql = "SELECT name, is_admin FROM labelers WHERE id = ? AND token_hash = ?"
-    row = st.store._conn().execute(sql, (session.labeler_id, session.token_hash)).fetchone()
+    row = st.store.connection().execute(sql, (session.labeler_id, session.token_hash)).fetchone()
     if row is None:
         st.sessions.close(session.sid)
         raise NotSignedIn

@@ -60,7 +60,7 @@ def _throughput(answers: list[tuple[str, float]], gaps: list[float], now: float)
 def labeler_rows(store: LabelStore, now: float | None = None) -> tuple[list[LabelerRow], Throughput]:
     """One row per registered labeler (with or without answers), and the totals over everyone."""
     now = time.time() if now is None else now
-    with store._read() as c:  # one snapshot, so the totals equal the sum of the rows
+    with store.snapshot() as c:  # one snapshot, so the totals equal the sum of the rows
         labelers = c.execute(
             "SELECT id, name, is_admin, token_hash IS NOT NULL FROM labelers ORDER BY name"
         ).fetchall()
@@ -90,7 +90,7 @@ def labeler_rows(store: LabelStore, now: float | None = None) -> tuple[list[Labe
 def recent_flags(store: LabelStore, limit: int = 20) -> list[tuple[int, str, str | None, float, str]]:
     """(item id, labeler, note, time, query) of the latest flags, newest first: what labelers found broken."""
     return (
-        store._conn()
+        store.connection()
         .execute(
             "SELECT l.item_id, b.name, l.note, l.created, q.text FROM labels l JOIN labelers b ON b.id = l.labeler_id"
             " JOIN items i ON i.id = l.item_id JOIN queries q ON q.id = i.query_id WHERE l.kind = 'flag'"
