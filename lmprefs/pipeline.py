@@ -152,11 +152,11 @@ def load_examples(cfg: Config, store, tok):
 
 
 def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object, dict]:
-    """Normalize, train one epoch, normalize, evaluate on held-out labels, save to out_dir. -> (rm, summary)."""
+    """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
+    -> (rm, summary). Held out: the items whose hash of (run.seed, item id) falls under labels.heldout_fraction."""
     from lmprefs.labels.types import get as get_label_type
-    from lmprefs.models.lm import RewardModel, save_reward_model
+    from lmprefs.models.lm import RewardModel, frozen_depth, save_reward_model
     from lmprefs.runlog import progress
-    from lmprefs.models.lm import frozen_depth
     from lmprefs.training.reward import evaluate, heldout_mask, normalize, prefix_bytes, reward_prefixes, train_epoch
 
     cfg = t.cfg

@@ -174,3 +174,24 @@ def test_gpt2_gelu_runs_as_one_kernel_and_computes_the_same_function(tiny_lm):
     with torch.no_grad():
         ours, theirs = response_logits_hidden(lm, q, r)[1], response_logits_hidden(reference, q, r)[1]
     assert (ours - theirs).abs().max() < 1e-4 and not torch.equal(ours, theirs)
+
+
+def test_ppo_update_on_the_frozen_prefix_equals_the_full_forward():
+    cfg = preset("tiny")
+    cfg = R(cfg, lora=R(cfg.lora, rank=4, layers=1))
+
+    def one_update(use_prefix: bool) -> dict:
+        t = setup_task(cfg, n_heldout=8)
+        add_adapter(t.model, cfg.lora, "policy")
+        policy = Policy(t.model, t.tok, cfg.task.temperature, adapter="policy")
+        run = build_run(cfg, policy, QueryStream(t.train_queries, 1), t.device)
+        rollout, _, _ = make_rollout(run, lambda q, r, _: (r < 25000).float().mean(1), run.stream.next(16), cfg,
+                                     [], [], t.device, t.dtype)  # fmt: skip
+        stats = ppo_update(lambda mb: policy(mb.queries, mb.responses, mb.prefix if use_prefix else None),
+                           run.optimizer, rollout, cfg.ppo, run.gen_ppo)  # fmt: skip
+        return {"stats": stats, "adapters": {k: v.clone() for k, v in t.model.state_dict().items() if ".B." in k}}
+
+    a, b = one_update(True), one_update(False)
+    assert a["stats"] == b["stats"]
+    assert all(torch.equal(v, b["adapters"][k]) for k, v in a["adapters"].items())
+    assert any(v.abs().sum() > 0 for v in a["adapters"].values())  # the update did move the adapters
