@@ -220,7 +220,19 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
     if reward and reward != "model":
         if reward not in SCORE_FNS:
             raise UserError(f"--reward {reward!r}: choose model or one of {', '.join(sorted(SCORE_FNS))}")
-        return text_score_fn(SCORE_FNS[reward], t.tok), {"reward": reward}
+        # normalized like a reward model (mean 0, std 1 on initial-policy samples), so that kl_coef and the KL
+        # target weigh it as they weigh a learned reward: in `experiment mock-sentiment` (quickstart preset), raw
+        # VADER took the true reward from 0.166 to 0.308 where a 1000-label reward model reached 0.603
+        from lmprefs.tasks import decode
+        from lmprefs.training.reward import normalization_samples
+
+        gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 2)
+        _, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+        raw = torch.tensor(SCORE_FNS[reward](decode(t.tok, r)), dtype=torch.float64)
+        mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
+        print(f"reward {reward}: normalized with mean {mean:+.4f}, std {std:.4f} of {len(r)} initial-policy samples",
+              flush=True)  # fmt: skip
+        return text_score_fn(SCORE_FNS[reward], t.tok, mean, std), {"reward": reward}
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
     if cfg.rewards.trained_model and not (rm_dir / "reward_head.safetensors").is_file():
         raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (no reward_head.safetensors)")

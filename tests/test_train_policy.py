@@ -159,3 +159,19 @@ def test_andon_cord_stops_on_kl_ceiling_and_saves_state(tmp_path):
     assert rc == 3
     assert "kl_stop" in (tmp_path / "ANDON").read_text()
     assert (tmp_path / "checkpoint" / "state.pt").is_file()
+
+
+def test_direct_reward_is_normalized_on_initial_policy_samples(tmp_path):
+    from lmprefs.pipeline import reward_for_policy
+    from lmprefs.tasks import format_queries
+    from lmprefs.training.reward import normalization_samples
+
+    cfg = preset("tiny")
+    cfg = R(cfg, train_reward=R(cfg.train_reward, normalize_samples=64))
+    t = setup_task(cfg, n_heldout=8)
+    score, info = reward_for_policy(t, tmp_path, "vader", None, False)
+    assert info == {"reward": "vader"}
+    gen = torch.Generator().manual_seed(cfg.run.seed + 2)  # the samples it normalized on
+    q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+    s = score(format_queries(q, t.prefix, t.suffix), r).double()
+    assert abs(s.mean().item()) < 1e-5 and abs(s.std(unbiased=False).item() - 1) < 1e-4

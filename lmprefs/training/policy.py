@@ -55,11 +55,13 @@ def rm_score_fn(rm) -> ScoreFn:
     return score
 
 
-def text_score_fn(fn: Callable[[list[str]], list[float]], tok) -> ScoreFn:
-    """A reward on the response text (e.g. VADER): the paper's 'direct access to the true reward'."""
+def text_score_fn(fn: Callable[[list[str]], list[float]], tok, mean: float = 0.0, std: float = 1.0) -> ScoreFn:
+    """A reward on the response text (e.g. VADER): the paper's 'direct access to the true reward', as
+    (fn(text) - mean) / std."""
 
     def score(queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
-        return torch.tensor(fn(decode(tok, responses)), dtype=torch.float32, device=responses.device)
+        raw = torch.tensor(fn(decode(tok, responses)), dtype=torch.float32, device=responses.device)
+        return (raw - mean) / std
 
     return score
 

@@ -109,11 +109,10 @@ def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, prefix, suff
     return torch.cat(out)
 
 
-def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, prefix, suffix, gen, device, dtype) -> dict:
-    """Set gain and bias so rewards of initial-policy samples have mean 0 and std 1 (train_reward.py:normalize;
-    rewards.py:set_reward_norm). The samples are untruncated, as the original's normalization samples are."""
-    n = cfg.train_reward.normalize_samples
-    q = queries[:n]
+def normalization_samples(model, tok, queries: Tensor, cfg: Config, prefix, suffix, gen, device, dtype):
+    """(queries [n, Q], responses [n, T]): train_reward.normalize_samples untruncated samples of the initial policy,
+    as the original's normalization draws them (train_reward.py:normalize)."""
+    q = queries[: cfg.train_reward.normalize_samples]
     responses = []
     with torch.no_grad():
         for i in range(0, len(q), cfg.train_reward.rollout_batch_size):
@@ -122,7 +121,13 @@ def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, prefix,
                 r, _ = sample(model, format_queries(qb, prefix, suffix), cfg.task.response_length,
                               cfg.task.temperature, len(tok), gen)  # fmt: skip
             responses.append(r.cpu())
-    responses = torch.cat(responses)
+    return q, torch.cat(responses)
+
+
+def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, prefix, suffix, gen, device, dtype) -> dict:
+    """Set gain and bias so rewards of initial-policy samples have mean 0 and std 1 (train_reward.py:normalize;
+    rewards.py:set_reward_norm). The samples are untruncated, as the original's normalization samples are."""
+    q, responses = normalization_samples(model, tok, queries, cfg, prefix, suffix, gen, device, dtype)
     r = rm_rewards(rm, q, responses, prefix, suffix, device, dtype).double()
     mean, std = r.mean().item(), r.std(unbiased=False).item()  # np.mean / np.std of the original
     rm.set_norm(mean, std)
