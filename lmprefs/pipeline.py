@@ -221,8 +221,9 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
         if reward not in SCORE_FNS:
             raise UserError(f"--reward {reward!r}: choose model or one of {', '.join(sorted(SCORE_FNS))}")
         # normalized like a reward model (mean 0, std 1 on initial-policy samples), so that kl_coef and the KL
-        # target weigh it as they weigh a learned reward: in `experiment mock-sentiment` (quickstart preset), raw
-        # VADER took the true reward from 0.166 to 0.308 where a 1000-label reward model reached 0.603
+        # target weigh it as they weigh a learned reward. VADER's std on those samples is 0.39 (quickstart preset),
+        # and in `experiment mock-sentiment` raw VADER took the true reward from 0.166 to 0.308, normalized to 0.490
+        # (a 1000-label reward model: 0.603; 2026-11-21)
         from lmprefs.tasks import decode
         from lmprefs.training.reward import normalization_samples
 
