@@ -309,7 +309,8 @@ def cmd_quickstart(argv: list[str]) -> int:
     print(f"\nreward model held-out accuracy: {st['rm_accuracy']:.3f} (chance 0.25)")
     print(f"true reward (VADER) on {f['n_queries']} held-out queries: {b['mean']:+.4f} +/- {b['stderr']:.4f} -> "
           f"{f['mean']:+.4f} +/- {f['stderr']:.4f} ({(f['mean'] - b['mean']) / se if se else float('nan'):+.1f} s.e.)")
-    print(f"final KL {st['kl']:.2f} nats (target {cfg.rewards.kl_target}), beta {st['beta']:.4f}; "
+    print(f"final KL {st['kl_heldout']:.2f} nats on the held-out samples (target {cfg.rewards.kl_target}; last "
+          f"training batch {st['kl']:.2f}), beta {st['beta']:.4f}; "
           f"total {sum(out['stages'].values()):.0f}s")
     print(f"report: {out['report']}")
     return 0

@@ -20,9 +20,11 @@ from lmprefs.pipeline import Task
 
 @torch.no_grad()
 def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None, samples_per_query: int,
-                    seed: int, batch_size: int = 64, desc: str = "evaluating") -> dict:  # fmt: skip
+                    seed: int, batch_size: int = 64, desc: str = "evaluating", ref_model=None) -> dict:  # fmt: skip
     """True reward of a policy on held-out queries: mean and standard error over queries (each query's reward is
-    the mean over its samples), with the texts of the first sample of each query."""
+    the mean over its samples), with the texts of the first sample of each query. With `ref_model` (the initial
+    policy: adapters off), also the KL of the policy from it, sum over the response of logp - logp_ref as in
+    objective/kl, averaged over every sample: a steadier figure than the last training batch's."""
     from lmprefs.models.lm import autocast
     from lmprefs.models.lora import using
     from lmprefs.runlog import progress
@@ -31,13 +33,19 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
 
     task = t.cfg.task
     gen = torch.Generator(device=t.device).manual_seed(seed)
-    per_query, texts = [], []
+    per_query, texts, kls = [], [], []
     bar = progress(len(queries), desc)
     for i in range(0, len(queries), max(1, batch_size // samples_per_query)):
         q = queries[i : i + max(1, batch_size // samples_per_query)].to(t.device)
         rep = format_queries(q.repeat_interleave(samples_per_query, 0), t.prefix, t.suffix)
         with autocast(t.device, t.dtype), using(t.model, adapter):
-            r, _ = sample(t.model, rep, task.response_length, task.temperature, len(t.tok), gen)
+            r, logp = sample(t.model, rep, task.response_length, task.temperature, len(t.tok), gen)
+        if ref_model is not None:
+            from lmprefs.training.policy import ref_logprobs
+
+            with autocast(t.device, t.dtype), using(ref_model, None):
+                ref = ref_logprobs(ref_model, rep, r, task.temperature, len(t.tok))
+            kls += (logp.float() - ref.float()).sum(1).tolist()
         post = truncate_responses(r, task.truncate_token, task.truncate_after)
         resp = decode(t.tok, post)
         scores = torch.tensor(true_fn(resp)).view(len(q), samples_per_query)
@@ -46,8 +54,12 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
         bar.update(len(q))
     bar.close()
     x = torch.tensor(per_query, dtype=torch.float64)
-    return {"mean": x.mean().item(), "stderr": (x.std() / math.sqrt(len(x))).item(), "n_queries": len(x),
-            "samples_per_query": samples_per_query, "per_query": per_query, "texts": texts}  # fmt: skip
+    out = {"mean": x.mean().item(), "stderr": (x.std() / math.sqrt(len(x))).item(), "n_queries": len(x),
+           "samples_per_query": samples_per_query, "per_query": per_query, "texts": texts}  # fmt: skip
+    if kls:
+        k = torch.tensor(kls, dtype=torch.float64)
+        out |= {"kl": k.mean().item(), "kl_stderr": (k.std() / math.sqrt(len(k))).item()}
+    return out
 
 
 def plot_curves(metrics: list[dict], out: Path) -> list[str]:
@@ -89,7 +101,9 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
         f"| true reward, final policy | {after['mean']:+.4f} +/- {after['stderr']:.4f} |",
         f"| improvement | {gain:+.4f} ({gain / se if se > 0 else float('nan'):.1f} standard errors) |",
         f"| evaluation | {after['n_queries']} held-out queries x {after['samples_per_query']} samples |",
-        f"| final KL (nats) / target | {figures.get('kl', float('nan')):.2f} / {cfg.rewards.kl_target} |",
+        f"| KL of the final policy on the held-out samples (nats) / target | {after.get('kl', float('nan')):.2f} "
+        f"+/- {after.get('kl_stderr', float('nan')):.2f} / {cfg.rewards.kl_target} |",
+        f"| KL of the last training batch (objective/kl) | {figures.get('kl', float('nan')):.2f} |",
         f"| final beta | {figures.get('beta', float('nan')):.4f} |", "",
         "| stage | seconds |", "|---|---|", *[f"| {k} | {v:.0f} |" for k, v in stages.items()],
         f"| total | {sum(stages.values()):.0f} |", "",
@@ -104,7 +118,8 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
     path.write_text("\n".join(lines))
     (run_dir / "report.json").write_text(json.dumps({"figures": figures, "stages": stages,
         "true_reward_before": {k: before[k] for k in ("mean", "stderr", "n_queries")},
-        "true_reward_after": {k: after[k] for k in ("mean", "stderr", "n_queries")}}, indent=1))  # fmt: skip
+        "true_reward_after": {k: after[k] for k in ("mean", "stderr", "n_queries")},
+        "kl_after": {k: after.get(k) for k in ("kl", "kl_stderr")}}, indent=1))  # fmt: skip
     return path
 
 
@@ -166,11 +181,11 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     # with LoRA the trained policy is an adapter on t.model; with full fine-tuning it is its own copy
     final = t if policy.adapter else Task(**{**t.__dict__, "model": policy.lm})
     after = evaluate_policy(final, heldout, true_fn, policy.adapter, eval_samples, cfg.run.seed + 5,
-                            desc="final policy")  # fmt: skip
+                            desc="final policy", ref_model=t.model)  # fmt: skip
     stages["evaluate final"] = time.time() - s
 
     figures = {"rm_accuracy": rm_summary.get("heldout/accuracy", float("nan")), "rm_heldout": rm_summary["labels_heldout"],
-               "rm_train": rm_summary["labels_train"], "kl": stats["objective/kl"], "beta": stats["objective/kl_coef"],
+               "rm_train": rm_summary["labels_train"], "kl": stats["objective/kl"], "kl_heldout": after.get("kl"), "beta": stats["objective/kl_coef"],
                "score": stats["objective/score"]}  # fmt: skip
     plot_curves(read_jsonl(run_dir / "metrics.jsonl"), run_dir)
     report = write_report(run_dir, cfg, figures, stages, before, after, heldout, t.tok)

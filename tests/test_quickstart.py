@@ -19,6 +19,8 @@ def test_quickstart_pipeline_end_to_end_on_tiny(tmp_path, capsys):
     nums = [rep["figures"]["rm_accuracy"], rep["figures"]["kl"], rep["figures"]["beta"],
             *rep["true_reward_before"].values(), *rep["true_reward_after"].values(), *rep["stages"].values()]  # fmt: skip
     assert all(math.isfinite(x) for x in nums), rep
+    # KL of the trained policy from the initial one on the held-out samples: a mean of sums of logp - logp_ref
+    assert rep["kl_after"]["kl"] > 0 and rep["kl_after"]["kl_stderr"] > 0 and rep["figures"]["kl_heldout"] > 0
     text = (run_dir / "report.md").read_text()
     assert "true reward, final policy" in text and "before (" in text and "after (" in text
     # a second quickstart into the same directory is refused rather than mixed in
