@@ -327,7 +327,8 @@ PRESETS: dict[str, tuple[str, Config]] = {
             # after 20 updates); without it, +10.1 s.e. at KL 4.8 (2026-11-21, see the README).
             task=R(AUSTEN_SENTIMENT.task, truncate_token=None),
             # 800 labels: the reward model reached 45.7% held-out best-of-4 accuracy (105 held out) where 400 gave
-            # 35.3%; the benchmark's 1000 give 57.2% (benchmarks/RESULTS.md); 3 epochs at lr 2e-3, as more epochs overfit.
+            # 35.3% (44 held out); the benchmark's 1000 give 57.2% (benchmarks/RESULTS.md). 3 epochs at lr 2e-3:
+            # more epochs overfit.
             labels=R(AUSTEN_SENTIMENT.labels, num_train=800),
             train_reward=R(AUSTEN_SENTIMENT.train_reward, lr=2e-3, epochs=3, normalize_samples=64),
             # lr 1.5e-3: with the 800-label reward model, 2e-3 ended at KL 6.40 (over the target of 6) and 1.5e-3 at

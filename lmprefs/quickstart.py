@@ -185,7 +185,8 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     stages["evaluate final"] = time.time() - s
 
     figures = {"rm_accuracy": rm_summary.get("heldout/accuracy", float("nan")), "rm_heldout": rm_summary["labels_heldout"],
-               "rm_train": rm_summary["labels_train"], "kl": stats["objective/kl"], "kl_heldout": after.get("kl"), "beta": stats["objective/kl_coef"],
+               "rm_train": rm_summary["labels_train"], "kl": stats["objective/kl"], "kl_heldout": after.get("kl"),
+               "beta": stats["objective/kl_coef"],
                "score": stats["objective/score"]}  # fmt: skip
     plot_curves(read_jsonl(run_dir / "metrics.jsonl"), run_dir)
     report = write_report(run_dir, cfg, figures, stages, before, after, heldout, t.tok)
