@@ -193,14 +193,11 @@ def cmd_train_reward(argv: list[str]) -> int:
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-reward-PRESET-TIME)")
     _help_with_config(p, argv, name)
     a = p.parse_args(argv)
-    from lmprefs.pipeline import setup_task, train_reward_model
+    from lmprefs.pipeline import label_source, setup_task, train_reward_model
     from lmprefs.runlog import RunLogger, default_run_dir
 
     cfg = _config(a.preset, pairs, a.config)
-    source = a.db or cfg.labels.source or "labels.sqlite"
-    from lmprefs.pipeline import label_source
-
-    store = label_source(source)
+    store = label_source(a.db or cfg.labels.source or "labels.sqlite")
     run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-reward", a.preset))
     log = RunLogger(run_dir, cfg, subdir="reward_model_logs")
     _, summary = train_reward_model(setup_task(cfg), store, run_dir / "reward_model", log)

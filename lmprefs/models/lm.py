@@ -142,12 +142,16 @@ def _trunk_names(model) -> tuple[str, str, str | None]:
     return blocks, norm, "wpe" if hasattr(trunk, "wpe") else None
 
 
+def trunk_blocks(model) -> nn.ModuleList:
+    """The transformer blocks of a Llama- or GPT-2-style trunk, bottom first."""
+    return getattr(model.base_model, _trunk_names(model)[0])
+
+
 def frozen_depth(model) -> int:
     """Number of bottom blocks that hold no LoRA adapter (0 without LoRA, or with adapters in every block)."""
     from lmprefs.models.lora import LoRALinear
 
-    blocks = getattr(model.base_model, _trunk_names(model)[0])
-    for i, block in enumerate(blocks):
+    for i, block in enumerate(trunk_blocks(model)):
         if any(isinstance(m, LoRALinear) for m in block.modules()):
             return i
     return 0

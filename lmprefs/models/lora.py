@@ -56,9 +56,10 @@ def add_adapter(model: nn.Module, cfg: LoraConfig, name: str, seed: int = 0) -> 
     """Wrap the target layers once (freezing the base), then add adapter `name`; returns its parameters."""
     if not lora_modules(model):
         model.requires_grad_(False)
+        allowed = _top_block_modules(model, cfg.layers)
         targets = [(n, m) for n, m in model.named_modules()
                    if n.split(".")[-1] in cfg.targets and type(m).__name__ in ("Linear", "Conv1D")
-                   and _in_top_blocks(model, n, cfg.layers)]  # fmt: skip
+                   and (allowed is None or id(m) in allowed)]  # fmt: skip
         if not targets:
             raise ValueError(f"lora.targets={cfg.targets} match no Linear layer of {type(model).__name__}")
         for n, m in targets:
@@ -83,15 +84,14 @@ def reset_adapter(model: nn.Module, name: str, seed: int = 0) -> None:
             m.B[name].zero_()
 
 
-def _in_top_blocks(model: nn.Module, name: str, top: int) -> bool:
-    """Whether module `name` sits in one of the top `top` transformer blocks (model.layers.12..., transformer.h.3...)."""
+def _top_block_modules(model: nn.Module, top: int) -> set[int] | None:
+    """ids of the modules inside the top `top` transformer blocks, or None (no restriction) when top <= 0."""
+    from lmprefs.models.lm import trunk_blocks
+
     if top <= 0:
-        return True
-    c = model.config
-    n_layers = getattr(c, "num_hidden_layers", None) or c.n_layer
-    parts = name.split(".")
-    idx = next((int(b) for a, b in zip(parts, parts[1:]) if a in ("layers", "h") and b.isdigit()), None)
-    return idx is not None and idx >= n_layers - top
+        return None
+    blocks = trunk_blocks(model)
+    return {id(m) for block in blocks[max(0, len(blocks) - top) :] for m in block.modules()}
 
 
 @contextlib.contextmanager
