@@ -60,6 +60,11 @@ def test_cli_unknown_key_exits_2_with_a_suggestion(capsys):
     assert "--ppo.nminibatch" in err and "did you mean --ppo.nminibatches" in err and "Traceback" not in err
     assert main(["sample", "--preset", "nope"]) == 2
     assert "unknown preset 'nope'" in capsys.readouterr().err
+    assert main(["train-reward", "tiny", "--train-reward.microbatch", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "train_reward.microbatch=-1 must be >= 0" in err and "Traceback" not in err
+
+
 def test_every_config_field_is_read_somewhere_in_the_package():
     """A knob nobody reads is a lie (torchtune's whiten_rewards, the original's rewards.whiten)."""
     pkg = Path(__file__).parents[1] / "lmprefs"
