@@ -16,7 +16,7 @@ def sample_cli(a: argparse.Namespace, pairs) -> int:
     from lmprefs.models.lm import autocast, load_lm, load_policy, max_positions
     from lmprefs.pipeline import HELDOUT_QUERIES, setup_torch
     from lmprefs.queries import task_queries
-    from lmprefs.sampling import sample
+    from lmprefs.sampling import sample, sampler_options
     from lmprefs.tasks import decode, format_queries, show
 
     if a.n <= 0:
@@ -48,7 +48,7 @@ def sample_cli(a: argparse.Namespace, pairs) -> int:
     queries = pool[pick].to(device)
     with autocast(device, dtype):
         responses, _ = sample(model, format_queries(queries, prefix, suffix), cfg.task.response_length,
-                              temperature, len(tok), gen)  # fmt: skip
+                              temperature, len(tok), gen, **sampler_options(cfg.run))  # fmt: skip
     for q, r in zip(decode(tok, queries), decode(tok, responses)):
         print("=" * 80)
         print(show(q))

@@ -110,12 +110,14 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     gen = torch.Generator(device=t.device).manual_seed(seed)
     t0 = time.time()
     from lmprefs.models.lora import using
+    from lmprefs.sampling import sampler_options
 
     bar = progress(n, "sampling comparisons")
     model = t.model if model is None else model
     with using(model, adapter):
         samples = sample_comparisons(model, t.tok, q, cfg.task, t.prefix, t.suffix, S,
-                                     cfg.train_reward.rollout_batch_size, gen, t.device, t.dtype, bar.update)  # fmt: skip
+                                     cfg.train_reward.rollout_batch_size, gen, t.device, t.dtype, bar.update,
+                                     sampler_options(cfg.run))  # fmt: skip
     bar.close()
     t_sample = time.time() - t0
     tok_name = tokenizer_id(t.tok)

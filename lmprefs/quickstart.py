@@ -28,7 +28,7 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     from lmprefs.models.lm import autocast
     from lmprefs.models.lora import using
     from lmprefs.runlog import progress
-    from lmprefs.sampling import sample
+    from lmprefs.sampling import sample, sampler_options
     from lmprefs.tasks import decode, format_queries, truncate_responses
 
     task = t.cfg.task
@@ -39,7 +39,8 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
         q = queries[i : i + max(1, batch_size // samples_per_query)].to(t.device)
         rep = format_queries(q.repeat_interleave(samples_per_query, 0), t.prefix, t.suffix)
         with autocast(t.device, t.dtype), using(t.model, adapter):
-            r, logp = sample(t.model, rep, task.response_length, task.temperature, len(t.tok), gen)
+            r, logp = sample(t.model, rep, task.response_length, task.temperature, len(t.tok), gen,
+                             **sampler_options(t.cfg.run))
         if ref_model is not None:
             from lmprefs.training.policy import ref_logprobs
 

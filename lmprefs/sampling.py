@@ -4,6 +4,14 @@ at a temperature (top_k=0, top_p=1), logits limited to the real vocabulary, with
 Queries may be padded anywhere (PAD = -1); position ids skip the pads, so a padded and an unpadded query sample
 alike. Draws use one uniform per row and step (inverse CDF), so batches that differ only in padding draw the same
 tokens under the same generator.
+
+Two caches, both transformers' own. Responses have a fixed length, so every shape is known before the first token:
+`cache="static"` preallocates transformers' StaticCache for query + response and feeds each decode step the same
+shapes (the whole 2D attention mask, the causal mask hides the slots not yet written), which is what lets
+`torch.compile` turn the decode step into one graph (CUDA graphs on a GPU: mode "reduce-overhead"). `cache="dynamic"`
+grows a DynamicCache step by step, as transformers' `generate` does by default. Both give the same tokens and
+logprobs up to float rounding (tested; a near-tie in a draw can still flip one token); `cache="auto"` takes the
+static cache on CUDA and the dynamic one on the CPU (benchmarks/gpu_throughput.py times both).
 """
 
 from __future__ import annotations
@@ -14,38 +22,114 @@ from torch import Tensor
 from lmprefs.models.lm import PAD, lm_head, model_inputs
 
 
+def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
+    """One categorical draw per row by inverse CDF: logits [B, V'] and uniforms u [B, 1] -> (token [B, 1],
+    logprob [B, 1]) at `temperature` over the first `vocab` logits."""
+    logp = torch.log_softmax(logits[:, :vocab].float() / temperature, dim=-1)  # [B, V]
+    cdf = logp.exp().cumsum(-1)
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=vocab - 1)  # [B, 1]
+    return tok, logp.gather(-1, tok)
+
+
+def _decode_step(model, tok: Tensor, mask: Tensor, pos: Tensor, past, u: Tensor, temperature: float, vocab: int):
+    """Feed the previous token [B, 1] at positions pos [B, 1]; (hidden [B, d], next token [B, 1], its logprob)."""
+    out = model.base_model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=past, use_cache=True)
+    h = out.last_hidden_state[:, -1]
+    return (h, *_draw(lm_head(model)(h), u, temperature, vocab)), out.past_key_values
+
+
+def _static_step(model, tok, mask, pos, past, u, temperature: float, vocab: int):
+    return _decode_step(model, tok, mask, pos, past, u, temperature, vocab)[0]
+
+
+def sampler_options(run) -> dict:
+    """sample()'s cache/compile keywords from a RunConfig."""
+    return {"cache": run.kv_cache, "compile": run.compile}
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def compiled_step(device_type: str):
+    """The static decode step under torch.compile: on CUDA with CUDA graphs ("reduce-overhead"), the launch cost of
+    a step's ~100 small kernels is paid once. Compiled lazily and once per process (dynamo guards and recompiles
+    per model, batch shape and adapter)."""
+    mode = "reduce-overhead" if device_type == "cuda" else "default"
+    if mode not in _COMPILED:
+        _COMPILED[mode] = torch.compile(_static_step, mode=mode, dynamic=False)
+    return _COMPILED[mode]
+
+
+def _static_cache(model, batch: int, length: int):
+    """transformers' StaticCache for [batch, length], kept on the model and reset between calls: its buffers keep
+    their addresses, so compiled steps (and their CUDA graphs) are reused rather than re-recorded."""
+    from transformers import StaticCache
+
+    key = (batch, length, torch.is_autocast_enabled(), next(model.parameters()).device)
+    held = getattr(model, "_lmprefs_static_cache", None)
+    if held is not None and held[0] == key:
+        held[1].reset()
+        return held[1]
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    model._lmprefs_static_cache = (key, cache)
+    return cache
+
+
+def sampler_mode(cache: str, compile: str | bool, device: torch.device) -> tuple[bool, bool]:
+    """(static cache?, compiled step?) for run.kv_cache / run.compile on `device`: auto compiles on CUDA only (on
+    the CPU a compile costs one to two minutes per shape and measured no faster), and auto takes the static cache
+    when compiling or on CUDA, the dynamic one otherwise."""
+    if cache not in ("auto", "static", "dynamic"):
+        raise ValueError(f"kv_cache={cache!r}: expected auto, static or dynamic")
+    if isinstance(compile, str):
+        if compile not in ("auto", "on", "off"):
+            raise ValueError(f"compile={compile!r}: expected auto, on or off")
+        compile = (device.type == "cuda" and cache != "dynamic") if compile == "auto" else compile == "on"
+    if compile and cache == "dynamic":
+        raise ValueError("run.compile=on compiles the static-cache decode step: use run.kv_cache static or auto")
+    static = cache == "static" or (cache == "auto" and (compile or device.type == "cuda"))
+    return static, compile
+
+
 @torch.no_grad()
 def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
-           generator: torch.Generator | None = None, return_hidden: bool = False):  # fmt: skip
+           generator: torch.Generator | None = None, return_hidden: bool = False, *,
+           cache: str = "auto", compile: str | bool = "off"):  # fmt: skip
     """Sample responses [B, length] and their logprobs [B, length] at `temperature` given queries [B, Q].
     With return_hidden, also the hidden states that predicted each token [B, length, d]: the value head reads
-    them, so a rollout needs no second forward pass (the original's policy.respond returns values this way)."""
+    them, so a rollout needs no second forward pass (the original's policy.respond returns values this way).
+    cache (run.kv_cache) and compile (run.compile): see the module doc and `sampler_mode`."""
     ids, mask, positions = model_inputs(queries)
-    B = queries.shape[0]
-    rows = torch.arange(B, device=queries.device)
-    out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+    B, Q = queries.shape
+    device = queries.device
+    static, compile = sampler_mode(cache, compile, device)
+    if static:
+        past = _static_cache(model, B, Q + length)
+        mask = torch.cat([mask, mask.new_ones(B, length)], dim=1)  # [B, Q+T], the same tensor every step
+    else:
+        past = None
+    out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           past_key_values=past, use_cache=True)  # fmt: skip
     past = out.past_key_values
+    rows = torch.arange(B, device=device)
     last = (queries != PAD).long().cumsum(-1).argmax(-1)  # index of each row's last real token
     h = out.last_hidden_state[rows, last]  # [B, d]
-    next_pos = mask.sum(-1)  # [B] position of the first response token
-    head = lm_head(model)
-    responses, logprobs, hidden = [], [], []
-    for t in range(length):
-        if return_hidden:
-            hidden.append(h)
-        logp = torch.log_softmax(head(h)[:, :vocab].float() / temperature, dim=-1)  # [B, V]
-        cdf = logp.exp().cumsum(-1)
-        u = torch.rand(B, 1, generator=generator, device=cdf.device) * cdf[:, -1:]
-        tok = torch.searchsorted(cdf, u).clamp(max=vocab - 1)  # [B, 1]
+    pos = mask[:, :Q].sum(-1, keepdim=True)  # [B, 1] position of the first response token
+    step = compiled_step(device.type) if compile else _static_step
+    tok, logp = _draw(lm_head(model)(h), torch.rand(B, 1, generator=generator, device=device), temperature, vocab)
+    responses, logprobs, hidden = [tok], [logp], [h]
+    for t in range(1, length):
+        u = torch.rand(B, 1, generator=generator, device=device)
+        if static:
+            if compile and device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            h, tok, logp = (x.clone() for x in step(model, tok, mask, pos + (t - 1), past, u, temperature, vocab))
+        else:
+            mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
+            (h, tok, logp), past = _decode_step(model, tok, mask, pos + (t - 1), past, u, temperature, vocab)
         responses.append(tok)
-        logprobs.append(logp.gather(-1, tok))
-        if t == length - 1:
-            break
-        mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
-        out = model.base_model(input_ids=tok, attention_mask=mask, position_ids=(next_pos + t).unsqueeze(-1),
-                               past_key_values=past, use_cache=True)  # fmt: skip
-        past = out.past_key_values
-        h = out.last_hidden_state[:, -1]
+        logprobs.append(logp)
+        hidden.append(h)
     if return_hidden:
         return torch.cat(responses, 1), torch.cat(logprobs, 1), torch.stack(hidden, 1)
     return torch.cat(responses, 1), torch.cat(logprobs, 1)

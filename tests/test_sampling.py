@@ -1,5 +1,6 @@
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch import nn
 
@@ -68,3 +69,60 @@ def test_left_and_right_padded_batches_sample_the_same_tokens(tiny_lm):
     r2, lp2 = sample(model, left, 10, 0.7, len(tok), torch.Generator().manual_seed(3))
     assert r1.equal(r2)
     assert torch.allclose(lp1, lp2, atol=1e-5)
+
+
+def _padded_queries(tok):
+    rows = [tok(t).input_ids for t in ("It was a truth", "She smiled at him and said", "The rain")]
+    n = max(map(len, rows)) + 1
+    q = [r + [PAD] * (n - len(r)) for r in rows[:2]] + [[PAD] * (n - len(rows[2])) + rows[2]]  # right and left
+    return torch.tensor(q)
+
+
+def test_static_cache_sampler_equals_the_dynamic_one(tiny_lm):
+    """transformers' StaticCache (fixed shapes, what torch.compile and CUDA graphs need) draws the same tokens with
+    the same logprobs and hidden states as the DynamicCache path, padded rows included; and a second call reuses
+    the same preallocated cache."""
+    model, tok = tiny_lm
+    q = _padded_queries(tok)
+    dyn = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="dynamic")
+    st = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="static")
+    cache = model._lmprefs_static_cache[1]
+    again = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="static")
+    assert model._lmprefs_static_cache[1] is cache
+    for a, b, c in zip(dyn, st, again):
+        assert torch.allclose(a.float(), b.float(), atol=1e-5), (a.float() - b.float()).abs().max()
+        assert b.equal(c)
+    assert dyn[0].equal(st[0])
+    with torch.no_grad():  # and the static sampler's logprobs are those of a full forward pass
+        _, logits = response_logits_hidden(model, q, st[0])
+        full, _ = logprobs_and_entropy(logits, st[0], 0.7, len(tok))
+    assert torch.allclose(st[1], full, atol=1e-5)
+
+
+def test_sampler_mode_resolves_auto_by_device():
+    from lmprefs.sampling import sampler_mode
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert sampler_mode("auto", "auto", cpu) == (False, False)
+    assert sampler_mode("auto", "auto", cuda) == (True, True)
+    assert sampler_mode("auto", "on", cpu) == (True, True)
+    assert sampler_mode("static", "off", cuda) == (True, False)
+    assert sampler_mode("dynamic", "auto", cuda) == (False, False)
+    with pytest.raises(ValueError, match="run.kv_cache"):
+        sampler_mode("dynamic", "on", cpu)
+
+
+@pytest.mark.slow
+def test_compiled_static_decode_step_equals_eager(tiny_lm):
+    """torch.compile of the static decode step (about 1-2 min to compile on a 2-core CPU, hence slow) gives the
+    eager sampler's tokens and logprobs, and compiles one graph for all steps and calls."""
+    import torch._dynamo.utils
+
+    model, tok = tiny_lm
+    q = _padded_queries(tok)
+    eager = sample(model, q, 8, 0.7, len(tok), torch.Generator().manual_seed(2), cache="static")
+    torch._dynamo.utils.counters.clear()
+    for _ in range(2):
+        comp = sample(model, q, 8, 0.7, len(tok), torch.Generator().manual_seed(2), cache="static", compile="on")
+        assert comp[0].equal(eager[0]) and torch.allclose(comp[1], eager[1], atol=1e-5)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1

@@ -114,8 +114,9 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
     with autocast(device, dtype):
         # logprobs and values come from the sampling pass itself (policy.respond in the original): no extra forward
         with using(policy.lm, policy.adapter):
-            responses, logprobs, hidden = sample(policy.lm, q, task.response_length, task.temperature,
-                                                 policy.vocab, run.gen_sample, return_hidden=True)  # fmt: skip
+            responses, logprobs, hidden = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab,
+                                                 run.gen_sample, return_hidden=True, cache=cfg.run.kv_cache,
+                                                 compile=cfg.run.compile)  # fmt: skip
         # with LoRA in the top blocks, the frozen blocks below run once here for the reference, the reward model
         # and every PPO epoch of this batch (None when all blocks train)
         prefix = frozen_prefix(policy.lm, torch.cat([q, responses], dim=1))

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from lmprefs.config import Config, TaskConfig
 from lmprefs.models.lm import PAD, FrozenPrefix, RewardModel, autocast, frozen_depth, frozen_prefix, hidden_size
-from lmprefs.sampling import sample
+from lmprefs.sampling import sample, sampler_options
 from lmprefs.tasks import format_queries, truncate_responses
 
 
@@ -79,8 +79,10 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
 
 @torch.no_grad()
 def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, prefix, suffix, n_samples: int,
-                       batch_size: int, gen: torch.Generator, device, dtype, on_batch=None) -> Tensor:  # fmt: skip
+                       batch_size: int, gen: torch.Generator, device, dtype, on_batch=None,
+                       sampler: dict | None = None) -> Tensor:  # fmt: skip
     """n_samples truncated responses per query from the initial policy: [N, n_samples, T] (PAD after truncation).
+    `sampler`: the sampler's cache/compile options (`sampler_options(cfg.run)`).
     Each query is repeated n_samples times within a batch, so the samples of one question come from one pass."""
     out = []
     per = max(1, batch_size // n_samples)
@@ -89,7 +91,7 @@ def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, prefix, su
         rep = q.repeat_interleave(n_samples, 0)
         with autocast(device, dtype):
             r, _ = sample(model, format_queries(rep, prefix, suffix), task.response_length, task.temperature,
-                          len(tok), gen)  # fmt: skip
+                          len(tok), gen, **(sampler or {}))  # fmt: skip
         r = truncate_responses(r, task.truncate_token, task.truncate_after)
         out.append(r.view(len(q), n_samples, -1).cpu())
         if on_batch:
@@ -119,7 +121,7 @@ def normalization_samples(model, tok, queries: Tensor, cfg: Config, prefix, suff
             qb = q[i : i + cfg.train_reward.rollout_batch_size].to(device)
             with autocast(device, dtype):
                 r, _ = sample(model, format_queries(qb, prefix, suffix), cfg.task.response_length,
-                              cfg.task.temperature, len(tok), gen)  # fmt: skip
+                              cfg.task.temperature, len(tok), gen, **sampler_options(cfg.run))  # fmt: skip
             responses.append(r.cpu())
     return q, torch.cat(responses)
 
