@@ -89,7 +89,7 @@ def test_static_cache_sampler_equals_the_dynamic_one(tiny_lm):
     cache = model._lmprefs_static_cache[1]
     again = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="static")
     assert model._lmprefs_static_cache[1] is cache
-    for a, b, c in zip(dyn, st, again):
+    for a, b, c in zip(dyn, st, again, strict=True):
         assert torch.allclose(a.float(), b.float(), atol=1e-5), (a.float() - b.float()).abs().max()
         assert b.equal(c)
     assert dyn[0].equal(st[0])

@@ -1,0 +1,296 @@
+#!/usr/bin/env python
+"""PPO throughput on the original sentiment job's shapes, split by phase, on a GPU (or, smaller, on the CPU).
+
+The original's sentiment run: a GPT-2 124M policy, query 64 / response 24 tokens, batch 512, one minibatch, 4 PPO
+epochs, a GPT-2 124M reward model, 1M episodes (4.8 h on 8 V100s). This script runs lmprefs' own PPO loop
+(lmprefs.training.policy.train_policy) on those shapes with random weights (GPT-2's weights are not available
+offline; `--model smollm2-135m` or any local HF directory uses real ones) and prints:
+
+- episodes/s end to end, and seconds per update split into generation, rollout forwards (values, reference,
+  frozen prefix), scoring (the reward model) and PPO optimisation (4 epochs of forward, backward, Adam);
+- model FLOPs per update (analytic: 2 x block parameters per token forward, x3 for forward+backward, attention,
+  the LM head where it runs) and the utilisation against the GPU's bf16 dense peak (`--peak-tflops` elsewhere);
+- the projected wall time of 1M episodes;
+- beside it, in the same invocation, the sampler alone in each of its modes (dynamic cache, static cache, static
+  cache with the compiled decode step) and Hugging Face `generate` on the same model and batch: the speed a user
+  gets from plain transformers.
+
+    python benchmarks/gpu_throughput.py                      # CUDA: GPT-2 124M, batch 512; CPU: a 4-layer GPT-2
+    python benchmarks/gpu_throughput.py --model smollm2-135m --batch 256
+    python benchmarks/gpu_throughput.py --profile            # also a torch.profiler table of one update
+
+Prints a table and, last, one JSON line (also written to --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# bf16 dense tensor-core peaks (TFLOP/s, no sparsity) by GPU name, for the utilisation figure
+BF16_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0,
+                    "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0}  # fmt: skip
+
+ARCHS = {  # random-weight GPT-2s: the original's 124M, and a small one for CPUs
+    "gpt2-124m": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024),
+    "gpt2-mini": dict(n_layer=4, n_embd=256, n_head=4, n_positions=1024),
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    p.add_argument("--model", default=None,
+                   help="gpt2-124m or gpt2-mini (random weights, the exact GPT-2 tokenizer), an lmprefs asset such as "
+                        "smollm2-135m, or a local HF directory; default gpt2-124m on CUDA, gpt2-mini on the CPU")
+    p.add_argument("--batch", type=int, default=None, help="episodes per update; default 512 (CUDA) / 32 (CPU)")
+    p.add_argument("--query-len", type=int, default=64)
+    p.add_argument("--response-len", type=int, default=24)
+    p.add_argument("--noptepochs", type=int, default=4)
+    p.add_argument("--nminibatches", type=int, default=1)
+    p.add_argument("--updates", type=int, default=None, help="timed PPO updates; default 5 (CUDA) / 2 (CPU)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed updates first (compilation happens there)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="run.compile for the sampler")
+    p.add_argument("--kv-cache", default="auto", choices=["auto", "static", "dynamic"], help="run.kv_cache")
+    p.add_argument("--sampler-reps", type=int, default=3, help="timed calls per sampler mode and for HF generate")
+    p.add_argument("--no-generate", action="store_true", help="skip the sampler-alone and HF generate comparison")
+    p.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak for the utilisation figure")
+    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--profile", action="store_true", help="print a torch.profiler table of one extra update")
+    p.add_argument("--json", default=None, help="also write the result JSON here")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def build_model_dir(arch: str, seed: int) -> str:
+    """A random-weight GPT-2 of `arch` saved with the exact GPT-2 tokenizer, so it loads like any model."""
+    import torch
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from lmprefs.assets import resolve_model
+
+    out = Path(tempfile.mkdtemp(prefix=f"lmprefs-{arch}-"))
+    torch.manual_seed(seed)
+    GPT2LMHeadModel(GPT2Config(vocab_size=50257, **ARCHS[arch])).save_pretrained(out)
+    AutoTokenizer.from_pretrained(resolve_model("tiny-gpt2")).save_pretrained(out)  # GPT-2's own BPE
+    return str(out)
+
+
+def model_flops(model, B: int, Q: int, T: int, noptepochs: int, vocab: int) -> dict:
+    """Analytic model FLOPs of one update: a forward costs 2 x (block parameters) per token, attention
+    2 x 2 x d x (context) per token and layer, the LM head 2 x d x V where logits are needed (response positions);
+    a backward twice the forward."""
+    from lmprefs.models.lm import trunk_blocks
+
+    blocks = trunk_blocks(model)
+    n_block = sum(p.numel() for p in blocks.parameters())
+    d, L, n_layer = model.config.hidden_size, Q + T, len(blocks)
+
+    def fwd(tokens: int, ctx: float, head_positions: int) -> float:
+        return tokens * (2 * n_block + 4 * n_layer * d * ctx) + head_positions * 2 * d * vocab
+
+    full = fwd(B * L, L / 2, 0)  # one pass over query + response
+    gen = fwd(B * Q, Q / 2, 0) + fwd(B * T, Q + T / 2, B * T)  # prefill, then T decode steps with the head
+    out = {"generation": gen, "rollout_forward": full + B * T * 2 * d * vocab,  # reference logprobs
+           "scoring": full, "optimization": 3 * noptepochs * (full + B * T * 2 * d * vocab)}  # fmt: skip
+    out["total"] = sum(out.values())
+    return out
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    import lmprefs
+    from lmprefs.config import RunConfig, preset
+    from lmprefs.models.lm import RewardModel, load_lm
+    from lmprefs.pipeline import Task, policy_for, setup_torch
+    from lmprefs.queries import QueryStream
+    from lmprefs.sampling import sampler_mode
+    from lmprefs.training import policy as P
+
+    cfg0 = preset("sentiment")
+    run_cfg = RunConfig(device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
+                        compile=args.compile, kv_cache=args.kv_cache, log_interval=10**9,
+                        save_interval=10**9)  # fmt: skip
+    device, dtype = setup_torch(run_cfg)
+    cuda = device.type == "cuda"
+    name = args.model or ("gpt2-124m" if cuda else "gpt2-mini")
+    B = args.batch or (512 if cuda else 32)
+    updates = args.updates or (5 if cuda else 2)
+    Q, T = args.query_len, args.response_len
+    model_dir = build_model_dir(name, args.seed) if name in ARCHS else name
+    cfg = replace(
+        cfg0,
+        task=replace(cfg0.task, initial_model=model_dir, query_dataset="bundled", query_length=Q, response_length=T),
+        ppo=replace(cfg0.ppo, batch_size=B, nminibatches=args.nminibatches, noptepochs=args.noptepochs,
+                    score_drop_stop=None, kl_stop=1e9, total_episodes=B * (args.warmup + updates + int(args.profile))),
+        run=run_cfg,
+    )  # fmt: skip
+    model, tok = load_lm(model_dir, device)
+    V = len(tok)
+    gpu = torch.cuda.get_device_name(device) if cuda else None
+    print(f"lmprefs {lmprefs.__version__}, torch {torch.__version__}, device {gpu or 'cpu'}, autocast {dtype}, "
+          f"model {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M), batch {B}, Q {Q}, T {T}, "
+          f"{args.noptepochs} epochs x {args.nminibatches} minibatch, sampler static/compiled = "
+          f"{sampler_mode(args.kv_cache, args.compile, device)}", flush=True)  # fmt: skip
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    g = torch.Generator().manual_seed(args.seed)
+    queries = torch.randint(0, V, (B * (args.warmup + updates + 2), Q), generator=g)
+    t = Task(cfg, device, dtype, model, tok, queries, queries[:0], [], [])
+    policy = policy_for(t)
+    rm = RewardModel(copy.deepcopy(model), tok, seed=args.seed).to(device).freeze().eval()  # the original's RM
+    run = P.build_run(cfg, policy, QueryStream(queries, args.seed), device)
+
+    # ---- phase timers around what the loop calls (synchronising on CUDA so each phase owns its kernels) ----
+    cur: dict[str, float] = defaultdict(float)
+
+    def timed(phase, fn):
+        def wrapper(*a, **k):
+            sync()
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                sync()
+                cur[phase] += time.perf_counter() - t0
+
+        return wrapper
+
+    P.sample = timed("generation", P.sample)
+    P.ref_logprobs = timed("rollout_forward", P.ref_logprobs)
+    P.frozen_prefix = timed("rollout_forward", P.frozen_prefix)
+    policy.values_from = timed("rollout_forward", policy.values_from)
+    score_fn = timed("scoring", P.rm_score_fn(rm))
+    records: list[dict] = []
+    mark = {"t": 0.0}
+    prof = {"p": None}
+
+    def on_update(r, stats):
+        sync()
+        now = time.perf_counter()
+        total = now - mark["t"]
+        rec = {"total": total, **cur}
+        rec["optimization"] = total - sum(v for k, v in cur.items())
+        records.append(rec)
+        cur.clear()
+        if args.profile and r.update == args.warmup + updates:  # profile the one extra update
+            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+            prof["p"] = torch.profiler.profile(activities=acts)
+            prof["p"].start()
+        mark["t"] = time.perf_counter()
+
+    run_dir = Path(tempfile.mkdtemp(prefix="lmprefs-gpu-bench-"))
+
+    class NullLog:
+        def scalars(self, stats, step):
+            pass
+
+        def samples(self, rows, step):
+            pass
+
+    sync()
+    mark["t"] = time.perf_counter()
+    P.train_policy(cfg, run, score_fn, NullLog(), run_dir, [], [], device, dtype, on_update=on_update)
+    if prof["p"] is not None:
+        prof["p"].stop()
+    timed_recs = records[args.warmup : args.warmup + updates]
+    phases = ["generation", "rollout_forward", "scoring", "optimization", "total"]
+    per_update = {k: statistics.median(r.get(k, 0.0) for r in timed_recs) for k in phases}
+    eps = B / per_update["total"]
+    flops = model_flops(model, B, Q, T, args.noptepochs, V)
+    peak = args.peak_tflops or next((v for k, v in BF16_PEAK_TFLOPS.items() if gpu and k in gpu), None)
+    achieved = flops["total"] / per_update["total"] / 1e12
+    res = {
+        "device": gpu or "cpu", "model": name, "batch": B, "query_len": Q, "response_len": T,
+        "noptepochs": args.noptepochs, "nminibatches": args.nminibatches, "dtype": str(dtype).removeprefix("torch."),
+        "sampler": dict(zip(("static", "compiled"), sampler_mode(args.kv_cache, args.compile, device), strict=True)),
+        "updates_timed": len(timed_recs), "episodes_per_s": eps, "seconds_per_update": per_update,
+        "phase_episodes_per_s": {k: B / v for k, v in per_update.items() if v > 0},
+        "model_tflop_per_update": {k: v / 1e12 for k, v in flops.items()},
+        "achieved_tflops": achieved, "bf16_peak_tflops": peak, "mfu": achieved / peak if peak else None,
+        "projected_1M_episodes_min": 1e6 / eps / 60, "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+    }  # fmt: skip
+    print(f"\nPPO, median of {len(timed_recs)} updates after {args.warmup} warm-up: {eps:,.1f} episodes/s, "
+          f"1M episodes in {res['projected_1M_episodes_min']:.1f} min")
+    for k in phases[:-1]:
+        print(f"  {k:16s} {per_update[k]:8.3f} s/update  {100 * per_update[k] / per_update['total']:5.1f}%  "
+              f"{flops[k] / 1e12:8.2f} TFLOP")
+    print(f"  achieved {achieved:.2f} TFLOP/s" + (f", MFU {res['mfu']:.1%} of {peak:.0f}" if peak else ""))
+
+    if not args.no_generate:
+        res["sampler_alone"] = sampler_comparison(args, policy.lm, tok, queries[:B].to(device), cfg, device, dtype)
+    if prof["p"] is not None:
+        key = "cuda_time_total" if cuda else "cpu_time_total"
+        print(prof["p"].key_averages().table(sort_by=key, row_limit=25))
+    line = json.dumps(res)
+    print(line)
+    if args.json:
+        Path(args.json).write_text(line + "\n")
+    return 0
+
+
+def sampler_comparison(args, model, tok, q, cfg, device, dtype) -> dict:
+    """The sampler alone in each mode, and Hugging Face generate on the same model and batch: sequences/s."""
+    import torch
+
+    from lmprefs.models.lm import autocast
+    from lmprefs.sampling import sample
+
+    cuda = device.type == "cuda"
+    B, T, temp = q.shape[0], cfg.task.response_length, cfg.task.temperature
+
+    def bench(fn) -> float:
+        fn()  # warm-up (compiles where asked)
+        times = []
+        for _ in range(args.sampler_reps):
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            if cuda:
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+        return B / statistics.median(times)
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    modes = {"dynamic": ("dynamic", "off"), "static": ("static", "off")}
+    if cuda or args.compile == "on":  # on the CPU a compile takes minutes: only when asked
+        modes["static+compiled"] = ("static", "on")
+    out = {}
+    for label, (cache, comp) in modes.items():
+        with autocast(device, dtype):
+            out[label] = bench(lambda c=cache, m=comp: sample(model, q, T, temp, len(tok), gen, cache=c, compile=m))
+    gcfg = dict(do_sample=True, temperature=temp, top_k=0, top_p=1.0, max_new_tokens=T, min_new_tokens=T,
+                eos_token_id=None, pad_token_id=0)  # fmt: skip
+    mask = torch.ones_like(q)
+    with torch.no_grad(), autocast(device, dtype):
+        out["hf_generate"] = bench(lambda: model.generate(input_ids=q, attention_mask=mask, **gcfg))
+        out["hf_generate_static"] = bench(lambda: model.generate(input_ids=q, attention_mask=mask,
+                                                                 cache_implementation="static", **gcfg))  # fmt: skip
+    print(f"\nsampling alone, batch {B}, {T} tokens (sequences/s, median of {args.sampler_reps}):")
+    for k, v in out.items():
+        print(f"  {k:20s} {v:10,.1f}   {v / out['hf_generate']:5.2f}x HF generate")
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
