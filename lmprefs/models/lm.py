@@ -97,10 +97,23 @@ def model_inputs(tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return ids, mask.long(), positions
 
 
+def attention_mask(model, mask: Tensor) -> Tensor:
+    """The mask to hand an uncached forward: for SDPA attention, the [B, 1, L, L] boolean mask (causal, pads never
+    attended; a pad attends to itself so no softmax row is empty, and its output is never read) that transformers
+    would build from the 2D one, built here because transformers first asks whether the 2D mask is all ones to skip
+    it, a device-to-host sync in every training forward on a GPU. Other attention implementations get the 2D mask."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return mask
+    L = mask.shape[1]
+    keys = torch.ones(L, L, dtype=torch.bool, device=mask.device).tril() & mask.bool()[:, None, None, :]
+    return keys | torch.eye(L, dtype=torch.bool, device=mask.device)  # [B, 1, L, L]
+
+
 def trunk_hidden(model, tokens: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
     """Last hidden states [B, L, d] of the model's transformer trunk (no LM head: we apply it only where needed).
     With a `prefix` computed on this model for these tokens, only the blocks above it run."""
     ids, mask, positions = model_inputs(tokens)
+    mask = attention_mask(model, mask)
     if prefix is not None and prefix.model is model:
         with _only_blocks(model, prefix.start, None, from_hidden=True):
             out = model.base_model(inputs_embeds=prefix.hidden, attention_mask=mask, position_ids=positions,
@@ -195,6 +208,7 @@ def frozen_prefix(model, tokens: Tensor) -> FrozenPrefix | None:
     if start == 0:
         return None
     ids, mask, positions = model_inputs(tokens)
+    mask = attention_mask(model, mask)
     with torch.no_grad(), _only_blocks(model, 0, start, final_norm=False):
         out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
     return FrozenPrefix(model, start, out.last_hidden_state)
