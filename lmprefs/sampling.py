@@ -60,17 +60,36 @@ def compiled_step(device_type: str):
     return _COMPILED[mode]
 
 
+def _static_layer_class():
+    from transformers.cache_utils import StaticLayer
+
+    class StaticLayerOwnValueDtype(StaticLayer):
+        """transformers' StaticLayer with the values kept in their own dtype: under bf16 autocast a Llama's keys
+        leave the rotary embedding in fp32 while its values stay bf16, and the stock layer allocates both in the
+        keys' dtype, so its index_copy_ of the values fails."""
+
+        def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+            super().lazy_initialization(key_states, value_states)
+            if self.values.dtype != value_states.dtype:
+                self.values = self.values.to(value_states.dtype)
+                torch._dynamo.mark_static_address(self.values)
+
+    return StaticLayerOwnValueDtype
+
+
 def _static_cache(model, batch: int, length: int):
-    """transformers' StaticCache for [batch, length], kept on the model and reset between calls: its buffers keep
-    their addresses, so compiled steps (and their CUDA graphs) are reused rather than re-recorded."""
-    from transformers import StaticCache
+    """A static cache for [batch, length] (transformers' Cache of static layers), kept on the model and reset
+    between calls: its buffers keep their addresses, so compiled steps (and their CUDA graphs) are reused rather
+    than re-recorded."""
+    from transformers import Cache
 
     key = (batch, length, torch.is_autocast_enabled(), next(model.parameters()).device)
     held = getattr(model, "_lmprefs_static_cache", None)
     if held is not None and held[0] == key:
         held[1].reset()
         return held[1]
-    cache = StaticCache(config=model.config, max_cache_len=length)
+    layer = _static_layer_class()
+    cache = Cache(layers=[layer(max_cache_len=length) for _ in range(model.config.num_hidden_layers)])
     model._lmprefs_static_cache = (key, cache)
     return cache
 

@@ -126,3 +126,24 @@ def test_compiled_static_decode_step_equals_eager(tiny_lm):
         comp = sample(model, q, 8, 0.7, len(tok), torch.Generator().manual_seed(2), cache="static", compile="on")
         assert comp[0].equal(eager[0]) and torch.allclose(comp[1], eager[1], atol=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_static_cache_under_bf16_autocast_on_gpt2_and_llama(tiny_lm):
+    """Under bf16 autocast a Llama's keys come out of the rotary embedding in fp32 and its values in bf16; the
+    static cache keeps each in its own dtype and samples what the dynamic cache samples."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmprefs.models.lm import autocast
+
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=64)).eval()  # fmt: skip
+    q = torch.tensor([[5, 6, 7, 8], [PAD, PAD, 9, 10]])
+    for model, vocab in ((tiny_lm[0], len(tiny_lm[1])), (llama, 300)):
+        out = {}
+        for cache in ("dynamic", "static"):
+            with autocast(torch.device("cpu"), torch.bfloat16):
+                out[cache] = sample(model, q, 6, 0.7, vocab, torch.Generator().manual_seed(1), cache=cache)
+        assert out["static"][0].equal(out["dynamic"][0])
+        assert torch.allclose(out["static"][1], out["dynamic"][1], atol=1e-2)
