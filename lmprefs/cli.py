@@ -207,6 +207,10 @@ def cmd_train_reward(argv: list[str]) -> int:
           f"({summary['labels_heldout']} labels): accuracy {summary.get('heldout/accuracy', float('nan')):.3f} "
           f"(before training {summary.get('initial_heldout/accuracy', float('nan')):.3f}), "
           f"loss {summary.get('heldout/loss', float('nan')):.3f}")  # fmt: skip
+    from lmprefs.labels.quality import describe_labelers
+
+    weighted = cfg.labels.weight_by_gold
+    print(f"  labels per labeler (before the held-out split): {describe_labelers(summary['labelers'], weighted)}")
     return 0
 
 

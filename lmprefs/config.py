@@ -61,6 +61,13 @@ class LabelsConfig:
     """Probability that the simulated labeler answers uniformly at random (models inattentive labelers)."""
     heldout_fraction: float = 0.1
     """Fraction of labels held out from reward-model training to report accuracy and loss."""
+    min_gold_accuracy: float = 0.0
+    """Reward-model training drops every label of a labeler whose accuracy on gold questions (set in the labeling
+    app) is below this; labelers who answered no gold question are kept. 0 keeps everyone."""
+    weight_by_gold: bool = False
+    """Weight each labeler's labels in the reward-model loss by their chance-corrected gold accuracy,
+    (accuracy - 1/N) / (1 - 1/N) floored at 0 (a labeler at chance counts for nothing); labelers without gold answers
+    weigh 1. Weights are scaled to mean 1 over the labels."""
     online_questions: int = 64
     """Online mode: questions (N continuations of one query by the current policy) queued per request."""
     online_interval: int = 5
@@ -219,6 +226,8 @@ def validate(cfg: Config) -> list[str]:
         out.append(f"task.temperature={cfg.task.temperature} must be positive")
     if not 0 <= cfg.labels.heldout_fraction < 1:
         out.append(f"labels.heldout_fraction={cfg.labels.heldout_fraction} must be in [0, 1)")
+    if not 0 <= cfg.labels.min_gold_accuracy <= 1:
+        out.append(f"labels.min_gold_accuracy={cfg.labels.min_gold_accuracy} must be in [0, 1]")
     if cfg.train_reward.epochs <= 0:
         out.append(f"train_reward.epochs={cfg.train_reward.epochs} must be positive")
     if cfg.train_reward.batch_size <= 0:

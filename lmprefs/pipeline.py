@@ -141,16 +141,33 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
             "seconds": time.time() - t0}  # fmt: skip
 
 
-def load_examples(cfg: Config, store, tok):
+def load_examples(cfg: Config, store, tok, report: dict | None = None):
     """Every labeled best-of-N comparison in the store, as tensors in `tok`'s ids (the caller splits off held-out
-    labels and keeps labels.num_train)."""
+    labels and keeps labels.num_train), without the labels of labelers under labels.min_gold_accuracy. `report`,
+    if given, receives {labeler: {"labels", "gold", "dropped", "weight"}} (quality.select_labelers); with
+    labels.weight_by_gold the comparisons carry those weights, scaled to mean 1."""
+    from lmprefs.labels.quality import describe_labelers as describe
+    from lmprefs.labels.quality import select_labelers
     from lmprefs.training.reward import examples_to_comparisons, tokenizer_id
 
     examples = store.labeled_examples(cfg.labels.type, tokenizer=tokenizer_id(tok))
     if not examples:
         raise UserError(f"the label store holds no {cfg.labels.type} labels; run `lmprefs label` or import a file "
                         "with --labels")  # fmt: skip
-    return examples_to_comparisons(examples, tok, cfg.task)
+    examples, by_labeler = select_labelers(examples, store, cfg.labels.min_gold_accuracy)
+    if report is not None:
+        report.update(by_labeler)
+    if not examples:
+        raise UserError(f"labels.min_gold_accuracy={cfg.labels.min_gold_accuracy} drops every labeler "
+                        f"({describe(by_labeler)})")  # fmt: skip
+    data = examples_to_comparisons(examples, tok, cfg.task)
+    if cfg.labels.weight_by_gold:
+        w = torch.tensor([by_labeler[e.labeler]["weight"] for e in examples], dtype=torch.float32)  # [N]
+        if w.sum() <= 0:
+            raise UserError(f"labels.weight_by_gold: every labeler is at chance on gold questions "
+                            f"({describe(by_labeler)})")  # fmt: skip
+        data.weights = w / w.mean()  # mean 1: the loss keeps its scale, and the learning rate its meaning
+    return data
 
 
 def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object, dict]:
@@ -162,7 +179,8 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
     from lmprefs.training.reward import evaluate, heldout_mask, normalize, prefix_bytes, reward_prefixes, train_epoch
 
     cfg = t.cfg
-    data = load_examples(cfg, store, t.tok)
+    by_labeler: dict = {}
+    data = load_examples(cfg, store, t.tok, by_labeler)
     is_held = heldout_mask(data.items, cfg.run.seed, cfg.labels.heldout_fraction)
     held, train = data[is_held], data[~is_held][: cfg.labels.num_train]
     if len(train) == 0:
@@ -180,7 +198,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
         rm = RewardModel(copy.deepcopy(t.model), t.tok, seed=cfg.run.seed).to(t.device)
         rm.lm.requires_grad_(True)
     gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 2)
-    summary = {"labels_train": len(train), "labels_heldout": len(held)}
+    summary = {"labels_train": len(train), "labels_heldout": len(held), "labelers": by_labeler}
     if cfg.train_reward.normalize_before:
         nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
         summary["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}

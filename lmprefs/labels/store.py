@@ -9,6 +9,12 @@ Schema (see `_SCHEMA`): queries and samples are deduplicated by text (sha256); t
 tokenizer name (`query_tokens`, `sample_tokens`; the first ids stored for a text win); an item is a query plus N
 ordered samples with a label type, a source, a queue position (`batch`, `priority`) and how many labels it wants;
 a label is one labeler's `label`, `skip` or `flag` on one item, at most one per (item, labeler).
+
+Version 2 (added by `_MIGRATIONS`, so a version-1 store opens and is upgraded in place, in one transaction) adds
+quality control: `items.gold` (the known best sample of a gold question), `items.hold` ('flagged' after a labeler
+flags it, 'retired' by an admin: held items are not served), `labels.shown` (the order the options were displayed
+in: displayed position p showed sample shown[p]; `best` always indexes the stored samples) and `labels.seconds`
+(time on task), and a random `store_id` in `meta` that names this store (the web app's cookies use it).
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 KINDS = ("label", "skip", "flag")
+HOLDS = ("flagged", "retired")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -65,6 +72,18 @@ CREATE TABLE IF NOT EXISTS labels (
     CHECK ((kind = 'label') = ((best IS NOT NULL) + (score IS NOT NULL) + (difference IS NOT NULL) = 1)));
 CREATE INDEX IF NOT EXISTS labels_labeler ON labels (labeler_id);
 """
+# version -> statements that upgrade a store from version - 1; _SCHEMA above stays version 1, so new and old stores
+# take the same path
+_MIGRATIONS = {
+    2: [
+        "ALTER TABLE items ADD COLUMN gold INTEGER",
+        "ALTER TABLE items ADD COLUMN hold TEXT CHECK (hold IN ('flagged', 'retired'))",
+        "ALTER TABLE labels ADD COLUMN shown TEXT",
+        "ALTER TABLE labels ADD COLUMN seconds REAL",
+        "UPDATE items SET hold = 'flagged' WHERE id IN (SELECT item_id FROM labels WHERE kind = 'flag')",
+        "INSERT OR IGNORE INTO meta VALUES ('store_id', lower(hex(randomblob(16))))",
+    ],
+}
 
 
 class DuplicateLabelError(ValueError):
@@ -97,6 +116,8 @@ class Item:
     want_labels: int
     status: str
     created: float  # unix time (UTC)
+    gold: int | None = None  # the known best sample of a gold question
+    hold: str | None = None  # "flagged" or "retired": not served
 
 
 @dataclass(frozen=True)
@@ -193,11 +214,16 @@ class LabelStore:
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
         self.connection().executescript(f"BEGIN IMMEDIATE; {_SCHEMA} COMMIT;")  # all tables or none
-        with self._tx() as c:
-            c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        with self._tx() as c:  # one transaction: two processes opening an old store upgrade it once
+            c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', '1')")
             (v,) = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if int(v) != SCHEMA_VERSION:
-            raise ValueError(f"{self.path} has label-store schema version {v}, this code reads {SCHEMA_VERSION}")
+            if int(v) > SCHEMA_VERSION:
+                raise ValueError(f"{self.path} has label-store schema version {v}, this code reads {SCHEMA_VERSION}")
+            for version in range(int(v) + 1, SCHEMA_VERSION + 1):
+                for sql in _MIGRATIONS[version]:
+                    c.execute(sql)
+                c.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+            (self.store_id,) = c.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
 
     # -- connections and transactions ------------------------------------------------------------------------
 
@@ -347,8 +373,8 @@ class LabelStore:
         out = []
         with self.snapshot() as c:
             rows = c.execute(
-                "SELECT i.id, q.text, i.label_type, i.source, i.batch, i.priority, i.want_labels, i.status, i.created"
-                f" FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
+                "SELECT i.id, q.text, i.label_type, i.source, i.batch, i.priority, i.want_labels, i.status, i.created,"
+                f" i.gold, i.hold FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
                 args,
             ).fetchall()
             for r in rows:
@@ -368,10 +394,12 @@ class LabelStore:
         return items[0] if items else None
 
     def next_item(self, labeler: str, *, batch: str | None = None) -> Item | None:
-        """The highest-priority, oldest pending item that `labeler` has not labeled, skipped or flagged yet.
-        There is no lease: two labelers asking at once may get the same item, and both answers are kept."""
+        """The highest-priority, oldest pending item that `labeler` has not labeled, skipped or flagged yet (held
+        items are skipped). There is no lease: two labelers asking at once may get the same item, and both answers
+        are kept."""
         items = self._items(
-            "i.status = 'pending' AND (?1 IS NULL OR i.batch = ?1) AND NOT EXISTS (SELECT 1 FROM labels l"
+            "i.status = 'pending' AND i.hold IS NULL AND (?1 IS NULL OR i.batch = ?1)"
+            " AND NOT EXISTS (SELECT 1 FROM labels l"
             " JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id AND b.name = ?2)"
             " ORDER BY i.priority DESC, i.id LIMIT 1",
             (batch, labeler),
@@ -379,7 +407,7 @@ class LabelStore:
         return items[0] if items else None
 
     def pending_count(self, *, batch: str | None = None) -> int:
-        sql = "SELECT COUNT(*) FROM items WHERE status = 'pending' AND (?1 IS NULL OR batch = ?1)"
+        sql = "SELECT COUNT(*) FROM items WHERE status = 'pending' AND hold IS NULL AND (?1 IS NULL OR batch = ?1)"
         return self.connection().execute(sql, (batch,)).fetchone()[0]
 
     def label_types(self) -> list[str]:
@@ -407,11 +435,20 @@ class LabelStore:
         kind: str = "label",
         source: str = "",
         note: str | None = None,
+        shown: list[int] | None = None,
+        seconds: float | None = None,
+        replace: bool = False,
     ) -> int:
-        """Record one judgement and return its id. `kind="skip"`/`"flag"` carry no value (a note, perhaps).
-        Raises DuplicateLabelError if `labeler` already answered this item, ValueError on an invalid value."""
+        """Record one judgement and return its id. `kind="skip"`/`"flag"` carry no value (a note, perhaps); a flag
+        holds the item (it is no longer served) until an admin restores or retires it. `shown`: the order the
+        options were displayed in (displayed position p showed sample shown[p]); `seconds`: time on task.
+        Raises DuplicateLabelError if `labeler` already answered this item, ValueError on an invalid value.
+        `replace=True` (undo in the web app) overwrites this labeler's answer to the item instead, in the same
+        transaction and the same row, so the item never holds two answers from one labeler."""
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r} must be one of {KINDS}")
+        if seconds is not None and not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"seconds={seconds!r} must be a finite number >= 0")
         with self._tx() as c:
             row = c.execute("SELECT label_type, want_labels FROM items WHERE id = ?", (item_id,)).fetchone()
             if row is None:
@@ -421,27 +458,67 @@ class LabelStore:
                 _check_label_value(label_type, best, score, difference, f"item {item_id}")
             elif (best, score, difference) != (None, None, None):
                 raise ValueError(f"a {kind} carries no value, got best={best}, score={score}, difference={difference}")
+            n = label_type_shape(label_type)[1]
+            if shown is not None and sorted(shown) != list(range(n)):
+                raise ValueError(f"shown={shown!r} must be an order of 0..{n - 1} for item {item_id}")
             lid = self._labeler_id(c, labeler)
             old = c.execute(
                 "SELECT id, kind, best, score, difference FROM labels WHERE item_id = ? AND labeler_id = ?",
                 (item_id, lid),
             ).fetchone()
-            if old:
+            values = (kind, best, score, difference, note, source, time.time(), json.dumps(shown) if shown else None,
+                      seconds)  # fmt: skip
+            if old and replace:
+                c.execute(
+                    "UPDATE labels SET kind = ?, best = ?, score = ?, difference = ?, note = ?, source = ?,"
+                    " created = ?, shown = ?, seconds = ? WHERE id = ?",
+                    (*values, old[0]),
+                )
+                label_id = old[0]
+            elif old:
                 raise DuplicateLabelError(
                     f"labeler {labeler!r} already answered item {item_id} (label {old[0]}: kind={old[1]}, "
                     f"best={old[2]}, score={old[3]}, difference={old[4]})"
                 )
-            cur = c.execute(
-                "INSERT INTO labels (item_id, labeler_id, kind, best, score, difference, note, source, created)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (item_id, lid, kind, best, score, difference, note, source, time.time()),
-            )
-            (done,) = c.execute(
-                "SELECT COUNT(*) FROM labels WHERE item_id = ? AND kind = 'label'", (item_id,)
+            elif replace:
+                raise ValueError(f"labeler {labeler!r} has no answer to item {item_id} to replace")
+            else:
+                label_id = c.execute(
+                    "INSERT INTO labels (item_id, labeler_id, kind, best, score, difference, note, source, created,"
+                    " shown, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (item_id, lid, *values),
+                ).lastrowid
+            (done, flags) = c.execute(
+                "SELECT COUNT(*) FILTER (WHERE kind = 'label'), COUNT(*) FILTER (WHERE kind = 'flag') FROM labels"
+                " WHERE item_id = ?",
+                (item_id,),
             ).fetchone()
-            if done >= want:
-                c.execute("UPDATE items SET status = 'done' WHERE id = ?", (item_id,))
-            return cur.lastrowid
+            # a replaced answer can lower the count or take back the only flag: recompute the status; a flag holds
+            # the item, and an undone last flag releases it (an admin's restore or retire stands otherwise)
+            c.execute(
+                "UPDATE items SET status = ?, hold = CASE WHEN hold = 'retired' THEN hold WHEN ? THEN 'flagged'"
+                " WHEN hold = 'flagged' AND ? = 0 THEN NULL ELSE hold END WHERE id = ?",
+                ("done" if done >= want else "pending", kind == "flag", flags, item_id),
+            )
+            return label_id
+
+    def set_gold(self, item_id: int, best: int | None) -> None:
+        """Make `item_id` a gold question whose right answer is stored sample `best` (None: an ordinary item again)."""
+        with self._tx() as c:
+            row = c.execute("SELECT label_type FROM items WHERE id = ?", (item_id,)).fetchone()
+            if row is None:
+                raise ValueError(f"no item with id {item_id}")
+            if best is not None:
+                _check_label_value(row[0], best, None, None, f"gold item {item_id}")
+            c.execute("UPDATE items SET gold = ? WHERE id = ?", (best, item_id))
+
+    def set_hold(self, item_id: int, hold: str | None) -> None:
+        """Retire an item (hold="retired": never served again) or restore it (None: served, even if flagged)."""
+        if hold not in (*HOLDS, None):
+            raise ValueError(f"hold={hold!r} must be one of {HOLDS} or None")
+        with self._tx() as c:
+            if c.execute("UPDATE items SET hold = ? WHERE id = ?", (hold, item_id)).rowcount == 0:
+                raise ValueError(f"no item with id {item_id}")
 
     def import_batch(self, rows: Iterable[ImportRow]) -> ImportCounts:
         """Add labeled rows in ONE transaction: all of them or, on any error, none. Re-importing a row is a no-op

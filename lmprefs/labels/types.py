@@ -87,16 +87,19 @@ class PickBest:
         return None
 
     def loss(self, rewards: Tensor, labels: dict[str, Tensor]) -> dict[str, Tensor]:
-        """rewards [B, N] (the N rewards are the logits); labels["best"] [B]."""
+        """rewards [B, N] (the N rewards are the logits); labels["best"] [B]; optional labels["weight"] [B], each
+        label's weight in the loss (per-labeler weights, mean 1 over the training set; `error` stays unweighted)."""
         _check_rewards(self.name, rewards, self.num_samples)
         best = labels["best"].long()  # [B]
         # tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=best, logits=rewards));
         # for N=2 this is TRL's -logsigmoid(r_chosen - r_rejected)
-        error = F.cross_entropy(rewards, best)
+        each = F.cross_entropy(rewards, best, reduction="none")  # [B]
+        error = each.mean()
+        loss = error if labels.get("weight") is None else (each * labels["weight"].to(each.dtype)).mean()
         # not in the original: how often the reward model ranks the chosen sample first (ties count as wrong
         # unless the chosen sample is the first of the tied ones)
         accuracy = (rewards.argmax(dim=1) == best).float().mean()
-        return {"loss": error, "error": error, "accuracy": accuracy}
+        return {"loss": loss, "error": error, "accuracy": accuracy}
 
 
 @dataclass(frozen=True)

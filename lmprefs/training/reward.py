@@ -20,20 +20,23 @@ from lmprefs.tasks import format_queries, truncate_responses
 
 @dataclass
 class Comparisons:
-    """Labeled questions as tensors: queries [N, Q] (unformatted, PAD right), samples [N, S, T], labels [N], and
-    the store's item id of each question [N] (None when they did not come from a store)."""
+    """Labeled questions as tensors: queries [N, Q] (unformatted, PAD right), samples [N, S, T], labels [N], the
+    store's item id of each question [N] (None when they did not come from a store) and optional loss weights [N]
+    (per-labeler weights from labels.weight_by_gold)."""
 
     queries: Tensor
     samples: Tensor
     best: Tensor
     items: Tensor | None = None
+    weights: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.queries)
 
     def __getitem__(self, idx) -> Comparisons:
         items = None if self.items is None else self.items[idx]
-        return Comparisons(self.queries[idx], self.samples[idx], self.best[idx], items)
+        weights = None if self.weights is None else self.weights[idx]
+        return Comparisons(self.queries[idx], self.samples[idx], self.best[idx], items, weights)
 
 
 def heldout_mask(items: Tensor, seed: int, fraction: float) -> Tensor:
@@ -205,7 +208,8 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
                 pre = cache[rows.to(cache.hidden.device)] if cache is not None else None
                 with autocast(device, dtype):
                     rewards = rm(q, mb.samples.flatten(0, 1).to(device), pre).float().view(len(mb), S)  # [b, S]
-                out = label_type.loss(rewards, {"best": mb.best.to(device)})
+                weight = None if mb.weights is None else mb.weights.to(device)
+                out = label_type.loss(rewards, {"best": mb.best.to(device), "weight": weight})
                 (out["loss"] * (len(sub) / len(idx))).backward()  # the mean over the minibatch
                 for k in sums:
                     sums[k] += float(out[k].detach()) * len(sub) / len(idx)
