@@ -1,5 +1,7 @@
 """A real browser: Playwright drives Debian's Chromium (headless) against the app on loopback. It signs in, answers
-with the keyboard only (three picks, a skip, a flag with a note), and the store must hold exactly those judgements.
+with the keyboard only (three picks, a skip, a flag with a note, and one answer changed with `u`), and the store must
+hold exactly those judgements; the options are shuffled per labeler, so each stored pick must be the sample whose
+text was on the key pressed.
 Also checks that the page runs under its CSP without errors and that a `<script>` in a sample is shown as text.
 CI installs Chromium with scripts/ci_browser_deps.sh; never `playwright install` (it downloads browsers)."""
 
@@ -40,6 +42,7 @@ def test_label_with_the_keyboard_in_chromium(tmp_path):
 
     problems: list[str] = []
     answered: list[tuple[int, str]] = []
+    picked: dict[int, str] = {}  # item -> text of the option pressed
     with running(create_app(path)) as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
         try:
@@ -55,15 +58,21 @@ def test_label_with_the_keyboard_in_chromium(tmp_path):
             page.wait_for_url(url + "/label")
             assert XSS in page.inner_text(".query .text")  # shown as text, never run
 
+            orders = []
+
             def answer(key: str, expect: str, note: str | None = None) -> None:
                 item = int(page.get_attribute("#label-form", "data-item"))
+                texts = page.locator("button.option .text").all_inner_texts()
+                orders.append(texts)
+                if key.isdigit():
+                    picked[item] = texts[int(key) - 1]
                 if note is None:
                     page.keyboard.press(key)
                 else:
                     page.keyboard.press("f")  # moves to the note field, typing nothing into it
                     page.keyboard.type(note)
                     page.keyboard.press("Enter")
-                page.wait_for_selector(f'.flash:has-text("Saved: item {item} {expect}")')
+                page.wait_for_selector(f'.flash:has-text("item {item} {expect}")')  # Saved: or Changed:
                 answered.append((item, key if note is None else "f"))
 
             answer("2", "picked option 2")
@@ -72,13 +81,26 @@ def test_label_with_the_keyboard_in_chromium(tmp_path):
             answer("s", "skipped")
             answer("f", "flagged", note="off-topic")
             assert page.inner_text("#done-count") == "3"
+            # change the flag into a pick: u brings the item back, in the same order, and 3 replaces the answer
+            page.keyboard.press("u")
+            page.wait_for_selector("#redo")
+            assert int(page.get_attribute("#label-form", "data-item")) == answered[4][0]
+            assert page.locator("button.option .text").all_inner_texts() == orders[4]
+            answered.pop()
+            answer("3", "picked option 3")
+            assert page.inner_text("#done-count") == "4"
         finally:
             browser.close()
 
     assert not problems, problems
     assert len({item for item, _ in answered}) == 5
+    assert any(o != sorted(o) for o in orders)  # the options were shuffled (samples are numbered in stored order)
     with LabelStore(path) as store:
         rows = store.connection().execute("SELECT item_id, kind, best, note FROM labels ORDER BY id").fetchall()
-    expected = [(item, "label", int(key) - 1, None) for item, key in answered[:3]]
-    expected += [(answered[3][0], "skip", None, None), (answered[4][0], "flag", None, "off-topic")]
-    assert rows == expected
+        texts = {item: store.get_item(item).samples for item, _ in answered}
+    expected = [(item, "label", None) for item, _ in answered[:3]]
+    expected += [(answered[3][0], "skip", None), (answered[4][0], "label", None)]
+    assert [(item, kind, note) for item, kind, _, note in rows] == expected
+    for item, _, best, _ in rows:  # each stored index points at the text that was on the key pressed
+        if item in picked:
+            assert texts[item][best].strip() == picked[item].strip()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+from html import unescape as html_unescape
 
 import pytest
 from fastapi.routing import APIRoute
@@ -15,6 +16,7 @@ from lmprefs.cli import main
 from lmprefs.labels.formats import import_file
 from lmprefs.labels.store import LabelStore
 from lmprefs.server.app import create_app
+from lmprefs.server.security import server_cookie
 
 XSS = "<script>alert(1)</script>"
 
@@ -57,6 +59,23 @@ def sign_in(app, token: str) -> TestClient:
     return client
 
 
+def session_cookie(db, port: int = 80) -> str:
+    """The session cookie's name for the app over `db` (TestClient's server is testserver:80)."""
+    with LabelStore(db) as store:
+        return server_cookie("lmprefs_session", store.store_id, port)
+
+
+def shown(html: str) -> list[str]:
+    """The option texts of the labeling page, in the order this labeler sees them."""
+    return [html_unescape(t) for t in re.findall(r'<span class="text">(.*?)</span>', html, re.S)]
+
+
+def stored_best(db, item: int, html: str, position: int) -> int:
+    """The stored sample index of the option shown at `position` on `html`."""
+    with LabelStore(db) as store:
+        return store.get_item(item).samples.index(shown(html)[position])
+
+
 def page(client: TestClient) -> tuple[int, str]:
     """(item id, csrf) of the labeler's current question."""
     html = client.get("/label").text
@@ -72,15 +91,19 @@ def test_every_route_but_sign_in_and_static_needs_a_session(app, db):
     before = counts(db)
     client = TestClient(app, follow_redirects=False)
     routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods if r.path != "/login"]
-    assert {p for _, p in routes} == {"/", "/logout", "/label", "/admin", "/admin/export"}
+    pages = {"/", "/logout", "/label", "/undo", "/admin", "/admin/item", "/admin/export"}
+    assert {p for _, p in routes} == pages | {"/api/me", "/api/items", "/api/items/{item_id}", "/api/labels",
+                                              "/api/quality"}  # fmt: skip
     for method, path in routes:
         form = {"item_id": "1", "choice": "0", "csrf": "x"} if method == "POST" else None
-        r = client.request(method, path, data=form)
-        if method == "GET":
+        r = client.request(method, path.replace("{item_id}", "1"), data=form)
+        if path.startswith("/api/"):
+            assert r.status_code == 401 and "Bearer" in r.json()["detail"], path
+        elif method == "GET":
             assert (r.status_code, r.headers["location"]) == (303, "/login"), path
         else:
             assert r.status_code == 401, path
-    client.cookies.set("lmprefs_session", "forged")
+    client.cookies.set(session_cookie(db), "forged")
     assert client.get("/admin").status_code == 303
     assert client.get("/static/style.css").status_code == 200 and client.get("/login").status_code == 200
     assert counts(db) == before
@@ -92,7 +115,7 @@ def test_sign_in_sets_a_safe_cookie_and_never_puts_the_token_in_a_url(app, token
     assert client.post("/login", data={"token": "wrong", "csrf": csrf_of(form.text)}).status_code == 401
     assert client.post("/login", data={"token": tokens["bob"], "csrf": "stale"}).status_code == 403
     r = client.post("/login", data={"token": tokens["bob"], "csrf": csrf_of(client.get("/login").text)})
-    cookie = next(c for c in r.headers.get_list("set-cookie") if c.startswith("lmprefs_session="))
+    cookie = next(c for c in r.headers.get_list("set-cookie") if c.startswith("lmprefs_session_"))
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and tokens["bob"] not in cookie
     assert r.headers["location"] == "/label"
     assert client.get("/login").headers["location"] == "/label"  # already signed in
@@ -178,6 +201,7 @@ def test_invalid_submissions_are_4xx_and_change_nothing(app, db, tokens, form, s
 def test_a_replayed_submission_is_409_and_the_first_answer_stands(app, db, tokens):
     bob = sign_in(app, tokens["bob"])
     item, csrf = page(bob)
+    best = stored_best(db, item, bob.get("/label").text, 2)
     form = {"item_id": str(item), "choice": "2", "csrf": csrf}
     assert bob.post("/label", data=form).status_code == 303
     before = counts(db)
@@ -186,7 +210,7 @@ def test_a_replayed_submission_is_409_and_the_first_answer_stands(app, db, token
         assert r.status_code == 409 and "already answered" in r.text
     assert counts(db) == before
     with LabelStore(db) as store:
-        assert [(e.item_id, e.best) for e in store.labeled_examples()] == [(item, 2)]
+        assert [(e.item_id, e.best) for e in store.labeled_examples()] == [(item, best)]
 
 
 def test_label_skip_flag_progress_and_an_empty_queue(app, db, tokens):
@@ -214,11 +238,27 @@ def test_labelers_get_different_items_and_the_same_one_on_reload(app, tokens):
     assert a != b and page(bob)[0] == b and page(alice)[0] == a
 
 
+def test_an_expired_lease_frees_the_item_for_others_but_stays_answerable(db, tokens):
+    import time
+
+    app = create_app(db, lease_seconds=0.3)
+    bob, alice = sign_in(app, tokens["bob"]), sign_in(app, tokens["alice"])
+    item, csrf = page(bob)
+    assert page(alice)[0] != item  # leased to bob
+    time.sleep(0.4)
+    assert page(alice)[0] != item  # alice keeps her own item; a newcomer may now get bob's
+    with LabelStore(db) as store:
+        carol = sign_in(app, store.add_labeler("carol"))
+    assert page(carol)[0] == item
+    assert bob.post("/label", data={"item_id": item, "choice": "1", "csrf": csrf}).status_code == 303
+    assert page(bob)[0] != item
+
+
 def test_sign_out_and_revoking_a_token_end_the_session(app, db, tokens):
     bob, alice = sign_in(app, tokens["bob"]), sign_in(app, tokens["alice"])
-    cookie = bob.cookies["lmprefs_session"]
+    cookie = bob.cookies[session_cookie(db)]
     assert bob.post("/logout", data={"csrf": page(bob)[1]}).status_code == 303
-    bob.cookies.set("lmprefs_session", cookie)  # an old cookie is worth nothing
+    bob.cookies.set(session_cookie(db), cookie)  # an old cookie is worth nothing
     assert bob.get("/label").headers["location"] == "/login"
     assert main(["labelers", "revoke", "alice", "--db", str(db)]) == 0
     assert alice.get("/label").headers["location"] == "/login"
@@ -256,23 +296,24 @@ def test_export_downloads_parse_back(app, db, tokens, tmp_path, fmt):
     bob = sign_in(app, tokens["bob"])
     answers = {}
     for choice in ("1", "3", "skip"):
-        item, csrf = page(bob)
+        html = bob.get("/label").text
+        item, csrf = item_of(html), csrf_of(html)
         bob.post("/label", data={"item_id": item, "choice": choice, "csrf": csrf})
-        answers[item] = choice
+        answers[item] = shown(html)[int(choice)] if choice != "skip" else None
     r = sign_in(app, tokens["alice"]).get(f"/admin/export?format={fmt}")
     assert r.status_code == 200 and "attachment" in r.headers["content-disposition"]
     if fmt == "openai":
         rows = json.loads(r.text)
-        assert sorted(row["best"] for row in rows) == [1, 3] and all(len(row) == 6 for row in rows)
+        with LabelStore(db) as store:
+            bests = sorted(e.best for e in store.labeled_examples())
+        assert sorted(row["best"] for row in rows) == bests and all(len(row) == 6 for row in rows)
         return
     path = tmp_path / f"export.{fmt}.jsonl"
     path.write_bytes(r.content)
     with LabelStore(tmp_path / "back.sqlite") as back:
         assert import_file(back, path, format=fmt).rows == 2
         examples = back.labeled_examples("best_of_4" if fmt == "comparisons" else "best_of_2")
-    with LabelStore(db) as store:
-        chosen = {store.get_item(i).samples[int(c)] for i, c in answers.items() if c != "skip"}
-    assert {e.samples[e.best] for e in examples} == chosen
+    assert {e.samples[e.best] for e in examples} == {text for text in answers.values() if text is not None}
     if fmt == "comparisons":
         assert XSS in examples[0].query and {e.labeler for e in examples} == {"bob"}
 
@@ -313,6 +354,10 @@ def test_labelers_and_serve_commands(tmp_path, capsys):
     assert main(["labelers", "list", "--db", str(tmp_path / "missing.sqlite")]) == 2
     assert main(["serve", "--db", str(tmp_path / "missing.sqlite")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    for bad in (["--gold-rate", "1.5"], ["--overlap", "-0.1"], ["--overlap-k", "1"], ["--undo-seconds", "nan"]):
+        assert main(["serve", "--db", db, *bad]) == 2
+        err = capsys.readouterr().err
+        assert bad[0] in err and len(err.strip().splitlines()) == 1, err
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -32,11 +32,28 @@ def cmd_serve(argv: list[str]) -> int:
     p.add_argument("--task", default="sentiment", choices=sorted(TASKS), help="whose instructions labelers see")
     p.add_argument("--batch", default=None, help="serve only items of this batch")
     p.add_argument("--lease-minutes", type=float, default=15, help="how long a shown item is kept for its labeler")
+    p.add_argument("--gold-rate", type=float, default=0.1,
+                   help="share of served items that are gold questions (marked on the admin page), unannounced")
+    p.add_argument("--overlap", type=float, default=0.0,
+                   help="share of items that go to --overlap-k labelers, to measure agreement (e.g. 0.1; it raises "
+                        "those items' wanted labels in the store)")  # fmt: skip
+    p.add_argument("--overlap-k", type=int, default=3, help="labelers per shared item")
+    p.add_argument("--no-shuffle", action="store_true", help="show options in stored order (no position-bias check)")
+    p.add_argument("--undo-seconds", type=float, default=60, help="how long a labeler can change an answer")
+    p.add_argument("--fast-seconds", type=float, default=3, help="answers quicker than this are marked too fast")
     a = p.parse_args(argv)
     if not 0 <= a.port <= 65535:
         raise UserError(f"--port {a.port}: must be 0..65535")
     if a.lease_minutes <= 0:
         raise UserError(f"--lease-minutes {a.lease_minutes}: must be positive")
+    for flag, value in (("--gold-rate", a.gold_rate), ("--overlap", a.overlap)):
+        if not 0 <= value <= 1:
+            raise UserError(f"{flag} {value}: must be in [0, 1]")
+    if not 2 <= a.overlap_k <= 100:
+        raise UserError(f"--overlap-k {a.overlap_k}: must be 2..100")
+    for flag, value in (("--undo-seconds", a.undo_seconds), ("--fast-seconds", a.fast_seconds)):
+        if not 0 <= value < 86400:
+            raise UserError(f"{flag} {value}: must be in [0, 86400)")
     store = _existing_store(a.db)
     tokens = store.connection().execute("SELECT COUNT(*) FROM labelers WHERE token_hash IS NOT NULL").fetchone()[0]
     pending = store.pending_count(batch=a.batch)
@@ -51,7 +68,9 @@ def cmd_serve(argv: list[str]) -> int:
         raise UserError(f"cannot listen on {a.host}:{a.port} ({e.strerror or e}); pass a free --port, or 0") from None
     loopback = a.host in LOOPBACK or a.host.startswith("127.")
     hosts = ["127.0.0.1", "localhost", "::1", "[::1]", a.host] if loopback else None  # no DNS-rebinding onto loopback
-    app = create_app(a.db, a.task, batch=a.batch, lease_seconds=a.lease_minutes * 60, allowed_hosts=hosts)
+    app = create_app(a.db, a.task, batch=a.batch, lease_seconds=a.lease_minutes * 60, allowed_hosts=hosts,
+                     shuffle=not a.no_shuffle, gold_rate=a.gold_rate, overlap_fraction=a.overlap,
+                     overlap_k=a.overlap_k, undo_seconds=a.undo_seconds, fast_seconds=a.fast_seconds)  # fmt: skip
     if not loopback:
         print(f"lmprefs serve: warning: listening on {a.host}, reachable from other machines over plain HTTP; "
               "put it behind HTTPS before labelers send tokens over a network", file=sys.stderr)  # fmt: skip

@@ -1,16 +1,30 @@
-"""Which item a labeler sees next: the store's queue order plus a short in-memory lease.
+"""Which item a labeler sees next: the store's queue order plus a short in-memory lease, gold questions mixed in,
+a shared pool of items that several labelers answer (overlap), and the order each labeler sees the options in.
 
 `LabelStore.next_item` has no lease, so 20 labelers opening the page at once would all get the oldest item and 19
 answers would be spent on an item that wanted one. Here each labeler holds at most one item ("current"), for
 `lease_seconds` after they last loaded it; a labeler gets the first item in the store's order (priority, then
-age) that has not had all the labels it wants from answers plus other labelers' live leases. If every pending item
+age) that has not had all the labels it wants from answers plus other labelers' live leases. An expired lease no
+longer keeps the item from others, but stays the labeler's own: after a long pause they come back to the same item
+and can still answer it. If every pending item
 is leased to others the labeler still gets the first one (a second opinion is never wasted: it measures agreement).
-Only best_of_N items are served, since the page is a pick-the-best form. Leases are lost on restart, which only means
-the next labeler may see the same item.
+Only best_of_N items are served, since the page is a pick-the-best form, and never a held (flagged or retired) one.
+The web app accepts an answer only for the item leased to that labeler. Leases are lost on restart, which only
+means the next labeler may see the same item.
+
+Quality control (the paper's labelers agreed with the authors only 38-46% of the time):
+- gold: with probability `gold_rate` a labeler's next item is a gold question (known answer) they have not answered,
+  unannounced; gold questions are served only beside real work, never on their own.
+- overlap: a fixed `overlap_fraction` of items (chosen by a hash of the store id and item id, so the choice is
+  stable across restarts) want `overlap_k` labels, so agreement between labelers can be measured on them.
+- shuffling: each labeler sees each item's options in their own order (a keyed hash of store, labeler and item, so
+  a reload shows the same order and a labeler cannot predict it); the label stores that order and the sample index.
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
 import threading
 import time
 from collections import Counter
@@ -18,17 +32,24 @@ from dataclasses import dataclass
 
 from lmprefs.labels.store import Item, LabelStore
 
-# the store's next_item order and filter, plus best_of_N only and the count of labels each item already has
+_IS_BEST_OF = "i.label_type LIKE 'best!_of!_%' ESCAPE '!'"
+_BEST_OF = f"{_IS_BEST_OF} AND i.hold IS NULL"
+_NOT_MINE = (
+    "NOT EXISTS (SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id"
+    " AND b.name = :labeler)"
+)
+# the store's next_item order and filter, plus best_of_N only, no gold, and the count of labels each item already has
 _OPEN = (
-    "FROM items i WHERE i.status = 'pending' AND i.label_type LIKE 'best!_of!_%' ESCAPE '!'"
-    " AND (:batch IS NULL OR i.batch = :batch) AND NOT EXISTS (SELECT 1 FROM labels l"
-    " JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id AND b.name = :labeler)"
+    f"FROM items i WHERE i.status = 'pending' AND {_BEST_OF} AND i.gold IS NULL"
+    f" AND (:batch IS NULL OR i.batch = :batch) AND {_NOT_MINE}"
 )
 _CANDIDATES = (
     "SELECT i.id, i.want_labels, (SELECT COUNT(*) FROM labels l WHERE l.item_id = i.id AND l.kind = 'label') "
     + _OPEN
     + " ORDER BY i.priority DESC, i.id LIMIT :limit"
 )
+# gold questions stay served to every labeler who has not answered them, whatever their status or batch
+_GOLD = f"SELECT i.id FROM items i WHERE i.gold IS NOT NULL AND {_BEST_OF} AND {_NOT_MINE}"
 
 
 @dataclass(frozen=True)
@@ -39,52 +60,153 @@ class Progress:
     remaining: int  # pending best_of_N items this labeler has not answered
 
 
+@dataclass(frozen=True)
+class Lease:
+    item_id: int
+    expires: float
+    shown_at: float  # when this labeler was first shown the item (time on task starts here)
+    redo: bool = False  # an undo: the answer replaces the labeler's earlier one
+
+
+def _unit(*parts) -> float:
+    """A uniform number in [0, 1) from a hash of `parts` (stable across runs and machines)."""
+    return int(hashlib.sha256(":".join(map(str, parts)).encode()).hexdigest()[:13], 16) / 16**13
+
+
+def display_order(store_id: str, labeler: str, item_id: int, n: int) -> list[int]:
+    """The order `labeler` sees item `item_id`'s n options in: displayed position p shows stored sample order[p]."""
+    order = list(range(n))
+    random.Random(hashlib.sha256(f"{store_id}:{labeler}:{item_id}".encode()).digest()).shuffle(order)
+    return order
+
+
 class Queue:
-    def __init__(self, store: LabelStore, *, batch: str | None = None, lease_seconds: float = 900) -> None:
+    def __init__(
+        self,
+        store: LabelStore,
+        *,
+        batch: str | None = None,
+        lease_seconds: float = 900,
+        gold_rate: float = 0.0,
+        overlap_fraction: float = 0.0,
+        overlap_k: int = 2,
+        seed: int | None = None,
+    ) -> None:
+        if not 0 <= gold_rate <= 1 or not 0 <= overlap_fraction <= 1 or overlap_k < 1:
+            raise ValueError(f"gold_rate={gold_rate} and overlap_fraction={overlap_fraction} must be in [0, 1], "
+                             f"overlap_k={overlap_k} >= 1")  # fmt: skip
         self.store, self.batch, self.lease_seconds = store, batch, lease_seconds
-        self._current: dict[str, tuple[int, float]] = {}  # labeler -> (item id, lease expiry)
+        self.gold_rate, self.overlap_fraction, self.overlap_k = gold_rate, overlap_fraction, overlap_k
+        self._rng = random.Random(seed)  # which turns are gold: unpredictable to labelers unless a test seeds it
+        self._current: dict[str, Lease] = {}  # labeler -> their one item
+        self._answering: set[str] = set()  # labelers whose answer is being written (see claim)
+        self._overlap_seen = 0  # items up to this id already have their overlap applied
         self._lock = threading.Lock()  # one labeler picks at a time, so two never take the same free item
 
-    def _answered(self, item_id: int, labeler: str) -> bool:
-        return (
-            self.store.connection()
-            .execute(
-                "SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = ? AND b.name = ?",
-                (item_id, labeler),
-            )
-            .fetchone()
-            is not None
-        )
+    def answered(self, item_id: int, labeler: str) -> bool:
+        sql = "SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = ? AND b.name = ?"
+        return self.store.connection().execute(sql, (item_id, labeler)).fetchone() is not None
+
+    def _servable(self, item_id: int, labeler: str, redo: bool = False, queued: bool = False) -> bool:
+        """The item is a best_of_N, not held, and not yet answered by `labeler`; or, for an undo, not retired (the
+        answer being undone may be the flag that holds it). `queued`: also one this queue serves (pending and in
+        its batch, or gold), so a labeler cannot pick an item by its id."""
+        held = "i.hold IS NOT 'retired'" if redo else f"i.hold IS NULL AND {_NOT_MINE}"
+        if queued:
+            held += " AND (i.gold IS NOT NULL OR (i.status = 'pending' AND (:batch IS NULL OR i.batch = :batch)))"
+        sql = f"SELECT 1 FROM items i WHERE i.id = :id AND {_IS_BEST_OF} AND {held}"
+        args = {"id": item_id, "labeler": labeler, "batch": self.batch}
+        return self.store.connection().execute(sql, args).fetchone() is not None
+
+    def apply_overlap(self) -> None:
+        """Items added since the last call that fall in the shared pool want at least overlap_k labels."""
+        if not self.overlap_fraction or self.overlap_k < 2:
+            return
+        c = self.store.connection()
+        rows = c.execute(
+            "SELECT id FROM items WHERE id > ? AND status = 'pending' AND gold IS NULL AND want_labels < ?",
+            (self._overlap_seen, self.overlap_k),
+        ).fetchall()
+        shared = [(self.overlap_k, i) for (i,) in rows
+                  if _unit(self.store.store_id, "overlap", i) < self.overlap_fraction]  # fmt: skip
+        if shared:
+            with self.store.transaction():
+                c.executemany("UPDATE items SET want_labels = ? WHERE id = ? AND status = 'pending'", shared)
+        (top,) = c.execute("SELECT COALESCE(MAX(id), 0) FROM items").fetchone()
+        self._overlap_seen = top
 
     def current(self, labeler: str) -> Item | None:
         """The item `labeler` should answer now (the same one on reload), or None when nothing is left."""
         now = time.time()
+        self.apply_overlap()
         with self._lock:
-            self._current = {k: v for k, v in self._current.items() if v[1] > now}
             held = self._current.get(labeler)
-            if held and not self._answered(held[0], labeler):
-                item_id = held[0]
+            if held and self._servable(held.item_id, labeler, held.redo):
+                lease = Lease(held.item_id, now + self.lease_seconds, held.shown_at, held.redo)
             else:
-                leased = Counter(item for name, (item, _) in self._current.items() if name != labeler)
-                # at most len(leased) candidates can be blocked, so one more is enough to find a free one
-                rows = (
-                    self.store.connection()
-                    .execute(_CANDIDATES, {"batch": self.batch, "labeler": labeler, "limit": sum(leased.values()) + 1})
-                    .fetchall()
-                )
-                if not rows:
+                item_id = self._pick(labeler)
+                if item_id is None:
                     self._current.pop(labeler, None)
                     return None
-                free = [r for r in rows if r[2] + leased[r[0]] < r[1]]
-                item_id = (free or rows)[0][0]
-            self._current[labeler] = (item_id, now + self.lease_seconds)
-        return self.store.get_item(item_id)
+                lease = Lease(item_id, now + self.lease_seconds, now)
+            self._current[labeler] = lease
+        return self.store.get_item(lease.item_id)
+
+    def _pick(self, labeler: str) -> int | None:
+        c = self.store.connection()
+        now = time.time()
+        leased = Counter(v.item_id for name, v in self._current.items() if name != labeler and v.expires > now)
+        # at most len(leased) candidates can be blocked, so one more is enough to find a free one
+        args = {"batch": self.batch, "labeler": labeler, "limit": sum(leased.values()) + 1}
+        rows = c.execute(_CANDIDATES, args).fetchall()
+        if not rows:
+            return None  # gold questions only ride along with real work
+        if self.gold_rate and self._rng.random() < self.gold_rate:
+            gold = [i for (i,) in c.execute(_GOLD, {"labeler": labeler})]
+            if gold:
+                return self._rng.choice(gold)
+        free = [r for r in rows if r[2] + leased[r[0]] < r[1]]
+        return (free or rows)[0][0]
+
+    def lease(self, labeler: str) -> Lease | None:
+        """`labeler`'s lease, if any (the only item they may answer)."""
+        with self._lock:
+            return self._current.get(labeler)
+
+    def claim(self, labeler: str, item_id: int) -> Lease | None:
+        """`labeler`'s lease on `item_id` (expired or not), taken for answering: until `finish`, a second (raced or
+        replayed) claim gets None, while the lease still counts for other labelers, so nobody else is handed the
+        item before the answer is in the store."""
+        with self._lock:
+            held = self._current.get(labeler)
+            if labeler in self._answering or not held or held.item_id != item_id:
+                return None
+            self._answering.add(labeler)
+            return held
+
+    def finish(self, labeler: str, item_id: int, saved: bool) -> None:
+        """The claimed answer was written (the lease ends) or failed (the lease stays)."""
+        with self._lock:
+            self._answering.discard(labeler)
+        if saved:
+            self.release(labeler, item_id)
 
     def release(self, labeler: str, item_id: int) -> None:
         """`labeler` answered `item_id`: its lease ends now."""
         with self._lock:
-            if self._current.get(labeler, (None,))[0] == item_id:
+            if labeler in self._current and self._current[labeler].item_id == item_id:
                 del self._current[labeler]
+
+    def take(self, labeler: str, item_id: int, *, redo: bool = False) -> bool:
+        """Lease `item_id` to `labeler` now if it may be served to them: after an undo (`redo`: they answer it again)
+        or after signing in again to answer the item a lost session took away (then only an item this queue would
+        serve them). False if not servable."""
+        if not self._servable(item_id, labeler, redo, queued=not redo):
+            return False
+        now = time.time()
+        with self._lock:
+            self._current[labeler] = Lease(item_id, now + self.lease_seconds, now, redo)
+        return True
 
     def progress(self, labeler_id: int, labeler: str) -> Progress:
         c = self.store.connection()

@@ -3,8 +3,13 @@ and the security headers of the labeling app.
 
 Sessions live in server memory: the cookie carries only a random session id (HttpOnly, SameSite=Strict), never the
 labeler's token, and a restart signs everyone out (they sign in again with their token). Each session remembers the
-sha256 of the token it was opened with, and every request re-reads the labeler row, so `lmprefs labelers revoke`
-ends the labeler's open sessions at once and admin rights are never stale.
+sha256 of the token it was opened with and the id of the store that issued it, and every request re-reads the labeler
+row, so `lmprefs labelers revoke` ends the labeler's open sessions at once and admin rights are never stale.
+
+Cookies are per server: browsers scope cookies by host, not port, so every server on one host would otherwise share
+one cookie (two lmprefs servers would sign each other out, and a page on another local port could plant a session).
+The cookie name carries a hash of this store's id and the listening port, and the `__Host-` prefix under HTTPS (the
+browser then refuses the cookie from plain http or with a Domain). Wrong sign-in tokens are throttled per client.
 
 CSRF: every POST carries the session's CSRF token (hidden form field or `X-CSRF-Token` header), compared in constant
 time; the sign-in form, which has no session yet, uses a double-submit cookie instead. On top of that the session
@@ -25,9 +30,11 @@ from urllib.parse import urlsplit
 from fastapi import Depends, Form, Header, HTTPException, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-SESSION_COOKIE = "lmprefs_session"
+SESSION_COOKIE = "lmprefs_session"  # the cookie names' stem; see cookie_name()
 LOGIN_COOKIE = "lmprefs_login"  # double-submit CSRF token of the sign-in form
 MAX_BODY = 64 * 1024  # a judgement is a few hundred bytes; anything bigger is not ours
+MAX_API_BODY = 4 * 1024 * 1024  # POST /api/items: up to 1000 questions per call
+MAX_FAILURES, FAILURE_WINDOW = 5, 60.0  # wrong tokens per client per window before it must wait
 
 # no inline script or style anywhere, so the policy can forbid both
 CSP = (
@@ -53,6 +60,19 @@ def same(a: str | None, b: str | None) -> bool:
     return bool(a) and bool(b) and hmac.compare_digest(a.encode(), b.encode())
 
 
+def server_cookie(stem: str, store_id: str, port: int, https: bool = False) -> str:
+    """The name of cookie `stem` for the server of store `store_id` listening on `port`."""
+    tag = hashlib.sha256(f"{store_id}:{port}".encode()).hexdigest()[:12]
+    return f"{'__Host-' if https else ''}{stem}_{tag}"
+
+
+def cookie_name(request: Request, stem: str) -> str:
+    """This server's name for cookie `stem`: the stem, a hash of the store's id and the listening port, and the
+    `__Host-` prefix under HTTPS."""
+    port = (request.scope.get("server") or ("", 0))[1]
+    return server_cookie(stem, request.app.state.lmprefs.store.store_id, port, request.url.scheme == "https")
+
+
 @dataclass
 class Session:
     sid: str
@@ -61,6 +81,7 @@ class Session:
     csrf: str
     created: float
     seen: float
+    store_id: str = ""  # the store that issued it: a session from another store is refused
     flash: str | None = field(default=None)  # one-line message for the next page ("Saved: ...")
 
 
@@ -72,9 +93,9 @@ class Sessions:
         self._by_id: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def open(self, labeler_id: int, token_sha: str) -> Session:
+    def open(self, labeler_id: int, token_sha: str, store_id: str = "") -> Session:
         now = time.time()
-        s = Session(secrets.token_urlsafe(32), labeler_id, token_sha, secrets.token_urlsafe(32), now, now)
+        s = Session(secrets.token_urlsafe(32), labeler_id, token_sha, secrets.token_urlsafe(32), now, now, store_id)
         with self._lock:
             # drop expired sessions here, so memory stays bounded without a sweeper thread
             self._by_id = {k: v for k, v in self._by_id.items() if self._alive(v, now)}
@@ -101,6 +122,35 @@ class Sessions:
             self._by_id.pop(sid or "", None)
 
 
+class Throttle:
+    """At most `max_failures` wrong sign-in tokens per client in `window` seconds; after that the client waits until
+    the oldest failure leaves the window. Thread-safe; memory is bounded by pruning stale clients."""
+
+    def __init__(self, max_failures: int = MAX_FAILURES, window: float = FAILURE_WINDOW) -> None:
+        self.max_failures, self.window = max_failures, window
+        self._failures: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def wait(self, client: str) -> float:
+        """Seconds `client` must wait before its next try (0: may try now)."""
+        now = time.time()
+        with self._lock:
+            recent = [t for t in self._failures.get(client, []) if now - t < self.window]
+            return recent[0] + self.window - now if len(recent) >= self.max_failures else 0.0
+
+    def failed(self, client: str) -> None:
+        now = time.time()
+        with self._lock:
+            if len(self._failures) > 10_000:
+                self._failures = {k: v for k, v in self._failures.items() if now - v[-1] < self.window}
+            recent = [t for t in self._failures.get(client, []) if now - t < self.window]
+            self._failures[client] = (recent + [now])[-self.max_failures :]
+
+
+def client_of(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
 def cross_site(request: Request) -> bool:
     """True when the browser tells us this request came from another site (a forged form post)."""
     if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
@@ -109,15 +159,21 @@ def cross_site(request: Request) -> bool:
     return origin is not None and urlsplit(origin).netloc != request.headers.get("host")
 
 
-def set_cookie(response, request: Request, name: str, value: str, max_age: int | None = None) -> None:
+def set_cookie(response, request: Request, stem: str, value: str, max_age: int | None = None) -> None:
     response.set_cookie(
-        name,
+        cookie_name(request, stem),
         value,
         max_age=max_age,
         path="/",
         httponly=True,
         samesite="strict",
         secure=request.url.scheme == "https",  # plain http on loopback is the default; https behind a proxy
+    )
+
+
+def delete_cookie(response, request: Request, stem: str) -> None:
+    response.delete_cookie(
+        cookie_name(request, stem), path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https"
     )
 
 
@@ -138,8 +194,8 @@ class NotSignedIn(Exception):
 
 def signed_in(request: Request) -> User:
     st = request.app.state.lmprefs
-    session = st.sessions.get(request.cookies.get(SESSION_COOKIE))
-    if session is None:
+    session = st.sessions.get(request.cookies.get(cookie_name(request, SESSION_COOKIE)))
+    if session is None or session.store_id != st.store.store_id:
         raise NotSignedIn
     # re-read the labeler each time: a revoked token or a changed admin flag takes effect at once
     sql = "SELECT name, is_admin FROM labelers WHERE id = ? AND token_hash = ?"
@@ -168,13 +224,11 @@ def csrf_checked(
     return user
 
 
-class _TooLarge(Exception):
-    pass
-
-
 class SecurityMiddleware:
     """Adds the security headers to every response, `Cache-Control: no-store` to pages (they hold CSRF tokens and
-    labelers' progress), and refuses request bodies over MAX_BODY with 413."""
+    labelers' progress), and refuses request bodies over MAX_BODY (MAX_API_BODY under /api/) with 413. The body is
+    read here in full before the app sees it (it is small): a chunked body has no content-length to check up front,
+    and an error raised mid-parse would reach the app's form parser, which answers 400."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -183,36 +237,40 @@ class SecurityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = MAX_API_BODY if scope["path"].startswith("/api/") else MAX_BODY
         length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+        if length is not None and (not length.isdigit() or int(length) > limit):
             await self._reply(send, 413, b"request body too large")
             return
-        seen, started = 0, False
-
-        async def limited_receive() -> Message:
-            nonlocal seen
+        chunks, seen, more = [], 0, True
+        while more:
             message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
             seen += len(message.get("body", b""))
-            if seen > MAX_BODY:  # chunked bodies have no content-length to check up front
-                raise _TooLarge
-            return message
+            if seen > limit:
+                await self._reply(send, 413, b"request body too large")
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        body_sent = False
+
+        async def replay() -> Message:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # after the body: wait for the disconnect, as the server would
 
         async def send_with_headers(message: Message) -> None:
-            nonlocal started
             if message["type"] == "http.response.start":
-                started = True
                 headers = list(message.get("headers", [])) + HEADERS
                 if not scope["path"].startswith("/static/"):
                     headers.append((b"cache-control", b"no-store"))
                 message = {**message, "headers": headers}
             await send(message)
 
-        try:
-            await self.app(scope, limited_receive, send_with_headers)
-        except _TooLarge:
-            if started:
-                raise
-            await self._reply(send, 413, b"request body too large")
+        await self.app(scope, replay, send_with_headers)
 
     @staticmethod
     async def _reply(send: Send, status: int, body: bytes) -> None:

@@ -5,6 +5,7 @@ labels per hour of time spent labeling, where time spent is the sum of the gaps 
 answers that are shorter than IDLE_GAP (a longer gap is a break, not work). Imported files and simulated labelers
 write all their labels within seconds; their active time is ~0, so their rate is shown as unknown instead of as a
 huge number. The median gap is the typical seconds a person spends on one question (also unknown for a burst).
+The totals row pools only the labelers whose own rate is known, so a row of bursts never adds up to a rate.
 """
 
 from __future__ import annotations
@@ -28,9 +29,12 @@ class Throughput:
     active_hours: float
     median_seconds: float | None  # median gap between consecutive answers (excluding breaks)
 
+    timed_labels: int | None = None  # labels of the labelers behind active_hours (totals row); None: all `labels`
+
     @property
     def per_hour_active(self) -> float | None:
-        return self.labels / self.active_hours if self.active_hours * 3600 >= MIN_ACTIVE else None
+        n = self.labels if self.timed_labels is None else self.timed_labels
+        return n / self.active_hours if self.active_hours * 3600 >= MIN_ACTIVE else None
 
 
 @dataclass(frozen=True)
@@ -67,24 +71,28 @@ def labeler_rows(store: LabelStore, now: float | None = None) -> tuple[list[Labe
         answers: dict[int, list[tuple[str, float]]] = defaultdict(list)
         for labeler_id, kind, created in c.execute("SELECT labeler_id, kind, created FROM labels ORDER BY created"):
             answers[labeler_id].append((kind, created))
-    rows, all_answers, all_gaps = [], [], []
+    rows, all_answers, timed_labels, timed_gaps = [], [], [], []
     for labeler_id, name, is_admin, has_token in labelers:
         mine = answers.get(labeler_id, [])
         gaps = [b - a for (_, a), (_, b) in zip(mine, mine[1:], strict=False) if b - a < IDLE_GAP]
         all_answers += mine
-        all_gaps += gaps
         counts = {k: sum(kind == k for kind, _ in mine) for k in ("label", "skip", "flag")}
-        rows.append(
-            LabelerRow(
-                name,
-                bool(is_admin),
-                bool(has_token),
-                **counts,
-                last_answer=mine[-1][1] if mine else None,
-                throughput=_throughput(mine, gaps, now),
-            )
+        row = LabelerRow(
+            name,
+            bool(is_admin),
+            bool(has_token),
+            **counts,
+            last_answer=mine[-1][1] if mine else None,
+            throughput=_throughput(mine, gaps, now),
         )
-    return rows, _throughput(all_answers, all_gaps, now)
+        rows.append(row)
+        if row.throughput.per_hour_active is not None:  # only labelers with a rate of their own
+            timed_labels += mine
+            timed_gaps += gaps
+    total = _throughput(all_answers, [], now)
+    timed = _throughput(timed_labels, timed_gaps, now)
+    return rows, Throughput(total.labels, total.last_hour, total.last_day, timed.active_hours, timed.median_seconds,
+                            timed.labels)  # fmt: skip
 
 
 def recent_flags(store: LabelStore, limit: int = 20) -> list[tuple[int, str, str | None, float, str]]:
@@ -99,6 +107,25 @@ def recent_flags(store: LabelStore, limit: int = 20) -> list[tuple[int, str, str
         )
         .fetchall()
     )
+
+
+def held_items(store: LabelStore, limit: int = 50) -> list[tuple[int, str, str]]:
+    """(item id, hold, query) of held items (flagged or retired), newest first."""
+    sql = (
+        "SELECT i.id, i.hold, q.text FROM items i JOIN queries q ON q.id = i.query_id WHERE i.hold IS NOT NULL"
+        " ORDER BY i.id DESC LIMIT ?"
+    )
+    return store.connection().execute(sql, (limit,)).fetchall()
+
+
+def gold_items(store: LabelStore) -> list[tuple[int, int, int, int, str]]:
+    """(item id, right option 1-based, answers, right answers, query) of the gold questions."""
+    sql = (
+        "SELECT i.id, i.gold + 1, COUNT(l.id), COALESCE(SUM(l.best = i.gold), 0), q.text FROM items i"
+        " JOIN queries q ON q.id = i.query_id LEFT JOIN labels l ON l.item_id = i.id AND l.kind = 'label'"
+        " WHERE i.gold IS NOT NULL GROUP BY i.id ORDER BY i.id"
+    )
+    return store.connection().execute(sql).fetchall()
 
 
 def chance_agreement(store: LabelStore) -> float | None:

@@ -1,5 +1,5 @@
 // Keyboard for the labeling page: 1-9 pick that option, s skips, f moves to the flag note (Enter sends the flag,
-// Esc leaves the note). Each answer is sent once: a second key press or click while the page reloads is ignored,
+// Esc leaves the note), u changes the last answer (while the server offers it). Each answer is sent once: a second key press or click while the page reloads is ignored,
 // so a fast double press cannot post a replay (the server would refuse it with 409 anyway).
 (() => {
   "use strict";
@@ -31,6 +31,9 @@
     } else if (event.key === "s" || event.key === "S") {
       event.preventDefault();
       send(document.getElementById("skip"));
+    } else if ((event.key === "u" || event.key === "U") && document.getElementById("undo")) {
+      event.preventDefault();
+      if (!sent) { sent = true; document.getElementById("undo-form").requestSubmit(); }
     } else if (event.key === "f" || event.key === "F") {
       event.preventDefault();  // focus the note without typing the "f" into it
       note.focus();
