@@ -232,6 +232,9 @@ def cmd_train_policy(argv: list[str]) -> int:
     p.add_argument("--db", default=None, help="label store for training the reward model (default labels.source)")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-policy-PRESET-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.add_argument("--continue-after-andon", action="store_true",
+                   help="with --resume: continue a run the andon cord stopped from its last good checkpoint, with the "
+                        "config changes given (e.g. --ppo.lr 5e-5; recorded in run.json)")
     p.add_argument("--online", action="store_true",
                    help="ask for judgments on the current policy's samples while training and retrain the reward model")
     p.add_argument("--labeler", default=None,
@@ -242,20 +245,17 @@ def cmd_train_policy(argv: list[str]) -> int:
     from lmprefs.runlog import default_run_dir
     from lmprefs.training.policy import AndonStop
 
+    changes = None
     if a.resume:
-        if not a.run_dir:
-            raise UserError("--resume needs --run-dir (the run to continue)")
-        if pairs:
-            raise UserError("--resume continues a run with its saved config; drop the --section.key overrides")
-        cfg = _config(a.preset, [], str(Path(a.run_dir) / "config.json"))
+        cfg, changes = _resume_config(a, pairs)
+    elif a.continue_after_andon:
+        raise UserError("--continue-after-andon goes with --resume --run-dir D")
     else:
         cfg = _config(a.preset, pairs, a.config)
     run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-policy", a.preset))
-    if not a.resume and (run_dir / "checkpoint").exists():
-        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --run-dir")
     try:
         out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume, online=a.online,
-                               labeler=a.labeler)  # fmt: skip
+                               labeler=a.labeler, preset=a.preset, changes=changes)  # fmt: skip
     except AndonStop as e:
         print(f"lmprefs train-policy: {e}", file=sys.stderr)
         return 3
@@ -265,6 +265,35 @@ def cmd_train_policy(argv: list[str]) -> int:
     print(f"policy: {run_dir / 'policy'}  (score {s.get('objective/score', float('nan')):+.3f}, "
           f"kl {s.get('objective/kl', float('nan')):.2f}, beta {s.get('objective/kl_coef', float('nan')):.3f})")  # fmt: skip
     return 0
+
+
+def _resume_config(a, pairs):
+    """(config, changes) for `train-policy --resume`: the run's own config.json, refusing what would change its math
+    (another --config, overrides other than how often it logs and saves) unless --continue-after-andon, where the
+    changes are the point (and are returned as 'key old -> new' lines)."""
+    from lmprefs.checkpoint import NOT_MATH, flat_config, math_changes
+    from lmprefs.overrides import apply_overrides, load_config, to_dict
+
+    if not a.run_dir:
+        raise UserError("--resume needs --run-dir (the run to continue)")
+    saved_path = Path(a.run_dir) / "config.json"
+    if not saved_path.is_file():
+        raise UserError(f"--resume: {a.run_dir} holds no run (no config.json); start without --resume")
+    saved = load_config(saved_path)
+    if a.config and to_dict(load_config(Path(a.config))) != to_dict(saved):
+        diff = math_changes(flat_config(saved), flat_config(load_config(Path(a.config))))
+        raise UserError(f"--resume --config {a.config}: differs from the run's config.json "
+                        f"({'; '.join(diff[:3]) or 'logging'}); a resumed run keeps its config (drop --config, or "
+                        "start a new --run-dir)")  # fmt: skip
+    cfg = apply_overrides(saved, pairs)
+    diff = math_changes(flat_config(saved), flat_config(cfg))
+    if a.continue_after_andon:
+        return cfg, diff
+    if diff:
+        raise UserError(f"--resume: {diff[0]} would change what the run computes; only "
+                        f"{', '.join('--' + k.replace('_', '-') for k in NOT_MATH)} may change on resume (to continue"
+                        " after an andon stop with a change, add --continue-after-andon)")  # fmt: skip
+    return cfg, None
 
 
 def cmd_serve(argv: list[str]) -> int:

@@ -61,7 +61,7 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int], n_ev
             continue
         arm_dir = run_dir / name
         arm_cfg = cfg if n is None else R(cfg, labels=R(cfg.labels, num_train=n))
-        resume = (arm_dir / "checkpoint" / "state.pt").is_file()
+        resume = (arm_dir / "run.json").is_file()  # begun before: resume (from its checkpoint, or over)
         print(f"[{name}] {'resuming' if resume else 'training'} ({'true reward' if reward else f'{n} labels'})",
               flush=True)  # fmt: skip
         t = setup_task(arm_cfg, n_eval)  # a fresh model per arm: adapters must not carry over between arms

@@ -141,16 +141,17 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
             "seconds": time.time() - t0}  # fmt: skip
 
 
-def load_examples(cfg: Config, store, tok, report: dict | None = None):
-    """Every labeled best-of-N comparison in the store, as tensors in `tok`'s ids (the caller splits off held-out
-    labels and keeps labels.num_train), without the labels of labelers under labels.min_gold_accuracy. `report`,
-    if given, receives {labeler: {"labels", "gold", "dropped", "weight"}} (quality.select_labelers); with
-    labels.weight_by_gold the comparisons carry those weights, scaled to mean 1."""
+def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_items: set[int] = frozenset()):
+    """Every labeled best-of-N comparison in the store (but those on `exclude_items`), as tensors in `tok`'s ids
+    (the caller splits off held-out labels and keeps labels.num_train), without the labels of labelers under
+    labels.min_gold_accuracy. `report`, if given, receives {labeler: {"labels", "gold", "dropped", "weight"}}
+    (quality.select_labelers); with labels.weight_by_gold the comparisons carry those weights, scaled to mean 1."""
     from lmprefs.labels.quality import describe_labelers as describe
     from lmprefs.labels.quality import select_labelers
     from lmprefs.training.reward import examples_to_comparisons, tokenizer_id
 
     examples = store.labeled_examples(cfg.labels.type, tokenizer=tokenizer_id(tok))
+    examples = [e for e in examples if e.item_id not in exclude_items]
     if not examples:
         raise UserError(f"the label store holds no {cfg.labels.type} labels; run `lmprefs label` or import a file "
                         "with --labels")  # fmt: skip
@@ -170,17 +171,19 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None):
     return data
 
 
-def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object, dict]:
+def train_reward_model(t: Task, store, out_dir: Path, log=None,
+                       exclude_items: set[int] = frozenset()) -> tuple[object, dict]:  # fmt: skip
     """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
-    -> (rm, summary). Held out: the items whose hash of (run.seed, item id) falls under labels.heldout_fraction."""
+    -> (rm, summary). Held out: the items whose hash of (run.seed, item id) falls under labels.heldout_fraction.
+    `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches')."""
     from lmprefs.labels.types import get as get_label_type
-    from lmprefs.models.lm import RewardModel, frozen_depth, save_reward_model
+    from lmprefs.models.lm import frozen_depth, save_reward_model
     from lmprefs.runlog import progress
     from lmprefs.training.reward import evaluate, heldout_mask, normalize, prefix_bytes, reward_prefixes, train_epoch
 
     cfg = t.cfg
     by_labeler: dict = {}
-    data = load_examples(cfg, store, t.tok, by_labeler)
+    data = load_examples(cfg, store, t.tok, by_labeler, exclude_items)
     is_held = heldout_mask(data.items, cfg.run.seed, cfg.labels.heldout_fraction)
     held, train = data[is_held], data[~is_held][: cfg.labels.num_train]
     if len(train) == 0:
@@ -188,14 +191,12 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
                         f"{cfg.labels.heldout_fraction})")  # fmt: skip
     lt = get_label_type(cfg.labels.type)
     t0 = time.time()
-    if cfg.lora.rank > 0:  # an adapter on the shared base, which stays the initial policy with adapters off
-        from lmprefs.models.lora import add_adapter, reset_adapter
+    rm = reward_frame(t)
+    if cfg.lora.rank > 0:
+        from lmprefs.models.lora import reset_adapter
 
-        add_adapter(t.model, cfg.lora, "reward", seed=cfg.run.seed)
         reset_adapter(t.model, "reward", seed=cfg.run.seed)  # a retrain starts from the initial model, as the paper
-        rm = RewardModel(t.model, t.tok, adapter="reward", seed=cfg.run.seed).to(t.device)
     else:
-        rm = RewardModel(copy.deepcopy(t.model), t.tok, seed=cfg.run.seed).to(t.device)
         rm.lm.requires_grad_(True)
     gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 2)
     summary = {"labels_train": len(train), "labels_heldout": len(held), "labelers": by_labeler}
@@ -229,9 +230,50 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None) -> tuple[object,
     return rm, summary
 
 
+def reward_frame(t: Task):
+    """A reward model shaped as train_reward_model makes it, before training: with LoRA the 'reward' adapter on the
+    shared base (which stays the initial policy with adapters off), else a copy of the initial model."""
+    from lmprefs.models.lm import RewardModel
+
+    cfg = t.cfg
+    if cfg.lora.rank > 0:
+        from lmprefs.models.lora import add_adapter
+
+        add_adapter(t.model, cfg.lora, "reward", seed=cfg.run.seed)
+        return RewardModel(t.model, t.tok, adapter="reward", seed=cfg.run.seed).to(t.device)
+    return RewardModel(copy.deepcopy(t.model), t.tok, seed=cfg.run.seed).to(t.device)
+
+
+class RewardState:
+    """A reward model's weights as checkpoint state (PolicyRun.extras): head, gain and bias, and the trunk unless
+    it is a LoRA adapter (the checkpoint's adapters.safetensors holds those weights, with the policy's). Resuming
+    from it rebuilds the very model the uninterrupted run scored with, not the merged export in reward_model/."""
+
+    def __init__(self, rm):
+        self.rm = rm
+
+    def state_dict(self) -> dict:
+        rm = self.rm
+        own = {f"head.{k}": v for k, v in rm.head.state_dict().items()} | {"gain": rm.gain, "bias": rm.bias}
+        if rm.adapter is None:
+            own |= {f"lm.{k}": v for k, v in rm.lm.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in own.items()}
+
+    def load_state_dict(self, s: dict) -> None:
+        rm = self.rm
+        with torch.no_grad():
+            rm.head.load_state_dict({k[5:]: v for k, v in s.items() if k.startswith("head.")})
+            rm.gain.copy_(s["gain"])
+            rm.bias.copy_(s["bias"])
+            if rm.adapter is None:
+                rm.lm.load_state_dict({k[3:]: v for k, v in s.items() if k.startswith("lm.")})
+
+
 def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: str | None, resume: bool, log=None):
     """The score function PPO optimizes: a reward function by name (`--reward vader`), a trained reward model
-    (rewards.trained_model, or this run's reward_model/ when resuming), or a new one trained from the store."""
+    (rewards.trained_model, or this run's reward_model/ when resuming), or a new one trained from the store.
+    With LoRA a reward model trained in this run is an adapter on the policy's base; info["state"] is its
+    RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the checkpoint fills."""
     from lmprefs.labels.labelers import SCORE_FNS
     from lmprefs.models.lm import load_reward_model
     from lmprefs.training.policy import rm_score_fn, text_score_fn
@@ -257,13 +299,18 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
     if cfg.rewards.trained_model and not (rm_dir / "reward_head.safetensors").is_file():
         raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (no reward_head.safetensors)")
+    info = {"reward": "model", "reward_model": str(rm_dir)}
+    if resume and cfg.lora.rank > 0 and not cfg.rewards.trained_model:
+        rm = reward_frame(t).eval().freeze()
+        return rm_score_fn(rm), info | {"state": RewardState(rm)}
     if (rm_dir / "reward_head.safetensors").is_file() and (cfg.rewards.trained_model or resume):
         rm = load_reward_model(rm_dir, t.device).eval()
-        return rm_score_fn(rm), {"reward": "model", "reward_model": str(rm_dir)}
+        return rm_score_fn(rm), info
     store = label_source(store_path or cfg.labels.source or "labels.sqlite")
     rm, summary = train_reward_model(t, store, rm_dir, log)
     rm.freeze()
-    return rm_score_fn(rm), {"reward": "model", "reward_model": str(rm_dir), "reward_training": summary}
+    info["reward_training"] = summary
+    return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
 
 
 def track_true_reward(score_fn, true_fn, tok):
@@ -300,38 +347,69 @@ def policy_for(t: Task):
     return Policy(copy.deepcopy(t.model), t.tok, cfg.task.temperature, value_lm=value_lm).to(t.device)
 
 
-def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,
-                     resume: bool = False, t: Task | None = None, true_reward: str | None = None,
-                     online: bool = False, labeler: str | None = None) -> dict:  # fmt: skip
-    """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint.
-    online: judgments are requested from the current policy during training and the reward model is retrained."""
+def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
+    """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint. The run
+    directory is locked for the duration (one process per run). Arguments: _train_policy_locked."""
+    from lmprefs.checkpoint import run_lock
+
+    with run_lock(Path(run_dir)):
+        return _train_policy_locked(cfg, Path(run_dir), **kw)
+
+
+def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,
+                         resume: bool = False, t: Task | None = None, true_reward: str | None = None,
+                         online: bool = False, labeler: str | None = None, preset: str | None = None,
+                         changes: list[str] | None = None) -> dict:  # fmt: skip
+    """online: judgments are requested from the current policy during training and the reward model is retrained.
+    resume without a checkpoint starts the run over in the same directory. changes: with resume, continue a run
+    the andon cord stopped from its last good checkpoint with this changed config ('key old -> new' lines)."""
     import json
 
+    from lmprefs.checkpoint import flat_config, math_changes
+    from lmprefs.overrides import atomic_write_text
     from lmprefs.queries import QueryStream
     from lmprefs.runlog import RunLogger
-    from lmprefs.training.policy import build_run, load_checkpoint, train_policy
+    from lmprefs.training.policy import build_run, find_checkpoint, load_checkpoint, train_policy
 
-    run_dir = Path(run_dir)
     meta_path = run_dir / "run.json"  # what the command line chose beyond the config, so --resume repeats it
-    if resume and meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        reward, online = reward or meta.get("reward"), online or meta.get("online", False)
-        labeler, store_path = labeler or meta.get("labeler"), store_path or meta.get("store")
+    found, andon = None, {}
+    if resume:
+        meta = resume_meta(run_dir, reward=reward, online=online, labeler=labeler, store_path=store_path,
+                           preset=preset)  # fmt: skip
+        reward, online, labeler, store_path = meta["reward"], meta["online"], meta.get("labeler"), meta.get("store")
+        found = find_checkpoint(run_dir)
+        andon = check_andon(run_dir, found, changes)
+        if found is not None and changes is None:
+            diff = math_changes(found[1].get("config", {}), flat_config(cfg))
+            if diff:
+                raise UserError(f"--resume: {run_dir}/config.json differs from the config its checkpoint was trained "
+                                f"with ({'; '.join(diff[:3])}); restore it, or start a new --run-dir")  # fmt: skip
+        if found is None:
+            print(f"{run_dir} has no checkpoint yet: starting the run over from update 0", flush=True)
+    else:
+        held = [n for n in ("run.json", "metrics.jsonl", "checkpoint") if (run_dir / n).exists()]
+        if held:
+            raise UserError(f"{run_dir} already holds a run ({held[0]}); pass --resume to continue it or choose "
+                            "another --run-dir")  # fmt: skip
+        meta = {}
     t = t or setup_task(cfg)
-    hooks = []
+    hooks, extras = [], {}
     if online:
         from lmprefs.training.online import OnlineRewards
 
         if reward and reward != "model":
             raise UserError(f"--online learns a reward model from judgments; it cannot use --reward {reward}")
         run_dir.mkdir(parents=True, exist_ok=True)
-        store_path = str(store_path or cfg.labels.source or run_dir / "labels.sqlite")
+        store_path = str(Path(store_path or cfg.labels.source or run_dir / "labels.sqlite").resolve())
         onl = OnlineRewards(t, open_store(store_path), run_dir, labeler)
-        onl.start(resume)
-        score_fn, info, reward = onl.score, {"reward": "online", "store": store_path}, "model"
+        onl.start(found is not None)
+        score_fn, info, reward = onl.score, {"reward": "model", "store": store_path}, "model"
         hooks.append(onl.on_update)
+        extras["online"] = onl
     else:
-        score_fn, info = reward_for_policy(t, run_dir, reward, store_path, resume)
+        score_fn, info = reward_for_policy(t, run_dir, reward, store_path, found is not None)
+        if "state" in info:
+            extras["reward"] = info.pop("state")
     if true_reward:
         from lmprefs.labels.labelers import SCORE_FNS
 
@@ -339,15 +417,19 @@ def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, s
         hooks.append(track)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
-    if resume:
-        load_checkpoint(run, run_dir)
-        print(f"resuming {run_dir} at update {run.update}/{cfg.ppo.num_updates}")
+    run.extras.update(extras)
+    if found is not None:
+        load_checkpoint(run, run_dir, found)
+        print(f"resuming {run_dir} at update {run.update}/{cfg.ppo.num_updates}", flush=True)
     log = RunLogger(run_dir, cfg, resume_step=run.update if resume else None)
     if not resume:
-        from lmprefs.overrides import atomic_write_text
-
-        meta = {"reward": reward or "model", "online": online, "labeler": labeler, "store": store_path}
+        meta = {"reward": reward or "model", "online": online, "labeler": labeler, "preset": preset,
+                "store": str(Path(store_path).resolve()) if store_path else None}  # fmt: skip
         atomic_write_text(meta_path, json.dumps(meta | {k: v for k, v in info.items() if isinstance(v, str)}))
+    if changes is not None:  # continuing after an andon stop: what stopped it and what was changed, for the record
+        meta.setdefault("continued_after_andon", []).append({**andon, "resumed_at": run.update, "changes": changes})
+        atomic_write_text(meta_path, json.dumps(meta))
+        (run_dir / "ANDON").unlink(missing_ok=True)
     try:
         stats = train_policy(cfg, run, score_fn, log, run_dir, t.prefix, t.suffix, t.device, t.dtype,
                              lambda r, st: [h(r, st) for h in hooks])  # fmt: skip
@@ -358,3 +440,52 @@ def run_train_policy(cfg: Config, run_dir: Path, *, reward: str | None = None, s
 
         info["online_summary"] = online_summary(run_dir)
     return {"stats": stats, **info, "run": run, "task": t}
+
+
+def resume_meta(run_dir: Path, *, reward, online, labeler, store_path, preset) -> dict:
+    """run.json of the run to resume, after refusing command-line choices that differ from what it was started
+    with (they would change what it computes); says what it ignores."""
+    import json
+
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise UserError(f"--resume: {run_dir} holds no train-policy run (no run.json); start without --resume")
+    meta = json.loads(path.read_text())
+    if meta.get("reward") == "online":  # run.json of an older lmprefs
+        meta["reward"], meta["online"] = "model", True
+    meta["online"] = bool(meta.get("online"))
+    if online and not meta["online"]:
+        raise UserError(f"--resume --online: the run in {run_dir} was not started with --online; start a new "
+                        "--run-dir")  # fmt: skip
+    given = {"--reward": reward, "preset": preset}
+    if meta["online"]:
+        given |= {"--labeler": labeler, "--db": str(Path(store_path).resolve()) if store_path else None}
+    elif store_path and str(Path(store_path).resolve()) != meta.get("store"):
+        print(f"--resume: ignoring --db {store_path} (the run's reward model is reused)", flush=True)
+    saved = {"--reward": meta.get("reward"), "preset": meta.get("preset"), "--labeler": meta.get("labeler"),
+             "--db": meta.get("store")}  # fmt: skip
+    for flag, value in given.items():
+        if value is not None and saved[flag] is not None and value != saved[flag]:
+            raise UserError(f"--resume: the run in {run_dir} was started with {flag} {saved[flag]}, not {value}; "
+                            "resuming cannot change what it computes (start a new --run-dir)")  # fmt: skip
+    return meta
+
+
+def check_andon(run_dir: Path, found, changes: list[str] | None) -> dict:
+    """The andon record of a run the cord stopped ({} if none); refuses to resume it unless told to continue
+    from the last good state with a changed config."""
+    import json
+
+    path = run_dir / "ANDON"
+    andon = json.loads(path.read_text()) if path.is_file() else {}
+    if andon and changes is None:
+        last = f"update {found[1]['update']}" if found else "none was saved"
+        raise UserError(f"--resume: the run stopped itself at update {andon.get('update')}: {andon.get('reason')}; "
+                        f"its last good checkpoint: {last}. Resuming as it was would repeat that; to continue from "
+                        "it with a change, pass --continue-after-andon and the change (e.g. --ppo.lr 5e-5)")
+    if changes is not None and not andon:
+        raise UserError(f"--continue-after-andon: the run in {run_dir} was not stopped by the andon cord (no ANDON)")
+    if changes is not None and not changes:
+        raise UserError("--continue-after-andon needs a change to the config that made the run stop "
+                        "(e.g. --ppo.lr 5e-5)")  # fmt: skip
+    return andon

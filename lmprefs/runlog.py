@@ -33,8 +33,9 @@ class RunLogger:
         self.samples_path = self.dir / "samples.jsonl"
         if resume_step is not None:
             for p in (self.metrics_path, self.samples_path):
-                _truncate_jsonl(p, resume_step)
-        self.writer = SummaryWriter(str(self.dir))
+                truncate_jsonl(p, resume_step)
+        # purge_step: TensorBoard drops the events of steps after the checkpoint that an earlier process wrote
+        self.writer = SummaryWriter(str(self.dir), purge_step=None if resume_step is None else resume_step + 1)
         if resume_step is None:
             table = "|key|value|\n|-|-|\n" + "\n".join(
                 f"|{s}.{k}|{v}|" for s, sub in to_dict(cfg).items() for k, v in sub.items()
@@ -61,11 +62,21 @@ def _finite(v: float):
     return v if math.isfinite(v) else str(v)
 
 
-def _truncate_jsonl(path: Path, last_step: int) -> None:
+def truncate_jsonl(path: Path, last_step: int, key: str = "step") -> None:
+    """Drop the rows whose `key` is past last_step, by writing a new file and swapping it in (a kill meanwhile
+    leaves the old file whole). A torn last line (killed mid-append) is dropped too."""
+    from lmprefs.overrides import atomic_write_text
+
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in keep))
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)[key] <= last_step:
+                keep.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
 
 
 def read_jsonl(path: Path) -> list[dict]:

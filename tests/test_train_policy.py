@@ -154,11 +154,11 @@ def test_kill_and_resume_reproduces_an_uninterrupted_run(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_andon_cord_stops_on_kl_ceiling_and_saves_state(tmp_path):
+def test_andon_cord_stops_on_kl_ceiling_and_keeps_the_last_good_checkpoint(tmp_path):
     rc = main(["train-policy", "tiny", "--reward", "vader", "--run-dir", str(tmp_path), "--ppo.kl-stop", "-1"])
     assert rc == 3
     assert "kl_stop" in (tmp_path / "ANDON").read_text()
-    assert (tmp_path / "checkpoint" / "state.pt").is_file()
+    assert not (tmp_path / "checkpoint").exists()  # it stopped at update 1: the state that tripped it is not saved
 
 
 def test_direct_reward_is_normalized_on_initial_policy_samples(tmp_path):

@@ -374,27 +374,22 @@ class RewardModel(nn.Module):
 # Saving and loading: a standard HF directory plus the head as safetensors and a small JSON
 
 
-@contextlib.contextmanager
-def atomic_dir(out: Path):
-    """Yield a temporary sibling to write into; on success it replaces `out`, so readers never see half a model."""
-    import os
-    import shutil
-    import tempfile
+def atomic_dir(out: Path, meta: dict | None = None, keep: int = 0):
+    """Yield a temporary sibling to write into; on success it becomes `out` with a manifest, so readers never see
+    half a model nor no model (lmprefs.checkpoint.publish_dir: `out` is a symlink to a versioned directory)."""
+    from lmprefs.checkpoint import publish_dir
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
-    try:
-        yield tmp
-        old = out.with_name(out.name + ".old")
-        if out.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return publish_dir(out, meta, keep)
+
+
+def verified(path: Path) -> Path:
+    """`path` after checking its manifest (directories written before manifests existed load unchecked)."""
+    from lmprefs.checkpoint import MANIFEST, verify
+
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        verify(path)
+    return path
 
 
 def save_policy(policy: Policy, out: Path) -> None:
@@ -426,7 +421,7 @@ def load_policy(path: Path, device: torch.device | str = "cpu", temperature: flo
 
     from safetensors.torch import load_file
 
-    path = Path(path)
+    path = verified(path)
     meta = json.loads((path / "lmprefs.json").read_text())
     lm, tok = load_lm(str(path), device)
     value_lm = load_lm(str(path / "value_model"), device)[0] if (path / "value_model").exists() else None
@@ -461,6 +456,7 @@ def load_reward_model(path: Path, device: torch.device | str = "cpu") -> RewardM
     path = Path(path)
     if not (path / "reward_head.safetensors").exists():
         raise FileNotFoundError(f"{path} is not a reward-model directory (no reward_head.safetensors)")
+    verified(path)
     lm, tok = load_lm(str(path), device)
     rm = RewardModel(lm, tok)
     t = load_file(path / "reward_head.safetensors")

@@ -1,7 +1,12 @@
 """Online label collection (paper section 2.2; not in the original's release): while PPO trains, batches of
 comparisons sampled from the *current* policy go to the label store's queue, judgments arrive (from the simulated
 labeler, or from people through `lmprefs serve`), and the reward model is retrained from all labels so far at evenly
-spaced updates, each time from the initial model with a fresh head (the paper retrained 19 times over a run)."""
+spaced updates, each time from the initial model with a fresh head (the paper retrained 19 times over a run).
+
+Resumable: the checkpoint holds the reward model scoring at that update and the list of retrains so far. A resumed
+run redoes the updates after its checkpoint as the killed one did them: a label batch already in the store is not
+asked for again (simulated labels still missing are added), and a retrain uses only the labels of batches up to its
+update, so with a simulated labeler the resumed run equals the uninterrupted one."""
 
 from __future__ import annotations
 
@@ -28,7 +33,22 @@ class OnlineRewards:
         self.cfg = t.cfg
         self.history_path = self.run_dir / "online.jsonl"
         self._score = None
-        self.policy = None  # set once the policy exists: questions come from its current samples
+        self.rm = None  # the reward model scoring now
+        self.retrains: list[list[int]] = []  # [update, labels] of each reward model so far
+
+    def state_dict(self) -> dict:
+        from lmprefs.pipeline import RewardState
+
+        return {"retrains": self.retrains, "reward": RewardState(self.rm).state_dict()}
+
+    def load_state_dict(self, s: dict) -> None:
+        """Make the checkpoint's reward model the current one, and forget the history rows written after it."""
+        from lmprefs.pipeline import RewardState
+        from lmprefs.runlog import truncate_jsonl
+
+        RewardState(self.rm).load_state_dict(s["reward"])
+        self.retrains = [list(r) for r in s["retrains"]]
+        truncate_jsonl(self.history_path, self.retrains[-1][0] if self.retrains else -1, key="update")
 
     def score(self, queries, responses, prefix=None):
         return self._score(queries, responses, prefix)
@@ -36,14 +56,32 @@ class OnlineRewards:
     def labels_so_far(self) -> int:
         return len(self.store.labeled_examples(self.cfg.labels.type))
 
+    def items_after(self, update: int) -> set[int]:
+        """Items of the batches asked for after `update` (present when a resumed run redoes updates)."""
+        rows = self.store.connection().execute("SELECT id, batch FROM items WHERE batch LIKE 'online:%'").fetchall()
+        return {i for i, b in rows if int(b.split(":", 1)[1]) > update}
+
+    def labels_until(self, update: int) -> int:
+        later = self.items_after(update)
+        return sum(e.item_id not in later for e in self.store.labeled_examples(self.cfg.labels.type))
+
     def request(self, update: int, model=None, adapter: str | None = None) -> dict:
-        """Queue a batch of questions from the current policy (idempotent per update) and, when simulated, answer it."""
+        """Queue a batch of questions from the current policy and, when simulated, answer it. A batch already in
+        the store (a resumed run redoing this update) is not asked for again; simulated answers it lacks are added."""
+        from lmprefs.labels.labelers import label_items, make_labeler
         from lmprefs.pipeline import collect_labels
 
-        n = min(self.cfg.labels.online_questions, len(self.t.train_queries))
-        return collect_labels(self.t, self.store, n, labeler=self.labeler or "none", source=f"online:{update}",
-                              batch=f"online:{update}", seed=self.cfg.run.seed + 1000 + update, model=model,
-                              adapter=adapter)  # fmt: skip
+        cfg, batch, seed = self.cfg, f"online:{update}", self.cfg.run.seed + 1000 + update
+        n = min(cfg.labels.online_questions, len(self.t.train_queries))
+        have = self.store.connection().execute("SELECT COUNT(*) FROM items WHERE batch = ?", (batch,)).fetchone()[0]
+        if have >= n:
+            added = 0
+            if self.labeler:
+                sim = make_labeler(self.labeler, cfg.labels.labeler_temperature, cfg.labels.labeler_random_rate, seed)
+                added = label_items(self.store, sim, self.labeler, batch=batch)
+            return {"items": 0, "labels_added": added, "labeler": self.labeler or "none", "repeated": True}
+        return collect_labels(self.t, self.store, n, labeler=self.labeler or "none", source=batch, batch=batch,
+                              seed=seed, model=model, adapter=adapter)  # fmt: skip
 
     poll_seconds = 5.0
 
@@ -60,27 +98,31 @@ class OnlineRewards:
         from lmprefs.pipeline import train_reward_model
         from lmprefs.training.policy import rm_score_fn
 
-        rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log)
-        rm.freeze()
+        rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log,
+                                         self.items_after(update))  # fmt: skip
+        self.rm = rm.freeze()
         self._score = rm_score_fn(rm)
         row = {"update": update, "labels": summary["labels_train"] + summary["labels_heldout"],
                "labels_train": summary["labels_train"], "heldout_accuracy": summary.get("heldout/accuracy")}  # fmt: skip
+        self.retrains.append([update, row["labels"]])
         with open(self.history_path, "a") as f:
             f.write(json.dumps(row) + "\n")
         return row
 
     def start(self, resume: bool) -> None:
         """The first reward model: from the labels already in the store, after asking for a first batch from the
-        initial policy when there are too few."""
-        from lmprefs.models.lm import load_reward_model
+        initial policy when there are too few. resume: from a checkpoint, which holds the reward model."""
+        from lmprefs.pipeline import reward_frame
+        from lmprefs.runlog import truncate_jsonl
         from lmprefs.training.policy import rm_score_fn
 
-        rm_dir = self.run_dir / "reward_model"
-        if resume and (rm_dir / "reward_head.safetensors").is_file():
-            self._score = rm_score_fn(load_reward_model(rm_dir, self.t.device).eval().freeze())
+        if resume:  # an empty reward model of the right shape; the checkpoint's state fills it (load_state_dict)
+            self.rm = reward_frame(self.t).eval().freeze()
+            self._score = rm_score_fn(self.rm)
             return
+        truncate_jsonl(self.history_path, -1, key="update")  # a run starting over forgets its earlier reward models
         need = max(8, self.cfg.labels.online_questions // 2)
-        if self.labels_so_far() < need:
+        if self.labels_until(0) < need:
             self.request(0)
             if self.labeler is None:
                 self.wait_for_labels(need)
@@ -94,7 +136,7 @@ class OnlineRewards:
             row = self.retrain(u)
             print(f"reward model retrained at update {u} on {row['labels_train']} labels "
                   f"(held-out accuracy {row['heldout_accuracy']})", flush=True)  # fmt: skip
-        stats["online/labels"] = self.labels_so_far()
+        stats["online/labels"] = self.labels_until(u)
         stats["online/pending"] = self.store.pending_count()
 
 

@@ -16,7 +16,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -42,7 +42,8 @@ ScoreFn = Callable[[Tensor, Tensor, FrozenPrefix | None], Tensor]
 
 
 class AndonStop(RuntimeError):
-    """The run stopped itself (NaN/inf, KL past its ceiling, or a collapsing score); its state is saved."""
+    """The run stopped itself (NaN/inf, KL past its ceiling, or a collapsing score); the last good checkpoint is
+    kept and RUN_DIR/ANDON says why."""
 
 
 def rm_score_fn(rm) -> ScoreFn:
@@ -81,14 +82,22 @@ class PolicyRun:
     elapsed: float = 0.0
     best_score_ema: float = -math.inf
     score_ema: float | None = None
+    extras: dict = field(default_factory=dict)
+    """More state for the checkpoint: name -> an object with state_dict()/load_state_dict() holding tensors and
+    plain types only (state.pt loads with weights_only=True): the online reward state, a LoRA reward model's head."""
+    saved_update: int | None = None  # the update of the last checkpoint written or loaded (None: none yet)
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "kl_ctl": self.kl_ctl.state_dict(),
                 "stream": self.stream.state_dict(), "gen_sample": self.gen_sample.get_state(),
                 "gen_ppo": self.gen_ppo.get_state(), "update": self.update, "elapsed": self.elapsed,
-                "best_score_ema": self.best_score_ema, "score_ema": self.score_ema}  # fmt: skip
+                "best_score_ema": self.best_score_ema, "score_ema": self.score_ema,
+                "extras": {k: v.state_dict() for k, v in self.extras.items()}}  # fmt: skip
 
     def load_state_dict(self, s: dict) -> None:
+        missing = [k for k in self.extras if k not in s.get("extras", {})]
+        if missing:
+            raise UserError(f"the checkpoint holds no {missing[0]!r} state, which this run needs")
         self.optimizer.load_state_dict(s["optimizer"])
         self.kl_ctl.load_state_dict(s["kl_ctl"])
         self.stream.load_state_dict(s["stream"])
@@ -96,6 +105,8 @@ class PolicyRun:
         self.gen_ppo.set_state(s["gen_ppo"])
         self.update, self.elapsed = s["update"], s["elapsed"]
         self.best_score_ema, self.score_ema = s["best_score_ema"], s["score_ema"]
+        for k, v in self.extras.items():
+            v.load_state_dict(s["extras"][k])
 
 
 def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float, vocab: int,
@@ -169,32 +180,61 @@ def andon_check(run: PolicyRun, stats: dict, cfg: Config) -> str | None:
     return None
 
 
-def save_checkpoint(run: PolicyRun, run_dir: Path) -> None:
-    """policy/ (a HF directory + value head) and state.pt, replaced together atomically."""
+def nonfinite_parameters(run: PolicyRun) -> str | None:
+    """Why the parameters must not be saved (NaN/inf in one of them), or None."""
+    named = {id(p): n for n, p in run.policy.named_parameters()}
+    for p in run.policy.trainable_parameters():
+        if not torch.isfinite(p).all():
+            return f"non-finite parameter {named.get(id(p), '?')} after update {run.update}"
+    return None
+
+
+def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) -> None:
+    """A new version of checkpoint/ (policy/ as a HF directory + value head, state.pt, and with LoRA the exact
+    adapter weights), published atomically with a manifest; the previous version stays for fallback.
+    Non-finite parameters are never saved."""
     from safetensors.torch import save_file
 
+    from lmprefs.checkpoint import config_meta
     from lmprefs.models.lm import _save_policy, atomic_dir
     from lmprefs.models.lora import adapter_state
 
-    with atomic_dir(Path(run_dir) / "checkpoint") as tmp:
+    bad = nonfinite_parameters(run)
+    if bad:
+        raise AndonStop(f"refusing to save a checkpoint: {bad}")
+    meta = {"update": run.update, **(config_meta(cfg) if cfg is not None else {})}
+    with atomic_dir(Path(run_dir) / "checkpoint", meta, keep=1) as tmp:
         _save_policy(run.policy, tmp / "policy")
         if run.policy.adapter:  # the exact adapter weights; the merged export above is for sampling
             save_file(adapter_state(run.policy.lm), tmp / "adapters.safetensors")
         torch.save(run.state_dict(), tmp / "state.pt")
+    run.saved_update = run.update
 
 
-def load_checkpoint(run: PolicyRun, run_dir: Path) -> None:
+def find_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
+    """(newest checkpoint version that verifies, its manifest), or None when the run never saved one."""
+    from lmprefs.checkpoint import latest_good
+
+    return latest_good(Path(run_dir) / "checkpoint")
+
+
+def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | None = None) -> dict:
+    """Load the newest good checkpoint of run_dir into `run` (or `found`, from find_checkpoint); its manifest."""
     from safetensors.torch import load_file
 
-    ckpt = Path(run_dir) / "checkpoint"
-    if not (ckpt / "state.pt").is_file():
-        raise UserError(f"--resume: {run_dir} has no checkpoint (checkpoint/state.pt); start without --resume")
-    state = torch.load(ckpt / "state.pt", weights_only=False)
+    found = found or find_checkpoint(run_dir)
+    if found is None:
+        raise UserError(f"--resume: {run_dir} has no checkpoint")
+    ckpt, manifest = found
+    state = torch.load(ckpt / "state.pt", weights_only=True)
+    if state["update"] != manifest.get("update"):
+        raise UserError(f"{ckpt}: state.pt is of update {state['update']}, the manifest of {manifest.get('update')}")
     if run.policy.adapter:
         run.policy.lm.load_state_dict(load_file(ckpt / "adapters.safetensors"), strict=False)
         run.policy.value_head.load_state_dict(load_file(ckpt / "policy" / "value_head.safetensors"))
         run.load_state_dict(state)
-        return
+        run.saved_update = run.update
+        return manifest
     src = load_file(ckpt / "policy" / "model.safetensors")
     lm_state = run.policy.lm.state_dict()
     missing = [k for k in lm_state if k not in src and not _tied(run.policy.lm, k)]
@@ -206,6 +246,8 @@ def load_checkpoint(run: PolicyRun, run_dir: Path) -> None:
         run.policy.value_lm.load_state_dict(load_file(ckpt / "policy" / "value_model" / "model.safetensors"),
                                             strict=False)  # fmt: skip
     run.load_state_dict(state)
+    run.saved_update = run.update
+    return manifest
 
 
 def _tied(model, key: str) -> bool:
@@ -215,6 +257,7 @@ def _tied(model, key: str) -> bool:
 def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: Path, prefix, suffix, device, dtype,
                  on_update: Callable[[PolicyRun, dict], None] | None = None) -> dict:  # fmt: skip
     """The outer loop, from run.update to ppo.num_updates. Returns the last update's stats."""
+    from lmprefs.checkpoint import crash_point
     from lmprefs.models.lm import save_policy
     from lmprefs.runlog import progress
 
@@ -243,19 +286,34 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         log.scalars(stats, run.update)
         if run.update % cfg.run.log_interval == 0 or run.update == 1:
             _print_samples(run, rollout, extra, cfg, log)
-        reason = andon_check(run, stats, cfg)
-        if reason or run.update % cfg.run.save_interval == 0 or run.update == n_updates:
-            save_checkpoint(run, run_dir)
-        if reason:
+        crash_point("train:logged")
+        reason = andon_check(run, stats, cfg) or nonfinite_parameters(run)
+        if reason:  # the poisoned state is not saved: the last good checkpoint stays what --resume finds
             bar.close()
-            (Path(run_dir) / "ANDON").write_text(reason + "\n")
-            raise AndonStop(f"andon cord pulled: {reason}; state saved in {run_dir}/checkpoint")
+            raise andon_stop(run, run_dir, reason)
+        if run.update % cfg.run.save_interval == 0 or run.update == n_updates:
+            save_checkpoint(run, run_dir, cfg)
+            crash_point("train:saved")
         bar.update(1)
         bar.set_postfix(score=f"{stats['objective/score']:+.3f}", kl=f"{stats['objective/kl']:.2f}",
                         beta=f"{stats['objective/kl_coef']:.3f}")  # fmt: skip
     bar.close()
     save_policy(run.policy, Path(run_dir) / "policy")
     return stats
+
+
+def andon_stop(run: PolicyRun, run_dir: Path, reason: str) -> AndonStop:
+    """Record why the run stopped in RUN_DIR/ANDON (which `--resume` reads) and build the exception to raise."""
+    import json
+
+    from lmprefs.overrides import atomic_write_text
+
+    last = run.saved_update
+    atomic_write_text(Path(run_dir) / "ANDON", json.dumps({"update": run.update, "reason": reason,
+                                                           "last_good_update": last}) + "\n")  # fmt: skip
+    kept = (f"the last good checkpoint (update {last}) is kept in {run_dir}/checkpoint" if last is not None
+            else "no checkpoint had been saved yet")  # fmt: skip
+    return AndonStop(f"andon cord pulled at update {run.update}: {reason}; {kept}")
 
 
 def _print_samples(run: PolicyRun, rollout: Rollout, extra: dict, cfg: Config, log, n: int = 3) -> None:
