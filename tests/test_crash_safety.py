@@ -197,6 +197,7 @@ def test_an_online_run_killed_after_a_label_request_and_retrain_resumes_exactly(
     assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 0
     assert_same_run(d, full)
     assert (d / "online.jsonl").read_text() == (full / "online.jsonl").read_text()
+    assert [r["online/reward_model"] for r in read_jsonl(d / "metrics.jsonl")] == [0, 0, 0, 1, 1, 1]
     from lmprefs.labels.store import LabelStore
 
     a, b = LabelStore(full / "labels.sqlite"), LabelStore(d / "labels.sqlite")

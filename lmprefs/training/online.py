@@ -130,6 +130,7 @@ class OnlineRewards:
 
     def on_update(self, run, stats: dict) -> None:
         u, cfg = run.update, self.cfg
+        stats["online/reward_model"] = len(self.retrains) - 1  # which reward model (online.md's row) scored update u
         if u % cfg.labels.online_interval == 0 and u < cfg.ppo.num_updates:
             self.request(u, run.policy.lm, run.policy.adapter)
         if u in retrain_points(cfg.ppo.num_updates, cfg.labels.online_retrains):
