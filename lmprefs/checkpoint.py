@@ -162,7 +162,8 @@ def latest_good(out: Path, announce=print) -> tuple[Path, dict] | None:
             continue
         for p, bad in zip(problems, damaged, strict=True):  # set aside, so that pruning keeps the good ones
             os.replace(bad, bad.with_name(bad.name + ".damaged"))
-            announce(f"passing over a damaged version: {p}; using {v.name} (the damaged one is now {bad.name}.damaged)")
+            announce(f"passing over a damaged version: {p}; using {v.name} (the damaged one is now "
+                     f"{bad.name}.damaged)")  # fmt: skip
         return v, manifest
     if problems:
         raise DamagedDirectory(f"no usable {out.name}: {problems[0]}" + (f" (and {len(problems) - 1} more)"
