@@ -16,6 +16,8 @@ static cache on CUDA and the dynamic one on the CPU (benchmarks/gpu_throughput.p
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -77,20 +79,23 @@ def _static_layer_class():
     return StaticLayerOwnValueDtype
 
 
+_STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, its static cache)
+
+
 def _static_cache(model, batch: int, length: int):
-    """A static cache for [batch, length] (transformers' Cache of static layers), kept on the model and reset
-    between calls: its buffers keep their addresses, so compiled steps (and their CUDA graphs) are reused rather
-    than re-recorded."""
+    """A static cache for [batch, length] (transformers' Cache of static layers), kept per model (not on it, so a
+    deepcopy of the model does not copy it) and reset between calls: its buffers keep their addresses, so compiled
+    steps (and their CUDA graphs) are reused rather than re-recorded."""
     from transformers import Cache
 
     key = (batch, length, torch.is_autocast_enabled(), next(model.parameters()).device)
-    held = getattr(model, "_lmprefs_static_cache", None)
+    held = _STATIC_CACHES.get(model)
     if held is not None and held[0] == key:
         held[1].reset()
         return held[1]
     layer = _static_layer_class()
     cache = Cache(layers=[layer(max_cache_len=length) for _ in range(model.config.num_hidden_layers)])
-    model._lmprefs_static_cache = (key, cache)
+    _STATIC_CACHES[model] = (key, cache)
     return cache
 
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from lmprefs.models.lm import PAD, logprobs_and_entropy, response_logits_hidden
-from lmprefs.sampling import sample
+from lmprefs.sampling import _STATIC_CACHES, sample
 
 
 class NextTokenModel(nn.Module):
@@ -86,9 +86,9 @@ def test_static_cache_sampler_equals_the_dynamic_one(tiny_lm):
     q = _padded_queries(tok)
     dyn = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="dynamic")
     st = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="static")
-    cache = model._lmprefs_static_cache[1]
+    cache = _STATIC_CACHES[model][1]
     again = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="static")
-    assert model._lmprefs_static_cache[1] is cache
+    assert _STATIC_CACHES[model][1] is cache
     for a, b, c in zip(dyn, st, again, strict=True):
         assert torch.allclose(a.float(), b.float(), atol=1e-5), (a.float() - b.float()).abs().max()
         assert b.equal(c)
