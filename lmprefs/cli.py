@@ -7,6 +7,7 @@ Config overrides are dotted flags (`--ppo.lr 2e-5`) applied to a preset; a comma
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -132,7 +133,9 @@ def _preset_parser(cmd: str, argv: list[str]):
 def cmd_label(argv: list[str]) -> int:
     p, argv, pairs, name = _preset_parser("label", argv)
     p.add_argument("--db", default="labels.sqlite", help="label store (SQLite file; created if missing)")
-    p.add_argument("--n", type=int, default=1000, help="questions to sample and label")
+    # --questions: torchrun's own parser takes `--n` for an abbreviation of its options and stops the launch
+    p.add_argument("--n", "--questions", dest="n", type=int, default=1000,
+                   help="questions to sample and label (under torchrun spell it --questions)")
     p.add_argument("--labeler", default=None, help="simulated labeler: vader, descriptiveness, or none to only queue")
     p.add_argument("--seed", type=int, default=None, help="seed for the queries and samples (default run.seed)")
     _help_with_config(p, argv, name)
@@ -141,9 +144,13 @@ def cmd_label(argv: list[str]) -> int:
 
     if a.n <= 0:
         raise UserError(f"--n {a.n}: must be positive")
+    from lmprefs import distributed as dist
+
     cfg = _config(a.preset, pairs, a.config)
-    store = open_store(a.db)
+    store = open_store(a.db) if dist.is_main() else None  # rank 0 writes every rank's questions
     out = collect_labels(setup_task(cfg), store, a.n, labeler=a.labeler, seed=a.seed)
+    if not dist.is_main():
+        return 0
     print(f"{out['items']} questions sampled in {out['sample_seconds']:.0f}s; {out['labels_added']} labels by "
           f"{out['labeler']} in {a.db} (store now: {store.table_counts()})")  # fmt: skip
     return 0
@@ -193,15 +200,18 @@ def cmd_train_reward(argv: list[str]) -> int:
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-reward-PRESET-TIME)")
     _help_with_config(p, argv, name)
     a = p.parse_args(argv)
+    from lmprefs import distributed as dist
     from lmprefs.pipeline import label_source, setup_task, train_reward_model
-    from lmprefs.runlog import RunLogger, default_run_dir
+    from lmprefs.runlog import default_run_dir, open_logger
 
     cfg = _config(a.preset, pairs, a.config)
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
     run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-reward", a.preset))
-    log = RunLogger(run_dir, cfg, subdir="reward_model_logs")
+    log = open_logger(run_dir, cfg, subdir="reward_model_logs")
     _, summary = train_reward_model(setup_task(cfg), store, run_dir / "reward_model", log)
     log.close()
+    if not dist.is_main():
+        return 0
     print(f"reward model: {run_dir / 'reward_model'}")
     print(f"  trained on {summary['labels_train']} labels in {summary['seconds']:.0f}s; held-out "
           f"({summary['labels_heldout']} labels): accuracy {summary.get('heldout/accuracy', float('nan')):.3f} "
@@ -260,6 +270,8 @@ def cmd_train_policy(argv: list[str]) -> int:
         print(f"lmprefs train-policy: {e}", file=sys.stderr)
         return 3
     s = out["stats"]
+    if not _main_rank():
+        return 0
     if "online_summary" in out:
         print("reward models of this run:\n" + out["online_summary"])
     print(f"policy: {run_dir / 'policy'}  (score {s.get('objective/score', float('nan')):+.3f}, "
@@ -334,6 +346,8 @@ def cmd_quickstart(argv: list[str]) -> int:
     except AndonStop as e:
         print(f"lmprefs quickstart: {e}", file=sys.stderr)
         return 3
+    if not _main_rank():
+        return 0
     b, f, st = out["before"], out["after"], out["figures"]
     se = (b["stderr"] ** 2 + f["stderr"] ** 2) ** 0.5
     print(f"\nreward model held-out accuracy: {st['rm_accuracy']:.3f} (chance 0.25)")
@@ -397,6 +411,10 @@ def register(name: str, help_text: str, handler) -> None:
     HANDLERS[name] = handler
 
 
+# commands that run as N ranks under torchrun/accelerate; the others are single-process tools
+DISTRIBUTED = {"label", "train-reward", "train-policy", "quickstart"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -412,10 +430,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmprefs: error: unknown command {cmd!r}" + (f"; did you mean {near[0]!r}?" if near else ""),
               file=sys.stderr)  # fmt: skip
         return 2
+    # under a launcher (torchrun sets RANK and WORLD_SIZE) join the process group; without one, torch is not even
+    # imported here and nothing changes
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    where = f" (rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')})" if launched else ""
     try:
+        if launched and cmd not in DISTRIBUTED and os.environ["WORLD_SIZE"] != "1":
+            raise UserError(f"runs in one process; launch it without torchrun/accelerate (WORLD_SIZE="
+                            f"{os.environ['WORLD_SIZE']}); these run on several: {', '.join(sorted(DISTRIBUTED))}")
+        if launched and cmd in DISTRIBUTED:
+            from lmprefs import distributed
+
+            distributed.init()
         return HANDLERS[cmd](rest) or 0
     except UserError as e:
-        print(f"lmprefs {cmd}: error: {e}", file=sys.stderr)
+        print(f"lmprefs {cmd}: error{where}: {e}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
         print(f"lmprefs {cmd}: interrupted", file=sys.stderr)
@@ -423,6 +452,28 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `lmprefs presets x | head`: the reader left; nothing to report
         sys.stderr.close()
         return 0
+    except Exception as e:
+        if not (launched and _is_dist_error(e)):
+            raise
+        # another rank died or stopped answering within LMPREFS_DIST_TIMEOUT: say which rank this is, in one line
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"lmprefs {cmd}: error{where}: lost contact with the other ranks ({type(e).__name__}: {first})",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+    finally:
+        if launched and "lmprefs.distributed" in sys.modules:
+            sys.modules["lmprefs.distributed"].teardown()
+
+
+def _main_rank() -> bool:
+    """Whether this process prints the summary: rank 0 of a launch, or the only process."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _is_dist_error(e: BaseException) -> bool:
+    import torch.distributed as td
+
+    return isinstance(e, td.DistError) or (isinstance(e, RuntimeError) and "Connection closed by peer" in str(e))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from lmprefs import distributed as dist
 from lmprefs.config import Config
 from lmprefs.errors import UserError
 
@@ -33,11 +34,12 @@ class Task:
 
 def setup_torch(run) -> tuple[torch.device, torch.dtype]:
     """Device, autocast dtype and threads from RunConfig."""
+    from lmprefs.distributed import device_for
     from lmprefs.models.lm import pick_device, pick_dtype
 
     if run.threads:
         torch.set_num_threads(run.threads)
-    device = pick_device(run.device)
+    device = device_for(pick_device(run.device))  # cuda:LOCAL_RANK under a launcher
     return device, pick_dtype(run.dtype, device)
 
 
@@ -89,7 +91,9 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
                    model=None, adapter: str | None = None) -> dict:  # fmt: skip
     """Sample `n` questions of N continuations from the initial policy (or `model` with `adapter`: the current
     policy, in online mode), put them in the store, and have the simulated labeler judge them ('none': queue them
-    for people). Returns counts and timings."""
+    for people). Returns counts and timings.
+    Under several ranks each samples a strided share of the questions with its own seed, and rank 0 alone writes
+    them all (in the order one process would) and labels them; `store` may be None on the other ranks."""
     from lmprefs.labels.labelers import label_items, make_labeler
     from lmprefs.labels.types import get as get_label_type
     from lmprefs.runlog import progress
@@ -107,7 +111,7 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
         raise UserError(f"--n {n}: only {len(pool)} training queries in task.query_dataset={cfg.task.query_dataset!r}")
     pick = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed + 17))[:n]
     q = pool[pick]
-    gen = torch.Generator(device=t.device).manual_seed(seed)
+    gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
     t0 = time.time()
     from lmprefs.models.lora import using
     from lmprefs.sampling import sampler_options
@@ -115,11 +119,17 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     bar = progress(n, "sampling comparisons")
     model = t.model if model is None else model
     with using(model, adapter):
-        samples = sample_comparisons(model, t.tok, q, cfg.task, t.prefix, t.suffix, S,
-                                     cfg.train_reward.rollout_batch_size, gen, t.device, t.dtype, bar.update,
-                                     sampler_options(cfg.run))  # fmt: skip
+        samples = sample_comparisons(model, t.tok, dist.shard(q), cfg.task, t.prefix, t.suffix, S,
+                                     max(1, cfg.train_reward.rollout_batch_size // dist.world()), gen, t.device,
+                                     t.dtype, lambda k: bar.update(k * dist.world()), sampler_options(cfg.run))  # fmt: skip
     bar.close()
+    if dist.world() > 1:
+        samples = dist.interleave(dist.all_gather_objects(samples))  # [n, S, T], question i from rank i % W
     t_sample = time.time() - t0
+    if not dist.is_main():  # rank 0 writes and labels; the others wait for the store to be complete
+        dist.barrier()
+        return {"items": n, "labels_added": 0, "labeler": labeler or cfg.labels.labeler, "sample_seconds": t_sample,
+                "seconds": time.time() - t0}  # fmt: skip
     tok_name = tokenizer_id(t.tok)
     q_text = decode(t.tok, q)
     item_ids = []
@@ -137,6 +147,7 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
         sim = make_labeler(name, cfg.labels.labeler_temperature, cfg.labels.labeler_random_rate, seed)
         items = [store.get_item(i) for i in item_ids]
         added = label_items(store, sim, name, items)
+    dist.barrier()
     return {"items": n, "labels_added": added, "labeler": name, "sample_seconds": t_sample,
             "seconds": time.time() - t0}  # fmt: skip
 
@@ -198,7 +209,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
         reset_adapter(t.model, "reward", seed=cfg.run.seed)  # a retrain starts from the initial model, as the paper
     else:
         rm.lm.requires_grad_(True)
-    gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 2)
+    gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
     summary = {"labels_train": len(train), "labels_heldout": len(held), "labelers": by_labeler}
     if cfg.train_reward.normalize_before:
         nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
@@ -226,7 +237,9 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     if log is not None:
         log.scalars({k: v for k, v in summary.items() if isinstance(v, float)}, len(train))
     task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
-    save_reward_model(rm, out_dir, extra={"summary": summary, "label_type": lt.name, "task": task})
+    if dist.is_main():
+        save_reward_model(rm, out_dir, extra={"summary": summary, "label_type": lt.name, "task": task})
+    dist.barrier()  # every rank may read it once this returns
     return rm, summary
 
 
@@ -289,12 +302,13 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
         from lmprefs.tasks import decode
         from lmprefs.training.reward import normalization_samples
 
-        gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 2)
+        gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
         _, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
-        raw = torch.tensor(SCORE_FNS[reward](decode(t.tok, r)), dtype=torch.float64)
+        raw = dist.gather_rows(torch.tensor(SCORE_FNS[reward](decode(t.tok, r)), dtype=torch.float64))
         mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
-        print(f"reward {reward}: normalized with mean {mean:+.4f}, std {std:.4f} of {len(r)} initial-policy samples",
-              flush=True)  # fmt: skip
+        if dist.is_main():
+            print(f"reward {reward}: normalized with mean {mean:+.4f}, std {std:.4f} of {len(raw)} initial-policy "
+                  "samples", flush=True)  # fmt: skip
         return text_score_fn(SCORE_FNS[reward], t.tok, mean, std), {"reward": reward}
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
     if cfg.rewards.trained_model and not (rm_dir / "reward_head.safetensors").is_file():
@@ -352,7 +366,10 @@ def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
     directory is locked for the duration (one process per run). Arguments: _train_policy_locked."""
     from lmprefs.checkpoint import run_lock
 
-    with run_lock(Path(run_dir)):
+    import contextlib
+
+    # rank 0 holds the lock for all ranks of a launch (they are one run)
+    with run_lock(Path(run_dir)) if dist.is_main() else contextlib.nullcontext():
         return _train_policy_locked(cfg, Path(run_dir), **kw)
 
 
@@ -368,7 +385,7 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     from lmprefs.checkpoint import flat_config, math_changes
     from lmprefs.overrides import atomic_write_text
     from lmprefs.queries import QueryStream
-    from lmprefs.runlog import RunLogger
+    from lmprefs.runlog import open_logger
     from lmprefs.training.policy import build_run, find_checkpoint, load_checkpoint, train_policy
 
     meta_path = run_dir / "run.json"  # what the command line chose beyond the config, so --resume repeats it
@@ -392,8 +409,11 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
             raise UserError(f"{run_dir} already holds a run ({held[0]}); pass --resume to continue it or choose "
                             "another --run-dir")  # fmt: skip
         meta = {}
+    dist.barrier()  # every rank has checked the run directory before rank 0 writes into it
     t = t or setup_task(cfg)
     hooks, extras = [], {}
+    if online and dist.world() > 1:
+        raise UserError(f"--online runs in one process for now; launch it without torchrun ({dist.world()} ranks)")
     if online:
         from lmprefs.training.online import OnlineRewards
 
@@ -416,17 +436,18 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
         score_fn, track = track_true_reward(score_fn, SCORE_FNS[true_reward], t.tok)
         hooks.append(track)
     policy = policy_for(t)
-    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
+    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
     run.extras.update(extras)
     if found is not None:
         load_checkpoint(run, run_dir, found)
-        print(f"resuming {run_dir} at update {run.update}/{cfg.ppo.num_updates}", flush=True)
-    log = RunLogger(run_dir, cfg, resume_step=run.update if resume else None)
-    if not resume:
+        if dist.is_main():
+            print(f"resuming {run_dir} at update {run.update}/{cfg.ppo.num_updates}", flush=True)
+    log = open_logger(run_dir, cfg, resume_step=run.update if resume else None)
+    if not resume and dist.is_main():
         meta = {"reward": reward or "model", "online": online, "labeler": labeler, "preset": preset,
                 "store": str(Path(store_path).resolve()) if store_path else None}  # fmt: skip
         atomic_write_text(meta_path, json.dumps(meta | {k: v for k, v in info.items() if isinstance(v, str)}))
-    if changes is not None:  # continuing after an andon stop: what stopped it and what was changed, for the record
+    if changes is not None and dist.is_main():  # continuing after an andon stop: what stopped it and what was changed, for the record
         meta.setdefault("continued_after_andon", []).append({**andon, "resumed_at": run.update, "changes": changes})
         atomic_write_text(meta_path, json.dumps(meta))
         (run_dir / "ANDON").unlink(missing_ok=True)

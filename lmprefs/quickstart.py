@@ -125,6 +125,7 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 
 
 def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -> dict:
+    from lmprefs import distributed as dist
     from lmprefs.labels.labelers import SCORE_FNS
     from lmprefs.pipeline import (
         collect_labels,
@@ -135,50 +136,55 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
         train_reward_model,
     )
     from lmprefs.queries import QueryStream
-    from lmprefs.runlog import RunLogger, read_jsonl
+    from lmprefs.runlog import open_logger, read_jsonl
     from lmprefs.training.policy import build_run, rm_score_fn, train_policy
 
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
+    # shares of each global batch, and every rank evaluates all held-out queries (the same numbers); rank 0 writes
+    say = print if dist.is_main() else (lambda *_, **__: None)
+    if dist.is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
     stages: dict[str, float] = {}
     t0 = time.time()
-    print("[1/6] preparing assets and queries", flush=True)
+    say("[1/6] preparing assets and queries", flush=True)
     t = setup_task(cfg, n_heldout=n_eval)
     stages["assets and model"] = time.time() - t0
     true_fn = SCORE_FNS[cfg.labels.labeler]
     heldout = t.heldout_queries[:n_eval]
 
     s = time.time()
-    print("[2/6] evaluating the initial policy on held-out queries (true reward)", flush=True)
+    say("[2/6] evaluating the initial policy on held-out queries (true reward)", flush=True)
     before = evaluate_policy(t, heldout, true_fn, None, eval_samples, cfg.run.seed + 5, desc="initial policy")
     stages["evaluate initial"] = time.time() - s
 
     s = time.time()
-    print(f"[3/6] sampling {cfg.labels.num_train} comparisons and labeling them with {cfg.labels.labeler}", flush=True)
-    store = open_store(run_dir / "labels.sqlite")
+    say(f"[3/6] sampling {cfg.labels.num_train} comparisons and labeling them with {cfg.labels.labeler}", flush=True)
+    store = open_store(run_dir / "labels.sqlite") if dist.is_main() else None
     n_questions = math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction))
     collect_labels(t, store, n_questions, source="quickstart")
+    store = store or open_store(run_dir / "labels.sqlite")  # the other ranks read it once rank 0 has written it
     stages["sample and label"] = time.time() - s
 
     s = time.time()
-    print("[4/6] training the reward model", flush=True)
-    log = RunLogger(run_dir, cfg)
+    say("[4/6] training the reward model", flush=True)
+    log = open_logger(run_dir, cfg)
     rm, rm_summary = train_reward_model(t, store, run_dir / "reward_model", log)
     rm.freeze()
     stages["train reward model"] = time.time() - s
-    print(f"      held-out accuracy {rm_summary.get('heldout/accuracy', float('nan')):.3f} "
+    say(f"      held-out accuracy {rm_summary.get('heldout/accuracy', float('nan')):.3f} "
           f"({rm_summary['labels_heldout']} labels; chance 0.25)", flush=True)  # fmt: skip
 
     s = time.time()
-    print(f"[5/6] PPO against the reward model: {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", flush=True)
+    say(f"[5/6] PPO against the reward model: {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", flush=True)
     policy = policy_for(t)
-    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed), t.device)
+    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
     score, on_update = track_true_reward(rm_score_fn(rm), true_fn, t.tok)
     stats = train_policy(cfg, run, score, log, run_dir, t.prefix, t.suffix, t.device, t.dtype, on_update)
     log.close()
     stages["PPO"] = time.time() - s
 
     s = time.time()
-    print("[6/6] evaluating the final policy on the same held-out queries", flush=True)
+    say("[6/6] evaluating the final policy on the same held-out queries", flush=True)
     # with LoRA the trained policy is an adapter on t.model; with full fine-tuning it is its own copy
     final = t if policy.adapter else Task(**{**t.__dict__, "model": policy.lm})
     after = evaluate_policy(final, heldout, true_fn, policy.adapter, eval_samples, cfg.run.seed + 5,
@@ -189,6 +195,8 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
                "rm_train": rm_summary["labels_train"], "kl": stats["objective/kl"], "kl_heldout": after.get("kl"),
                "beta": stats["objective/kl_coef"],
                "score": stats["objective/score"]}  # fmt: skip
-    plot_curves(read_jsonl(run_dir / "metrics.jsonl"), run_dir)
-    report = write_report(run_dir, cfg, figures, stages, before, after, heldout, t.tok)
+    report = run_dir / "report.md"
+    if dist.is_main():
+        plot_curves(read_jsonl(run_dir / "metrics.jsonl"), run_dir)
+        report = write_report(run_dir, cfg, figures, stages, before, after, heldout, t.tok)
     return {"report": report, "figures": figures, "before": before, "after": after, "stages": stages}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,33 @@ from lmprefs.overrides import save_config, to_dict
 
 
 def default_run_dir(command: str, preset: str) -> Path:
-    return Path("runs") / f"{command}-{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    """runs/COMMAND-PRESET-TIME; under several ranks, rank 0's clock names it for all."""
+    name = f"{command}-{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if "WORLD_SIZE" in os.environ:
+        from lmprefs.distributed import broadcast_object
+
+        name = broadcast_object(name)
+    return Path("runs") / name
+
+
+def open_logger(run_dir: Path, cfg: Config, subdir: str = "", resume_step: int | None = None):
+    """A RunLogger on rank 0; on the other ranks one that writes nothing (they log the same reduced metrics)."""
+    from lmprefs.distributed import is_main
+
+    return RunLogger(run_dir, cfg, subdir, resume_step) if is_main() else NullLogger()
+
+
+class NullLogger:
+    """What ranks other than 0 log to."""
+
+    def scalars(self, stats: dict[str, float], step: int) -> None:
+        pass
+
+    def samples(self, rows: list[dict], step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class RunLogger:
@@ -84,8 +111,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def progress(total: int, desc: str, initial: int = 0):
-    """A tqdm bar with an ETA on stderr; quiet when stderr is not a terminal except for periodic lines."""
+    """A tqdm bar with an ETA on stderr; quiet when stderr is not a terminal except for periodic lines; shown by
+    rank 0 only when several ranks run."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, initial=initial, file=sys.stderr, dynamic_ncols=True,
+    quiet = os.environ.get("RANK", "0") != "0"
+    return tqdm(total=total, desc=desc, initial=initial, file=sys.stderr, dynamic_ncols=True, disable=quiet,
                 mininterval=1.0 if sys.stderr.isatty() else 10.0, unit="it", smoothing=0.1)  # fmt: skip

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from lmprefs import distributed as dist
 from lmprefs.config import Config
 from lmprefs.errors import UserError
 from lmprefs.models.lm import (
@@ -156,7 +157,7 @@ def build_run(cfg: Config, policy: Policy, stream, device) -> PolicyRun:
     # the frozen initial model; with LoRA it is the shared base itself (adapters off), no copy needed
     ref_lm = None if policy.adapter else copy.deepcopy(policy.lm).requires_grad_(False).eval()
     params = policy.trainable_parameters()
-    seed = cfg.run.seed
+    seed = dist.rank_seed(cfg.run.seed)  # seed + rank * 100003 (set_mpi_seed); cfg.run.seed in one process
     return PolicyRun(
         policy=policy, ref_lm=ref_lm, optimizer=TFAdam(params, lr=cfg.ppo.lr), kl_ctl=make_kl_controller(cfg.rewards),
         stream=stream, gen_sample=torch.Generator(device=device).manual_seed(seed),
@@ -189,10 +190,35 @@ def nonfinite_parameters(run: PolicyRun) -> str | None:
     return None
 
 
+RANK_STATE_FILE = "ranks.pt"  # every rank's generators and query-stream position, and the world size
+
+
+def rank_states(run: PolicyRun) -> dict:
+    """What differs between ranks, gathered from all of them (a collective: every rank calls it)."""
+    mine = {"stream": run.stream.state_dict(), "gen_sample": run.gen_sample.get_state(),
+            "gen_ppo": run.gen_ppo.get_state()}  # fmt: skip
+    return {"world_size": dist.world(), "ranks": dist.all_gather_objects(mine)}
+
+
+def load_rank_state(run: PolicyRun, ckpt: Path) -> None:
+    """This rank's part of rank_states; refuses a checkpoint written by another number of ranks."""
+    path = Path(ckpt) / RANK_STATE_FILE
+    saved = torch.load(path, weights_only=True) if path.is_file() else {"world_size": 1, "ranks": None}
+    if saved["world_size"] != dist.world():
+        raise UserError(f"--resume: the checkpoint in {Path(ckpt).parent} was written by {saved['world_size']} "
+                        f"rank(s) and this launch has {dist.world()}; resume with the same number of processes "
+                        f"(torchrun --nproc-per-node/--nnodes giving WORLD_SIZE={saved['world_size']})")  # fmt: skip
+    if saved["ranks"] is not None:
+        s = saved["ranks"][dist.rank()]
+        run.stream.load_state_dict(s["stream"])
+        run.gen_sample.set_state(s["gen_sample"])
+        run.gen_ppo.set_state(s["gen_ppo"])
+
+
 def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) -> None:
-    """A new version of checkpoint/ (policy/ as a HF directory + value head, state.pt, and with LoRA the exact
-    adapter weights), published atomically with a manifest; the previous version stays for fallback.
-    Non-finite parameters are never saved."""
+    """A new version of checkpoint/ (policy/ as a HF directory + value head, state.pt, ranks.pt, and with LoRA the
+    exact adapter weights), published atomically with a manifest by rank 0; the previous version stays for
+    fallback. Every rank calls it (their own states are gathered). Non-finite parameters are never saved."""
     from safetensors.torch import save_file
 
     from lmprefs.checkpoint import config_meta
@@ -203,7 +229,12 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
     if bad:
         raise AndonStop(f"refusing to save a checkpoint: {bad}")
     meta = {"update": run.update, **(config_meta(cfg) if cfg is not None else {})}
+    ranks = rank_states(run)
+    run.saved_update = run.update
+    if not dist.is_main():
+        return
     with atomic_dir(Path(run_dir) / "checkpoint", meta, keep=1) as tmp:
+        torch.save(ranks, tmp / RANK_STATE_FILE)
         _save_policy(run.policy, tmp / "policy")
         if run.policy.adapter:  # the exact adapter weights; the merged export above is for sampling
             save_file(adapter_state(run.policy.lm), tmp / "adapters.safetensors")
@@ -233,6 +264,7 @@ def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | No
         run.policy.lm.load_state_dict(load_file(ckpt / "adapters.safetensors"), strict=False)
         run.policy.value_head.load_state_dict(load_file(ckpt / "policy" / "value_head.safetensors"))
         run.load_state_dict(state)
+        load_rank_state(run, ckpt)
         run.saved_update = run.update
         return manifest
     src = load_file(ckpt / "policy" / "model.safetensors")
@@ -246,6 +278,7 @@ def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | No
         run.policy.value_lm.load_state_dict(load_file(ckpt / "policy" / "value_model" / "model.safetensors"),
                                             strict=False)  # fmt: skip
     run.load_state_dict(state)
+    load_rank_state(run, ckpt)
     run.saved_update = run.update
     return manifest
 
@@ -264,6 +297,9 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
     n_updates, B = cfg.ppo.num_updates, cfg.ppo.batch_size
     if n_updates <= 0:
         raise UserError(f"ppo.total_episodes={cfg.ppo.total_episodes} is less than one batch ({B})")
+    # each rank samples and updates on its share of the global batch, in nminibatches minibatches of its own
+    B_rank = dist.split_global(B, "ppo.batch_size", cfg.ppo.nminibatches)
+    model = dist.wrap(run.policy)  # DDP averages the minibatch gradients over the ranks
     bar = progress(n_updates, "PPO updates", initial=run.update)
     stats: dict = {}
     while run.update < n_updates:
@@ -271,10 +307,13 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         lr = cfg.ppo.lr * (1 - run.update / n_updates)  # linear decay to 0 over the run
         for g in run.optimizer.param_groups:
             g["lr"] = lr
-        rollout, stats, extra = make_rollout(run, score_fn, run.stream.next(B), cfg, prefix, suffix, device, dtype)
+        rollout, stats, extra = make_rollout(run, score_fn, run.stream.next(B_rank), cfg, prefix, suffix, device,
+                                             dtype)  # fmt: skip
+        stats = dist.all_reduce_mean(stats)  # the KL controller, the andon cord and the logs see all ranks' batch
         run.policy.train()
-        stats |= ppo_update(lambda mb: run.policy(mb.queries, mb.responses, mb.prefix), run.optimizer, rollout,
-                            cfg.ppo, run.gen_ppo, autocast=lambda: autocast(device, dtype))  # fmt: skip
+        stats |= ppo_update(lambda mb: model(mb.queries, mb.responses, mb.prefix), run.optimizer, rollout, cfg.ppo,
+                            run.gen_ppo, autocast=lambda: autocast(device, dtype),
+                            reduce=dist.all_reduce_mean)  # fmt: skip
         run.policy.eval()
         run.kl_ctl.update(stats["objective/kl"], B)  # 6.
         run.update += 1
@@ -282,9 +321,12 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         stats |= {"ppo/lr": lr, "elapsed/updates": run.update, "elapsed/episodes": run.update * B,
                   "elapsed/fps": B * cfg.task.response_length / (time.time() - t0), "elapsed/time": run.elapsed}  # fmt: skip
         if on_update is not None:  # may add metrics of its own before they are written
+            seen = set(stats)
             on_update(run, stats)
+            stats |= dist.all_reduce_mean({k: v for k, v in stats.items() if k not in seen})
+        stats |= dist.all_reduce_mean({k: stats[k] for k in ("elapsed/fps", "elapsed/time")})  # clocks differ
         log.scalars(stats, run.update)
-        if run.update % cfg.run.log_interval == 0 or run.update == 1:
+        if (run.update % cfg.run.log_interval == 0 or run.update == 1) and dist.is_main():
             _print_samples(run, rollout, extra, cfg, log)
         crash_point("train:logged")
         reason = andon_check(run, stats, cfg) or nonfinite_parameters(run)
@@ -298,7 +340,9 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         bar.set_postfix(score=f"{stats['objective/score']:+.3f}", kl=f"{stats['objective/kl']:.2f}",
                         beta=f"{stats['objective/kl_coef']:.3f}")  # fmt: skip
     bar.close()
-    save_policy(run.policy, Path(run_dir) / "policy")
+    if dist.is_main():
+        save_policy(run.policy, Path(run_dir) / "policy")
+    dist.barrier()
     return stats
 
 
@@ -309,8 +353,9 @@ def andon_stop(run: PolicyRun, run_dir: Path, reason: str) -> AndonStop:
     from lmprefs.overrides import atomic_write_text
 
     last = run.saved_update
-    atomic_write_text(Path(run_dir) / "ANDON", json.dumps({"update": run.update, "reason": reason,
-                                                           "last_good_update": last}) + "\n")  # fmt: skip
+    if dist.is_main():
+        row = {"update": run.update, "reason": reason, "last_good_update": last}
+        atomic_write_text(Path(run_dir) / "ANDON", json.dumps(row) + "\n")
     kept = (f"the last good checkpoint (update {last}) is kept in {run_dir}/checkpoint" if last is not None
             else "no checkpoint had been saved yet")  # fmt: skip
     return AndonStop(f"andon cord pulled at update {run.update}: {reason}; {kept}")

@@ -200,13 +200,16 @@ def ppo_update(
     gen: torch.Generator,
     *,
     autocast: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    reduce: Callable[[dict[str, float]], dict[str, float]] = lambda stats: stats,
 ) -> dict[str, float]:
     """cfg.noptepochs passes of clipped PPO over cfg.nminibatches shuffled minibatches (train_policy.py#L180-L196).
 
     `forward(mb)` returns (logprobs, vpred, entropy), each [b, T], for the minibatch's responses under the current
     policy: logprobs at the sampling temperature, values, per-token entropy. It runs inside `autocast()`; its
     outputs are cast to float32 for the losses (keep the rollout's tensors in float32 too).
-    Returns the stats averaged over all minibatches, as the original's record_step_stats.
+    Returns the stats averaged over all minibatches, as the original's record_step_stats, then over the ranks by
+    `reduce` (mpi_allreduce_mean) when several ranks each update on their own share of the batch. Whitening stays per
+    rank's minibatch, as in the original (its whiten() takes moments of the local tensor only).
     """
     B = len(rollout)
     if B % cfg.nminibatches:
@@ -239,7 +242,7 @@ def ppo_update(
 
     keys = list(stat_list[0])
     means = torch.stack([torch.stack([s[k] for s in stat_list]).mean() for k in keys]).tolist()  # one sync
-    out = dict(zip(keys, means, strict=True))
+    out = reduce(dict(zip(keys, means, strict=True)))
     # record_step_stats (#L241): from the minibatch-averaged stats, i.e. how well the *current* value head
     # (vpred, before each step) explains the returns: 1 - E[(vpred - R)^2] / Var[R]
     returns_var = out["ppo/returns/var"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from lmprefs import distributed as dist
 from lmprefs.config import Config, TaskConfig
 from lmprefs.models.lm import PAD, FrozenPrefix, RewardModel, autocast, frozen_depth, frozen_prefix, hidden_size
 from lmprefs.sampling import sample, sampler_options
@@ -116,12 +117,14 @@ def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, prefix, suff
 
 def normalization_samples(model, tok, queries: Tensor, cfg: Config, prefix, suffix, gen, device, dtype):
     """(queries [n, Q], responses [n, T]): train_reward.normalize_samples untruncated samples of the initial policy,
-    as the original's normalization draws them (train_reward.py:normalize)."""
-    q = queries[: cfg.train_reward.normalize_samples]
+    as the original's normalization draws them (train_reward.py:normalize). Under several ranks, this rank's strided
+    share of them (both sizes are global totals), sampled with `gen`, the rank's own generator."""
+    q = dist.shard(queries[: cfg.train_reward.normalize_samples])
+    per = max(1, cfg.train_reward.rollout_batch_size // dist.world())
     responses = []
     with torch.no_grad():
-        for i in range(0, len(q), cfg.train_reward.rollout_batch_size):
-            qb = q[i : i + cfg.train_reward.rollout_batch_size].to(device)
+        for i in range(0, len(q), per):
+            qb = q[i : i + per].to(device)
             with autocast(device, dtype):
                 r, _ = sample(model, format_queries(qb, prefix, suffix), cfg.task.response_length,
                               cfg.task.temperature, len(tok), gen, **sampler_options(cfg.run))  # fmt: skip
@@ -133,7 +136,8 @@ def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, prefix,
     """Set gain and bias so rewards of initial-policy samples have mean 0 and std 1 (train_reward.py:normalize;
     rewards.py:set_reward_norm). The samples are untruncated, as the original's normalization samples are."""
     q, responses = normalization_samples(model, tok, queries, cfg, prefix, suffix, gen, device, dtype)
-    r = rm_rewards(rm, q, responses, prefix, suffix, device, dtype).double()
+    # the moments of every rank's samples together (the original averages them over MPI ranks)
+    r = dist.gather_rows(rm_rewards(rm, q, responses, prefix, suffix, device, dtype).double())
     mean, std = r.mean().item(), r.std(unbiased=False).item()  # np.mean / np.std of the original
     rm.set_norm(mean, std)
     return {"mean_before": mean, "std_before": std, "queries": q, "responses": responses}
@@ -180,13 +184,17 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     """train_reward.epochs passes over `data`, each in a fresh random permutation, the LR decaying linearly to 0
     over all of them (train_reward.py:train l.241-249, which makes one pass). A minibatch of train_reward.batch_size
     questions runs as forwards of train_reward.microbatch questions whose gradients add up (the same step, less
-    memory). `cache`: reward_prefixes(data), so the frozen bottom blocks are not run again."""
+    memory). `cache`: reward_prefixes(data), so the frozen bottom blocks are not run again.
+    Under several ranks every rank draws the same permutation and takes a strided share of each global batch; DDP
+    averages the gradients, with each rank's loss weighted so that the average is the global batch's mean."""
     from lmprefs.training.optim import TFAdam
 
     params = rm.trainable_parameters()
     for p in params:  # a retrain after freeze(): these are the parameters this epoch trains
         p.requires_grad_(True)
-    opt = TFAdam(params, lr=cfg.train_reward.lr)
+    model = dist.wrap(rm)
+    opt = TFAdam(rm.trainable_parameters(), lr=cfg.train_reward.lr)
+    W = dist.world()
     g = torch.Generator().manual_seed(cfg.run.seed)
     n, bs, S = len(data), cfg.train_reward.batch_size, data.samples.shape[1]
     micro = cfg.train_reward.microbatch or bs
@@ -197,24 +205,31 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
         for start in range(0, n, bs):
             for group in opt.param_groups:
                 group["lr"] = cfg.train_reward.lr * (1 - (epoch * n + start) / total)
-            idx = perm[start : start + bs]
+            idx = perm[start : start + bs]  # the global batch
+            mine, empty = dist.shard(idx), False
+            if len(mine) == 0:  # a last batch smaller than the ranks: this rank's backward still joins the average
+                mine, empty = idx[:1], True
             opt.zero_grad(set_to_none=True)
             sums = dict.fromkeys(("loss", "error", "accuracy"), 0.0)
-            for m0 in range(0, len(idx), micro):
-                sub = idx[m0 : m0 + micro]
+            for m0 in range(0, len(mine), micro):
+                sub = mine[m0 : m0 + micro]
                 mb = data[sub]
                 q = format_queries(mb.queries.to(device), prefix, suffix).repeat_interleave(S, 0)  # [b*S, Q']
                 rows = (sub.unsqueeze(1) * S + torch.arange(S)).flatten()  # this microbatch's rows of the cache
                 pre = cache[rows.to(cache.hidden.device)] if cache is not None else None
-                with autocast(device, dtype):
-                    rewards = rm(q, mb.samples.flatten(0, 1).to(device), pre).float().view(len(mb), S)  # [b, S]
-                weight = None if mb.weights is None else mb.weights.to(device)
-                out = label_type.loss(rewards, {"best": mb.best.to(device), "weight": weight})
-                (out["loss"] * (len(sub) / len(idx))).backward()  # the mean over the minibatch
+                # the mean over the global batch: this share's sum / len(idx), times W because DDP divides by W
+                share = 0.0 if empty else len(sub) * W / len(idx)
+                # gradients of all but the last microbatch stay local; the last backward averages the sum
+                with dist.no_sync(model, m0 + micro < len(mine)):
+                    with autocast(device, dtype):
+                        rewards = model(q, mb.samples.flatten(0, 1).to(device), pre).float().view(len(mb), S)  # [b, S]
+                    weight = None if mb.weights is None else mb.weights.to(device)
+                    out = label_type.loss(rewards, {"best": mb.best.to(device), "weight": weight})
+                    (out["loss"] * share).backward()
                 for k in sums:
-                    sums[k] += float(out[k].detach()) * len(sub) / len(idx)
+                    sums[k] += float(out[k].detach()) * share / W
             opt.step()
-            stats = {f"train_reward/minibatch/{k}": v for k, v in sums.items()}
+            stats = {f"train_reward/minibatch/{k}": v for k, v in dist.all_reduce_sum(sums).items()}
             stats["train_reward/lr"] = opt.param_groups[0]["lr"]
             if not all(math.isfinite(v) for v in stats.values()):
                 raise FloatingPointError(f"reward-model training diverged at step {step}: {stats}")
