@@ -365,9 +365,9 @@ def policy_for(t: Task):
 def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
     """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint. The run
     directory is locked for the duration (one process per run). Arguments: _train_policy_locked."""
-    from lmprefs.checkpoint import run_lock
-
     import contextlib
+
+    from lmprefs.checkpoint import run_lock
 
     # rank 0 holds the lock for all ranks of a launch (they are one run)
     with run_lock(Path(run_dir)) if dist.is_main() else contextlib.nullcontext():
@@ -448,7 +448,8 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
         meta = {"reward": reward or "model", "online": online, "labeler": labeler, "preset": preset,
                 "store": str(Path(store_path).resolve()) if store_path else None}  # fmt: skip
         atomic_write_text(meta_path, json.dumps(meta | {k: v for k, v in info.items() if isinstance(v, str)}))
-    if changes is not None and dist.is_main():  # continuing after an andon stop: what stopped it and what was changed, for the record
+    # continuing after an andon stop: what stopped it and what was changed, for the record (rank 0 writes it)
+    if changes is not None and dist.is_main():
         meta.setdefault("continued_after_andon", []).append({**andon, "resumed_at": run.update, "changes": changes})
         atomic_write_text(meta_path, json.dumps(meta))
         (run_dir / "ANDON").unlink(missing_ok=True)
