@@ -190,7 +190,7 @@ class RunConfig:
     """torch CPU threads; 0 = torch's default."""
     kv_cache: Literal["auto", "static", "dynamic"] = "auto"
     """The sampler's KV cache, both transformers': static (preallocated for query + response, fixed shapes, what
-    torch.compile needs) or dynamic (grown per token); auto = static on CUDA or when compiling, else dynamic."""
+    torch.compile needs) or dynamic (grown per token); auto = static (as fast or faster, also on the CPU)."""
     compile: Literal["auto", "on", "off"] = "auto"
     """torch.compile the sampler's decode step (with CUDA graphs on a GPU); auto = on for CUDA, off on the CPU,
     where the compile takes minutes and did not pay off."""

@@ -10,7 +10,7 @@ from lmprefs.sampling import _STATIC_CACHES, sample
 
 class NextTokenModel(nn.Module):
     """A fake LM whose next token is always previous + 1 (language/test_sample.py): hidden = one-hot of the input,
-    head = a huge logit on (token + 1) mod V. It follows the HF interface the sampler uses."""
+    head = a huge logit on (token + 1) mod V. It follows the HF interface the dynamic-cache sampler uses."""
 
     def __init__(self, V: int):
         super().__init__()
@@ -34,14 +34,15 @@ class NextTokenModel(nn.Module):
 def test_fake_next_token_model_gives_exact_tokens():
     m = NextTokenModel(10)
     q = torch.tensor([[1, 2, 3], [7, PAD, PAD], [PAD, 4, 5]])
-    r, lp = sample(m, q, 5, temperature=1.0, vocab=10, generator=torch.Generator().manual_seed(0))
+    r, lp = sample(m, q, 5, temperature=1.0, vocab=10, generator=torch.Generator().manual_seed(0), cache="dynamic")
     assert r.tolist() == [[4, 5, 6, 7, 8], [8, 9, 0, 1, 2], [6, 7, 8, 9, 0]]
     assert torch.allclose(lp, torch.zeros_like(lp), atol=1e-6)
 
 
 def test_logits_beyond_the_real_vocabulary_are_never_sampled():
     m = NextTokenModel(10)
-    r, _ = sample(m, torch.tensor([[7]]), 6, temperature=1.0, vocab=9, generator=torch.Generator().manual_seed(0))
+    r, _ = sample(m, torch.tensor([[7]]), 6, temperature=1.0, vocab=9, generator=torch.Generator().manual_seed(0),
+                  cache="dynamic")  # the fake model has no config for a static cache
     # token 8 -> 9 is outside a 9-token vocabulary, so the sampler must not produce 9
     assert (r < 9).all()
 
@@ -103,7 +104,8 @@ def test_sampler_mode_resolves_auto_by_device():
     from lmprefs.sampling import sampler_mode
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert sampler_mode("auto", "auto", cpu) == (False, False)
+    assert sampler_mode("auto", "auto", cpu) == (True, False)
+    assert sampler_mode("dynamic", "off", cpu) == (False, False)
     assert sampler_mode("auto", "auto", cuda) == (True, True)
     assert sampler_mode("auto", "on", cpu) == (True, True)
     assert sampler_mode("static", "off", cuda) == (True, False)
