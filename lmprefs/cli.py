@@ -20,7 +20,8 @@ COMMANDS = {
     "sample": "print queries and sampled continuations from the initial model or a trained policy",
     "presets": "list the presets, or print one preset's full config",
     "label": "sample best-of-N comparisons from the initial policy and have a simulated labeler judge them",
-    "import-labels": "import a label file (the original's JSON, TRL pairwise JSONL, text JSONL) into a label store",
+    "import-labels": "import a label file (the original's JSON, TRL pairwise JSONL, text JSONL, "
+    "summarize-from-feedback comparisons) into a label store",
     "export-labels": "export a label store to a label file",
     "train-reward": "train a reward model from the label store (or a label file) and report held-out accuracy",
     "score": "score texts (stdin or a file) with a trained reward model",
@@ -160,7 +161,9 @@ def cmd_import_labels(argv: list[str]) -> int:
     p = _parser("import-labels")
     p.add_argument("file")
     p.add_argument("--db", default="labels.sqlite")
-    p.add_argument("--format", default="auto", help="auto (by extension and content), openai, pairs, comparisons")
+    p.add_argument("--format", default="auto", choices=("auto", "openai", "pairs", "comparisons", "summarize"),
+                   help="auto (by content), openai, pairs, comparisons, or summarize (summarize-from-feedback "
+                   "comparisons: labeler = worker, split kept)")  # fmt: skip
     p.add_argument("--labeler", default="import", help="labeler name recorded for the imported labels")
     a = p.parse_args(argv)
     from lmprefs.labels.formats import LabelFileError, import_file

@@ -18,7 +18,8 @@ class TaskConfig:
     """What the policy continues and how responses are post-processed (lm_tasks.py:TaskHParams)."""
 
     query_dataset: str = "austen"
-    """Where queries come from: `austen` (the offline asset), a local .txt/.jsonl file, or `hf:NAME[:SPLIT[:FIELD]]`."""
+    """Where queries come from: `austen` (the offline asset), a local .txt/.jsonl file, a TL;DR .json file (field
+    `content`), a CNN/DM .story file or directory of them, or `hf:NAME[:SPLIT[:FIELD]]`."""
     query_length: int = 64
     """Query tokens after trimming; shorter queries are padded (the original right-pads with its pad id)."""
     query_prefix: str = ""

@@ -2,7 +2,9 @@
 
 A dataset is a list of texts: `austen` (the offline asset), `bundled` (a few KB of Austen shipped in the package),
 a local .txt (paragraphs split on blank lines) or .jsonl file (`path.jsonl` reads field "text", `path.jsonl:FIELD`
-another), or `hf:NAME[:SPLIT[:FIELD]]` through Hugging Face `datasets` when it is installed and reachable.
+another), the original's summarization data (a TL;DR .json list of {"content": post}, a CNN/DM .story file or a
+directory of them; read by `lmprefs.summarize`), or `hf:NAME[:SPLIT[:FIELD]]` through Hugging Face `datasets` when it
+is installed and reachable.
 Each text becomes a query as in the original: cut after the first start_text, truncated to query_length, cut after
 the last end_text, right-padded with PAD; texts with no start or end token are skipped.
 """
@@ -40,9 +42,17 @@ def load_texts(spec: str) -> list[str]:
         return _load_hf(spec)
     path, _, field = spec.partition(":") if spec.count(":") == 1 and not Path(spec).exists() else (spec, "", "")
     p = Path(path).expanduser()
+    if p.is_dir() or p.suffix == ".story":  # CNN/DM: one .story file or a directory of them
+        from lmprefs.summarize import story_texts
+
+        return story_texts(p)
     if not p.is_file():
-        raise QueryDataError(f"task.query_dataset={spec!r}: no such file (expected austen, bundled, a .txt or .jsonl "
-                             "file, or hf:NAME)")  # fmt: skip
+        raise QueryDataError(f"task.query_dataset={spec!r}: no such file (expected austen, bundled, a .txt, .jsonl "
+                             "or TL;DR .json file, a CNN/DM .story file or directory, or hf:NAME)")  # fmt: skip
+    if p.suffix == ".json":  # TL;DR: the original's JSON list of {"content": post}
+        from lmprefs.summarize import tldr_texts
+
+        return tldr_texts(p, field or "content")
     if p.suffix == ".jsonl":
         field = field or "text"
         texts = []

@@ -12,6 +12,11 @@
   (TRL's own conversion of these files, `pairs="first"`) or every distinct other sample (`pairs="all"`).
 - "comparisons": plain text JSONL, one `{"query": str, "samples": [str, ...], "best": int, "labeler"?: str}`
   per line (`score` or `difference` instead of `best` for the scalar types).
+- "summarize" (import only): the comparison JSONL of the later summarization work (openai/summarize-from-feedback),
+  one `{"info": {"post", "title"?, "subreddit"?} or {"article"}, "summaries": [{"text"}, {"text"}], "choice": 0|1,
+  "worker": str, "split": str}` per line. Imported as best_of_2 items (samples in the file's order, best = choice)
+  labeled by `worker`; the split is kept in the item's source, `import:FILE#SPLIT` (train, valid1, valid2). The query
+  is the article, or the post as `lmprefs.summarize.comparison_query` writes it.
 
 Token ids from "openai" files are stored as given (pads removed), so a reward model trained on them sees the
 original's tokens; the decoded text is for people and other tokenizers (it shows U+FFFD where a sample ends inside
@@ -37,7 +42,8 @@ from pathlib import Path
 
 from lmprefs.labels.store import ImportRow, LabelStore, label_type_shape
 
-FORMATS = ("openai", "pairs", "comparisons")
+FORMATS = ("openai", "pairs", "comparisons")  # import and export
+IMPORT_FORMATS = (*FORMATS, "summarize")
 GPT2_VOCAB = 50257
 GPT2_PAD = 50259  # "for historical reasons" (language/encodings.py @cbfd210)
 
@@ -94,7 +100,10 @@ def _detect(path: Path, kind: str, rows: list) -> str:
         return "pairs"
     if isinstance(first, dict) and "samples" in first:
         return "comparisons"
-    raise LabelFileError(f"{path.name}: cannot tell the format (expected {', '.join(FORMATS)}); pass format=...")
+    if isinstance(first, dict) and "summaries" in first:
+        return "summarize"
+    expected = ", ".join(IMPORT_FORMATS)
+    raise LabelFileError(f"{path.name}: cannot tell the format (expected {expected}); pass format=...")
 
 
 def _field(name: str, where: str, row: object, key: str, types: type | tuple[type, ...], what: str):
@@ -216,6 +225,34 @@ def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
     return out
 
 
+def _summarize_rows(name, rows, label_type) -> list[dict]:
+    from lmprefs.summarize import comparison_query
+
+    if label_type not in (None, "best_of_2"):
+        raise LabelFileError(f"{name}: summarize comparisons are best_of_2 questions, not label_type={label_type!r}")
+    out = []
+    for where, row in rows:
+        info = _field(name, where, row, "info", dict, "an object")
+        query = comparison_query(info)
+        if query is None:
+            raise LabelFileError(f"{name} {where}: field 'info' has neither a 'post' nor an 'article' string")
+        summaries = _field(name, where, row, "summaries", list, "a list of 2 summaries")
+        if len(summaries) != 2:
+            raise LabelFileError(f"{name} {where}: field 'summaries' has {len(summaries)} summaries, not 2")
+        texts = [_field(name, f"{where} summaries[{i}]", s, "text", str, "a string") for i, s in enumerate(summaries)]
+        choice = _field(name, where, row, "choice", int, "an integer")
+        if not 0 <= choice <= 1:
+            raise LabelFileError(f"{name} {where}: field 'choice' = {choice} is out of range 0..1")
+        worker = _field(name, where, row, "worker", str, "a string")
+        if not worker.strip() or worker != worker.strip() or len(worker) > 100:
+            raise LabelFileError(f"{name} {where}: field 'worker' = {worker!r:.60} is not a labeler name (1-100 "
+                                 "characters without surrounding spaces)")  # fmt: skip
+        split = _field(name, where, row, "split", str, "a string")
+        out.append(dict(query=query, samples=texts, label_type="best_of_2", best=choice, labeler=worker,
+                        source=f"import:{name}#{split}"))  # fmt: skip
+    return out
+
+
 def import_file(
     store: LabelStore,
     path: str | Path,
@@ -236,8 +273,8 @@ def import_file(
     limit: import only the first `limit` rows, like the original's `labels.num_train`; fewer rows is an error.
     """
     path = Path(path)
-    if format not in ("auto", *FORMATS):
-        raise ValueError(f"format={format!r} must be 'auto' or one of {FORMATS}")
+    if format not in ("auto", *IMPORT_FORMATS):
+        raise ValueError(f"format={format!r} must be 'auto' or one of {IMPORT_FORMATS}")
     kind, rows = _load(path)
     fmt = _detect(path, kind, rows) if format == "auto" else format
     if fmt == "pairs" and label_type not in (None, "best_of_2"):
@@ -253,7 +290,10 @@ def import_file(
             tokenizer, tokenizer_name = gpt2_tokenizer(), tokenizer_name or "gpt2"
         parsed = _openai_rows(path.name, rows, label_type, labeler, tokenizer, tokenizer_name or "gpt2")
     else:
-        parsed = _text_rows(path.name, fmt, rows, label_type, labeler)
+        if fmt == "summarize":
+            parsed = _summarize_rows(path.name, rows, label_type)
+        else:
+            parsed = _text_rows(path.name, fmt, rows, label_type, labeler)
         if tokenizer is not None:
             tokenizer_name = tokenizer_name or Path(getattr(tokenizer, "name_or_path", "") or "").name
             if not tokenizer_name:
@@ -271,7 +311,8 @@ def import_file(
     for r in parsed:
         k = seen[(r["label_type"], r["query"], tuple(r["samples"]), r["labeler"])]
         seen[(r["label_type"], r["query"], tuple(r["samples"]), r["labeler"])] += 1
-        import_rows.append(ImportRow(source=f"import:{path.name}", key=f"dup{k}" if k else None, **r))
+        r.setdefault("source", f"import:{path.name}")
+        import_rows.append(ImportRow(key=f"dup{k}" if k else None, **r))
     try:
         counts = store.import_batch(import_rows)
     except ValueError as e:  # e.g. a labeler's different answer to an item already in the store

@@ -1,0 +1,150 @@
+"""Summarization data: the original's TL;DR JSON and CNN/DM .story readers, their cropping into queries, the
+summarize-from-feedback comparison import, and one-line errors for bad files. Fixtures are written here."""
+
+import dataclasses
+import json
+
+import pytest
+
+from lmprefs.cli import main
+from lmprefs.config import preset
+from lmprefs.labels.formats import LabelFileError, import_file
+from lmprefs.labels.store import LabelStore
+from lmprefs.models.lm import PAD
+from lmprefs.queries import build_queries, load_texts, task_queries
+from lmprefs.summarize import SummaryDataError, story_article
+
+POSTS = [
+    "I (24F) adopted a cat last week.\n\n\n\nShe hides under the bed all day and only eats at night. Is this normal?",
+    "My landlord wants to raise the rent by 30% and says I have to sign by Friday. What are my options here?",
+]
+STORY = (
+    "By . Jane Reporter . \nPUBLISHED: . 12:00 EST, 1 May 2014 . \n\n"  # the Daily Mail byline: 2 lines, dropped
+    "LONDON, England (CNN) -- The city council voted on Monday to close the old bridge.\n"
+    "Engineers found cracks in two of its supports.\n\n\n\n"
+    "The bridge will reopen next year after repairs costing four million pounds.\n\n"
+    "@highlight\n\nCouncil closes the old bridge\n\n@highlight\n\nRepairs cost four million pounds\n"
+)
+
+
+def _task(name, **kw):
+    cfg = preset(name)
+    return dataclasses.replace(cfg.task, **kw)
+
+
+def test_tldr_json_posts_become_cropped_queries(tmp_path, tiny_lm):
+    _, tok = tiny_lm
+    path = tmp_path / "train-subset.json"
+    path.write_text(json.dumps([{"content": p, "id": i} for i, p in enumerate(POSTS)]))
+    texts = load_texts(str(path))
+    # as datasets/tldr.py: 3+ newlines squeezed to one blank line, stripped
+    assert texts[0] == POSTS[0].replace("\n\n\n\n", "\n\n") and texts[1] == POSTS[1]
+    task = _task("tldr", query_dataset=str(path), query_length=12)
+    train, _, prefix, suffix = task_queries(task, tok, 1024)
+    assert train.shape == (2, 12) and prefix == [] and tok.decode(suffix) == "\n\nTL;DR:"
+    # tldr has no end_text: the original only truncates to query_length
+    got = {tuple(t for t in row if t != PAD) for row in train.tolist()}
+    assert got == {tuple(tok(t).input_ids[:12]) for t in texts}
+    # the same posts as JSONL, one object per line
+    (tmp_path / "posts.json").write_text("".join(json.dumps({"content": p}) + "\n" for p in POSTS))
+    assert load_texts(str(tmp_path / "posts.json")) == texts
+
+
+def test_cnndm_story_preamble_and_highlights_stripped_and_cropped_at_a_newline(tmp_path, tiny_lm):
+    _, tok = tiny_lm
+    (tmp_path / "cnn" / "stories").mkdir(parents=True)
+    (tmp_path / "cnn" / "stories" / "a.story").write_text(STORY)
+    (tmp_path / "cnn" / "stories" / "b.story").write_text("(CNN)Short news.\nSecond line.\n\n@highlight\n\nShort\n")
+    article = story_article(tmp_path / "cnn" / "stories" / "a.story")
+    assert article == (
+        "The city council voted on Monday to close the old bridge.\nEngineers found cracks in two of its supports.\n\n"
+        "The bridge will reopen next year after repairs costing four million pounds."
+    )
+    assert load_texts(str(tmp_path)) == [article, "Short news.\nSecond line."]  # a directory: every .story, sorted
+    task = _task("cnndm", query_dataset=str(tmp_path), query_length=30)
+    queries = build_queries(load_texts(task.query_dataset), tok, task)
+    texts = [tok.decode([t for t in row if t != PAD]) for row in queries.tolist()]
+    # cropped to 30 tokens, then cut after the last '\n' within them (end_text, as language/datasets.py)
+    first = "The city council voted on Monday to close the old bridge.\nEngineers found cracks in two of its supports."
+    assert texts[0] == first + "\n\n"
+    assert len(tok(texts[0]).input_ids) <= 30 < len(tok(article).input_ids)
+    assert texts[1] == "Short news.\n"
+    assert tok.decode(tok(task.query_prefix).input_ids) == "Article:\n\n"
+
+
+def test_bad_summarization_files_name_file_row_and_field(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([{"content": "ok"}, {"body": "no content"}]))
+    with pytest.raises(SummaryDataError, match=r"bad.json row 1: missing field 'content'"):
+        load_texts(str(bad))
+    (tmp_path / "nohl.story").write_text("An article with no summaries.\n")
+    with pytest.raises(SummaryDataError, match=r"nohl.story: no '@highlight' line"):
+        load_texts(str(tmp_path / "nohl.story"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SummaryDataError, match="no .story files"):
+        load_texts(str(tmp_path / "empty"))
+
+
+def comparison(post="My cat hides all day.", choice=1, worker="w1", split="train", **kw):
+    row = {
+        "info": {"id": "t3_x", "post": post, "title": "Cat hides", "subreddit": "cats"},
+        "summaries": [{"text": " cat hides", "policy": "sup"}, {"text": " new cat is shy", "policy": "ref"}],
+        "choice": choice,
+        "worker": worker,
+        "batch": "batch3",
+        "split": split,
+    }
+    return {**row, **kw}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_summarize_comparisons_import_as_best_of_2_with_worker_and_split(tmp_path):
+    rows = [comparison(), comparison(choice=0, worker="w2", split="valid1"),
+            comparison(post="x", worker="w1", info={"id": "c1", "article": "The article text."})]  # fmt: skip
+    path = write_jsonl(tmp_path / "batch3.json", rows)
+    with LabelStore(tmp_path / "labels.db") as store:
+        report = import_file(store, path)
+        assert report.format == "summarize" and report.labels_added == 3 and report.label_types == ("best_of_2",)
+        ex = store.labeled_examples("best_of_2")
+        assert [(e.labeler, e.best) for e in ex] == [("w1", 1), ("w2", 0), ("w1", 1)]
+        assert ex[0].query == "SUBREDDIT: r/cats\n\nTITLE: Cat hides\n\nPOST: My cat hides all day."
+        assert ex[0].samples == [" cat hides", " new cat is shy"] and ex[2].query == "The article text."
+        sources = [store.get_item(e.item_id).source for e in ex]
+        assert sources == ["import:batch3.json#train", "import:batch3.json#valid1", "import:batch3.json#train"]
+        assert import_file(store, path).labels_added == 0  # a second import adds nothing
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        (comparison(choice=2), r"c.json line 2: field 'choice' = 2 is out of range 0..1"),
+        ({k: v for k, v in comparison().items() if k != "worker"}, r"c.json line 2: missing field 'worker'"),
+        (comparison(summaries=[{"text": "a"}, {"txt": "b"}]), r"c.json line 2 summaries\[1\]: missing field 'text'"),
+        (comparison(info={"id": "x"}), r"c.json line 2: field 'info' has neither a 'post' nor an 'article'"),
+        ('{"info": {"post": "p"}, "summaries": [', r"c.json line 2: invalid JSON"),
+    ],
+)
+def test_bad_comparisons_are_one_line_exit_2_and_store_nothing(tmp_path, capsys, row, message):
+    path = write_jsonl(tmp_path / "c.json", [comparison(), row])
+    with LabelStore(tmp_path / "labels.db") as store, pytest.raises(LabelFileError, match=message):
+        import_file(store, path, format="summarize")
+    db = tmp_path / "cli.db"
+    assert main(["import-labels", str(path), "--db", str(db), "--format", "summarize"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "c.json line 2" in err
+    with LabelStore(db) as store:
+        assert store.table_counts()["labels"] == 0 and store.table_counts()["items"] == 0
+
+
+def test_cli_bad_query_file_is_one_line_exit_2(tmp_path, capsys):
+    bad = tmp_path / "posts.json"
+    bad.write_text(json.dumps([{"content": "fine"}, {"title": "no content"}]))
+    args = ["sample", "--preset", "tldr", "--task.initial-model", "tiny-gpt2", "--task.query-length", "16",
+            "--task.response-length", "8", "--task.query-dataset", str(bad)]  # fmt: skip
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "posts.json row 1: missing field 'content'" in err
