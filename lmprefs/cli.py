@@ -27,6 +27,8 @@ COMMANDS = {
     "score": "score texts (stdin or a file) with a trained reward model",
     "serve": "run the labeling web app over a label store (127.0.0.1 by default)",
     "labelers": "manage labelers of a label store: add NAME [--admin] prints a sign-in token; list",
+    "train-sft": "supervised fine-tuning of the initial policy on prompt/response pairs (JSONL) for train-policy "
+    "to start from",
     "train-policy": "fine-tune the policy with PPO against a reward model (trained first unless given) or a reward function",
 }
 
@@ -238,6 +240,37 @@ def cmd_score(argv: list[str]) -> int:
     return score_cli(a)
 
 
+def cmd_train_sft(argv: list[str]) -> int:
+    p, argv, pairs, name = _preset_parser("train-sft", argv)
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/train-sft-PRESET-TIME)")
+    p.usage = "lmprefs train-sft PRESET --sft.data PAIRS.jsonl [--run-dir D] [--section.key V ...]"
+    _help_with_config(p, argv, name)
+    a = p.parse_args(argv)
+    from lmprefs.runlog import RunLogger, default_run_dir
+    from lmprefs.training.sft import train_sft
+
+    cfg = _config(a.preset, pairs, a.config)
+    if not cfg.sft.data:
+        raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl (fields prompt and response, or "
+                        "TRL's prompt and completion)")  # fmt: skip
+    run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-sft", a.preset))
+    if (run_dir / "sft_model").exists():
+        raise UserError(f"{run_dir} already holds an SFT model; choose another --run-dir")
+    from lmprefs.training.sft import read_pairs
+
+    read_pairs(cfg.sft.data)  # bad data fails here, before a run directory is made
+    log = RunLogger(run_dir, cfg)
+    try:
+        s = train_sft(cfg, run_dir / "sft_model", log)
+    finally:
+        log.close()
+    print(f"SFT model: {run_dir / 'sft_model'}  ({s['sft/pairs']} pairs, {s['sft/steps']} steps in "
+          f"{s['sft/seconds']:.0f}s; response loss {s['sft/initial_loss']:.3f} -> {s['sft/final_loss']:.3f} "
+          "nats/token)")
+    print(f"  PPO from it: lmprefs train-policy {a.preset} --task.initial-model {run_dir / 'sft_model'}")
+    return 0
+
+
 def cmd_train_policy(argv: list[str]) -> int:
     p, argv, pairs, name = _preset_parser("train-policy", argv)
     p.add_argument("--reward", default=None,
@@ -407,6 +440,7 @@ def cmd_experiment(argv: list[str]) -> int:
 HANDLERS = {"experiment": cmd_experiment, "quickstart": cmd_quickstart, "serve": cmd_serve, "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample, "presets": cmd_presets, "label": cmd_label,
             "import-labels": cmd_import_labels, "export-labels": cmd_export_labels, "train-reward": cmd_train_reward,
             "score": cmd_score}  # fmt: skip
+HANDLERS["train-sft"] = cmd_train_sft
 
 
 def register(name: str, help_text: str, handler) -> None:

@@ -9,6 +9,7 @@ Overrides and (de)serialization live in `lmprefs.overrides`; nothing here mutate
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -172,6 +173,23 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning of the initial policy (`lmprefs train-sft`; the later work's supervised baseline)."""
+
+    data: str | None = None
+    """JSONL of prompt/response pairs: fields `prompt` and `response`, or TRL's `prompt` and `completion`."""
+    epochs: int = 1
+    """Passes over the pairs."""
+    batch_size: int = 8
+    """Pairs per optimizer step."""
+    lr: float = 5e-5
+    """Peak Adam learning rate (TF1-style Adam, as every lmprefs trainer); decays linearly to 0."""
+    max_length: int = 0
+    """Tokens per pair (prompt + response); a longer pair loses the start of its prompt, then the end of its
+    response. 0 = the model's context."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Where and how a run executes."""
 
@@ -207,6 +225,7 @@ class Config:
     rewards: RewardsConfig = field(default_factory=RewardsConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:  # validate, never mutate
@@ -235,6 +254,12 @@ def validate(cfg: Config) -> list[str]:
         out.append(f"train_reward.batch_size={cfg.train_reward.batch_size} must be positive")
     if cfg.train_reward.microbatch < 0:
         out.append(f"train_reward.microbatch={cfg.train_reward.microbatch} must be >= 0 (0: the whole batch)")
+    if cfg.sft.epochs <= 0 or cfg.sft.batch_size <= 0:
+        out.append(f"sft.epochs={cfg.sft.epochs} and sft.batch_size={cfg.sft.batch_size} must be positive")
+    if not (cfg.sft.lr > 0 and math.isfinite(cfg.sft.lr)):
+        out.append(f"sft.lr={cfg.sft.lr} must be a positive number")
+    if cfg.sft.max_length < 0 or cfg.sft.max_length == 1:
+        out.append(f"sft.max_length={cfg.sft.max_length} must be 0 (the model's context) or at least 2")
     if cfg.rewards.kl_target is not None and cfg.rewards.kl_target <= 0:
         out.append(f"rewards.kl_target={cfg.rewards.kl_target} must be positive or None")
     return out

@@ -1,0 +1,190 @@
+"""Supervised fine-tuning of the initial policy on prompt/response pairs (`lmprefs train-sft`): the supervised
+baseline of the later work (summarize-from-feedback's "supervised" policies; behavioural cloning in the writing
+prompts work), from which PPO then starts with the SFT model as its reference.
+
+Each pair is tokenized as prompt + response with no special tokens (the policy sees the same: a query, then its
+response); the loss is the mean negative log-likelihood of the response tokens only, at temperature 1, over the
+tokenizer's real vocabulary. Full fine-tuning or, with `lora.rank > 0`, one LoRA adapter merged into the weights at
+the end; the result is a plain Hugging Face directory (`save_pretrained`, safetensors) that
+`--task.initial-model DIR` loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from lmprefs.config import Config
+from lmprefs.errors import UserError
+from lmprefs.models.lm import PAD, autocast, model_inputs
+
+
+class SFTDataError(UserError):
+    """An SFT data file that cannot be read; the message names the file, the line and the field."""
+
+
+def read_pairs(path: str | Path) -> list[tuple[str, str]]:
+    """(prompt, response) pairs of a JSONL file: `prompt` and `response`, or TRL's `prompt` and `completion`."""
+    path = Path(path).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SFTDataError(f"sft.data={str(path)!r}: cannot read ({e.__class__.__name__}: {e})") from None
+    pairs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SFTDataError(f"{path} line {n}: invalid JSON at column {e.colno}: {e.msg}") from None
+        if not isinstance(row, dict):
+            raise SFTDataError(f"{path} line {n}: expected an object with prompt and response, "
+                               f"got {type(row).__name__}")
+        key = "completion" if "completion" in row and "response" not in row else "response"
+        for k in ("prompt", key):
+            if k not in row:
+                also = " (or TRL's 'completion')" if k == "response" else ""
+                raise SFTDataError(f"{path} line {n}: missing field {k!r}{also}")
+            if not isinstance(row[k], str):
+                raise SFTDataError(f"{path} line {n}: field {k!r} is {type(row[k]).__name__}, not a string "
+                                   "(conversational rows are not supported)")  # fmt: skip
+        if not row[key]:
+            raise SFTDataError(f"{path} line {n}: field {key!r} is empty: nothing to learn")
+        pairs.append((row["prompt"], row[key]))
+    if not pairs:
+        raise SFTDataError(f"{path}: no prompt/response pairs")
+    return pairs
+
+
+def encode_pairs(pairs: list[tuple[str, str]], tok, max_length: int) -> tuple[Tensor, Tensor]:
+    """(tokens [N, L] right-padded with PAD, response mask [N, L]): prompt tokens then response tokens, cut to
+    max_length by dropping the start of the prompt first (the response and the prompt's end, e.g. 'TL;DR:', stay),
+    then the end of the response."""
+    rows, masks = [], []
+    for prompt, response in pairs:
+        p = tok(prompt, add_special_tokens=False).input_ids if prompt else []
+        r = tok(response, add_special_tokens=False).input_ids[:max_length]
+        p = p[max(0, len(p) - (max_length - len(r))) :]
+        if not p:  # the first response token needs a token before it to be predicted from
+            r = r[: max_length - 1]
+            p = [tok.eos_token_id if tok.eos_token_id is not None else r[0]]
+        rows.append(p + r)
+        masks.append([False] * len(p) + [True] * len(r))
+    L = max(len(x) for x in rows)
+    tokens = torch.tensor([x + [PAD] * (L - len(x)) for x in rows])
+    mask = torch.tensor([m + [False] * (L - len(m)) for m in masks])
+    return tokens, mask
+
+
+def response_nll(model, tokens: Tensor, mask: Tensor, vocab: int) -> tuple[Tensor, Tensor]:
+    """(sum of -log p(response token), number of response tokens) for a batch; tokens/mask [B, L]."""
+    ids, attn, pos = model_inputs(tokens)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1, :vocab]  # [B, L-1, V]
+    target, m = ids[:, 1:], mask[:, 1:]  # token t+1 is predicted at position t
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, L-1]
+    return -(logp * m).sum(), m.sum()
+
+
+@torch.no_grad()
+def mean_response_loss(model, tokens: Tensor, mask: Tensor, vocab: int, device, dtype, batch_size: int) -> float:
+    total, count = 0.0, 0
+    for i in range(0, len(tokens), batch_size):
+        rows = slice(i, i + batch_size)
+        with autocast(device, dtype):
+            s, c = response_nll(model, tokens[rows].to(device), mask[rows].to(device), vocab)
+        total, count = total + float(s), count + int(c)
+    return total / max(count, 1)
+
+
+def _restore_config(model, source: str) -> None:
+    """Put back the source model's dropout and activation settings, which load_lm changed for RL (dropout off,
+    GELU as one kernel), so the saved directory is the source model's architecture with new weights."""
+    from transformers import AutoConfig
+
+    src = AutoConfig.from_pretrained(source).to_dict()
+    for key, value in src.items():
+        if ("dropout" in key or "pdrop" in key or key == "activation_function") and hasattr(model.config, key):
+            setattr(model.config, key, value)
+
+
+def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None) -> dict:
+    """Fine-tune cfg.task.initial_model on cfg.sft.data (or `data`); saves the model to out_dir; returns a summary."""
+    from lmprefs.assets import resolve_model
+    from lmprefs.models.lm import atomic_dir, load_lm, max_positions, vocab_size
+    from lmprefs.models.lora import add_adapter, merged_copy, using
+    from lmprefs.pipeline import setup_torch
+    from lmprefs.runlog import progress
+    from lmprefs.training.optim import TFAdam
+
+    s = cfg.sft
+    data = data or s.data
+    if not data:
+        raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl")
+    pairs = read_pairs(data)
+    device, dtype = setup_torch(cfg.run)
+    torch.manual_seed(cfg.run.seed)
+    model, tok = load_lm(cfg.task.initial_model, device)
+    vocab = vocab_size(tok)
+    max_length = min(s.max_length or max_positions(model), max_positions(model))
+    tokens, mask = encode_pairs(pairs, tok, max_length)
+    adapter = "sft" if cfg.lora.rank > 0 else None
+    if adapter:
+        params = add_adapter(model, cfg.lora, adapter, seed=cfg.run.seed + 5)
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
+    opt = TFAdam(params, lr=s.lr)
+    g = torch.Generator().manual_seed(cfg.run.seed)
+    n, bs = len(tokens), s.batch_size
+    steps_per_epoch = math.ceil(n / bs)
+    total = steps_per_epoch * s.epochs
+    t0 = time.time()
+    with using(model, adapter):
+        before = mean_response_loss(model, tokens, mask, vocab, device, dtype, bs)
+        model.train()  # dropout is off in the config (load_lm); train() only for modules that check the mode
+        bar, step, stats = progress(total, "train-sft"), 0, {}
+        try:
+            for epoch in range(s.epochs):
+                perm = torch.randperm(n, generator=g)
+                for start in range(0, n, bs):
+                    for group in opt.param_groups:  # linear decay to 0, as the other trainers
+                        group["lr"] = s.lr * (1 - step / total)
+                    idx = perm[start : start + bs]
+                    batch, m = tokens[idx], mask[idx]
+                    keep = int((batch != PAD).sum(1).max())  # drop columns that are padding in the whole batch
+                    with autocast(device, dtype):
+                        nll, count = response_nll(model, batch[:, :keep].to(device), m[:, :keep].to(device), vocab)
+                    loss = nll / count  # mean over the batch's response tokens
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    opt.step()
+                    stats = {"sft/loss": float(loss.detach()), "sft/lr": opt.param_groups[0]["lr"],
+                             "sft/epoch": epoch + start / n}  # fmt: skip
+                    if not math.isfinite(stats["sft/loss"]):
+                        raise FloatingPointError(f"SFT diverged at step {step}: loss {stats['sft/loss']}")
+                    if log is not None and step % max(1, cfg.run.log_interval) == 0:
+                        log.scalars(stats, step)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{stats['sft/loss']:.3f}")
+                    step += 1
+        finally:
+            bar.close()
+        model.eval()
+        after = mean_response_loss(model, tokens, mask, vocab, device, dtype, bs)
+    summary = {"sft/initial_loss": before, "sft/final_loss": after, "sft/pairs": n,
+               "sft/response_tokens": int(mask.sum()), "sft/steps": total,
+               "sft/seconds": time.time() - t0}  # fmt: skip
+    if log is not None:
+        log.scalars(summary, total)
+    out = merged_copy(model, adapter) if adapter else model
+    _restore_config(out, resolve_model(cfg.task.initial_model))
+    with atomic_dir(Path(out_dir)) as tmp:
+        out.save_pretrained(tmp)  # safetensors by default
+        tok.save_pretrained(tmp)
+        (tmp / "lmprefs.json").write_text(json.dumps({"kind": "sft", "data": str(data), **summary}, indent=1))
+    return summary

@@ -1,0 +1,133 @@
+"""lmprefs train-sft: a tiny run lowers the response loss, the output is a plain Hugging Face directory that
+AutoModelForCausalLM loads, train-policy starts from it with it as the reference, and bad data is one line."""
+
+import json
+from dataclasses import replace as R
+
+import pytest
+import torch
+
+from lmprefs.cli import main
+from lmprefs.config import preset
+from lmprefs.runlog import read_jsonl
+from lmprefs.training.sft import encode_pairs, mean_response_loss, read_pairs
+
+PROMPTS = ["The old house at the end of the lane", "She walked home from the market", "It was a bright cold day",
+           "The letter arrived on Tuesday", "Nobody knew where the road went", "The garden was full of roses",
+           "He opened the window", "They met at the station"]  # fmt: skip
+ARGS = ["--sft.epochs", "8", "--sft.lr", "3e-2", "--sft.batch-size", "4"]
+
+
+def write_pairs(path, key="response"):
+    path.write_text("".join(json.dumps({"prompt": p + ".", key: " And then it rained all night.\n"}) + "\n"
+                            for p in PROMPTS))  # fmt: skip
+    return path
+
+
+def saved_loss(model_dir, data):
+    from lmprefs.models.lm import load_lm, vocab_size
+
+    model, tok = load_lm(str(model_dir))
+    tokens, mask = encode_pairs(read_pairs(data), tok, 64)
+    return mean_response_loss(model, tokens, mask, vocab_size(tok), torch.device("cpu"), torch.float32, 4)
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sft")
+    assert main(["train-sft", "tiny", "--sft.data", str(write_pairs(d / "pairs.jsonl")), "--run-dir", str(d / "run"),
+                 *ARGS]) == 0  # fmt: skip
+    return d
+
+
+def test_tiny_sft_lowers_the_response_loss_and_saves_a_loadable_hf_model(sft_run):
+    from transformers import AutoModelForCausalLM
+
+    out = sft_run / "run" / "sft_model"
+    meta = json.loads((out / "lmprefs.json").read_text())
+    assert meta["sft/final_loss"] < 0.5 * meta["sft/initial_loss"], meta
+    assert (out / "model.safetensors").is_file() and not list(out.glob("*.bin"))
+    hf = AutoModelForCausalLM.from_pretrained(out)
+    assert type(hf).__name__ == "GPT2LMHeadModel" and hf.config.activation_function == "gelu_new"  # as the source
+    # the saved weights are the trained ones: their response loss is the one measured at the end of training
+    assert abs(saved_loss(out, sft_run / "pairs.jsonl") - meta["sft/final_loss"]) < 1e-4
+    assert abs(saved_loss("tiny-gpt2", sft_run / "pairs.jsonl") - meta["sft/initial_loss"]) < 1e-4
+    rows = read_jsonl(sft_run / "run" / "metrics.jsonl")
+    assert any("sft/loss" in r for r in rows) and (sft_run / "run" / "config.json").is_file()
+    assert list((sft_run / "run").glob("events.out.tfevents.*"))
+
+
+def test_loss_is_on_response_tokens_only(tiny_lm):
+    _, tok = tiny_lm
+    tokens, mask = encode_pairs([("A long prompt that is cut here", " yes"), ("", " no")], tok, 6)
+    r = len(tok(" yes").input_ids)
+    assert mask[0].sum() == r and mask[0, :6 - r].sum() == 0  # the prompt lost its start, not the response
+    prompt = tok("A long prompt that is cut here").input_ids
+    assert tokens[0, : 6 - r].tolist() == prompt[-(6 - r) :]
+    assert mask[1, 0].item() is False and tokens[1, 0] == tok.eos_token_id  # an empty prompt: EOS before it
+
+
+def test_lora_sft_saves_the_merged_model_and_trl_completions_are_read(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    data = write_pairs(tmp_path / "trl.jsonl", key="completion")
+    assert main(["train-sft", "tiny", "--sft.data", str(data), "--run-dir", str(tmp_path / "run"), *ARGS,
+                 "--lora.rank", "4"]) == 0  # fmt: skip
+    out = tmp_path / "run" / "sft_model"
+    meta = json.loads((out / "lmprefs.json").read_text())
+    # a rank-4 adapter on attention moves a random 32-dim model's loss less than full fine-tuning does
+    assert meta["sft/final_loss"] < meta["sft/initial_loss"] - 0.2, meta
+    assert abs(saved_loss(out, data) - meta["sft/final_loss"]) < 1e-4  # the merge is the trained adapter
+    hf = AutoModelForCausalLM.from_pretrained(out)
+    base = AutoModelForCausalLM.from_pretrained(_tiny_dir())
+    keys = set(hf.state_dict())
+    assert keys == set(base.state_dict())  # no adapter tensors: merged into the weights
+    changed = [k for k in keys if not torch.equal(hf.state_dict()[k], base.state_dict()[k])]
+    assert changed and all("attn" in k or "mlp.c_proj" in k for k in changed)  # only LoRA targets moved
+
+
+def _tiny_dir():
+    from lmprefs.assets import tiny_gpt2_dir
+
+    return tiny_gpt2_dir()
+
+
+def test_train_policy_starts_from_the_sft_model_as_its_reference(sft_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from lmprefs.pipeline import policy_for, setup_task
+    from lmprefs.queries import QueryStream
+    from lmprefs.training.policy import build_run
+
+    sft = str(sft_run / "run" / "sft_model")
+    cfg = preset("tiny")
+    cfg = R(cfg, task=R(cfg.task, initial_model=sft))
+    t = setup_task(cfg, n_heldout=8)
+    run = build_run(cfg, policy_for(t), QueryStream(t.train_queries, 1), t.device)
+    saved = AutoModelForCausalLM.from_pretrained(sft).state_dict()
+    ref = run.ref_lm.state_dict()
+    assert all(torch.equal(ref[k], saved[k]) for k in saved)
+    # end to end: the first rollout's KL from the reference is 0, since policy and reference are the SFT model
+    rc = main(["train-policy", "tiny", "--reward", "vader", "--task.initial-model", sft, "--run-dir", str(tmp_path)])
+    assert rc == 0 and (tmp_path / "policy" / "model.safetensors").is_file()
+    first = read_jsonl(tmp_path / "metrics.jsonl")[0]
+    assert abs(first["objective/kl"]) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"prompt": "a", "response": "b"}\n{"prompt": "a"}\n', "pairs.jsonl line 2: missing field 'response'"),
+        ('{"prompt": "a", "response": "b"}\n{"prompt": "a", "resp\n', "pairs.jsonl line 2: invalid JSON"),
+        ('{"prompt": "a", "completion": [{"role": "assistant"}]}\n', "pairs.jsonl line 1: field 'completion' is list"),
+        ("\n", "pairs.jsonl: no prompt/response pairs"),
+    ],
+)
+def test_bad_sft_data_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, text, message):
+    (tmp_path / "pairs.jsonl").write_text(text)
+    rc = main(["train-sft", "tiny", "--sft.data", str(tmp_path / "pairs.jsonl"), "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "run").exists()
+    assert main(["train-sft", "tiny", "--run-dir", str(tmp_path / "run")]) == 2
+    assert "--sft.data" in capsys.readouterr().err
