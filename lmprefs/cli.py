@@ -243,27 +243,38 @@ def cmd_score(argv: list[str]) -> int:
 def cmd_train_sft(argv: list[str]) -> int:
     p, argv, pairs, name = _preset_parser("train-sft", argv)
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-sft-PRESET-TIME)")
-    p.usage = "lmprefs train-sft PRESET --sft.data PAIRS.jsonl [--run-dir D] [--section.key V ...]"
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.usage = "lmprefs train-sft PRESET --sft.data PAIRS.jsonl [--run-dir D] [--resume] [--section.key V ...]"
     _help_with_config(p, argv, name)
     a = p.parse_args(argv)
+    from lmprefs.checkpoint import run_lock
     from lmprefs.runlog import RunLogger, default_run_dir
-    from lmprefs.training.sft import train_sft
+    from lmprefs.training.sft import checkpoint_step, read_pairs, train_sft
 
-    cfg = _config(a.preset, pairs, a.config)
+    if a.resume:
+        if not a.run_dir or pairs:
+            raise UserError("--resume needs --run-dir and continues with the run's saved config (no overrides)")
+        cfg = _config(a.preset, [], str(Path(a.run_dir) / "config.json"))
+    else:
+        cfg = _config(a.preset, pairs, a.config)
     if not cfg.sft.data:
         raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl (fields prompt and response, or "
                         "TRL's prompt and completion)")  # fmt: skip
     run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-sft", a.preset))
     if (run_dir / "sft_model").exists():
         raise UserError(f"{run_dir} already holds an SFT model; choose another --run-dir")
-    from lmprefs.training.sft import read_pairs
-
+    if not a.resume and (run_dir / "checkpoint").exists():
+        raise UserError(f"{run_dir} already holds an SFT run; pass --resume to continue it, or another --run-dir")
     read_pairs(cfg.sft.data)  # bad data fails here, before a run directory is made
-    log = RunLogger(run_dir, cfg)
-    try:
-        s = train_sft(cfg, run_dir / "sft_model", log)
-    finally:
-        log.close()
+    with run_lock(run_dir):
+        step = checkpoint_step(run_dir) if a.resume else None
+        if a.resume and step is None:
+            raise UserError(f"{run_dir} has no SFT checkpoint to resume")
+        log = RunLogger(run_dir, cfg, resume_step=step)
+        try:
+            s = train_sft(cfg, run_dir / "sft_model", log, run_dir=run_dir, resume=a.resume)
+        finally:
+            log.close()
     print(f"SFT model: {run_dir / 'sft_model'}  ({s['sft/pairs']} pairs, {s['sft/steps']} steps in "
           f"{s['sft/seconds']:.0f}s; response loss {s['sft/initial_loss']:.3f} -> {s['sft/final_loss']:.3f} "
           "nats/token)")

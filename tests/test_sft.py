@@ -15,7 +15,7 @@ from lmprefs.training.sft import encode_pairs, mean_response_loss, read_pairs
 PROMPTS = ["The old house at the end of the lane", "She walked home from the market", "It was a bright cold day",
            "The letter arrived on Tuesday", "Nobody knew where the road went", "The garden was full of roses",
            "He opened the window", "They met at the station"]  # fmt: skip
-ARGS = ["--sft.epochs", "8", "--sft.lr", "3e-2", "--sft.batch-size", "4"]
+ARGS = ["--sft.epochs", "8", "--sft.lr", "3e-2", "--sft.batch-size", "4", "--run.save-interval", "5"]
 
 
 def write_pairs(path, key="response"):
@@ -61,7 +61,7 @@ def test_loss_is_on_response_tokens_only(tiny_lm):
     _, tok = tiny_lm
     tokens, mask = encode_pairs([("A long prompt that is cut here", " yes"), ("", " no")], tok, 6)
     r = len(tok(" yes").input_ids)
-    assert mask[0].sum() == r and mask[0, :6 - r].sum() == 0  # the prompt lost its start, not the response
+    assert mask[0].sum() == r and mask[0, : 6 - r].sum() == 0  # the prompt lost its start, not the response
     prompt = tok("A long prompt that is cut here").input_ids
     assert tokens[0, : 6 - r].tolist() == prompt[-(6 - r) :]
     assert mask[1, 0].item() is False and tokens[1, 0] == tok.eos_token_id  # an empty prompt: EOS before it
@@ -131,3 +131,31 @@ def test_bad_sft_data_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, te
     assert not (tmp_path / "run").exists()
     assert main(["train-sft", "tiny", "--run-dir", str(tmp_path / "run")]) == 2
     assert "--sft.data" in capsys.readouterr().err
+
+
+def test_a_killed_sft_run_resumes_to_the_same_model(sft_run, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from lmprefs.training import sft
+
+    saves, real = [], sft._save_checkpoint
+
+    def save_then_die(*a, **k):  # interrupted right after the second checkpoint (step 10 of 16)
+        real(*a, **k)
+        saves.append(a[2])
+        if len(saves) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sft, "_save_checkpoint", save_then_die)
+    run = tmp_path / "run"
+    args = ["train-sft", "tiny", "--sft.data", str(sft_run / "pairs.jsonl"), "--run-dir", str(run), *ARGS]
+    assert main(args) == 130 and saves == [5, 10] and not (run / "sft_model").exists()
+    assert main(args) == 2  # a second start without --resume would train from scratch over the checkpoint
+    monkeypatch.setattr(sft, "_save_checkpoint", real)
+    assert main(["train-sft", "tiny", "--run-dir", str(run), "--resume"]) == 0
+    a = load_file(run / "sft_model" / "model.safetensors")
+    b = load_file(sft_run / "run" / "sft_model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bitwise the uninterrupted run's
+    losses = [(r["step"], r["sft/loss"]) for r in read_jsonl(run / "metrics.jsonl") if "sft/loss" in r]
+    full = [(r["step"], r["sft/loss"]) for r in read_jsonl(sft_run / "run" / "metrics.jsonl") if "sft/loss" in r]
+    assert losses == full

@@ -44,8 +44,9 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
         except json.JSONDecodeError as e:
             raise SFTDataError(f"{path} line {n}: invalid JSON at column {e.colno}: {e.msg}") from None
         if not isinstance(row, dict):
-            raise SFTDataError(f"{path} line {n}: expected an object with prompt and response, "
-                               f"got {type(row).__name__}")
+            raise SFTDataError(
+                f"{path} line {n}: expected an object with prompt and response, got {type(row).__name__}"
+            )
         key = "completion" if "completion" in row and "response" not in row else "response"
         for k in ("prompt", key):
             if k not in row:
@@ -113,8 +114,52 @@ def _restore_config(model, source: str) -> None:
             setattr(model.config, key, value)
 
 
-def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None) -> dict:
-    """Fine-tune cfg.task.initial_model on cfg.sft.data (or `data`); saves the model to out_dir; returns a summary."""
+def epoch_order(seed: int, epoch: int, n: int) -> Tensor:
+    """The pairs' order in one epoch, a function of (seed, epoch) only, so a resumed run repeats it."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+def checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the run's last good SFT checkpoint (None: no checkpoint)."""
+    from lmprefs.checkpoint import latest_good
+
+    found = latest_good(Path(run_dir) / "checkpoint")
+    return None if found is None else int(found[1]["step"])
+
+
+def _save_checkpoint(run_dir: Path, cfg: Config, step: int, params, opt, before: float) -> None:
+    from lmprefs.checkpoint import config_meta
+    from lmprefs.models.lm import atomic_dir
+
+    state = {"step": step, "params": [p.detach().cpu() for p in params], "optimizer": opt.state_dict(),
+             "initial_loss": before}  # fmt: skip
+    with atomic_dir(Path(run_dir) / "checkpoint", {"step": step, **config_meta(cfg)}, keep=1) as tmp:
+        torch.save(state, tmp / "state.pt")
+
+
+def _load_checkpoint(run_dir: Path, cfg: Config, params, opt) -> tuple[int, float]:
+    from lmprefs.checkpoint import config_meta, latest_good, math_changes
+
+    found = latest_good(Path(run_dir) / "checkpoint")
+    if found is None:
+        raise UserError(f"{run_dir} has no SFT checkpoint to resume")
+    path, manifest = found
+    changed = math_changes(manifest.get("config", {}), config_meta(cfg)["config"])
+    if changed:
+        raise UserError(f"{run_dir}: the checkpoint was trained with another config ({'; '.join(changed[:3])})")
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    with torch.no_grad():
+        for p, v in zip(params, state["params"], strict=True):
+            p.copy_(v)
+    opt.load_state_dict(state["optimizer"])
+    return int(state["step"]), float(state["initial_loss"])
+
+
+def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, run_dir: Path | None = None,
+              resume: bool = False) -> dict:  # fmt: skip
+    """Fine-tune cfg.task.initial_model on cfg.sft.data (or `data`); saves the model to out_dir; returns a summary.
+    run_dir: where a checkpoint is written every run.save_interval steps (None: no checkpoints); resume: continue
+    from it, with the same result as a run that never stopped."""
     from lmprefs.assets import resolve_model
     from lmprefs.models.lm import atomic_dir, load_lm, max_positions, vocab_size
     from lmprefs.models.lora import add_adapter, merged_copy, using
@@ -139,19 +184,25 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None) 
     else:
         params = [p for p in model.parameters() if p.requires_grad]
     opt = TFAdam(params, lr=s.lr)
-    g = torch.Generator().manual_seed(cfg.run.seed)
     n, bs = len(tokens), s.batch_size
     steps_per_epoch = math.ceil(n / bs)
     total = steps_per_epoch * s.epochs
     t0 = time.time()
     with using(model, adapter):
-        before = mean_response_loss(model, tokens, mask, vocab, device, dtype, bs)
+        if resume:
+            done, before = _load_checkpoint(run_dir, cfg, params, opt)
+            print(f"resuming {run_dir} at step {done}/{total}")
+        else:
+            done, before = 0, mean_response_loss(model, tokens, mask, vocab, device, dtype, bs)
         model.train()  # dropout is off in the config (load_lm); train() only for modules that check the mode
-        bar, step, stats = progress(total, "train-sft"), 0, {}
+        bar, step, stats = progress(total, "train-sft", initial=done), 0, {}
         try:
             for epoch in range(s.epochs):
-                perm = torch.randperm(n, generator=g)
+                perm = epoch_order(cfg.run.seed, epoch, n)
                 for start in range(0, n, bs):
+                    if step < done:  # trained before the checkpoint this run resumed from
+                        step += 1
+                        continue
                     for group in opt.param_groups:  # linear decay to 0, as the other trainers
                         group["lr"] = s.lr * (1 - step / total)
                     idx = perm[start : start + bs]
@@ -172,6 +223,8 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None) 
                     bar.update(1)
                     bar.set_postfix(loss=f"{stats['sft/loss']:.3f}")
                     step += 1
+                    if run_dir is not None and step % max(1, cfg.run.save_interval) == 0 and step < total:
+                        _save_checkpoint(run_dir, cfg, step, params, opt, before)
         finally:
             bar.close()
         model.eval()
