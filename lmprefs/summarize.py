@@ -10,7 +10,6 @@ end_text within it) is `queries.encode_query`'s job, the same for every dataset.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -37,30 +36,18 @@ def clean_tldr(text: str) -> str:
 def tldr_texts(path: Path, field: str = "content") -> list[str]:
     """The posts of a TL;DR file: the original's `{train,valid}-subset.json`, one JSON list of objects with `content`
     (also accepted: one such object per line, JSONL)."""
+    from lmprefs.labels.formats import LabelFileError, _load  # the label files' JSON / JSONL reader
+
     try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SummaryDataError(f"{path}: cannot read ({e})") from None
-    if raw.lstrip().startswith("["):
-        try:
-            rows = list(enumerate(json.loads(raw)))
-        except json.JSONDecodeError as e:
-            raise SummaryDataError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-        where = "row {}"
-    else:
-        rows, where = [], "line {}"
-        for n, line in enumerate(raw.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append((n, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise SummaryDataError(f"{path} line {n}: invalid JSON at column {e.colno}: {e.msg}") from None
+        _, rows = _load(path)  # [(where, row)], where = "row 3" (JSON list) or "line 4" (JSONL)
+    except LabelFileError as e:
+        raise SummaryDataError(str(e)) from None
     texts = []
-    for i, row in rows:
+    for where, row in rows:
         if not isinstance(row, dict) or field not in row:
-            raise SummaryDataError(f"{path} {where.format(i)}: missing field {field!r} (a TL;DR post)")
+            raise SummaryDataError(f"{path.name} {where}: missing field {field!r} (a TL;DR post)")
         if not isinstance(row[field], str):
-            raise SummaryDataError(f"{path} {where.format(i)}: field {field!r} is {type(row[field]).__name__}, "
+            raise SummaryDataError(f"{path.name} {where}: field {field!r} is {type(row[field]).__name__}, "
                                    "not a string")  # fmt: skip
         texts.append(clean_tldr(row[field]))
     return texts
