@@ -53,14 +53,9 @@ def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
 
 
 def open_store(path: str | Path):
-    from lmprefs.labels.store import LabelStore
+    from lmprefs.labels.store import LabelStore, check_store_path
 
-    p = Path(path)
-    if p.exists() and p.is_dir():
-        raise UserError(f"label store {p} is a directory; give a .sqlite file")
-    if not p.parent.exists():
-        raise UserError(f"label store {p}: directory {p.parent} does not exist")
-    return LabelStore(p)
+    return LabelStore(check_store_path(path, must_exist=False))
 
 
 def label_source(source: str):
@@ -71,9 +66,9 @@ def label_source(source: str):
 
     p = Path(source)
     if p.suffix in (".sqlite", ".db"):
-        if not p.is_file():
-            raise UserError(f"label store {p} does not exist (run `lmprefs label` first, or pass --db)")
-        return open_store(p)
+        from lmprefs.labels.store import LabelStore, check_store_path
+
+        return LabelStore(check_store_path(p, must_exist=True))
     if not p.is_file():
         raise UserError(f"label source {p} does not exist")
     store = open_store(Path(tempfile.mkdtemp(prefix="lmprefs-labels-")) / "labels.sqlite")
@@ -304,6 +299,7 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
         rm = reward_frame(t).eval().freeze()
         return rm_score_fn(rm), info | {"state": RewardState(rm)}
     if (rm_dir / "reward_head.safetensors").is_file() and (cfg.rewards.trained_model or resume):
+        check_same_tokenizer(rm_dir, t.tok, f"rewards.trained_model={rm_dir}")
         rm = load_reward_model(rm_dir, t.device).eval()
         return rm_score_fn(rm), info
     store = label_source(store_path or cfg.labels.source or "labels.sqlite")
@@ -311,6 +307,21 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
     rm.freeze()
     info["reward_training"] = summary
     return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
+
+
+def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:
+    """A reward model reads the policy's token ids as they are, so it must share the policy's vocabulary: another
+    tokenizer's ids would index the wrong embeddings (or past the end of them, an IndexError deep in torch)."""
+    from transformers import AutoTokenizer
+
+    try:
+        other = AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as e:
+        why = str(e).splitlines()[0][:100]
+        raise UserError(f"{what}: no tokenizer to compare with the policy's ({why})") from None
+    if other.get_vocab() != tok.get_vocab():
+        raise UserError(f"{what}: its tokenizer ({len(other)} tokens) differs from the policy's "
+                        f"({len(tok)} tokens, task.initial_model); train the reward model on the same base model")
 
 
 def track_true_reward(score_fn, true_fn, tok):

@@ -12,28 +12,45 @@ import torch
 from lmprefs.errors import UserError
 
 
-def score_texts(rm, task: dict, pairs: list[tuple[str, str]], device, batch_size: int = 32) -> list[float]:
-    from lmprefs.models.lm import PAD
+def score_texts(rm, task: dict, pairs: list[tuple[str, str]], device, batch_size: int = 32,
+                truncate: bool = False) -> tuple[list[float], dict[str, int]]:  # fmt: skip
+    """Rewards of (query, response) texts -> (scores, counts). Whole texts are scored (padded to the longest in
+    each batch) unless `truncate`, which cuts queries and responses to the task's query_length / response_length
+    as in training. Texts longer than the model's context keep their last tokens. counts: "longer" (texts beyond
+    the trained lengths), "cut" (texts that were cut)."""
+    from lmprefs.models.lm import PAD, max_positions
     from lmprefs.tasks import encode_fixed, format_queries
 
     tok = rm.tokenizer
     prefix, suffix = encode_fixed(tok, task["query_prefix"]), encode_fixed(tok, task["query_suffix"])
     Q, T = task["query_length"], task["response_length"]
+    context = max_positions(rm.lm) - len(prefix) - len(suffix)
+    counts = {"longer": 0, "cut": 0}
 
-    def pad(ids, n):
-        ids = ids[:n]
-        return ids + [PAD] * (n - len(ids))
+    def pad(rows, n):
+        return [ids + [PAD] * (n - len(ids)) for ids in rows]
 
     out = []
     for i in range(0, len(pairs), batch_size):
         chunk = pairs[i : i + batch_size]
-        q = torch.tensor([pad(encode_fixed(tok, a), Q) for a, _ in chunk], device=device)
-        r = torch.tensor([pad(encode_fixed(tok, b), T) for _, b in chunk], device=device)
-        if (r == PAD).all(-1).any():
-            raise UserError(f"line {i + int((r == PAD).all(-1).nonzero()[0]) + 1}: empty response")
+        qs, rs = [encode_fixed(tok, a) for a, _ in chunk], [encode_fixed(tok, b) for _, b in chunk]
+        for j, (q, r) in enumerate(zip(qs, rs, strict=True)):
+            if not r:
+                raise UserError(f"line {i + j + 1}: empty response")
+            longer = len(q) > Q or len(r) > T
+            counts["longer"] += longer
+            if truncate:
+                q, r = q[:Q], r[:T]
+            if len(q) + len(r) > context:  # keep the response and the end of the query
+                r = r[:context]
+                q = q[len(q) - (context - len(r)) :] if context > len(r) else []
+            counts["cut"] += truncate and longer or len(q) + len(r) < len(qs[j]) + len(rs[j])
+            qs[j], rs[j] = q, r
+        q = torch.tensor(pad(qs, max(map(len, qs))), device=device, dtype=torch.long).reshape(len(chunk), -1)
+        r = torch.tensor(pad(rs, max(map(len, rs))), device=device, dtype=torch.long)
         with torch.no_grad():
             out += rm(format_queries(q, prefix, suffix), r).float().tolist()
-    return out
+    return out, counts
 
 
 def score_cli(a) -> int:
@@ -53,6 +70,15 @@ def score_cli(a) -> int:
         raise UserError("no texts to score (one per line on stdin or in the file)")
     device = pick_device(a.device)
     rm = load_reward_model(path, device).eval()
-    for (q, r), s in zip(pairs, score_texts(rm, meta["task"], pairs, device)):
+    scores, counts = score_texts(rm, meta["task"], pairs, device, truncate=a.truncate)
+    for (_, r), s in zip(pairs, scores, strict=True):
         print(f"{s:+.4f}\t{r}")
+    task = meta["task"]
+    if counts["longer"]:  # on stderr, so stdout stays one score per input line
+        how = ("cut to those lengths (--truncate)" if a.truncate else
+               "scored whole; the model was not trained on texts this long (--truncate cuts them as in training)")
+        print(f"lmprefs score: warning: {counts['longer']} of {len(pairs)} texts are longer than the reward model's "
+              f"training (query {task['query_length']}, response {task['response_length']} tokens): {how}"
+              + (f"; {counts['cut']} cut to the model's context" if counts["cut"] and not a.truncate else ""),
+              file=sys.stderr)  # fmt: skip
     return 0

@@ -22,7 +22,9 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"run.device={name!r} but CUDA is not available here; use cpu or auto")
+        from lmprefs.errors import UserError
+
+        raise UserError(f"device {name!r}: CUDA is not available here (torch {torch.__version__}); use cpu or auto")
     return torch.device(name)
 
 

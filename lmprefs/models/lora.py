@@ -61,7 +61,9 @@ def add_adapter(model: nn.Module, cfg: LoraConfig, name: str, seed: int = 0) -> 
                    if n.split(".")[-1] in cfg.targets and type(m).__name__ in ("Linear", "Conv1D")
                    and (allowed is None or id(m) in allowed)]  # fmt: skip
         if not targets:
-            raise ValueError(f"lora.targets={cfg.targets} match no Linear layer of {type(model).__name__}")
+            from lmprefs.errors import UserError
+
+            raise UserError(f"lora.targets={','.join(cfg.targets)} match no Linear layer of {type(model).__name__}")
         for n, m in targets:
             parent = model.get_submodule(n.rsplit(".", 1)[0]) if "." in n else model
             setattr(parent, n.split(".")[-1], LoRALinear(m, cfg.rank, cfg.alpha))
@@ -104,7 +106,7 @@ def using(model: nn.Module, name: str | None):
     try:
         yield
     finally:
-        for m, b in zip(mods, before):
+        for m, b in zip(mods, before, strict=True):
             m.active = b
 
 
