@@ -67,6 +67,9 @@ def _config(preset_name: str, pairs, config_file: str | None = None):
         except KeyError:
             raise ConfigError(f"unknown preset {preset_name!r}; presets: {', '.join(PRESETS)}") from None
     cfg = apply_overrides(cfg, pairs)
+    from lmprefs.runlog import check_trackers
+
+    check_trackers(cfg.run.report_to)  # a missing wandb/mlflow is one line now, not after an hour of training
     if cfg.run.device.startswith("cuda"):  # refused before any file is opened or model loaded
         from lmprefs.models.lm import pick_device
 
@@ -286,7 +289,7 @@ def cmd_train_reward(argv: list[str]) -> int:
     cfg = _config(a.preset, pairs, a.config)
     run_dir = _run_dir(a.run_dir, cfg, "train-reward", a.preset)
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
-    log = RunLogger(run_dir, cfg, subdir="reward_model_logs")
+    log = RunLogger(run_dir, cfg)
     _, summary = train_reward_model(setup_task(cfg), store, run_dir / "reward_model", log)
     log.close()
     print(f"reward model: {run_dir / 'reward_model'}")

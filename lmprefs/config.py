@@ -201,6 +201,9 @@ class RunConfig:
     compile: Literal["auto", "on", "off"] = "auto"
     """torch.compile the sampler's decode step (with CUDA graphs on a GPU); auto = on for CUDA, off on the CPU,
     where the compile takes minutes and did not pay off."""
+    report_to: tuple[str, ...] = ("tensorboard",)
+    """Metric sinks besides metrics.jsonl: tensorboard (logs/reward, logs/policy), wandb, mlflow (each optional:
+    imported only when named, never required); comma-separated, empty for none."""
 
 
 @dataclass(frozen=True)
@@ -325,6 +328,9 @@ def validate(cfg: Config) -> list[str]:
     need(run.save_interval > 0, f"run.save_interval={run.save_interval} must be positive")
     need(run.threads >= 0, f"run.threads={run.threads} must be >= 0 (0: torch's default)")
     need(bool(_DEVICE.fullmatch(run.device)), f"run.device={run.device!r}: choose auto, cpu, cuda, cuda:N or mps")
+    for name in run.report_to:
+        need(name in ("tensorboard", "wandb", "mlflow"),
+             f"run.report_to: {name!r} is not tensorboard, wandb or mlflow")
     return out
 
 

@@ -219,7 +219,8 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     summary |= evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype)
     summary |= {"final_minibatch": last, "seconds": time.time() - t0}
     if log is not None:
-        log.scalars({k: v for k, v in summary.items() if isinstance(v, float)}, len(train))
+        log.scalars({k: v for k, v in summary.items() if isinstance(v, float)}, len(train) * cfg.train_reward.epochs,
+                    phase="reward")  # fmt: skip
     task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
     save_reward_model(rm, out_dir, extra={"summary": summary, "label_type": lt.name, "task": task})
     return rm, summary
@@ -303,7 +304,16 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
         rm = load_reward_model(rm_dir, t.device).eval()
         return rm_score_fn(rm), info
     store = label_source(store_path or cfg.labels.source or "labels.sqlite")
-    rm, summary = train_reward_model(t, store, rm_dir, log)
+    from lmprefs.runlog import RunLogger
+
+    # a reward model trained here logs into the run directory (phase "reward"), as PPO does after it
+    own_log = log is None
+    log = RunLogger(run_dir, cfg) if own_log else log
+    try:
+        rm, summary = train_reward_model(t, store, rm_dir, log)
+    finally:
+        if own_log:
+            log.close()
     rm.freeze()
     info["reward_training"] = summary
     return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
