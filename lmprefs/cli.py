@@ -314,7 +314,7 @@ def cmd_score(argv: list[str]) -> int:
                    help="cut texts to the trained query/response lengths (default: score whole texts, up to the "
                    "model's context, with a warning for texts longer than the training ones)")  # fmt: skip
     a = p.parse_args(argv)
-    from lmprefs.score import score_cli
+    from lmprefs.scoring import score_cli
 
     return score_cli(a)
 
@@ -322,7 +322,8 @@ def cmd_score(argv: list[str]) -> int:
 def cmd_train_policy(argv: list[str]) -> int:
     p, argv, pairs, name = _preset_parser("train-policy", argv)
     p.add_argument("--reward", default=None,
-                   help="model (default: a reward model) or a reward function: vader, descriptiveness")
+                   help="model (default: a reward model), or a reward on response texts: vader, descriptiveness, "
+                   "or module:function of your own (list[str] -> list[float]; normalized like a reward model)")
     p.add_argument("--db", default=None, help="label store for training the reward model (default labels.source)")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-policy-PRESET-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")

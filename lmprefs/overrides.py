@@ -99,6 +99,17 @@ def apply_overrides(cfg: Config, pairs: list[tuple[str, str]], origin: str = "co
     return cfg
 
 
+def set_value(cfg: Config, raw_key: str, value: Any, origin: str = "Python API") -> Config:
+    """cfg with one dotted key set to a Python value; the new Config validates it (types and ranges)."""
+    key = raw_key.replace("-", "_")
+    try:
+        return _set(cfg, key.split("."), value)
+    except ValueError as e:
+        if isinstance(e, UserError):
+            raise
+        raise ConfigError(f"{raw_key}={value!r} (from the {origin}): {e}") from None
+
+
 def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     """Separate dotted `--a.b value` / `--a.b=value` overrides from the command's own arguments."""
     rest, pairs, i = [], [], 0

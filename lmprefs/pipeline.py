@@ -265,19 +265,45 @@ class RewardState:
                 rm.lm.load_state_dict({k[3:]: v for k, v in s.items() if k.startswith("lm.")})
 
 
-def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: str | None, resume: bool, log=None):
-    """The score function PPO optimizes: a reward function by name (`--reward vader`), a trained reward model
-    (rewards.trained_model, or this run's reward_model/ when resuming), or a new one trained from the store.
-    With LoRA a reward model trained in this run is an adapter on the policy's base; info["state"] is its
-    RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the checkpoint fills."""
+def reward_function(reward) -> tuple[str, object]:
+    """(name, fn) for a reward on response texts, fn(list[str]) -> list[float]: a callable (the Python API), a
+    built-in name (vader, descriptiveness), or `module:function` naming one of the user's own."""
+    import importlib
+
     from lmprefs.labels.labelers import SCORE_FNS
-    from lmprefs.models.lm import load_reward_model
+
+    if callable(reward):
+        mod, name = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
+        return (f"{mod}:{name}" if mod and "<" not in name else "callable"), reward
+    if reward in SCORE_FNS:
+        return reward, SCORE_FNS[reward]
+    if ":" not in reward:
+        raise UserError(f"--reward {reward!r}: choose model, {', '.join(sorted(SCORE_FNS))}, or module:function "
+                        "(a function of a list of response texts returning a list of floats)")  # fmt: skip
+    mod_name, _, fn_name = reward.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except ImportError as e:
+        raise UserError(f"--reward {reward}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    except AttributeError:
+        raise UserError(f"--reward {reward}: module {mod_name!r} has no {fn_name!r}") from None
+    if not callable(fn):
+        raise UserError(f"--reward {reward}: {fn_name!r} is not a function")
+    return reward, fn
+
+
+def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, resume: bool, log=None):
+    """The score function PPO optimizes: a reward function (`--reward vader`, `--reward module:function`, a
+    callable), a trained reward model (rewards.trained_model, or this run's reward_model/ when resuming), or a new
+    one trained from the store. With LoRA a reward model trained in this run is an adapter on the policy's base;
+    info["state"] is its RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the
+    checkpoint fills."""
+    from lmprefs.models.lm import is_reward_model_dir, load_reward_model
     from lmprefs.training.policy import rm_score_fn, text_score_fn
 
     cfg = t.cfg
-    if reward and reward != "model":
-        if reward not in SCORE_FNS:
-            raise UserError(f"--reward {reward!r}: choose model or one of {', '.join(sorted(SCORE_FNS))}")
+    if reward is not None and reward != "model":
+        reward, fn = reward_function(reward)
         # normalized like a reward model (mean 0, std 1 on initial-policy samples), so that kl_coef and the KL
         # target weigh it as they weigh a learned reward. VADER's std on those samples is 0.39 (quickstart preset),
         # and in `experiment mock-sentiment` raw VADER took the true reward from 0.166 to 0.308, normalized to 0.490
@@ -287,19 +313,21 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
 
         gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 2)
         _, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
-        raw = torch.tensor(SCORE_FNS[reward](decode(t.tok, r)), dtype=torch.float64)
+        raw = _checked_scores(fn, decode(t.tok, r), reward)
         mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
         print(f"reward {reward}: normalized with mean {mean:+.4f}, std {std:.4f} of {len(r)} initial-policy samples",
               flush=True)  # fmt: skip
-        return text_score_fn(SCORE_FNS[reward], t.tok, mean, std), {"reward": reward}
+        return text_score_fn(lambda texts: _checked_scores(fn, texts, reward).tolist(), t.tok, mean, std), {
+            "reward": reward}
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
-    if cfg.rewards.trained_model and not (rm_dir / "reward_head.safetensors").is_file():
-        raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (no reward_head.safetensors)")
+    if cfg.rewards.trained_model and not is_reward_model_dir(rm_dir):
+        raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (a sequence classifier "
+                        "with num_labels=1, as train-reward or TRL's RewardTrainer save)")  # fmt: skip
     info = {"reward": "model", "reward_model": str(rm_dir)}
     if resume and cfg.lora.rank > 0 and not cfg.rewards.trained_model:
         rm = reward_frame(t).eval().freeze()
         return rm_score_fn(rm), info | {"state": RewardState(rm)}
-    if (rm_dir / "reward_head.safetensors").is_file() and (cfg.rewards.trained_model or resume):
+    if is_reward_model_dir(rm_dir) and (cfg.rewards.trained_model or resume):
         check_same_tokenizer(rm_dir, t.tok, f"rewards.trained_model={rm_dir}")
         rm = load_reward_model(rm_dir, t.device).eval()
         return rm_score_fn(rm), info
@@ -317,6 +345,18 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
     rm.freeze()
     info["reward_training"] = summary
     return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
+
+
+def _checked_scores(fn, texts: list[str], name: str) -> torch.Tensor:
+    """fn(texts) as float64 [len(texts)], or a UserError saying what the reward function returned instead."""
+    try:
+        out = torch.tensor([float(x) for x in fn(texts)], dtype=torch.float64)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"reward {name}: must return a list of floats, one per text ({e})") from None
+    if out.shape != (len(texts),) or not torch.isfinite(out).all():
+        raise UserError(f"reward {name}: returned {tuple(out.shape)} values for {len(texts)} texts, or non-finite "
+                        "ones")  # fmt: skip
+    return out
 
 
 def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:

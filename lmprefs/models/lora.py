@@ -126,3 +126,26 @@ def merged_copy(model: nn.Module, name: str | None) -> nn.Module:
 
 def adapter_state(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items() if ".A." in k or ".B." in k}
+
+
+def save_peft_adapter(model: nn.Module, name: str, out) -> None:
+    """Adapter `name` in peft's format (adapter_config.json + adapter_model.safetensors), so that
+    PeftModel.from_pretrained(initial_model, out) rebuilds it: same modules, rank, alpha (scale alpha / rank),
+    GPT-2's Conv1D as fan_in_fan_out."""
+    from pathlib import Path
+
+    from peft import LoraConfig as PeftLoraConfig
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    first = mods[0][1]
+    base = getattr(model, "name_or_path", None) or model.config.name_or_path
+    PeftLoraConfig(r=first.rank, lora_alpha=first.rank * first.scale, target_modules=[n for n, _ in mods],
+                   lora_dropout=0.0, bias="none", fan_in_fan_out=first.transposed, task_type="CAUSAL_LM",
+                   base_model_name_or_path=str(base), inference_mode=True).save_pretrained(str(out))  # fmt: skip
+    tensors = {}
+    for n, m in mods:
+        tensors[f"base_model.model.{n}.lora_A.weight"] = m.A[name].detach().float().cpu().contiguous()  # [r, in]
+        tensors[f"base_model.model.{n}.lora_B.weight"] = m.B[name].detach().float().cpu().contiguous()  # [out, r]
+    save_file(tensors, str(out / "adapter_model.safetensors"))

@@ -53,15 +53,22 @@ def score_texts(rm, task: dict, pairs: list[tuple[str, str]], device, batch_size
     return out, counts
 
 
+def reward_model_task(path: Path) -> dict:
+    """The query format and lengths the reward model in `path` was trained with (lmprefs.json). A reward model
+    from elsewhere (e.g. TRL) has none: texts are scored as given, with no trained lengths to warn about."""
+    meta = json.loads((path / "lmprefs.json").read_text()) if (path / "lmprefs.json").is_file() else {}
+    return meta.get("task") or {"query_prefix": "", "query_suffix": "", "query_length": 1 << 30,
+                                "response_length": 1 << 30}  # fmt: skip
+
+
 def score_cli(a) -> int:
-    from lmprefs.models.lm import load_reward_model, pick_device
+    from lmprefs.models.lm import is_reward_model_dir, load_reward_model, pick_device
 
     path = Path(a.reward_model)
-    if not (path / "reward_head.safetensors").is_file():
-        raise UserError(f"--reward-model {path}: not a reward-model directory (no reward_head.safetensors)")
-    meta = json.loads((path / "lmprefs.json").read_text())
-    if "task" not in meta:
-        raise UserError(f"{path}/lmprefs.json has no task; was this reward model saved by lmprefs train-reward?")
+    if not is_reward_model_dir(path):
+        raise UserError(f"--reward-model {path}: not a reward-model directory (no sequence classifier with "
+                        "num_labels=1)")  # fmt: skip
+    task = reward_model_task(path)
     if a.file and not Path(a.file).is_file():
         raise UserError(f"input file {a.file} does not exist")
     lines = (Path(a.file).read_text() if a.file else sys.stdin.read()).splitlines()
@@ -70,10 +77,9 @@ def score_cli(a) -> int:
         raise UserError("no texts to score (one per line on stdin or in the file)")
     device = pick_device(a.device)
     rm = load_reward_model(path, device).eval()
-    scores, counts = score_texts(rm, meta["task"], pairs, device, truncate=a.truncate)
+    scores, counts = score_texts(rm, task, pairs, device, truncate=a.truncate)
     for (_, r), s in zip(pairs, scores, strict=True):
         print(f"{s:+.4f}\t{r}")
-    task = meta["task"]
     if counts["longer"]:  # on stderr, so stdout stays one score per input line
         how = ("cut to those lengths (--truncate)" if a.truncate else
                "scored whole; the model was not trained on texts this long (--truncate cuts them as in training)")
