@@ -460,8 +460,8 @@ PRESETS: dict[str, tuple[str, Config]] = {
                 query_length=24,
                 response_length=8,
                 # No truncation penalty: the random model samples nearly uniformly from 50,257 tokens, so '.' (13)
-                # at positions 4-7 came up in ~1 response in 12,000 and every rollout scored the constant penalty
-                # (a reward PPO cannot learn from). Truncation itself is tested on its own (test_ppo_math).
+                # at positions 4-7 has about 4 chances in 50,257 per response, and rollouts scored the constant
+                # penalty (a reward PPO cannot learn from; test_tiny_preset_rollouts_score_the_reward_not_the_penalty)
                 truncate_token=None,
                 truncate_after=4,
                 temperature=0.7,
