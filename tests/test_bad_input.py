@@ -62,7 +62,7 @@ ROWS = [
     (["label", "tiny", "--db", "adir"], "is a directory"),
     (["sample", "--preset", "tiny", "--run.device", "gpu"], "run.device='gpu'"),
     (["sample", "--preset", "tiny", "--n", "x"], "invalid int value: 'x'"),
-    (["sample", "--preset", "tiny", "--task.truncate-after", "99"], "task.truncate_after=99"),
+    (["sample", "--preset", "tiny", "--task.truncate-after", "-1"], "task.truncate_after=-1"),
     (["train-reward", "tiny", "--run-dir", "afile"], "afile: is a file"),
     (["train-policy", "tiny", "--run-dir", "afile"], "afile: is a file"),
     (["train-policy", "tiny", "--run-dir", "afile/sub"], "is a file"),
