@@ -413,8 +413,16 @@ def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
     directory is locked for the duration (one process per run). Arguments: _train_policy_locked."""
     from lmprefs.checkpoint import run_lock
 
-    with run_lock(Path(run_dir)):
-        return _train_policy_locked(cfg, Path(run_dir), **kw)
+    run_dir = Path(run_dir)
+    fresh = not run_dir.exists()
+    try:
+        with run_lock(run_dir):
+            return _train_policy_locked(cfg, run_dir, **kw)
+    except UserError:
+        if fresh and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
+            (run_dir / ".lock").unlink()  # a start refused before any work leaves no directory behind
+            run_dir.rmdir()
+        raise
 
 
 def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,
