@@ -219,8 +219,9 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     summary |= evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype)
     summary |= {"final_minibatch": last, "seconds": time.time() - t0}
     if log is not None:
-        log.scalars({k: v for k, v in summary.items() if isinstance(v, float)}, len(train) * cfg.train_reward.epochs,
-                    phase="reward")  # fmt: skip
+        # the wall-clock seconds under PPO's name for them (elapsed/time), which comparisons of runs leave out
+        row = {("elapsed/time" if k == "seconds" else k): v for k, v in summary.items() if isinstance(v, float)}
+        log.scalars(row, len(train) * cfg.train_reward.epochs, phase="reward")
     task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
     save_reward_model(rm, out_dir, extra={"summary": summary, "label_type": lt.name, "task": task})
     return rm, summary
