@@ -18,7 +18,8 @@ COMMANDS = {
     "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
     "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen)",
     "sample": "print queries and sampled continuations from the initial model or a trained policy",
-    "presets": "list the presets, or print one preset's full config",
+    "presets": "list the presets, or print one preset's full config (after --section.key overrides)",
+    "config": "print the resolved config of a preset (or --config FILE) with --section.key overrides, as JSON",
     "label": "sample best-of-N comparisons from the initial policy and have a simulated labeler judge them",
     "import-labels": "import a label file (the original's JSON, TRL pairwise JSONL, text JSONL, "
     "summarize-from-feedback comparisons) into a label store",
@@ -29,12 +30,33 @@ COMMANDS = {
     "labelers": "manage labelers of a label store: add NAME [--admin] prints a sign-in token; list",
     "train-sft": "supervised fine-tuning of the initial policy on prompt/response pairs (JSONL) for train-policy "
     "to start from",
-    "train-policy": "fine-tune the policy with PPO against a reward model (trained first unless given) or a reward function",
+    "train-policy": "fine-tune the policy with PPO against a reward model (trained first unless given) or a reward "
+    "function",
 }
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are UserErrors: one line and exit 2 like every other bad input (argparse itself
+    prints the usage block first)."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
 def _parser(cmd: str, usage: str | None = None) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=f"lmprefs {cmd}", description=COMMANDS[cmd], usage=usage)
+    return ArgumentParser(prog=f"lmprefs {cmd}", description=COMMANDS[cmd], usage=usage)
+
+
+def _run_dir(given: str | None, cfg, command: str, preset: str) -> Path:
+    """The run directory from --run-dir, run.save_dir or a fresh default; refused when it names a file."""
+    from lmprefs.runlog import default_run_dir
+
+    run_dir = Path(given or cfg.run.save_dir or default_run_dir(command, preset))
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--run-dir {run_dir}: is a file, not a directory")
+    if not run_dir.exists() and run_dir.parent.exists() and not run_dir.parent.is_dir():
+        raise UserError(f"--run-dir {run_dir}: {run_dir.parent} is a file, not a directory")
+    return run_dir
 
 
 def _config(preset_name: str, pairs, config_file: str | None = None):
@@ -48,18 +70,35 @@ def _config(preset_name: str, pairs, config_file: str | None = None):
             cfg = preset(preset_name)
         except KeyError:
             raise ConfigError(f"unknown preset {preset_name!r}; presets: {', '.join(PRESETS)}") from None
-    return apply_overrides(cfg, pairs)
+    cfg = apply_overrides(cfg, pairs)
+    from lmprefs.runlog import check_trackers
+
+    check_trackers(cfg.run.report_to)  # a missing wandb/mlflow is one line now, not after an hour of training
+    if cfg.run.device.startswith("cuda"):  # refused before any file is opened or model loaded
+        from lmprefs.models.lm import pick_device
+
+        pick_device(cfg.run.device)
+    return cfg
 
 
-def _help_with_config(parser: argparse.ArgumentParser, argv: list[str], preset_name: str) -> None:
-    if "-h" in argv or "--help" in argv:
-        from lmprefs.config import PRESETS
-        from lmprefs.overrides import config_help
+def _help_with_config(parser: argparse.ArgumentParser, argv: list[str], default_preset: str, pairs=()) -> None:
+    """--help: the command's flags, then every config key with its value in the preset this command line names
+    (`--preset NAME`, the positional preset or `--config FILE`) after its overrides."""
+    if "-h" not in argv and "--help" not in argv:
+        return
+    rest = [x for x in argv if x not in ("-h", "--help")]
+    try:
+        ns = parser.parse_known_args(rest)[0]
+    except UserError:  # e.g. the positional preset is missing: show the default's values
+        ns = argparse.Namespace()
+    name = getattr(ns, "preset", None) or default_preset
+    from lmprefs.overrides import config_help
 
-        parser.print_help()
-        name = preset_name if preset_name in PRESETS else "tiny"
-        print("\n" + config_help(PRESETS[name][1]))
-        raise SystemExit(0)
+    cfg = _config(name, list(pairs), getattr(ns, "config", None))
+    parser.print_help()
+    source = f"config file {ns.config}" if getattr(ns, "config", None) else f"preset {name}"
+    print("\n" + config_help(cfg, source + (" with the overrides given" if pairs else "")))
+    raise SystemExit(0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -69,7 +108,7 @@ def cmd_assets(argv: list[str]) -> int:
     from lmprefs import assets
 
     p = _parser("assets")
-    p.add_argument("action", choices=["list", "prepare"])
+    p.add_argument("action", choices=["list", "prepare"], help="list the assets, or prepare (download/convert) them")
     p.add_argument("names", nargs="*", help="assets to prepare (default: all)")
     a = p.parse_args(argv)
     if a.action == "list":
@@ -89,17 +128,29 @@ def cmd_presets(argv: list[str]) -> int:
     import json
 
     from lmprefs.config import PRESETS
-    from lmprefs.overrides import to_dict
+    from lmprefs.overrides import split_overrides, to_dict
 
-    p = _parser("presets")
-    p.add_argument("name", nargs="?")
+    argv, pairs = split_overrides(argv)
+    p = _parser("presets", "lmprefs presets [NAME [--config FILE] [--section.key VALUE ...]]")
+    p.add_argument("name", nargs="?", help="print this preset's full config as JSON (after any overrides)")
+    p.add_argument("--config", help="a saved config.json to start from instead of the preset")
     a = p.parse_args(argv)
-    if a.name:
-        print(json.dumps(to_dict(_config(a.name, [])), indent=2))
+    if a.name or a.config or pairs:
+        print(json.dumps(to_dict(_config(a.name or "", pairs, a.config)), indent=2))
     else:
         for name, (desc, _) in PRESETS.items():
             print(f"  {name:24s} {desc}")
     return 0
+
+
+def cmd_config(argv: list[str]) -> int:
+    """`lmprefs config PRESET [--section.key V ...]`: the resolved config, as `presets NAME` prints it."""
+    from lmprefs.overrides import split_overrides
+
+    rest, pairs = split_overrides(argv)
+    if not rest and not pairs and "--config" not in argv:
+        raise UserError("name a preset (lmprefs presets lists them) or pass --config FILE")
+    return cmd_presets(argv)
 
 
 def cmd_sample(argv: list[str]) -> int:
@@ -114,7 +165,7 @@ def cmd_sample(argv: list[str]) -> int:
                    help="sampling temperature (default: the task's; the original's sample.py used 1.0 for runs)")
     p.add_argument("--seed", type=int, default=None, help="seed (default: run.seed)")
     p.add_argument("--split", choices=["train", "heldout"], default="heldout", help="which queries to draw from")
-    _help_with_config(p, argv, "austen-sentiment")
+    _help_with_config(p, argv, "austen-sentiment", pairs)
     a = p.parse_args(argv)
     from lmprefs.generate import sample_cli
 
@@ -139,10 +190,12 @@ def cmd_label(argv: list[str]) -> int:
     # --questions: torchrun's own parser takes `--n` for an abbreviation of its options and stops the launch
     p.add_argument("--n", "--questions", dest="n", type=int, default=1000,
                    help="questions to sample and label (under torchrun spell it --questions)")
-    p.add_argument("--labeler", default=None, help="simulated labeler: vader, descriptiveness, or none to only queue")
+    p.add_argument("--labeler", default=None, choices=["vader", "descriptiveness", "none"],
+                   help="simulated labeler (default labels.labeler); none only queues the questions for people")
     p.add_argument("--seed", type=int, default=None, help="seed for the queries and samples (default run.seed)")
-    _help_with_config(p, argv, name)
+    _help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
+    from lmprefs.labels.store import check_store_path
     from lmprefs.pipeline import collect_labels, open_store, setup_task
 
     if a.n <= 0:
@@ -150,8 +203,11 @@ def cmd_label(argv: list[str]) -> int:
     from lmprefs import distributed as dist
 
     cfg = _config(a.preset, pairs, a.config)
-    store = open_store(a.db) if dist.is_main() else None  # rank 0 writes every rank's questions
-    out = collect_labels(setup_task(cfg), store, a.n, labeler=a.labeler, seed=a.seed)
+    check_store_path(a.db, must_exist=False)
+    task = setup_task(cfg)
+    # created only now (a bad value above leaves no file behind), and by rank 0, which writes every rank's questions
+    store = open_store(a.db) if dist.is_main() else None
+    out = collect_labels(task, store, a.n, labeler=a.labeler, seed=a.seed)
     if not dist.is_main():
         return 0
     print(f"{out['items']} questions sampled in {out['sample_seconds']:.0f}s; {out['labels_added']} labels by "
@@ -161,41 +217,76 @@ def cmd_label(argv: list[str]) -> int:
 
 def cmd_import_labels(argv: list[str]) -> int:
     p = _parser("import-labels")
-    p.add_argument("file")
-    p.add_argument("--db", default="labels.sqlite")
-    p.add_argument("--format", default="auto", choices=("auto", "openai", "pairs", "comparisons", "summarize"),
-                   help="auto (by content), openai, pairs, comparisons, or summarize (summarize-from-feedback "
-                   "comparisons: labeler = worker, split kept)")  # fmt: skip
+    p.add_argument("file", help="label file: the original's JSON, TRL pairwise JSONL, text comparisons JSONL, or "
+                   "summarize-from-feedback comparisons JSONL")
+    p.add_argument("--db", default="labels.sqlite", help="label store to import into (SQLite; created if missing)")
+    p.add_argument("--format", default="auto", choices=["auto", "openai", "pairs", "comparisons", "summarize"],
+                   help="file format (auto: by extension and content); summarize: summarize-from-feedback "
+                   "comparisons, labeler = worker, split kept")  # fmt: skip
     p.add_argument("--labeler", default="import", help="labeler name recorded for the imported labels")
+    p.add_argument("--json", action="store_true", help="print the import report as one JSON object")
     a = p.parse_args(argv)
+    import dataclasses
+    import json
+
     from lmprefs.labels.formats import LabelFileError, import_file
+    from lmprefs.labels.store import check_store_path
     from lmprefs.pipeline import open_store
 
     if not Path(a.file).is_file():
-        raise UserError(f"label file {a.file} does not exist")
+        what = "is a directory, not a file" if Path(a.file).is_dir() else "does not exist"
+        raise UserError(f"label file {a.file} {what}")
+    created = not check_store_path(a.db, must_exist=False).exists()
     try:
-        report = import_file(open_store(a.db), a.file, format=a.format, labeler=a.labeler)
+        r = import_file(open_store(a.db), a.file, format=a.format, labeler=a.labeler)
     except LabelFileError as e:
+        if created:  # a rejected file leaves no empty store behind
+            for suffix in ("", "-wal", "-shm"):
+                Path(a.db + suffix).unlink(missing_ok=True)
         raise UserError(str(e)) from None
-    print(report)
+    if a.json:
+        print(json.dumps(dataclasses.asdict(r) | {"db": a.db}))
+    else:
+        print(f"imported {r.rows} rows ({r.format}, {', '.join(r.label_types) or 'no labels'}) from {r.path} into "
+              f"{a.db}: {r.items_added} new items ({r.items_present} already there), {r.labels_added} new labels "
+              f"({r.labels_present} already there)")  # fmt: skip
     return 0
 
 
 def cmd_export_labels(argv: list[str]) -> int:
     p = _parser("export-labels")
-    p.add_argument("file")
-    p.add_argument("--db", default="labels.sqlite")
-    p.add_argument("--format", default="auto", help="auto (by extension), openai, pairs, comparisons")
+    p.add_argument("file", help="label file to write (replaced atomically)")
+    p.add_argument("--db", default="labels.sqlite", help="label store to read (SQLite; must exist)")
+    p.add_argument("--format", default="auto", choices=["auto", "openai", "pairs", "comparisons"],
+                   help="auto: .json -> openai (GPT-2 ids, best_of_4), .jsonl -> comparisons (text, every label "
+                   "type); pairs: TRL's prompt/chosen/rejected JSONL")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a = p.parse_args(argv)
-    from lmprefs.labels.formats import LabelFileError, export_file
-    from lmprefs.pipeline import open_store
+    import json
 
-    if not Path(a.db).is_file():
-        raise UserError(f"label store {a.db} does not exist")
+    from lmprefs.labels.formats import LabelFileError, export_file
+    from lmprefs.labels.store import LabelStore, check_store_path
+
+    out = Path(a.file)
+    if out.is_dir():
+        raise UserError(f"export file {out} is a directory; give a file name")
+    if not out.parent.is_dir():
+        raise UserError(f"export file {out}: folder {out.parent} does not exist")
+    fmt = a.format
+    if fmt == "auto":
+        fmt = {".json": "openai", ".jsonl": "comparisons"}.get(out.suffix)
+        if fmt is None:
+            raise UserError(f"export file {out}: cannot tell the format from {out.suffix or 'no extension'!r}; "
+                            "name it .json or .jsonl, or pass --format")  # fmt: skip
+    store = LabelStore(check_store_path(a.db, must_exist=True))
     try:
-        print(export_file(open_store(a.db), a.file, format=a.format))
+        n = export_file(store, out, format=fmt)
     except LabelFileError as e:
         raise UserError(str(e)) from None
+    if a.json:
+        print(json.dumps({"rows": n, "format": fmt, "path": str(out), "db": a.db}))
+    else:
+        print(f"exported {n} rows ({fmt}) from {a.db} to {out}")
     return 0
 
 
@@ -203,16 +294,16 @@ def cmd_train_reward(argv: list[str]) -> int:
     p, argv, pairs, name = _preset_parser("train-reward", argv)
     p.add_argument("--db", default=None, help="label store to train from (default labels.source, else labels.sqlite)")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-reward-PRESET-TIME)")
-    _help_with_config(p, argv, name)
+    _help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
     from lmprefs import distributed as dist
     from lmprefs.pipeline import label_source, setup_task, train_reward_model
-    from lmprefs.runlog import default_run_dir, open_logger
+    from lmprefs.runlog import open_logger
 
     cfg = _config(a.preset, pairs, a.config)
+    run_dir = _run_dir(a.run_dir, cfg, "train-reward", a.preset)
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
-    run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-reward", a.preset))
-    log = open_logger(run_dir, cfg, subdir="reward_model_logs")
+    log = open_logger(run_dir, cfg)
     _, summary = train_reward_model(setup_task(cfg), store, run_dir / "reward_model", log)
     log.close()
     if not dist.is_main():
@@ -230,12 +321,16 @@ def cmd_train_reward(argv: list[str]) -> int:
 
 
 def cmd_score(argv: list[str]) -> int:
-    p = _parser("score", "lmprefs score --reward-model DIR [FILE]  (one text per line; '\\t' separates query and response)")
+    usage = "lmprefs score --reward-model DIR [FILE]  (one text per line; '\\t' separates query and response)"
+    p = _parser("score", usage)
     p.add_argument("file", nargs="?", help="texts, one per line (default: stdin)")
-    p.add_argument("--reward-model", required=True)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--reward-model", required=True, help="a reward-model directory saved by train-reward")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut texts to the trained query/response lengths (default: score whole texts, up to the "
+                   "model's context, with a warning for texts longer than the training ones)")  # fmt: skip
     a = p.parse_args(argv)
-    from lmprefs.score import score_cli
+    from lmprefs.scoring import score_cli
 
     return score_cli(a)
 
@@ -285,7 +380,8 @@ def cmd_train_sft(argv: list[str]) -> int:
 def cmd_train_policy(argv: list[str]) -> int:
     p, argv, pairs, name = _preset_parser("train-policy", argv)
     p.add_argument("--reward", default=None,
-                   help="model (default: a reward model) or a reward function: vader, descriptiveness")
+                   help="model (default: a reward model), or a reward on response texts: vader, descriptiveness, "
+                   "or module:function of your own (list[str] -> list[float]; normalized like a reward model)")
     p.add_argument("--db", default=None, help="label store for training the reward model (default labels.source)")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-policy-PRESET-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
@@ -293,13 +389,14 @@ def cmd_train_policy(argv: list[str]) -> int:
                    help="with --resume: continue a run the andon cord stopped from its last good checkpoint, with the "
                         "config changes given (e.g. --ppo.lr 5e-5; recorded in run.json)")
     p.add_argument("--online", action="store_true",
-                   help="ask for judgments on the current policy's samples while training and retrain the reward model")
+                   help="ask for judgments on the current policy's samples while training and retrain the reward "
+                   "model")  # fmt: skip
     p.add_argument("--labeler", default=None,
-                   help="online: a simulated labeler (vader, descriptiveness) answers the queue; default: people via serve")
-    _help_with_config(p, argv, name)
+                   help="online: a simulated labeler (vader, descriptiveness) answers the queue; default: people via "
+                   "serve")  # fmt: skip
+    _help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
     from lmprefs.pipeline import run_train_policy
-    from lmprefs.runlog import default_run_dir
     from lmprefs.training.policy import AndonStop
 
     changes = None
@@ -309,7 +406,7 @@ def cmd_train_policy(argv: list[str]) -> int:
         raise UserError("--continue-after-andon goes with --resume --run-dir D")
     else:
         cfg = _config(a.preset, pairs, a.config)
-    run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-policy", a.preset))
+    run_dir = _run_dir(a.run_dir, cfg, "train-policy", a.preset)
     try:
         out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume, online=a.online,
                                labeler=a.labeler, preset=a.preset, changes=changes)  # fmt: skip
@@ -322,7 +419,8 @@ def cmd_train_policy(argv: list[str]) -> int:
     if "online_summary" in out:
         print("reward models of this run:\n" + out["online_summary"])
     print(f"policy: {run_dir / 'policy'}  (score {s.get('objective/score', float('nan')):+.3f}, "
-          f"kl {s.get('objective/kl', float('nan')):.2f}, beta {s.get('objective/kl_coef', float('nan')):.3f})")  # fmt: skip
+          f"kl {s.get('objective/kl', float('nan')):.2f}, "
+          f"beta {s.get('objective/kl_coef', float('nan')):.3f})")  # fmt: skip
     return 0
 
 
@@ -376,16 +474,15 @@ def cmd_quickstart(argv: list[str]) -> int:
     p.add_argument("--run-dir", default=None, help="output directory (default runs/quickstart-PRESET-TIME)")
     p.add_argument("--eval-queries", type=int, default=256, help="held-out queries for the true-reward evaluation")
     p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query")
-    _help_with_config(p, argv, "quickstart")
+    _help_with_config(p, argv, "quickstart", pairs)
     a = p.parse_args(argv)
     from lmprefs.quickstart import run_quickstart
-    from lmprefs.runlog import default_run_dir
     from lmprefs.training.policy import AndonStop
 
     if a.eval_queries < 2 or a.eval_samples < 1:
         raise UserError("--eval-queries must be >= 2 and --eval-samples >= 1")
     cfg = _config(a.preset, pairs)
-    run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("quickstart", a.preset))
+    run_dir = _run_dir(a.run_dir, cfg, "quickstart", a.preset)
     if (run_dir / "report.md").exists() or (run_dir / "labels.sqlite").exists():
         raise UserError(f"{run_dir} already holds a quickstart run; choose another --run-dir")
     try:
@@ -412,16 +509,15 @@ def cmd_experiment(argv: list[str]) -> int:
 
     argv, pairs = split_overrides(argv)
     p = _parser("experiment", "lmprefs experiment mock-sentiment [--labels 250,1000,4000] [--run-dir DIR] [...]")
-    p.add_argument("name", choices=["mock-sentiment"])
-    p.add_argument("--preset", default="quickstart")
+    p.add_argument("name", choices=["mock-sentiment"], help="the experiment (the paper's Figure 2, mock sentiment)")
+    p.add_argument("--preset", default="quickstart", help="preset every arm starts from (default quickstart)")
     p.add_argument("--labels", default="250,1000,4000", help="label counts of the reward-model arms")
     p.add_argument("--run-dir", default=None, help="directory (an existing one resumes)")
-    p.add_argument("--eval-queries", type=int, default=256)
-    p.add_argument("--eval-samples", type=int, default=2)
-    _help_with_config(p, argv, "quickstart")
+    p.add_argument("--eval-queries", type=int, default=256, help="held-out queries for the true-reward evaluation")
+    p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query")
+    _help_with_config(p, argv, "quickstart", pairs)
     a = p.parse_args(argv)
     from lmprefs.experiment import run_mock_sentiment
-    from lmprefs.runlog import default_run_dir
 
     try:
         counts = sorted({int(x) for x in a.labels.split(",") if x.strip()})
@@ -429,7 +525,7 @@ def cmd_experiment(argv: list[str]) -> int:
         raise UserError(f"--labels {a.labels!r}: expected comma-separated label counts like 250,1000,4000") from None
     if not counts or counts[0] <= 0:
         raise UserError(f"--labels {a.labels!r}: label counts must be positive")
-    run_dir = Path(a.run_dir or default_run_dir("experiment", a.name))
+    run_dir = _run_dir(a.run_dir, _config(a.preset, []), "experiment", a.name)
     cfg_file = run_dir / "experiment-config.json"
     if cfg_file.exists():  # resuming: the saved config wins
         if pairs:
@@ -448,7 +544,9 @@ def cmd_experiment(argv: list[str]) -> int:
     return 0
 
 
-HANDLERS = {"experiment": cmd_experiment, "quickstart": cmd_quickstart, "serve": cmd_serve, "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample, "presets": cmd_presets, "label": cmd_label,
+HANDLERS = {"config": cmd_config, "experiment": cmd_experiment, "quickstart": cmd_quickstart, "serve": cmd_serve,
+            "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample,
+            "presets": cmd_presets, "label": cmd_label,
             "import-labels": cmd_import_labels, "export-labels": cmd_export_labels, "train-reward": cmd_train_reward,
             "score": cmd_score}  # fmt: skip
 HANDLERS["train-sft"] = cmd_train_sft
@@ -465,8 +563,13 @@ DISTRIBUTED = {"label", "train-reward", "train-policy", "quickstart"}
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("--version", "-V"):
+        from lmprefs import __version__
+
+        print(f"lmprefs {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print("usage: lmprefs COMMAND [ARGS]   (lmprefs COMMAND --help for each)\n\ncommands:")
+        print("usage: lmprefs [--version] COMMAND [ARGS]   (lmprefs COMMAND --help for each)\n\ncommands:")
         for name, desc in COMMANDS.items():
             print(f"  {name:14s} {desc}")
         return 0 if argv else 2

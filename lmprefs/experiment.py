@@ -80,13 +80,15 @@ def plot_arms(run_dir: Path, names: list[str], results: dict) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from lmprefs.runlog import read_jsonl
+    from lmprefs.runlog import read_metrics
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name in names:
-        rows = read_jsonl(run_dir / name / "metrics.jsonl") if (run_dir / name / "metrics.jsonl").exists() else []
+        path = run_dir / name / "metrics.jsonl"
+        rows = read_metrics(path, "policy") if path.exists() else []
         if rows:
-            ax.plot([r["step"] for r in rows], [r.get("objective/true_reward", float("nan")) for r in rows], label=name)
+            true = [r.get("objective/true_reward", float("nan")) for r in rows]
+            ax.plot([r["step"] for r in rows], true, label=name)
     ax.set_title("true reward of rollouts (same KL target)")
     ax.set_xlabel("PPO update")
     ax.legend()

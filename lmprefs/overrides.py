@@ -99,6 +99,17 @@ def apply_overrides(cfg: Config, pairs: list[tuple[str, str]], origin: str = "co
     return cfg
 
 
+def set_value(cfg: Config, raw_key: str, value: Any, origin: str = "Python API") -> Config:
+    """cfg with one dotted key set to a Python value; the new Config validates it (types and ranges)."""
+    key = raw_key.replace("-", "_")
+    try:
+        return _set(cfg, key.split("."), value)
+    except ValueError as e:
+        if isinstance(e, UserError):
+            raise
+        raise ConfigError(f"{raw_key}={value!r} (from the {origin}): {e}") from None
+
+
 def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     """Separate dotted `--a.b value` / `--a.b=value` overrides from the command's own arguments."""
     rest, pairs, i = [], [], 0
@@ -138,7 +149,8 @@ def from_dict(d: dict, cls=Config, origin: str = "config", prefix: str = "") -> 
     for k, v in d.items():
         if k not in names:
             near = difflib.get_close_matches(k, names, n=1)
-            raise ConfigError(f"{origin}: unknown key {prefix}{k}" + (f"; did you mean {prefix}{near[0]}?" if near else ""))
+            hint = f"; did you mean {prefix}{near[0]}?" if near else ""
+            raise ConfigError(f"{origin}: unknown key {prefix}{k}{hint}")
         t = hints[k]
         if dataclasses.is_dataclass(t):
             kwargs[k] = from_dict(v, t, origin, f"{prefix}{k}.")
@@ -193,14 +205,14 @@ def field_docs(cls) -> dict[str, str]:
     """{field: docstring} read from the class source (a string literal right after each field)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body, out = tree.body[0].body, {}
-    for a, b in zip(body, body[1:]):
+    for a, b in zip(body, body[1:], strict=False):
         if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
             out[a.target.id] = " ".join(str(b.value.value).split())
     return out
 
 
-def config_help(cfg: Config) -> str:
-    lines = ["config overrides (--section.key VALUE; current values from the preset):"]
+def config_help(cfg: Config, source: str = "the preset") -> str:
+    lines = [f"config overrides (--section.key VALUE; the values shown are those of {source}):"]
     for f in dataclasses.fields(Config):
         sub = getattr(cfg, f.name)
         docs = field_docs(type(sub))

@@ -55,14 +55,9 @@ def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
 
 
 def open_store(path: str | Path):
-    from lmprefs.labels.store import LabelStore
+    from lmprefs.labels.store import LabelStore, check_store_path
 
-    p = Path(path)
-    if p.exists() and p.is_dir():
-        raise UserError(f"label store {p} is a directory; give a .sqlite file")
-    if not p.parent.exists():
-        raise UserError(f"label store {p}: directory {p.parent} does not exist")
-    return LabelStore(p)
+    return LabelStore(check_store_path(path, must_exist=False))
 
 
 def label_source(source: str):
@@ -73,9 +68,9 @@ def label_source(source: str):
 
     p = Path(source)
     if p.suffix in (".sqlite", ".db"):
-        if not p.is_file():
-            raise UserError(f"label store {p} does not exist (run `lmprefs label` first, or pass --db)")
-        return open_store(p)
+        from lmprefs.labels.store import LabelStore, check_store_path
+
+        return LabelStore(check_store_path(p, must_exist=True))
     if not p.is_file():
         raise UserError(f"label source {p} does not exist")
     store = open_store(Path(tempfile.mkdtemp(prefix="lmprefs-labels-")) / "labels.sqlite")
@@ -236,7 +231,9 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     summary |= evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype)
     summary |= {"final_minibatch": last, "seconds": time.time() - t0}
     if log is not None:
-        log.scalars({k: v for k, v in summary.items() if isinstance(v, float)}, len(train))
+        # the wall-clock seconds under PPO's name for them (elapsed/time), which comparisons of runs leave out
+        row = {("elapsed/time" if k == "seconds" else k): v for k, v in summary.items() if isinstance(v, float)}
+        log.scalars(row, len(train) * cfg.train_reward.epochs, phase="reward")
     task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
     if dist.is_main():
         save_reward_model(rm, out_dir, extra={"summary": summary, "label_type": lt.name, "task": task})
@@ -283,19 +280,45 @@ class RewardState:
                 rm.lm.load_state_dict({k[3:]: v for k, v in s.items() if k.startswith("lm.")})
 
 
-def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: str | None, resume: bool, log=None):
-    """The score function PPO optimizes: a reward function by name (`--reward vader`), a trained reward model
-    (rewards.trained_model, or this run's reward_model/ when resuming), or a new one trained from the store.
-    With LoRA a reward model trained in this run is an adapter on the policy's base; info["state"] is its
-    RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the checkpoint fills."""
+def reward_function(reward) -> tuple[str, object]:
+    """(name, fn) for a reward on response texts, fn(list[str]) -> list[float]: a callable (the Python API), a
+    built-in name (vader, descriptiveness), or `module:function` naming one of the user's own."""
+    import importlib
+
     from lmprefs.labels.labelers import SCORE_FNS
-    from lmprefs.models.lm import load_reward_model
+
+    if callable(reward):
+        mod, name = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
+        return (f"{mod}:{name}" if mod and "<" not in name else "callable"), reward
+    if reward in SCORE_FNS:
+        return reward, SCORE_FNS[reward]
+    if ":" not in reward:
+        raise UserError(f"--reward {reward!r}: choose model, {', '.join(sorted(SCORE_FNS))}, or module:function "
+                        "(a function of a list of response texts returning a list of floats)")  # fmt: skip
+    mod_name, _, fn_name = reward.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except ImportError as e:
+        raise UserError(f"--reward {reward}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    except AttributeError:
+        raise UserError(f"--reward {reward}: module {mod_name!r} has no {fn_name!r}") from None
+    if not callable(fn):
+        raise UserError(f"--reward {reward}: {fn_name!r} is not a function")
+    return reward, fn
+
+
+def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, resume: bool, log=None):
+    """The score function PPO optimizes: a reward function (`--reward vader`, `--reward module:function`, a
+    callable), a trained reward model (rewards.trained_model, or this run's reward_model/ when resuming), or a new
+    one trained from the store. With LoRA a reward model trained in this run is an adapter on the policy's base;
+    info["state"] is its RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the
+    checkpoint fills."""
+    from lmprefs.models.lm import is_reward_model_dir, load_reward_model
     from lmprefs.training.policy import rm_score_fn, text_score_fn
 
     cfg = t.cfg
-    if reward and reward != "model":
-        if reward not in SCORE_FNS:
-            raise UserError(f"--reward {reward!r}: choose model or one of {', '.join(sorted(SCORE_FNS))}")
+    if reward is not None and reward != "model":
+        reward, fn = reward_function(reward)
         # normalized like a reward model (mean 0, std 1 on initial-policy samples), so that kl_coef and the KL
         # target weigh it as they weigh a learned reward. VADER's std on those samples is 0.39 (quickstart preset),
         # and in `experiment mock-sentiment` raw VADER took the true reward from 0.166 to 0.308, normalized to 0.490
@@ -305,27 +328,66 @@ def reward_for_policy(t: Task, run_dir: Path, reward: str | None, store_path: st
 
         gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
         _, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
-        raw = dist.gather_rows(torch.tensor(SCORE_FNS[reward](decode(t.tok, r)), dtype=torch.float64))
+        raw = dist.gather_rows(_checked_scores(fn, decode(t.tok, r), reward))
         mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
         if dist.is_main():
             print(f"reward {reward}: normalized with mean {mean:+.4f}, std {std:.4f} of {len(raw)} initial-policy "
                   "samples", flush=True)  # fmt: skip
-        return text_score_fn(SCORE_FNS[reward], t.tok, mean, std), {"reward": reward}
+        return text_score_fn(lambda texts: _checked_scores(fn, texts, reward).tolist(), t.tok, mean, std), {
+            "reward": reward}
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
-    if cfg.rewards.trained_model and not (rm_dir / "reward_head.safetensors").is_file():
-        raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (no reward_head.safetensors)")
+    if cfg.rewards.trained_model and not is_reward_model_dir(rm_dir):
+        raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (a sequence classifier "
+                        "with num_labels=1, as train-reward or TRL's RewardTrainer save)")  # fmt: skip
     info = {"reward": "model", "reward_model": str(rm_dir)}
     if resume and cfg.lora.rank > 0 and not cfg.rewards.trained_model:
         rm = reward_frame(t).eval().freeze()
         return rm_score_fn(rm), info | {"state": RewardState(rm)}
-    if (rm_dir / "reward_head.safetensors").is_file() and (cfg.rewards.trained_model or resume):
+    if is_reward_model_dir(rm_dir) and (cfg.rewards.trained_model or resume):
+        check_same_tokenizer(rm_dir, t.tok, f"rewards.trained_model={rm_dir}")
         rm = load_reward_model(rm_dir, t.device).eval()
         return rm_score_fn(rm), info
     store = label_source(store_path or cfg.labels.source or "labels.sqlite")
-    rm, summary = train_reward_model(t, store, rm_dir, log)
+    from lmprefs.runlog import open_logger
+
+    # a reward model trained here logs into the run directory (phase "reward"), as PPO does after it; rank 0 only
+    own_log = log is None
+    log = open_logger(run_dir, cfg) if own_log else log
+    try:
+        rm, summary = train_reward_model(t, store, rm_dir, log)
+    finally:
+        if own_log:
+            log.close()
     rm.freeze()
     info["reward_training"] = summary
     return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
+
+
+def _checked_scores(fn, texts: list[str], name: str) -> torch.Tensor:
+    """fn(texts) as float64 [len(texts)], or a UserError saying what the reward function returned instead."""
+    try:
+        out = torch.tensor([float(x) for x in fn(texts)], dtype=torch.float64)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"reward {name}: must return a list of floats, one per text ({e})") from None
+    if out.shape != (len(texts),) or not torch.isfinite(out).all():
+        raise UserError(f"reward {name}: returned {tuple(out.shape)} values for {len(texts)} texts, or non-finite "
+                        "ones")  # fmt: skip
+    return out
+
+
+def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:
+    """A reward model reads the policy's token ids as they are, so it must share the policy's vocabulary: another
+    tokenizer's ids would index the wrong embeddings (or past the end of them, an IndexError deep in torch)."""
+    from transformers import AutoTokenizer
+
+    try:
+        other = AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as e:
+        why = str(e).splitlines()[0][:100]
+        raise UserError(f"{what}: no tokenizer to compare with the policy's ({why})") from None
+    if other.get_vocab() != tok.get_vocab():
+        raise UserError(f"{what}: its tokenizer ({len(other)} tokens) differs from the policy's "
+                        f"({len(tok)} tokens, task.initial_model); train the reward model on the same base model")
 
 
 def track_true_reward(score_fn, true_fn, tok):
@@ -369,9 +431,17 @@ def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
 
     from lmprefs.checkpoint import run_lock
 
-    # rank 0 holds the lock for all ranks of a launch (they are one run)
-    with run_lock(Path(run_dir)) if dist.is_main() else contextlib.nullcontext():
-        return _train_policy_locked(cfg, Path(run_dir), **kw)
+    run_dir = Path(run_dir)
+    fresh = not run_dir.exists()
+    try:
+        # rank 0 holds the lock for all ranks of a launch (they are one run)
+        with run_lock(run_dir) if dist.is_main() else contextlib.nullcontext():
+            return _train_policy_locked(cfg, run_dir, **kw)
+    except UserError:
+        if fresh and dist.is_main() and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
+            (run_dir / ".lock").unlink()  # a start refused before any work leaves no directory behind
+            run_dir.rmdir()
+        raise
 
 
 def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,

@@ -71,10 +71,11 @@ def plot_curves(metrics: list[dict], out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     panels = [("objective/score", "reward-model score"), ("objective/true_reward", "true reward (VADER)"),
-              ("objective/kl", "KL(policy || initial), nats"), ("objective/kl_coef", "KL coefficient beta")]  # fmt: skip
+              ("objective/kl", "KL(policy || initial), nats"),
+              ("objective/kl_coef", "KL coefficient beta")]  # fmt: skip
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
     steps = [m["step"] for m in metrics]
-    for ax, (key, title) in zip(axes.flat, panels):
+    for ax, (key, title) in zip(axes.flat, panels, strict=True):
         ax.plot(steps, [m.get(key, float("nan")) for m in metrics], marker=".")
         ax.set_title(title)
         ax.set_xlabel("PPO update")
@@ -94,7 +95,8 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
     se = math.sqrt(before["stderr"] ** 2 + after["stderr"] ** 2)
     lines = [
         "# lmprefs quickstart: mock sentiment", "",
-        f"Model `{cfg.task.initial_model}`, queries `{cfg.task.query_dataset}`, simulated labeler `{cfg.labels.labeler}`.",
+        f"Model `{cfg.task.initial_model}`, queries `{cfg.task.query_dataset}`, "
+        f"simulated labeler `{cfg.labels.labeler}`.",
         "", "| figure | value |", "|---|---|",
         f"| reward model held-out accuracy (best of 4, chance 0.25) | {figures.get('rm_accuracy', float('nan')):.3f} "
         f"({figures.get('rm_heldout', 0)} held-out labels; {figures.get('rm_train', 0)} trained) |",
@@ -136,7 +138,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
         train_reward_model,
     )
     from lmprefs.queries import QueryStream
-    from lmprefs.runlog import open_logger, read_jsonl
+    from lmprefs.runlog import open_logger, read_metrics
     from lmprefs.training.policy import build_run, rm_score_fn, train_policy
 
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
@@ -191,12 +193,13 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
                             desc="final policy", ref_model=t.model)  # fmt: skip
     stages["evaluate final"] = time.time() - s
 
-    figures = {"rm_accuracy": rm_summary.get("heldout/accuracy", float("nan")), "rm_heldout": rm_summary["labels_heldout"],
+    figures = {"rm_accuracy": rm_summary.get("heldout/accuracy", float("nan")),
+               "rm_heldout": rm_summary["labels_heldout"],
                "rm_train": rm_summary["labels_train"], "kl": stats["objective/kl"], "kl_heldout": after.get("kl"),
                "beta": stats["objective/kl_coef"],
                "score": stats["objective/score"]}  # fmt: skip
     report = run_dir / "report.md"
     if dist.is_main():
-        plot_curves(read_jsonl(run_dir / "metrics.jsonl"), run_dir)
+        plot_curves(read_metrics(run_dir / "metrics.jsonl", "policy"), run_dir)
         report = write_report(run_dir, cfg, figures, stages, before, after, heldout, t.tok)
     return {"report": report, "figures": figures, "before": before, "after": after, "stages": stages}

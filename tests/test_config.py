@@ -1,6 +1,6 @@
+import ast
 import dataclasses
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -12,19 +12,22 @@ from lmprefs.overrides import ConfigError, all_keys, apply_overrides, load_confi
 
 def test_presets_carry_the_originals_hyperparameters():
     s = preset("sentiment")
-    assert (s.task.query_length, s.task.response_length, s.task.truncate_token, s.task.truncate_after) == (64, 24, 13, 16)
+    st = s.task
+    assert (st.query_length, st.response_length, st.truncate_token, st.truncate_after) == (64, 24, 13, 16)
     assert (s.task.temperature, s.ppo.lr, s.ppo.batch_size, s.ppo.total_episodes) == (0.7, 1e-5, 512, 1_000_000)
     assert (s.rewards.kl_coef, s.rewards.kl_target, s.rewards.kl_horizon) == (0.15, 6.0, 10000)
     assert (s.train_reward.batch_size, s.train_reward.lr, s.train_reward.rollout_batch_size) == (32, 5e-5, 512)
     assert (s.ppo.noptepochs, s.ppo.nminibatches, s.ppo.vf_coef, s.ppo.cliprange, s.ppo.lam) == (4, 1, 0.1, 0.2, 0.95)
     assert s.labels.num_train == 4992 and s.labels.type == "best_of_4"
     t = preset("tldr")
-    assert (t.task.query_length, t.task.response_length, t.task.truncate_token, t.task.truncate_after) == (500, 75, 198, 55)
+    tt = t.task
+    assert (tt.query_length, tt.response_length, tt.truncate_token, tt.truncate_after) == (500, 75, 198, 55)
     assert (t.rewards.kl_coef, t.rewards.kl_target, t.ppo.whiten_rewards, t.ppo.lr, t.ppo.batch_size) == (
         0.03, None, False, 2e-6, 32)  # fmt: skip
     assert t.task.query_suffix == "\n\nTL;DR:"
     c = preset("cnndm")
-    assert (c.task.temperature, c.task.query_prefix, c.task.end_text, c.rewards.kl_coef) == (0.5, "Article:\n\n", "\n", 0.01)
+    ct = c.task
+    assert (ct.temperature, ct.query_prefix, ct.end_text, c.rewards.kl_coef) == (0.5, "Article:\n\n", "\n", 0.01)
     assert (c.train_reward.batch_size, c.train_reward.lr, c.train_reward.rollout_batch_size) == (16, 2.5e-5, 128)
     assert {"sentiment", "descriptiveness", "tldr", "cnndm", "austen-sentiment", "tiny"} <= set(PRESETS)
 
@@ -32,7 +35,8 @@ def test_presets_carry_the_originals_hyperparameters():
 def test_overrides_parse_by_type_and_reject_unknown_keys():
     cfg = apply_overrides(preset("sentiment"), [("ppo.lr", "2e-5"), ("rewards.kl-target", "None"),
                                                 ("ppo.whiten-rewards", "false"), ("task.truncate-token", "None")])
-    assert (cfg.ppo.lr, cfg.rewards.kl_target, cfg.ppo.whiten_rewards, cfg.task.truncate_token) == (2e-5, None, False, None)
+    got = (cfg.ppo.lr, cfg.rewards.kl_target, cfg.ppo.whiten_rewards, cfg.task.truncate_token)
+    assert got == (2e-5, None, False, None)
     with pytest.raises(ConfigError, match="did you mean --ppo.nminibatches"):
         apply_overrides(cfg, [("ppo.nminibatch", "2")])
     with pytest.raises(ConfigError, match="expected int"):
@@ -65,9 +69,58 @@ def test_cli_unknown_key_exits_2_with_a_suggestion(capsys):
     assert "train_reward.microbatch=-1 must be >= 0" in err and "Traceback" not in err
 
 
+SECTIONS = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in dataclasses.fields(Config)}
+
+
+def _section_reads(tree: ast.AST) -> set[str]:
+    """"section.field" for every read of a config field in a module: `x.ppo.lr`, or `p.lr` where `p` is bound in the
+    same function to `something.ppo`, or is a parameter annotated with PPOConfig (or named `ppo`), or
+    `getattr(x.task, "query_prefix")`. The field alone is not enough: `labels.type` must not be satisfied by
+    `device.type`."""
+    out: set[str] = set()
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            continue
+        alias = {}
+        if not isinstance(fn, ast.Module):
+            for a in fn.args.args + fn.args.kwonlyargs:
+                ann = ast.unparse(a.annotation) if a.annotation else ""
+                for sec, cls in SECTIONS.items():
+                    if cls in ann or a.arg == sec:
+                        alias[a.arg] = sec
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign):
+                tg, val = node.targets[0], node.value
+                both = isinstance(tg, ast.Tuple) and isinstance(val, ast.Tuple)
+                for t, v in zip(tg.elts, val.elts, strict=True) if both else [(tg, val)]:
+                    if isinstance(t, ast.Name) and isinstance(v, ast.Attribute) and v.attr in SECTIONS:
+                        alias[t.id] = v.attr
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Attribute):
+                v = node.value
+                if isinstance(v, ast.Attribute) and v.attr in SECTIONS:
+                    out.add(f"{v.attr}.{node.attr}")
+                elif isinstance(v, ast.Name) and v.id in alias:
+                    out.add(f"{alias[v.id]}.{node.attr}")
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and len(node.args) >= 2:
+                v, k = node.args[0], node.args[1]
+                own = v.attr if isinstance(v, ast.Attribute) and v.attr in SECTIONS else None
+                sec = own or alias.get(getattr(v, "id", ""))
+                if sec and isinstance(k, ast.Constant):
+                    out.add(f"{sec}.{k.value}")
+    return out
+
+
 def test_every_config_field_is_read_somewhere_in_the_package():
-    """A knob nobody reads is a lie (torchtune's whiten_rewards, the original's rewards.whiten)."""
+    """A knob nobody reads is a lie (torchtune's whiten_rewards, the original's rewards.whiten). A read counts for
+    the section that owns it (issue 14: `labels.type` was satisfied by `device.type`)."""
     pkg = Path(__file__).parents[1] / "lmprefs"
-    source = "\n".join(p.read_text() for p in pkg.rglob("*.py") if p.name not in ("config.py", "overrides.py"))
-    unread = [k for k in all_keys(Config) if not re.search(rf"\.{k.split('.')[-1]}\b", source)]
+    reads = set()
+    for p in pkg.rglob("*.py"):
+        if p.name not in ("config.py", "overrides.py"):  # validation and help read every field
+            reads |= _section_reads(ast.parse(p.read_text()))
+    unread = [k for k in all_keys(Config) if k not in reads]
     assert not unread, f"config fields never read: {unread}"
+    # the check itself: a field read only through another section's attribute of the same name is unread
+    probe = _section_reads(ast.parse("def f(cfg, device):\n    return device.type, cfg.run.seed\n"))
+    assert probe == {"run.seed"}

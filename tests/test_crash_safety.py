@@ -233,7 +233,7 @@ def test_resumed_logs_have_each_step_once_even_if_killed_while_truncating(tmp_pa
     assert (d / "metrics.jsonl").read_text() == rows  # a kill while truncating loses nothing
     assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 0
     assert metrics(d) == metrics(vader_run)
-    ea = EventAccumulator(str(d))
+    ea = EventAccumulator(str(d / "logs" / "policy"))
     ea.Reload()
     assert [e.step for e in ea.Scalars("objective/kl")] == [1, 2, 3, 4]
 

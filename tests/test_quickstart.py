@@ -17,12 +17,20 @@ def test_quickstart_pipeline_end_to_end_on_tiny(tmp_path, capsys):
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
     rep = json.loads((run_dir / "report.json").read_text())
     nums = [rep["figures"]["rm_accuracy"], rep["figures"]["kl"], rep["figures"]["beta"],
-            *rep["true_reward_before"].values(), *rep["true_reward_after"].values(), *rep["stages"].values()]  # fmt: skip
+            *rep["true_reward_before"].values(), *rep["true_reward_after"].values(),
+            *rep["stages"].values()]  # fmt: skip
     assert all(math.isfinite(x) for x in nums), rep
     # KL of the trained policy from the initial one on the held-out samples: a mean of sums of logp - logp_ref
     assert rep["kl_after"]["kl"] > 0 and rep["kl_after"]["kl_stderr"] > 0 and rep["figures"]["kl_heldout"] > 0
     text = (run_dir / "report.md").read_text()
     assert "true reward, final policy" in text and "before (" in text and "after (" in text
+    # one layout for both phases (issue 14, defect 6): tagged rows, one TensorBoard folder (step axis) per phase
+    from lmprefs.runlog import read_jsonl
+
+    phases = [r["phase"] for r in read_jsonl(run_dir / "metrics.jsonl")]
+    assert phases == sorted(phases, key=["reward", "policy"].index) and set(phases) == {"reward", "policy"}
+    assert sorted(p.name for p in (run_dir / "logs").iterdir()) == ["policy", "reward"]
+    assert not list(run_dir.glob("events.out.tfevents.*"))
     # a second quickstart into the same directory is refused rather than mixed in
     assert main(["quickstart", "--preset", "tiny", "--run-dir", str(run_dir)]) == 2
 

@@ -14,7 +14,7 @@ from lmprefs.config import preset
 from lmprefs.models.lm import Policy
 from lmprefs.pipeline import setup_task
 from lmprefs.queries import QueryStream
-from lmprefs.runlog import RunLogger, read_jsonl
+from lmprefs.runlog import RunLogger, read_jsonl, read_metrics
 from lmprefs.training.policy import build_run, make_rollout, train_policy
 from lmprefs.training.ppo import ppo_update
 
@@ -26,6 +26,10 @@ ORIGINAL_METRICS = [
     "ppo/val/clipfrac", "ppo/val/mean", "ppo/val/var", "ppo/val/var_explained", "elapsed/updates",
     "elapsed/episodes", "elapsed/fps", "elapsed/time",
 ]  # fmt: skip
+
+
+def cfg_updates(name: str) -> int:
+    return preset(name).ppo.num_updates
 
 
 def low_ids_score(queries, responses, prefix=None):
@@ -80,13 +84,15 @@ def test_learning_raises_the_score_while_kl_stays_bounded(tmp_path):
     cfg = preset("tiny")
     cfg = R(cfg, task=R(cfg.task, truncate_token=None, query_length=8),
             ppo=R(cfg.ppo, total_episodes=16 * 40, lr=3e-3, nminibatches=2),
-            rewards=R(cfg.rewards, kl_coef=0.05, kl_target=3.0), run=R(cfg.run, log_interval=1000, save_interval=1000))  # fmt: skip
+            rewards=R(cfg.rewards, kl_coef=0.05, kl_target=3.0),
+            run=R(cfg.run, log_interval=1000, save_interval=1000))  # fmt: skip
     run = build_run(cfg, Policy(lm, CountingTokenizer(), cfg.task.temperature),
                     QueryStream(torch.randint(0, 64, (256, 8)), 1), torch.device("cpu"))  # fmt: skip
     hist = []
     log = RunLogger(tmp_path, cfg)
     train_policy(cfg, run, lambda q, r, _: (r == 7).float().mean(1), log, tmp_path, [], [], torch.device("cpu"),
-                 torch.float32, on_update=lambda r, s: hist.append((s["objective/score"], s["objective/kl"])))  # fmt: skip
+                 torch.float32,
+                 on_update=lambda r, s: hist.append((s["objective/score"], s["objective/kl"])))  # fmt: skip
     log.close()
     first, last = sum(s for s, _ in hist[:5]) / 5, sum(s for s, _ in hist[-10:]) / 10
     assert last > first + 0.07, hist  # chance is 1/64 = 0.016
@@ -95,7 +101,8 @@ def test_learning_raises_the_score_while_kl_stays_bounded(tmp_path):
 
 
 def _policy_tensors(d):
-    return load_file(d / "model.safetensors") | {f"value_head.{k}": v for k, v in load_file(d / "value_head.safetensors").items()}
+    head = load_file(d / "value_head.safetensors")
+    return load_file(d / "model.safetensors") | {f"value_head.{k}": v for k, v in head.items()}
 
 
 def test_tiny_end_to_end_run_dir_and_every_parameter_changes(tmp_path, tiny_task):
@@ -103,12 +110,14 @@ def test_tiny_end_to_end_run_dir_and_every_parameter_changes(tmp_path, tiny_task
     assert main(["label", "tiny", "--db", str(db), "--n", "40"]) == 0
     run_dir = tmp_path / "run"
     assert main(["train-policy", "tiny", "--db", str(db), "--run-dir", str(run_dir)]) == 0
-    for f in ["config.json", "metrics.jsonl", "samples.jsonl", "policy/model.safetensors", "policy/value_head.safetensors",
-              "policy/config.json", "reward_model/reward_head.safetensors", "reward_model/model.safetensors"]:  # fmt: skip
+    for f in ["config.json", "metrics.jsonl", "samples.jsonl", "policy/model.safetensors",
+              "policy/value_head.safetensors",
+              "policy/config.json", "reward_model/config.json", "reward_model/model.safetensors"]:  # fmt: skip
         assert (run_dir / f).is_file(), f
-    assert list(run_dir.glob("events.out.tfevents.*"))
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    assert len(rows) == 2 and all(k in rows[-1] for k in ORIGINAL_METRICS)
+    assert list((run_dir / "logs" / "policy").glob("events.out.tfevents.*"))
+    assert list((run_dir / "logs" / "reward").glob("events.out.tfevents.*"))  # the reward model it trained
+    rows = read_metrics(run_dir / "metrics.jsonl", "policy")
+    assert len(rows) == cfg_updates("tiny") and all(k in rows[-1] for k in ORIGINAL_METRICS)
     samples = read_jsonl(run_dir / "samples.jsonl")
     assert {"query", "response", "score", "kl", "total"} <= set(samples[0])
     before = {k: v for k, v in tiny_task.model.state_dict().items()}
@@ -121,13 +130,13 @@ def test_tiny_end_to_end_run_dir_and_every_parameter_changes(tmp_path, tiny_task
 
 
 def _metrics(path):
-    return [{k: v for k, v in r.items() if not k.startswith("elapsed/") or k in ("elapsed/updates", "elapsed/episodes")}
-            for r in read_jsonl(path)]  # fmt: skip
+    keep = ("elapsed/updates", "elapsed/episodes")
+    return [{k: v for k, v in r.items() if not k.startswith("elapsed/") or k in keep} for r in read_jsonl(path)]
 
 
 def test_kill_and_resume_reproduces_an_uninterrupted_run(tmp_path):
-    args = ["train-policy", "tiny", "--reward", "vader", "--ppo.total-episodes", str(16 * 8), "--run.save-interval", "2",
-            "--run.log-interval", "100"]  # fmt: skip
+    args = ["train-policy", "tiny", "--reward", "vader", "--ppo.total-episodes", str(16 * 8),
+            "--run.save-interval", "2", "--run.log-interval", "100"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "lmprefs"]
     full = tmp_path / "full"
@@ -175,3 +184,21 @@ def test_direct_reward_is_normalized_on_initial_policy_samples(tmp_path):
     q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
     s = score(format_queries(q, t.prefix, t.suffix), r).double()
     assert abs(s.mean().item()) < 1e-5 and abs(s.std(unbiased=False).item() - 1) < 1e-4
+
+
+def test_tiny_preset_rollouts_score_the_reward_not_the_penalty(tiny_task):
+    """Issue 14, defect 7: with truncate_token 13 after index 4, the tiny preset's near-uniform random model almost
+    never sampled '.', so every rollout scored the constant penalty and PPO had nothing to learn from."""
+    from lmprefs.sampling import sample
+    from lmprefs.tasks import apply_penalty, format_queries, truncate_responses
+
+    task = preset("tiny").task
+    q = format_queries(tiny_task.train_queries[:64], tiny_task.prefix, tiny_task.suffix)
+    r, _ = sample(tiny_task.model, q, task.response_length, task.temperature, len(tiny_task.tok),
+                  torch.Generator().manual_seed(0))  # fmt: skip
+    raw = torch.randn(64, generator=torch.Generator().manual_seed(1))  # any reward
+    scored = apply_penalty(raw, truncate_responses(r, task.truncate_token, task.truncate_after), task)
+    assert torch.equal(scored, raw)
+    old = R(task, truncate_token=13)
+    penalized = apply_penalty(raw, truncate_responses(r, 13, old.truncate_after), old)
+    assert (penalized == -1).float().mean() > 0.95  # what the preset used to give PPO

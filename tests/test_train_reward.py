@@ -106,6 +106,24 @@ def test_label_train_reward_and_score_commands(tmp_path, capsys):
     assert main(["score", "--reward-model", str(tmp_path / "r" / "reward_model"), str(tmp_path / "texts.txt")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(float(x.split("\t")[0]) == float(x.split("\t")[0]) for x in lines)
+    # issue 14, defect 4: a text longer than the trained response (8 tokens) is scored whole, with a warning;
+    # --truncate cuts it to the trained lengths, as a text of its first 8 tokens scores
+    rm_dir = str(tmp_path / "r" / "reward_model")
+    long = "She smiled and laughed and danced all night long in the garden with her friends."
+    (tmp_path / "long.txt").write_text(long + "\n")
+    assert main(["score", "--reward-model", rm_dir, str(tmp_path / "long.txt")]) == 0
+    out, err = capsys.readouterr()
+    whole = float(out.split("\t")[0])
+    assert "1 of 1 texts are longer" in err and "scored whole" in err and len(err.splitlines()) == 1
+    assert main(["score", "--reward-model", rm_dir, "--truncate", str(tmp_path / "long.txt")]) == 0
+    out, err = capsys.readouterr()
+    cut = float(out.split("\t")[0])
+    from lmprefs.assets import gpt2_tokenizer
+
+    tok = gpt2_tokenizer()
+    (tmp_path / "first8.txt").write_text(tok.decode(tok(long).input_ids[:8]) + "\n")
+    assert main(["score", "--reward-model", rm_dir, str(tmp_path / "first8.txt")]) == 0
+    assert abs(float(capsys.readouterr().out.split("\t")[0]) - cut) < 1e-4 and abs(whole - cut) > 1e-4
     assert main(["score", "--reward-model", str(tmp_path)]) == 2
     assert "not a reward-model directory" in capsys.readouterr().err
     assert main(["train-reward", "tiny", "--db", str(tmp_path / "none.sqlite")]) == 2

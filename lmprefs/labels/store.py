@@ -653,3 +653,26 @@ class LabelStore:
             .fetchone()
         )
         return Labeler(row[0], row[1], bool(row[2]), row[3]) if row else None
+
+
+def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") -> Path:
+    """The label-store path a command was given, or a UserError naming what is wrong with it: a directory, a
+    missing folder, a missing store (when `must_exist`), or a file that is not SQLite (opening one would fail deep
+    inside sqlite3, or, for an empty file, turn it into a store)."""
+    from lmprefs.errors import UserError
+
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{flag} {p}: is a directory; give a label store file (.sqlite)")
+    if not p.exists():
+        if must_exist:
+            raise UserError(f"{flag} {p}: label store does not exist; create it with `lmprefs label` or "
+                            "`lmprefs import-labels`")  # fmt: skip
+        if not p.parent.is_dir():
+            raise UserError(f"{flag} {p}: folder {p.parent} does not exist")
+        return p
+    with open(p, "rb") as f:
+        head = f.read(16)
+    if head and head != b"SQLite format 3\x00":
+        raise UserError(f"{flag} {p}: not a label store (not an SQLite file)")
+    return p

@@ -22,7 +22,9 @@ def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"run.device={name!r} but CUDA is not available here; use cpu or auto")
+        from lmprefs.errors import UserError
+
+        raise UserError(f"device {name!r}: CUDA is not available here (torch {torch.__version__}); use cpu or auto")
     return torch.device(name)
 
 
@@ -392,42 +394,85 @@ def verified(path: Path) -> Path:
     return path
 
 
-def save_policy(policy: Policy, out: Path) -> None:
+def save_policy(policy: Policy, out: Path, merged: bool = True) -> None:
     with atomic_dir(out) as tmp:
-        _save_policy(policy, tmp)
+        _save_policy(policy, tmp, merged)
 
 
-def _save_policy(policy: Policy, out: Path) -> None:
+def _save_policy(policy: Policy, out: Path, merged: bool = False) -> None:
+    """A policy directory. Full fine-tuning: a Hugging Face model directory (AutoModelForCausalLM loads it).
+    LoRA: the adapters in peft's format under adapter/ (and value_adapter/), which PeftModel.from_pretrained(base,
+    DIR/adapter) loads onto the initial model; with `merged`, also the merged model at the top (written once, for
+    the final policy: checkpoints hold adapters only). Both: value_head.safetensors, generation_config.json (the
+    training temperature, do_sample=True, top_k=0: the distribution PPO trained), lmprefs.json."""
     import json
 
     from safetensors.torch import save_file
 
-    from lmprefs.models.lora import merged_copy
+    from lmprefs.models.lora import merged_copy, save_peft_adapter
 
-    lm = merged_copy(policy.lm, policy.adapter) if policy.adapter else policy.lm
-    lm.save_pretrained(out)
+    if policy.adapter:
+        save_peft_adapter(policy.lm, policy.adapter, out / "adapter")
+        if policy.value_adapter is not None:
+            save_peft_adapter(policy.lm, policy.value_adapter, out / "value_adapter")
+        if merged:
+            _save_lm(merged_copy(policy.lm, policy.adapter), out, policy.temperature)
+    else:
+        _save_lm(policy.lm, out, policy.temperature)
+        if policy.value_lm is not None:
+            policy.value_lm.save_pretrained(out / "value_model")
     policy.tokenizer.save_pretrained(out)
     save_file({k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()},
               out / "value_head.safetensors")  # fmt: skip
-    if policy.value_adapter is not None:
-        merged_copy(policy.lm, policy.value_adapter).save_pretrained(out / "value_model")
-    elif policy.value_lm is not None:
-        policy.value_lm.save_pretrained(out / "value_model")
     (out / "lmprefs.json").write_text(json.dumps({"kind": "policy", "temperature": policy.temperature}))
 
 
+def _save_lm(lm, out: Path, temperature: float) -> None:
+    from transformers import GenerationConfig
+
+    saved = lm.generation_config
+    # top_k=0: transformers samples from the top 50 by default; PPO trained (and lmprefs samples) the whole
+    # distribution at this temperature. Responses have a fixed length in training: no EOS stop there.
+    lm.generation_config = GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
+                                            bos_token_id=saved.bos_token_id, eos_token_id=saved.eos_token_id,
+                                            pad_token_id=saved.pad_token_id)  # fmt: skip
+    try:
+        lm.save_pretrained(out)
+    finally:
+        lm.generation_config = saved
+
+
 def load_policy(path: Path, device: torch.device | str = "cpu", temperature: float | None = None) -> Policy:
+    """A saved policy: its merged model, or (adapter-only directories, e.g. a checkpoint's) the initial model with
+    its peft adapters merged in."""
     import json
 
     from safetensors.torch import load_file
 
     path = verified(path)
     meta = json.loads((path / "lmprefs.json").read_text())
-    lm, tok = load_lm(str(path), device)
-    value_lm = load_lm(str(path / "value_model"), device)[0] if (path / "value_model").exists() else None
+    if (path / "config.json").is_file():
+        lm, tok = load_lm(str(path), device)
+    else:
+        lm, tok = _load_merged_adapter(path / "adapter", device)
+    value_lm = None
+    if (path / "value_model").exists():
+        value_lm = load_lm(str(path / "value_model"), device)[0]
+    elif (path / "value_adapter").exists():
+        value_lm = _load_merged_adapter(path / "value_adapter", device)[0]
     p = Policy(lm, tok, temperature if temperature is not None else meta["temperature"], value_lm=value_lm)
     p.value_head.load_state_dict(load_file(path / "value_head.safetensors"))
     return p.to(device)
+
+
+def _load_merged_adapter(adapter_dir: Path, device):
+    import json
+
+    from peft import PeftModel
+
+    base = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+    lm, tok = load_lm(base, device)
+    return PeftModel.from_pretrained(lm, str(adapter_dir)).merge_and_unload().eval(), tok
 
 
 def save_reward_model(rm: RewardModel, out: Path, extra: dict | None = None) -> None:
@@ -436,32 +481,88 @@ def save_reward_model(rm: RewardModel, out: Path, extra: dict | None = None) -> 
 
 
 def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None) -> None:
+    """A standard sequence-classification directory: AutoModelForSequenceClassification.from_pretrained(DIR) gives
+    lmprefs' rewards (num_labels=1, read at the last non-pad token; see to_sequence_classifier), plus the tokenizer
+    and lmprefs.json (the task it was trained for, its training summary)."""
     import json
-
-    from safetensors.torch import save_file
 
     from lmprefs.models.lora import merged_copy
 
-    (merged_copy(rm.lm, rm.adapter) if rm.adapter else rm.lm).save_pretrained(out)
+    lm = merged_copy(rm.lm, rm.adapter) if rm.adapter else rm.lm
+    to_sequence_classifier(lm, rm).save_pretrained(out)
     rm.tokenizer.save_pretrained(out)
-    tensors = {f"head.{k}": v for k, v in rm.head.state_dict().items()}
-    tensors |= {"gain": rm.gain.detach(), "bias": rm.bias.detach()}
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, out / "reward_head.safetensors")
     (out / "lmprefs.json").write_text(json.dumps({"kind": "reward_model", **(extra or {})}, indent=1))
 
 
-def load_reward_model(path: Path, device: torch.device | str = "cpu") -> RewardModel:
-    from safetensors.torch import load_file
+@torch.no_grad()
+def to_sequence_classifier(lm, rm: RewardModel):
+    """`lm`'s trunk with rm's head as a transformers XForSequenceClassification (num_labels=1) computing
+    gain * (w . h + b) + bias at the last real token. Its score layer has no bias, so the constant
+    c = gain * b + bias is folded into the final norm's bias along w (w . (h + c w / |w|^2) = w . h + c): exact for
+    trunks whose final norm has a bias (GPT-2). Llama-style RMSNorm has none; there the constant is kept in the
+    config as `lmprefs_score_bias`, which lmprefs adds back and other readers see as a constant offset."""
+    import copy
+
+    from transformers import AutoModelForSequenceClassification
+
+    cfg = copy.deepcopy(lm.config)
+    cfg.num_labels, cfg.problem_type = 1, "regression"
+    cfg.architectures = None
+    if cfg.pad_token_id is None:  # the HF classifier finds the last real token as the rightmost non-pad id
+        cfg.pad_token_id = rm.tokenizer.pad_token_id if rm.tokenizer.pad_token_id is not None else cfg.eos_token_id
+    seq = AutoModelForSequenceClassification.from_config(cfg, dtype=next(lm.parameters()).dtype)
+    seq.base_model.load_state_dict(lm.base_model.state_dict())
+    w = (rm.gain * rm.head.linear.weight).float()  # [1, d]
+    c = float(rm.gain * rm.head.linear.bias + rm.bias)
+    seq.score.weight.copy_(w)
+    norm = getattr(seq.base_model, _trunk_names(seq)[1])
+    if getattr(norm, "bias", None) is not None:
+        norm.bias.add_((c * w[0] / (w[0] @ w[0])).to(norm.bias.dtype))
+    else:
+        seq.config.lmprefs_score_bias = c
+    return seq.eval()
+
+
+def is_reward_model_dir(path: Path) -> bool:
+    """A directory holding a scalar sequence classifier (lmprefs' own, or e.g. one trained with TRL), or an
+    lmprefs reward model of the earlier format (a causal LM + reward_head.safetensors)."""
+    import json
 
     path = Path(path)
-    if not (path / "reward_head.safetensors").exists():
-        raise FileNotFoundError(f"{path} is not a reward-model directory (no reward_head.safetensors)")
+    if (path / "reward_head.safetensors").is_file():
+        return True
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    archs = cfg.get("architectures") or []
+    labels = cfg.get("num_labels", len(cfg.get("id2label") or {}) or 2)
+    return any(a.endswith("ForSequenceClassification") for a in archs) and labels == 1
+
+
+def load_reward_model(path: Path, device: torch.device | str = "cpu") -> RewardModel:
+    """A reward model from a sequence-classification directory (num_labels=1), e.g. lmprefs' or TRL's; rewards are
+    its score at the last real token (plus `lmprefs_score_bias` where lmprefs kept it in the config)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    path = Path(path)
+    if not is_reward_model_dir(path):
+        raise FileNotFoundError(f"{path} is not a reward-model directory (no sequence classifier with num_labels=1)")
     verified(path)
-    lm, tok = load_lm(str(path), device)
-    rm = RewardModel(lm, tok)
-    t = load_file(path / "reward_head.safetensors")
-    rm.head.load_state_dict({k[5:]: v for k, v in t.items() if k.startswith("head.")})
+    if (path / "reward_head.safetensors").is_file():  # the earlier format
+        lm, tok = load_lm(str(path), device)
+        rm = RewardModel(lm, tok)
+        t = load_file(path / "reward_head.safetensors")
+        rm.head.load_state_dict({k[5:]: v for k, v in t.items() if k.startswith("head.")})
+        with torch.no_grad():
+            rm.gain.copy_(t["gain"])
+            rm.bias.copy_(t["bias"])
+        return rm.to(device)
+    seq = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
+    rm = RewardModel(seq, AutoTokenizer.from_pretrained(str(path)))
     with torch.no_grad():
-        rm.gain.copy_(t["gain"])
-        rm.bias.copy_(t["bias"])
+        rm.head.linear.weight.copy_(seq.score.weight)
+        rm.head.linear.bias.zero_()
+        rm.bias.fill_(float(getattr(seq.config, "lmprefs_score_bias", 0.0)))
     return rm.to(device)

@@ -1,7 +1,10 @@
 """LoRA adapters (Hu et al. 2021) on one frozen base: the policy, the value function and the reward model are named
 adapters on the same weights, and the reference policy is the base with adapters off, so one copy of the model
 serves all four roles. Written here (about 100 lines) rather than taken from peft to keep several named adapters
-on one module switchable by a context manager, and GPT-2's Conv1D handled alongside nn.Linear.
+on one module switchable by a context manager (policy, value, reward; the reference is the base with none active),
+and GPT-2's Conv1D handled alongside nn.Linear. peft's layers were not faster on the same top-block forward +
+backward (benchmarks/lora_vs_peft.py; three noisy runs on a shared 2-core CPU, README). Saved adapters use peft's
+format (save_peft_adapter), so PeftModel.from_pretrained loads them.
 """
 
 from __future__ import annotations
@@ -61,7 +64,9 @@ def add_adapter(model: nn.Module, cfg: LoraConfig, name: str, seed: int = 0) -> 
                    if n.split(".")[-1] in cfg.targets and type(m).__name__ in ("Linear", "Conv1D")
                    and (allowed is None or id(m) in allowed)]  # fmt: skip
         if not targets:
-            raise ValueError(f"lora.targets={cfg.targets} match no Linear layer of {type(model).__name__}")
+            from lmprefs.errors import UserError
+
+            raise UserError(f"lora.targets={','.join(cfg.targets)} match no Linear layer of {type(model).__name__}")
         for n, m in targets:
             parent = model.get_submodule(n.rsplit(".", 1)[0]) if "." in n else model
             setattr(parent, n.split(".")[-1], LoRALinear(m, cfg.rank, cfg.alpha))
@@ -104,7 +109,7 @@ def using(model: nn.Module, name: str | None):
     try:
         yield
     finally:
-        for m, b in zip(mods, before):
+        for m, b in zip(mods, before, strict=True):
             m.active = b
 
 
@@ -124,3 +129,26 @@ def merged_copy(model: nn.Module, name: str | None) -> nn.Module:
 
 def adapter_state(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items() if ".A." in k or ".B." in k}
+
+
+def save_peft_adapter(model: nn.Module, name: str, out) -> None:
+    """Adapter `name` in peft's format (adapter_config.json + adapter_model.safetensors), so that
+    PeftModel.from_pretrained(initial_model, out) rebuilds it: same modules, rank, alpha (scale alpha / rank),
+    GPT-2's Conv1D as fan_in_fan_out."""
+    from pathlib import Path
+
+    from peft import LoraConfig as PeftLoraConfig
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    mods = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
+    first = mods[0][1]
+    base = getattr(model, "name_or_path", None) or model.config.name_or_path
+    PeftLoraConfig(r=first.rank, lora_alpha=first.rank * first.scale, target_modules=[n for n, _ in mods],
+                   lora_dropout=0.0, bias="none", fan_in_fan_out=first.transposed, task_type="CAUSAL_LM",
+                   base_model_name_or_path=str(base), inference_mode=True).save_pretrained(str(out))  # fmt: skip
+    tensors = {}
+    for n, m in mods:
+        tensors[f"base_model.model.{n}.lora_A.weight"] = m.A[name].detach().float().cpu().contiguous()  # [r, in]
+        tensors[f"base_model.model.{n}.lora_B.weight"] = m.B[name].detach().float().cpu().contiguous()  # [out, r]
+    save_file(tensors, str(out / "adapter_model.safetensors"))

@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
+from lmprefs.cli import ArgumentParser
 from lmprefs.errors import UserError
-from lmprefs.labels.store import LabelStore
+from lmprefs.labels.store import LabelStore, check_store_path
 
 
 def _existing_store(db: str) -> LabelStore:
-    if not Path(db).is_file():
-        raise UserError(
-            f"label store {db} does not exist; pass --db PATH, or create it with `lmprefs label` or "
-            "`lmprefs import-labels`"
-        )
-    return LabelStore(db)
+    return LabelStore(check_store_path(db, must_exist=True))
 
 
 def cmd_serve(argv: list[str]) -> int:
     from lmprefs.server.instructions import TASKS
 
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="lmprefs serve",
         description="Run the labeling web app over a label store. Sign in with a token from `lmprefs labelers add`.",
     )
@@ -84,23 +78,21 @@ def cmd_serve(argv: list[str]) -> int:
 
 
 def cmd_labelers(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="lmprefs labelers", description="Manage who can sign in to `lmprefs serve`.")
+    p = ArgumentParser(prog="lmprefs labelers", description="Manage who can sign in to `lmprefs serve`.")
     sub = p.add_subparsers(dest="action", required=True, metavar="{add,list,revoke}")
     add = sub.add_parser("add", help="register NAME and print a new sign-in token (shown once)")
-    add.add_argument("name")
+    add.add_argument("name", help="the labeler's name (shown on their labels)")
     add.add_argument("--admin", action="store_true", help="may see the admin page and export labels")
     add.add_argument("--db", default="labels.sqlite", help="label store (created if missing)")
     ls = sub.add_parser("list", help="labelers, their roles and answer counts")
-    ls.add_argument("--db", default="labels.sqlite")
+    ls.add_argument("--db", default="labels.sqlite", help="label store (must exist)")
     rm = sub.add_parser("revoke", help="invalidate NAME's token and sessions (then `add NAME` issues a new one)")
-    rm.add_argument("name")
-    rm.add_argument("--db", default="labels.sqlite")
+    rm.add_argument("name", help="the labeler whose token to revoke")
+    rm.add_argument("--db", default="labels.sqlite", help="label store (must exist)")
     a = p.parse_args(argv)
 
     if a.action == "add":
-        if not Path(a.db).parent.is_dir():
-            raise UserError(f"--db {a.db}: folder {Path(a.db).parent} does not exist")
-        store = LabelStore(a.db)
+        store = LabelStore(check_store_path(a.db, must_exist=False))
         try:
             token = store.add_labeler(a.name, admin=a.admin)
         except ValueError as e:

@@ -103,7 +103,8 @@ class OnlineRewards:
         self.rm = rm.freeze()
         self._score = rm_score_fn(rm)
         row = {"update": update, "labels": summary["labels_train"] + summary["labels_heldout"],
-               "labels_train": summary["labels_train"], "heldout_accuracy": summary.get("heldout/accuracy")}  # fmt: skip
+               "labels_train": summary["labels_train"],
+               "heldout_accuracy": summary.get("heldout/accuracy")}  # fmt: skip
         self.retrains.append([update, row["labels"]])
         with open(self.history_path, "a") as f:
             f.write(json.dumps(row) + "\n")

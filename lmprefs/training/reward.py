@@ -234,7 +234,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
             if not all(math.isfinite(v) for v in stats.values()):
                 raise FloatingPointError(f"reward-model training diverged at step {step}: {stats}")
             if log is not None and step % max(1, cfg.run.log_interval) == 0:
-                log.scalars(stats, step)
+                log.scalars(stats, epoch * n + start + len(idx), phase="reward")  # step: labels seen
             if bar is not None:
                 bar.update(len(idx))
             step += 1

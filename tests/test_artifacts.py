@@ -1,0 +1,121 @@
+"""Saved models are standard artifacts (issue 14, conventions 1-3 and defect 5): LoRA adapters in peft's format, a
+reward model that AutoModelForSequenceClassification loads with lmprefs' scores, a generation_config.json with the
+training temperature, and reward models from elsewhere (TRL's layout) loadable as rewards.trained_model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lmprefs.config import LoraConfig
+from lmprefs.models.lm import (
+    PAD,
+    Policy,
+    RewardModel,
+    is_reward_model_dir,
+    load_lm,
+    load_policy,
+    load_reward_model,
+    save_policy,  # fmt: skip
+    save_reward_model,
+)
+from lmprefs.models.lora import add_adapter, using
+
+
+def _randomize_adapter(model, name: str, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    from lmprefs.models.lora import lora_modules
+
+    with torch.no_grad():
+        for m in lora_modules(model):
+            m.B[name].normal_(0, 0.5, generator=g)
+
+
+@pytest.fixture()
+def lora_policy():
+    lm, tok = load_lm("tiny-gpt2")
+    add_adapter(lm, LoraConfig(rank=4, alpha=8.0, layers=1), "policy", seed=1)
+    _randomize_adapter(lm, "policy", 2)
+    return Policy(lm, tok, 0.7, adapter="policy")
+
+
+def test_lora_policy_saves_peft_adapters_and_a_merged_model_once(lora_policy, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    ids = torch.randint(0, 50257, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), using(lora_policy.lm, "policy"):
+        want = lora_policy.lm(ids).logits
+    save_policy(lora_policy, tmp_path / "final")  # the end of a run: adapters and the merged model
+    peft_model = PeftModel.from_pretrained(load_lm("tiny-gpt2")[0], str(tmp_path / "final" / "adapter")).eval()
+    with torch.no_grad():
+        assert torch.allclose(peft_model(ids).logits, want, atol=1e-5)
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "final").eval()
+        assert torch.allclose(merged(ids).logits, want, atol=1e-5)
+    gen = GenerationConfig.from_pretrained(tmp_path / "final")
+    assert (gen.do_sample, gen.temperature, gen.top_k) == (True, 0.7, 0)
+    cfg = json.loads((tmp_path / "final" / "adapter" / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 8.0 and cfg["fan_in_fan_out"]
+
+    # a checkpoint's policy holds the adapters only: a few KB instead of another copy of the model
+    from lmprefs.models.lm import _save_policy
+
+    (tmp_path / "ckpt").mkdir()
+    _save_policy(lora_policy, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt" / "model.safetensors").exists()
+    size = sum(p.stat().st_size for p in (tmp_path / "ckpt").rglob("*.safetensors"))
+    assert size < (tmp_path / "final" / "model.safetensors").stat().st_size / 20
+    with torch.no_grad():
+        assert torch.allclose(load_policy(tmp_path / "ckpt").lm(ids).logits, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_reward_model_loads_as_a_sequence_classifier_with_lmprefs_scores(lora, tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    lm, tok = load_lm("tiny-gpt2")
+    if lora:
+        add_adapter(lm, LoraConfig(rank=4, alpha=8.0), "reward", seed=1)
+        _randomize_adapter(lm, "reward", 3)
+    rm = RewardModel(lm, tok, adapter="reward" if lora else None, seed=0).eval()
+    with torch.no_grad():
+        rm.gain.fill_(2.5)
+        rm.bias.fill_(-0.7)
+        rm.head.linear.bias.fill_(0.3)
+    g = torch.Generator().manual_seed(0)
+    q, r = torch.randint(0, 50257, (3, 6), generator=g), torch.randint(0, 50257, (3, 5), generator=g)
+    r[0, 3:] = PAD  # a truncated response: the reward is read at its last real token
+    with torch.no_grad():
+        want = rm(q, r)
+    save_reward_model(rm, tmp_path / "rm", extra={"task": {}})
+    assert is_reward_model_dir(tmp_path / "rm")
+    seq = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").eval()
+    pad = seq.config.pad_token_id
+    ids = torch.cat([q, r], 1)
+    with torch.no_grad():  # right padding with the config's pad id, as a transformers user would batch
+        got = seq(input_ids=torch.where(ids == PAD, pad, ids), attention_mask=(ids != PAD).long()).logits[:, 0]
+        assert torch.allclose(got, want, atol=1e-4), (got, want)
+        assert torch.allclose(load_reward_model(tmp_path / "rm").eval()(q, r), want, atol=1e-4)
+
+
+def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path):
+    """A reward model saved the way TRL's RewardTrainer saves one (num_labels=1, no lmprefs files) scores in
+    lmprefs and drives train-policy as rewards.trained_model."""
+    from transformers import GPT2ForSequenceClassification
+
+    from lmprefs.cli import main
+
+    base_dir = load_lm("tiny-gpt2")[0].config.name_or_path
+    seq = GPT2ForSequenceClassification.from_pretrained(base_dir, num_labels=1, pad_token_id=50256).eval()
+    seq.save_pretrained(tmp_path / "trl_rm")
+    load_lm("tiny-gpt2")[1].save_pretrained(tmp_path / "trl_rm")
+    rm = load_reward_model(tmp_path / "trl_rm").eval()
+    ids = torch.randint(0, 50257, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(rm(ids[:, :4], ids[:, 4:]), seq(ids).logits[:, 0], atol=1e-5)
+    args = ["train-policy", "tiny", "--rewards.trained-model", str(tmp_path / "trl_rm"), "--run-dir",
+            str(tmp_path / "run"), "--ppo.total-episodes", "16"]  # fmt: skip
+    assert main(args) == 0
+    assert (tmp_path / "run" / "policy" / "model.safetensors").is_file()

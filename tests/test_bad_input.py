@@ -1,0 +1,135 @@
+"""Every command, a table of bad inputs: exit code 2, exactly one line on stderr naming the value, no traceback, and
+nothing written (issue 14, defect 2). Runs in-process through `lmprefs.cli.main`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmprefs.cli import main
+
+
+def _tree(root: Path) -> dict[str, float]:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A folder with the files the rows point at: a text file posing as a store, a directory, a pairs file, a
+    reward-model folder with a foreign tokenizer, and one with lmprefs' task metadata."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    d = tmp_path_factory.mktemp("bad-input")
+    (d / "notdb.sqlite").write_text("hello, not a database\n")
+    (d / "afile").write_text("x\n")
+    (d / "adir").mkdir()
+    (d / "texts.txt").write_text("a happy ending\n")
+    (d / "pairs.jsonl").write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}) + "\n")
+    foreign = d / "foreign_rm"
+    foreign.mkdir()
+    wl = Tokenizer(WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
+    PreTrainedTokenizerFast(tokenizer_object=wl, unk_token="[UNK]").save_pretrained(foreign)
+    (foreign / "reward_head.safetensors").write_bytes(b"")
+    rm = d / "rm"
+    rm.mkdir()
+    (rm / "reward_head.safetensors").write_bytes(b"")
+    task = {"query_prefix": "", "query_suffix": "", "query_length": 8, "response_length": 8}
+    (rm / "lmprefs.json").write_text(json.dumps({"kind": "reward_model", "task": task}))
+    return d
+
+
+CUDA = torch.cuda.is_available()
+ROWS = [
+    # (argv, text the one line must contain)
+    (["sample", "--preset", "tiny", "--ppo.lr", "-1"], "ppo.lr=-1.0 must be positive"),
+    (["train-policy", "tiny", "--ppo.noptepochs", "0"], "ppo.noptepochs=0"),
+    (["train-reward", "tiny", "--run.threads", "-1"], "run.threads=-1"),
+    (["sample", "--preset", "tiny", "--lora.rank", "-2"], "lora.rank=-2"),
+    (["train-policy", "tiny", "--lora.layers", "-1"], "lora.layers=-1"),
+    (["train-policy", "tiny", "--ppo.cliprange", "-0.5"], "ppo.cliprange=-0.5"),
+    (["train-policy", "tiny", "--ppo.lr", "nan"], "ppo.lr=nan"),
+    (["label", "tiny", "--labels.type", "best_of_one"], "unknown label type 'best_of_one'"),
+    (["label", "tiny", "--labels.labeler", "nope"], "labels.labeler='nope'"),
+    (["label", "tiny", "--labeler", "nope"], "'nope'"),
+    (["label", "tiny", "--n", "0"], "--n 0"),
+    (["label", "tiny", "--db", "notdb.sqlite"], "not an SQLite file"),
+    (["label", "tiny", "--db", "adir"], "is a directory"),
+    (["sample", "--preset", "tiny", "--run.device", "gpu"], "run.device='gpu'"),
+    (["sample", "--preset", "tiny", "--n", "x"], "invalid int value: 'x'"),
+    (["sample", "--preset", "tiny", "--task.truncate-after", "-1"], "task.truncate_after=-1"),
+    (["train-reward", "tiny", "--run-dir", "afile"], "afile: is a file"),
+    (["train-policy", "tiny", "--run-dir", "afile"], "afile: is a file"),
+    (["train-policy", "tiny", "--run-dir", "afile/sub"], "is a file"),
+    (["quickstart", "--preset", "tiny", "--run-dir", "afile"], "afile: is a file"),
+    (["train-reward", "tiny", "--db", "notdb.sqlite", "--run-dir", "out"], "not an SQLite file"),
+    (["train-reward", "tiny", "--db", "missing.sqlite", "--run-dir", "out"], "does not exist"),
+    (["train-reward", "tiny", "--config", "missing.json"], "missing.json does not exist"),
+    (["train-policy", "tiny", "--rewards.trained-model", "adir", "--run-dir", "out"], "not a reward-model"),
+    (["train-policy", "tiny", "--rewards.trained-model", "foreign_rm", "--run-dir", "out"], "differs from the"),
+    (["train-policy", "tiny", "--reward", "nope", "--run-dir", "out"], "--reward 'nope'"),
+    (["train-policy", "tiny", "--reward", "no_such_module_x:f", "--run-dir", "out"], "cannot import"),
+    (["train-policy", "tiny", "--reward", "os:no_such_fn", "--run-dir", "out"], "has no 'no_such_fn'"),
+    (["train-policy", "tiny", "--report-to", "x"], "unrecognized arguments"),
+    (["import-labels", "pairs.jsonl", "--format", "nope"], "'nope'"),
+    (["import-labels", "pairs.jsonl", "--db", "notdb.sqlite"], "not an SQLite file"),
+    (["import-labels", "pairs.jsonl", "--db", "adir"], "is a directory"),
+    (["import-labels", "pairs.jsonl", "--db", "nofolder/labels.sqlite"], "nofolder does not exist"),
+    (["import-labels", "pairs.jsonl", "--format", "openai", "--db", "new.sqlite"], "pairs.jsonl"),
+    (["import-labels", "missing.jsonl"], "missing.jsonl does not exist"),
+    (["export-labels", "adir", "--db", "notdb.sqlite"], "is a directory"),
+    (["export-labels", "nofolder/out.jsonl", "--db", "notdb.sqlite"], "nofolder does not exist"),
+    (["export-labels", "out.jsonl", "--db", "notdb.sqlite"], "not an SQLite file"),
+    (["export-labels", "out.jsonl", "--db", "missing.sqlite"], "does not exist"),
+    (["export-labels", "out.txt", "--db", "notdb.sqlite"], "cannot tell the format"),
+    (["export-labels", "out.jsonl", "--format", "nope"], "'nope'"),
+    (["serve", "--db", "notdb.sqlite"], "not an SQLite file"),
+    (["serve", "--db", "missing.sqlite"], "does not exist"),
+    (["serve", "--db", "adir"], "is a directory"),
+    (["serve", "--port", "70000"], "--port 70000"),
+    (["labelers", "add", "bob", "--db", "adir"], "is a directory"),
+    (["labelers", "add", "bob", "--db", "notdb.sqlite"], "not an SQLite file"),
+    (["labelers", "add", "bob", "--db", "nofolder/x.sqlite"], "nofolder does not exist"),
+    (["labelers", "list", "--db", "missing.sqlite"], "does not exist"),
+    (["labelers", "frobnicate"], "invalid choice"),
+    (["score", "--reward-model", "adir", "texts.txt"], "not a reward-model directory"),
+    (["score", "--reward-model", "rm", "missing.txt"], "missing.txt does not exist"),
+    (["score"], "--reward-model"),
+    (["presets", "nope"], "unknown preset 'nope'"),
+    (["presets", "tiny", "--ppo.lr", "-1"], "ppo.lr=-1.0"),
+    (["experiment", "mock-sentiment", "--labels", "x", "--run-dir", "exp"], "--labels 'x'"),
+    (["experiment", "mock-sentiment", "--run-dir", "afile"], "afile: is a file"),
+    (["experiment", "nope"], "invalid choice"),
+    (["assets", "prepare", "nope"], "unknown asset 'nope'"),
+    (["assets", "frobnicate"], "invalid choice"),
+    (["quickstart", "--preset", "tiny", "--eval-queries", "1", "--run-dir", "qs"], "--eval-queries"),
+] + ([] if CUDA else [
+    (["train-policy", "tiny", "--run.device", "cuda", "--run-dir", "out"], "CUDA is not available"),
+    (["train-reward", "tiny", "--run.device", "cuda:0", "--run-dir", "out"], "CUDA is not available"),
+    (["label", "tiny", "--run.device", "cuda", "--db", "new.sqlite"], "CUDA is not available"),
+    (["sample", "--preset", "tiny", "--run.device", "cuda"], "CUDA is not available"),
+    (["score", "--reward-model", "rm", "--device", "cuda", "texts.txt"], "CUDA is not available"),
+])  # fmt: skip
+
+
+@pytest.mark.parametrize("argv,needle", ROWS, ids=[" ".join(r[0]) for r in ROWS])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, needle, workdir, capsys, monkeypatch):
+    monkeypatch.chdir(workdir)
+    before = _tree(workdir)
+    try:
+        code = main(argv)
+    except SystemExit as e:  # must not happen: argparse errors are UserErrors too
+        code = f"SystemExit({e.code})"
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2, f"exit {code}; stderr: {err}"
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"lmprefs {argv[0]}"), lines[0]
+    assert needle in lines[0], lines[0]
+    assert _tree(workdir) == before, "a failed command wrote or changed files"
+    assert not os.path.exists(workdir / "runs")
