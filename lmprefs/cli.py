@@ -343,7 +343,7 @@ def cmd_train_sft(argv: list[str]) -> int:
     _help_with_config(p, argv, name)
     a = p.parse_args(argv)
     from lmprefs.checkpoint import run_lock
-    from lmprefs.runlog import RunLogger, default_run_dir
+    from lmprefs.runlog import RunLogger
     from lmprefs.training.sft import checkpoint_step, read_pairs, train_sft
 
     if a.resume:
@@ -355,7 +355,7 @@ def cmd_train_sft(argv: list[str]) -> int:
     if not cfg.sft.data:
         raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl (fields prompt and response, or "
                         "TRL's prompt and completion)")  # fmt: skip
-    run_dir = Path(a.run_dir or cfg.run.save_dir or default_run_dir("train-sft", a.preset))
+    run_dir = _run_dir(a.run_dir, cfg, "train-sft", a.preset)
     if (run_dir / "sft_model").exists():
         raise UserError(f"{run_dir} already holds an SFT model; choose another --run-dir")
     if not a.resume and (run_dir / "checkpoint").exists():
@@ -365,7 +365,7 @@ def cmd_train_sft(argv: list[str]) -> int:
         step = checkpoint_step(run_dir) if a.resume else None
         if a.resume and step is None:
             raise UserError(f"{run_dir} has no SFT checkpoint to resume")
-        log = RunLogger(run_dir, cfg, resume_step=step)
+        log = RunLogger(run_dir, cfg, resume_step=step, resume_phase="sft")
         try:
             s = train_sft(cfg, run_dir / "sft_model", log, run_dir=run_dir, resume=a.resume)
         finally:

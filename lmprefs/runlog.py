@@ -46,7 +46,7 @@ class NullLogger:
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
-PHASES = ("reward", "policy")
+PHASES = ("reward", "policy", "sft")
 
 
 def check_trackers(names: tuple[str, ...]) -> None:
@@ -63,13 +63,14 @@ def check_trackers(names: tuple[str, ...]) -> None:
 
 class RunLogger:
     """Owns the run directory's logs, in one layout for every command: config.json; metrics.jsonl, each row tagged
-    with its phase ("reward": reward-model training, stepped by labels seen; "policy": PPO, stepped by updates);
-    samples.jsonl; TensorBoard event files under logs/reward/ and logs/policy/ (one step axis each, the original's
-    metric names as tags); and, when run.report_to names them, Weights & Biases and MLflow runs with the names
-    prefixed by the phase ("policy/objective/kl"). `resume_step` drops policy rows written after the checkpoint
-    being resumed, so a resumed run's metrics.jsonl reads as if the run had never stopped."""
+    with its phase ("reward": reward-model training, stepped by labels seen; "policy": PPO, stepped by updates;
+    "sft": supervised fine-tuning, stepped by optimizer steps); samples.jsonl; TensorBoard event files under
+    logs/PHASE/ (one step axis each, the original's metric names as tags); and, when run.report_to names them,
+    Weights & Biases and MLflow runs with the names prefixed by the phase ("policy/objective/kl"). `resume_step`
+    drops the `resume_phase` rows written after the checkpoint being resumed, so a resumed run's metrics.jsonl reads
+    as if the run had never stopped."""
 
-    def __init__(self, run_dir: Path, cfg: Config, resume_step: int | None = None):
+    def __init__(self, run_dir: Path, cfg: Config, resume_step: int | None = None, resume_phase: str = "policy"):
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.json")
@@ -77,9 +78,9 @@ class RunLogger:
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.samples_path = self.run_dir / "samples.jsonl"
         if resume_step is not None:
-            truncate_jsonl(self.metrics_path, resume_step, phase="policy")
+            truncate_jsonl(self.metrics_path, resume_step, phase=resume_phase)
             truncate_jsonl(self.samples_path, resume_step)
-        self.resume_step = resume_step
+        self.resume_step, self.resume_phase = resume_step, resume_phase
         names = cfg.run.report_to
         check_trackers(names)
         self.writers: dict[str, object] = {}  # phase -> SummaryWriter, opened on the phase's first scalars
@@ -110,7 +111,7 @@ class RunLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             # purge_step: TensorBoard drops the policy events past the checkpoint that an earlier process wrote
-            purge = self.resume_step + 1 if self.resume and phase == "policy" else None
+            purge = self.resume_step + 1 if self.resume and phase == self.resume_phase else None
             w = SummaryWriter(str(self.run_dir / "logs" / phase), purge_step=purge)
             if not self.resume:
                 w.add_text("hyperparameters", "|key|value|\n|-|-|\n" + "\n".join(

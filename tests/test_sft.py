@@ -54,7 +54,7 @@ def test_tiny_sft_lowers_the_response_loss_and_saves_a_loadable_hf_model(sft_run
     assert abs(saved_loss("tiny-gpt2", sft_run / "pairs.jsonl") - meta["sft/initial_loss"]) < 1e-4
     rows = read_jsonl(sft_run / "run" / "metrics.jsonl")
     assert any("sft/loss" in r for r in rows) and (sft_run / "run" / "config.json").is_file()
-    assert list((sft_run / "run").glob("events.out.tfevents.*"))
+    assert list((sft_run / "run" / "logs" / "sft").glob("events.out.tfevents.*"))
 
 
 def test_loss_is_on_response_tokens_only(tiny_lm):

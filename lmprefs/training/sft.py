@@ -219,7 +219,7 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
                     if not math.isfinite(stats["sft/loss"]):
                         raise FloatingPointError(f"SFT diverged at step {step}: loss {stats['sft/loss']}")
                     if log is not None and step % max(1, cfg.run.log_interval) == 0:
-                        log.scalars(stats, step)
+                        log.scalars(stats, step, phase="sft")
                     bar.update(1)
                     bar.set_postfix(loss=f"{stats['sft/loss']:.3f}")
                     step += 1
@@ -233,7 +233,7 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
                "sft/response_tokens": int(mask.sum()), "sft/steps": total,
                "sft/seconds": time.time() - t0}  # fmt: skip
     if log is not None:
-        log.scalars(summary, total)
+        log.scalars(summary, total, phase="sft")
     out = merged_copy(model, adapter) if adapter else model
     _restore_config(out, resolve_model(cfg.task.initial_model))
     with atomic_dir(Path(out_dir)) as tmp:
