@@ -60,6 +60,7 @@ MODES = ("shared", "separate")
 
 from _common import source_fingerprint  # noqa: E402
 
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default=None, help="where everything is written (default: a new temp dir)")

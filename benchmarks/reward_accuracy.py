@@ -50,8 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from _common import source_fingerprint  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

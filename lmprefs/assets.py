@@ -79,7 +79,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, map(chr, cs)))
+    return dict(zip(bs, map(chr, cs), strict=True))
 
 
 def _build_gpt2_tokenizer(out: Path) -> None:
@@ -233,7 +233,7 @@ def _r_unserialize(b: bytes):
         if has_attr:
             attrs = dict(item())
             if t == 19 and "names" in attrs:
-                return dict(zip(attrs["names"], v))
+                return dict(zip(attrs["names"], v, strict=False))  # lengths not enforced here, as before
         return v
 
     if b[:2] != b"X\n":

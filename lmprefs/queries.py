@@ -119,7 +119,8 @@ def build_queries(texts: list[str], tokenizer, task: TaskConfig, source: str = "
             rows.append(tokens + [PAD] * (task.query_length - len(tokens)))
     if not rows:
         raise QueryDataError(f"task.query_dataset={source or task.query_dataset!r} yields no queries ({len(texts)} "
-                             f"texts; each needs start_text={task.start_text!r} and end_text={task.end_text!r})")  # fmt: skip
+                             f"texts; each needs start_text={task.start_text!r} and "
+                             f"end_text={task.end_text!r})")  # fmt: skip
     return torch.tensor(rows, dtype=torch.long)
 
 

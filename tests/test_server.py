@@ -275,8 +275,8 @@ def test_admin_page_shows_counts_throughput_and_agreement(app, db, tokens):
         store.add_label(2, "erin", kind="flag", note="<b>broken</b>")
         # carol labeled at 20 s intervals an hour ago-ish: 4 labels, 60 s active, so 240 labels per active hour
         t0 = store.connection().execute("SELECT MIN(created) FROM labels").fetchone()[0] - 7200
-        ids = [r[0] for r in store.connection().execute("SELECT l.id FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-                                                   " WHERE b.name = 'carol' ORDER BY l.id")]  # fmt: skip
+        ids = [r[0] for r in store.connection().execute(
+            "SELECT l.id FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE b.name = 'carol' ORDER BY l.id")]
         with store.transaction():
             for k, lid in enumerate(ids):
                 store.connection().execute("UPDATE labels SET created = ? WHERE id = ?", (t0 + 20 * k, lid))

@@ -176,8 +176,9 @@ def andon_check(run: PolicyRun, stats: dict, cfg: Config) -> str | None:
     run.score_ema = s if run.score_ema is None else 0.8 * run.score_ema + 0.2 * s
     run.best_score_ema = max(run.best_score_ema, run.score_ema)
     if cfg.ppo.score_drop_stop is not None and run.best_score_ema - run.score_ema > cfg.ppo.score_drop_stop:
-        return (f"score collapsed: running mean {run.score_ema:+.3f} is {run.best_score_ema - run.score_ema:.2f} below "
-                f"its best {run.best_score_ema:+.3f} (ppo.score_drop_stop = {cfg.ppo.score_drop_stop})")  # fmt: skip
+        return (f"score collapsed: running mean {run.score_ema:+.3f} is {run.best_score_ema - run.score_ema:.2f} "
+                f"below its best {run.best_score_ema:+.3f} "
+                f"(ppo.score_drop_stop = {cfg.ppo.score_drop_stop})")  # fmt: skip
     return None
 
 
@@ -319,7 +320,8 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         run.update += 1
         run.elapsed += time.time() - t0
         stats |= {"ppo/lr": lr, "elapsed/updates": run.update, "elapsed/episodes": run.update * B,
-                  "elapsed/fps": B * cfg.task.response_length / (time.time() - t0), "elapsed/time": run.elapsed}  # fmt: skip
+                  "elapsed/fps": B * cfg.task.response_length / (time.time() - t0),
+                  "elapsed/time": run.elapsed}  # fmt: skip
         if on_update is not None:  # may add metrics of its own before they are written
             seen = set(stats)
             on_update(run, stats)
@@ -371,6 +373,7 @@ def _print_samples(run: PolicyRun, rollout: Rollout, extra: dict, cfg: Config, l
     for i in range(min(n, len(rollout))):
         q, r = decode(tok, rollout.queries[i : i + 1])[0], decode(tok, extra["responses"][i : i + 1])[0]
         score, kl = rollout.scores[i].item(), extra["kl"][i].item()
-        tqdm.write(f"{show(q)}\n{show(r)}\n  score = {score:+.3f}\n  kl = {kl:+.3f}\n  total = {score - beta * kl:+.3f}")
+        tqdm.write(f"{show(q)}\n{show(r)}\n  score = {score:+.3f}\n  kl = {kl:+.3f}\n"
+                   f"  total = {score - beta * kl:+.3f}")
         rows.append({"query": q, "response": r, "score": score, "kl": kl, "total": score - beta * kl})
     log.samples(rows, run.update)
