@@ -77,17 +77,10 @@ def _assert_within_bf16_tolerance(stats, delta, ref_stats, ref_delta):
     assert cos >= MIN_COSINE, cos
 
 
-def test_bf16_autocast_update_on_cpu_is_within_the_stated_tolerance_of_fp32():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, cuda])])
+def test_bf16_update_is_within_the_stated_tolerance_of_the_cpu_fp32_update(device):
     ref_stats, ref_delta = _one_update("cpu", torch.float32)
-    stats, delta = _one_update("cpu", torch.bfloat16)
-    _assert_within_bf16_tolerance(stats, delta, ref_stats, ref_delta)
-
-
-@pytest.mark.cuda
-@cuda
-def test_ppo_update_on_cuda_bf16_matches_the_cpu_fp32_update():
-    ref_stats, ref_delta = _one_update("cpu", torch.float32)
-    stats, delta = _one_update("cuda", torch.bfloat16)
+    stats, delta = _one_update(device, torch.bfloat16)
     _assert_within_bf16_tolerance(stats, delta, ref_stats, ref_delta)
 
 
