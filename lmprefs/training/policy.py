@@ -184,11 +184,13 @@ def andon_check(run: PolicyRun, stats: dict, cfg: Config) -> str | None:
 
 def nonfinite_parameters(run: PolicyRun) -> str | None:
     """Why the parameters must not be saved (NaN/inf in one of them), or None."""
+    params = run.policy.trainable_parameters()
+    finite = torch.stack([torch.isfinite(p).all() for p in params])  # one host sync, not one per tensor (GPU)
+    if bool(finite.all()):
+        return None
     named = {id(p): n for n, p in run.policy.named_parameters()}
-    for p in run.policy.trainable_parameters():
-        if not torch.isfinite(p).all():
-            return f"non-finite parameter {named.get(id(p), '?')} after update {run.update}"
-    return None
+    first = params[int((~finite).nonzero()[0])]
+    return f"non-finite parameter {named.get(id(first), '?')} after update {run.update}"
 
 
 RANK_STATE_FILE = "ranks.pt"  # every rank's generators and query-stream position, and the world size
