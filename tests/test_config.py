@@ -124,3 +124,17 @@ def test_every_config_field_is_read_somewhere_in_the_package():
     # the check itself: a field read only through another section's attribute of the same name is unread
     probe = _section_reads(ast.parse("def f(cfg, device):\n    return device.type, cfg.run.seed\n"))
     assert probe == {"run.seed"}
+
+
+def test_auto_dtype_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypatch):
+    import torch
+
+    from lmprefs.models import lm
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: True)
+    assert lm.pick_dtype("auto", cpu) == torch.bfloat16
+    monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: False)
+    assert lm.pick_dtype("auto", cpu) == torch.float32
+    assert lm.pick_dtype("bfloat16", cpu) == torch.bfloat16  # asked for: given, emulated or not
+    assert preset("quickstart").run.dtype == "auto"

@@ -9,6 +9,8 @@ token 0 and are masked out of attention, and position ids are the exclusive cums
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +30,24 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX). Without it bf16 is emulated: on this
+    project's Intel Xeon @ 2.80GHz (AVX-512, no BF16) a 1024^3 bf16 matmul ran at 61 GFLOP/s against 184 in fp32
+    (2 threads, 2026-11-22), while on an AMD EPYC with AVX512-BF16 bf16 autocast made PPO 1.7x faster (2026-11-21)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", flags) is not None
+
+
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype: bf16 where it is fast by default (CUDA with bf16), float32 elsewhere unless asked."""
+    """The autocast dtype: auto = bf16 where it is fast (CUDA with bf16, a CPU with native bf16), float32 elsewhere."""
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        if device.type == "cpu" and cpu_has_native_bf16():
             return torch.bfloat16
         return torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
