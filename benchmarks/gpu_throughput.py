@@ -69,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--no-generate", action="store_true", help="skip the sampler-alone and HF generate comparison")
     p.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak for the utilisation figure")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
-    p.add_argument("--profile", action="store_true", help="print a torch.profiler table of one extra update")
+    p.add_argument("--profile", action="store_true", help="print a torch.profiler table of one extra update (two more updates run)")
     p.add_argument("--json", default=None, help="also write the result JSON here")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
         cfg0,
         task=replace(cfg0.task, initial_model=model_dir, query_dataset="bundled", query_length=Q, response_length=T),
         ppo=replace(cfg0.ppo, batch_size=B, nminibatches=args.nminibatches, noptepochs=args.noptepochs,
-                    score_drop_stop=None, kl_stop=1e9, total_episodes=B * (args.warmup + updates + int(args.profile))),
+                    score_drop_stop=None, kl_stop=1e9, total_episodes=B * (args.warmup + updates + 2 * int(args.profile))),
         run=run_cfg,
     )  # fmt: skip
     model, tok = load_lm(model_dir, device)
@@ -191,7 +191,9 @@ def main(argv=None) -> int:
         rec["optimization"] = total - sum(v for k, v in cur.items())
         records.append(rec)
         cur.clear()
-        if args.profile and r.update == args.warmup + updates:  # profile the one extra update
+        if prof["p"] is not None and r.update == args.warmup + updates + 1:  # before the run's final save
+            prof["p"].stop()
+        if args.profile and r.update == args.warmup + updates:  # profile one extra update
             acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
             prof["p"] = torch.profiler.profile(activities=acts)
             prof["p"].start()
@@ -209,8 +211,6 @@ def main(argv=None) -> int:
     sync()
     mark["t"] = time.perf_counter()
     P.train_policy(cfg, run, score_fn, NullLog(), run_dir, [], [], device, dtype, on_update=on_update)
-    if prof["p"] is not None:
-        prof["p"].stop()
     timed_recs = records[args.warmup : args.warmup + updates]
     phases = ["generation", "rollout_forward", "scoring", "optimization", "total"]
     per_update = {k: statistics.median(r.get(k, 0.0) for r in timed_recs) for k in phases}
@@ -239,7 +239,7 @@ def main(argv=None) -> int:
     if not args.no_generate:
         res["sampler_alone"] = sampler_comparison(args, policy.lm, tok, queries[:B].to(device), cfg, device, dtype)
     if prof["p"] is not None:
-        key = "cuda_time_total" if cuda else "cpu_time_total"
+        key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         print(prof["p"].key_averages().table(sort_by=key, row_limit=25))
     line = json.dumps(res)
     print(line)

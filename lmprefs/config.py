@@ -217,8 +217,9 @@ class RunConfig:
     """The sampler's KV cache, both transformers': static (preallocated for query + response, fixed shapes, what
     torch.compile needs) or dynamic (grown per token); auto = static (as fast or faster, also on the CPU)."""
     compile: Literal["auto", "on", "off"] = "auto"
-    """torch.compile the sampler's decode step (with CUDA graphs on a GPU); auto = on for CUDA, off on the CPU,
-    where the compile takes minutes and did not pay off."""
+    """torch.compile the sampler's decode step (with CUDA graphs on a GPU) and the PPO training forward; auto = on
+    for CUDA (the training forward in a single process only), off on the CPU, where a compile takes minutes and did
+    not pay off."""
     report_to: tuple[str, ...] = ("tensorboard",)
     """Metric sinks besides metrics.jsonl: tensorboard (logs/reward, logs/policy), wandb, mlflow (each optional:
     imported only when named, never required); comma-separated, empty for none."""

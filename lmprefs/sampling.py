@@ -34,15 +34,18 @@ def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Te
     return tok, logp.gather(-1, tok)
 
 
-def _decode_step(model, tok: Tensor, mask: Tensor, pos: Tensor, past, u: Tensor, temperature: float, vocab: int):
-    """Feed the previous token [B, 1] at positions pos [B, 1]; (hidden [B, d], next token [B, 1], its logprob)."""
+def _forward_step(model, tok: Tensor, mask: Tensor, pos: Tensor, past):
+    """Feed the previous token [B, 1] at positions pos [B, 1]; ((hidden [B, d], logits [B, V']), the cache)."""
     out = model.base_model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=past, use_cache=True)
     h = out.last_hidden_state[:, -1]
-    return (h, *_draw(lm_head(model)(h), u, temperature, vocab)), out.past_key_values
+    return (h, lm_head(model)(h)), out.past_key_values
 
 
-def _static_step(model, tok, mask, pos, past, u, temperature: float, vocab: int):
-    return _decode_step(model, tok, mask, pos, past, u, temperature, vocab)[0]
+def _static_forward(model, tok, mask, pos, past):
+    """The decode step's model part, the one that is compiled. The draw stays eager: on an H100 (torch 2.11)
+    inductor's split-scan codegen failed on the draw's cumsum over the vocabulary for batches of 8 and 32
+    (InductorError, "list indices must be integers or slices, not NoneType"), and the draw is a handful of kernels."""
+    return _forward_step(model, tok, mask, pos, past)[0]
 
 
 def sampler_options(run) -> dict:
@@ -54,12 +57,12 @@ _COMPILED: dict[str, object] = {}
 
 
 def compiled_step(device_type: str):
-    """The static decode step under torch.compile: on CUDA with CUDA graphs ("reduce-overhead"), the launch cost of
-    a step's ~100 small kernels is paid once. Compiled lazily and once per process (dynamo guards and recompiles
-    per model, batch shape and adapter)."""
+    """The static decode step's forward under torch.compile: on CUDA with CUDA graphs ("reduce-overhead"), the
+    launch cost of a step's ~100 small kernels is paid once. Compiled lazily and once per process (dynamo guards
+    and recompiles per model, batch shape and adapter)."""
     mode = "reduce-overhead" if device_type == "cuda" else "default"
     if mode not in _COMPILED:
-        _COMPILED[mode] = torch.compile(_static_step, mode=mode, dynamic=False)
+        _COMPILED[mode] = torch.compile(_static_forward, mode=mode, dynamic=False)
     return _COMPILED[mode]
 
 
@@ -141,7 +144,7 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     last = (queries != PAD).long().cumsum(-1).argmax(-1)  # index of each row's last real token
     h = out.last_hidden_state[rows, last]  # [B, d]
     pos = mask[:, :Q].sum(-1, keepdim=True)  # [B, 1] position of the first response token
-    step = compiled_step(device.type) if compile else _static_step
+    step = compiled_step(device.type) if compile else _static_forward
     tok, logp = _draw(lm_head(model)(h), torch.rand(B, 1, generator=generator, device=device), temperature, vocab)
     responses, logprobs, hidden = [tok], [logp], [h]
     for t in range(1, length):
@@ -149,10 +152,12 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
         if static:
             if compile and device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()
-            h, tok, logp = (x.clone() for x in step(model, tok, mask, pos + (t - 1), past, u, temperature, vocab))
+            h, logits = step(model, tok, mask, pos + (t - 1), past)
+            h = h.clone()  # a CUDA graph's outputs are overwritten by its next replay; logits are used before it
         else:
             mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
-            (h, tok, logp), past = _decode_step(model, tok, mask, pos + (t - 1), past, u, temperature, vocab)
+            (h, logits), past = _forward_step(model, tok, mask, pos + (t - 1), past)
+        tok, logp = _draw(logits, u, temperature, vocab)
         responses.append(tok)
         logprobs.append(logp)
         hidden.append(h)

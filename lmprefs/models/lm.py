@@ -528,7 +528,7 @@ def to_sequence_classifier(lm, rm: RewardModel):
         cfg.pad_token_id = rm.tokenizer.pad_token_id if rm.tokenizer.pad_token_id is not None else cfg.eos_token_id
     seq = AutoModelForSequenceClassification.from_config(cfg, dtype=next(lm.parameters()).dtype)
     seq.base_model.load_state_dict(lm.base_model.state_dict())
-    w = (rm.gain * rm.head.linear.weight).float()  # [1, d]
+    w = (rm.gain * rm.head.linear.weight).float().cpu()  # [1, d]; seq is built on the CPU, rm may be on a GPU
     c = float(rm.gain * rm.head.linear.bias + rm.bias)
     seq.score.weight.copy_(w)
     norm = getattr(seq.base_model, _trunk_names(seq)[1])

@@ -218,6 +218,20 @@ def load_rank_state(run: PolicyRun, ckpt: Path) -> None:
         run.gen_ppo.set_state(s["gen_ppo"])
 
 
+def compile_training(compile: str, device: torch.device) -> bool:
+    """Whether run.compile compiles the PPO training forward: on = always, off = never, auto = on CUDA in a single
+    process (under DDP/FSDP the compiled forward has not been measured yet)."""
+    return compile == "on" or (compile == "auto" and device.type == "cuda" and dist.world() == 1)
+
+
+def training_forward(model, compile: str, device: torch.device) -> Callable:
+    """forward(mb) -> (logprobs, values, entropy) [b, T] for ppo_update. Compiled (compile_training) it is one
+    graph: every minibatch has the same shape, and inductor fuses the layer norms, activations and the log-softmax
+    and entropy over the vocabulary that eager runs as separate passes over [b, T, V] tensors."""
+    call = torch.compile(model, dynamic=False) if compile_training(compile, device) else model
+    return lambda mb: call(mb.queries, mb.responses, mb.prefix)
+
+
 def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) -> None:
     """A new version of checkpoint/ (policy/ as a HF directory + value head, state.pt, ranks.pt, and with LoRA the
     exact adapter weights), published atomically with a manifest by rank 0; the previous version stays for
@@ -303,6 +317,7 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
     # each rank samples and updates on its share of the global batch, in nminibatches minibatches of its own
     B_rank = dist.split_global(B, "ppo.batch_size", cfg.ppo.nminibatches)
     model = dist.wrap(run.policy)  # DDP averages the minibatch gradients over the ranks
+    forward = training_forward(model, cfg.run.compile, device)
     bar = progress(n_updates, "PPO updates", initial=run.update)
     stats: dict = {}
     while run.update < n_updates:
@@ -314,9 +329,8 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
                                              dtype)  # fmt: skip
         stats = dist.all_reduce_mean(stats)  # the KL controller, the andon cord and the logs see all ranks' batch
         run.policy.train()
-        stats |= ppo_update(lambda mb: model(mb.queries, mb.responses, mb.prefix), run.optimizer, rollout, cfg.ppo,
-                            run.gen_ppo, autocast=lambda: autocast(device, dtype),
-                            reduce=dist.all_reduce_mean)  # fmt: skip
+        stats |= ppo_update(forward, run.optimizer, rollout, cfg.ppo, run.gen_ppo,
+                            autocast=lambda: autocast(device, dtype), reduce=dist.all_reduce_mean)
         run.policy.eval()
         run.kl_ctl.update(stats["objective/kl"], B)  # 6.
         run.update += 1
