@@ -69,7 +69,10 @@ def parse_args(argv=None):
     p.add_argument("--no-generate", action="store_true", help="skip the sampler-alone and HF generate comparison")
     p.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak for the utilisation figure")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
-    p.add_argument("--profile", action="store_true", help="print a torch.profiler table of one extra update (two more updates run)")
+    p.add_argument("--profile", action="store_true",
+                   help="print a torch.profiler table of one extra update (two more updates run)")
+    p.add_argument("--profile-sampler", action="store_true",
+                   help="print a torch.profiler table of one sampler call (static cache, compiled on CUDA)")
     p.add_argument("--json", default=None, help="also write the result JSON here")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
@@ -137,7 +140,8 @@ def main(argv=None) -> int:
         cfg0,
         task=replace(cfg0.task, initial_model=model_dir, query_dataset="bundled", query_length=Q, response_length=T),
         ppo=replace(cfg0.ppo, batch_size=B, nminibatches=args.nminibatches, noptepochs=args.noptepochs,
-                    score_drop_stop=None, kl_stop=1e9, total_episodes=B * (args.warmup + updates + 2 * int(args.profile))),
+                    score_drop_stop=None, kl_stop=1e9,
+                    total_episodes=B * (args.warmup + updates + 2 * int(args.profile))),
         run=run_cfg,
     )  # fmt: skip
     model, tok = load_lm(model_dir, device)
@@ -238,6 +242,8 @@ def main(argv=None) -> int:
 
     if not args.no_generate:
         res["sampler_alone"] = sampler_comparison(args, policy.lm, tok, queries[:B].to(device), cfg, device, dtype)
+    if args.profile_sampler:
+        sampler_profile(policy.lm, tok, queries[:B].to(device), cfg, device, dtype)
     if prof["p"] is not None:
         key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
         print(prof["p"].key_averages().table(sort_by=key, row_limit=25))
@@ -290,6 +296,39 @@ def sampler_comparison(args, model, tok, q, cfg, device, dtype) -> dict:
     for k, v in out.items():
         print(f"  {k:20s} {v:10,.1f}   {v / out['hf_generate']:5.2f}x HF generate")
     return out
+
+
+def sampler_profile(model, tok, q, cfg, device, dtype) -> None:
+    """One sampler call under torch.profiler: the kernels' summed time beside the call's wall time tells whether
+    the decode loop is bound by the GPU or by launching work on it."""
+    import torch
+
+    from lmprefs.models.lm import autocast
+    from lmprefs.sampling import sample
+
+    cuda = device.type == "cuda"
+    T, temp = cfg.task.response_length, cfg.task.temperature
+    gen = torch.Generator(device=device).manual_seed(0)
+    comp = "on" if cuda else "off"
+
+    def call():
+        with autocast(device, dtype):
+            sample(model, q, T, temp, len(tok), gen, cache="static", compile=comp)
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    call()
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=acts) as prof:
+        call()
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e6 if cuda else float("nan")
+    print(f"\none sampler call (batch {q.shape[0]}, {T} tokens, static cache, compile {comp}): wall {wall:.4f} s "
+          f"under the profiler, kernels {busy:.4f} s ({busy / wall:.0%} busy)")
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(events.table(sort_by=key, row_limit=20))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import weakref
 import torch
 from torch import Tensor
 
-from lmprefs.models.lm import PAD, lm_head, model_inputs
+from lmprefs.models.lm import PAD, lm_logits, model_inputs
 
 
 def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
@@ -38,7 +38,7 @@ def _forward_step(model, tok: Tensor, mask: Tensor, pos: Tensor, past):
     """Feed the previous token [B, 1] at positions pos [B, 1]; ((hidden [B, d], logits [B, V']), the cache)."""
     out = model.base_model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=past, use_cache=True)
     h = out.last_hidden_state[:, -1]
-    return (h, lm_head(model)(h)), out.past_key_values
+    return (h, lm_logits(model, h)), out.past_key_values
 
 
 def _static_forward(model, tok, mask, pos, past):
@@ -145,7 +145,7 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     h = out.last_hidden_state[rows, last]  # [B, d]
     pos = mask[:, :Q].sum(-1, keepdim=True)  # [B, 1] position of the first response token
     step = compiled_step(device.type) if compile else _static_forward
-    tok, logp = _draw(lm_head(model)(h), torch.rand(B, 1, generator=generator, device=device), temperature, vocab)
+    tok, logp = _draw(lm_logits(model, h), torch.rand(B, 1, generator=generator, device=device), temperature, vocab)
     responses, logprobs, hidden = [tok], [logp], [h]
     for t in range(1, length):
         u = torch.rand(B, 1, generator=generator, device=device)

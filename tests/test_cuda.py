@@ -154,6 +154,28 @@ def test_sampler_static_compiled_on_cuda_matches_the_dynamic_cache():
 
 @pytest.mark.cuda
 @cuda
+def test_padded_lm_head_on_cuda_gives_the_heads_logits_and_gradients():
+    """lm_logits pads GPT-2's 50257-row head to 50304 on CUDA (a faster cuBLAS kernel): the first 50257 logits and
+    the weight's gradient are the plain head's, in fp32 and under bf16 autocast."""
+    from lmprefs.models.lm import lm_head, lm_logits, load_lm
+
+    model, tok = load_lm("tiny-gpt2", "cuda")
+    h = torch.randn(6, 24, lm_head(model).in_features, device="cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        grads = []
+        for fn in (lambda x: lm_head(model)(x), lambda x: lm_logits(model, x)[..., : len(tok)]):
+            model.zero_grad()
+            with autocast(torch.device("cuda"), dtype):
+                out = fn(h)
+            out.float().square().mean().backward()
+            grads.append((out.float(), lm_head(model).weight.grad.clone()))
+        (a, ga), (b, gb) = grads
+        tol = 1e-5 if dtype == torch.float32 else 2e-2
+        assert ((a - b).norm() / a.norm()).item() < tol and ((ga - gb).norm() / ga.norm()).item() < tol
+
+
+@pytest.mark.cuda
+@cuda
 def test_tiny_quickstart_on_cuda(tmp_path):
     import json
 
