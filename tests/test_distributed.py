@@ -52,12 +52,17 @@ def _metrics(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory):
-    """tests/dist_worker.py in one process, and under 2 ranks with DDP then FSDP in the same launch."""
+    """tests/dist_worker.py in one process, and under 2 ranks with DDP then FSDP in the same launch, the 2 ranks
+    started by `accelerate launch` (which sets torchrun's variables; on a CPU through its --multi_gpu launcher: its
+    --cpu path starts one process) where every other test here uses torchrun."""
     d = tmp_path_factory.mktemp("worker")
     worker = str(ROOT / "tests" / "dist_worker.py")
     one, two = d / "one.pt", d / "two.pt"
     subprocess.run([sys.executable, worker, str(one)], env=ENV, check=True, capture_output=True)
-    r = subprocess.run(_torchrun(2, worker, str(two), "ddp", "fsdp"), env=ENV, capture_output=True, text=True)
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                  str(_port())]  # fmt: skip
+    r = subprocess.run([*accelerate, worker, str(two), "ddp", "fsdp"], env=ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = torch.load(one), torch.load(two)
     assert (a["world"], b["world"]) == (1, 2)
