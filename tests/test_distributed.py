@@ -207,3 +207,26 @@ def test_one_process_has_no_group_and_the_helpers_change_nothing():
     assert dist.shard(x) is x
     assert torch.equal(dist.interleave([dist.shard(x, r, 2) for r in range(2)]), x)
     assert dist.split_global(64, "ppo.batch_size", 4) == 64
+
+
+def test_optimizer_state_converts_between_positions_and_names():
+    """A checkpoint's Adam state keyed by position (DDP, one process) or by parameter name (FSDP) loads either way,
+    e.g. when a run continued after an andon stop changes run.parallel."""
+    from lmprefs.models.lm import Policy, load_lm
+    from lmprefs.training.optim import TFAdam
+    from lmprefs.training.policy import _optimizer_keys
+
+    lm, tok = load_lm("tiny-gpt2")
+    policy = Policy(lm, tok, 0.7)
+    opt = TFAdam(policy.trainable_parameters(), lr=1e-3)
+    q, r = torch.randint(0, 1000, (2, 4)), torch.randint(0, 1000, (2, 3))
+    policy(q, r)[1].sum().backward()
+    opt.step()
+    saved = opt.state_dict()
+    named = _optimizer_keys(policy, saved, by_name=True)
+    assert named["param_groups"][0]["params"][0] == "lm.transformer.wte.weight"
+    assert torch.equal(named["state"]["value_head.linear.weight"]["exp_avg"],
+                       saved["state"][len(saved["state"]) - 2]["exp_avg"])  # fmt: skip
+    back = _optimizer_keys(policy, named, by_name=False)
+    assert back["param_groups"] == saved["param_groups"] and back["state"].keys() == saved["state"].keys()
+    assert _optimizer_keys(policy, saved, by_name=False) is saved

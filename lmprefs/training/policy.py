@@ -202,7 +202,7 @@ def nonfinite_parameters(run: PolicyRun) -> str | None:
     """Why the parameters must not be saved (NaN/inf in one of them), or None."""
     params = run.policy.trainable_parameters()
     # this rank's shards under FSDP (then all ranks must agree), one host sync, not one per tensor (GPU)
-    finite = torch.stack([torch.isfinite(getattr(p, "_local_tensor", p)).all() for p in params])
+    finite = torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in params])
     if not dist.any_rank(not bool(finite.all())) if dist.is_sharded(run.policy) else bool(finite.all()):
         return None
     if bool(finite.all()):
@@ -309,10 +309,12 @@ def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | No
     if run.policy.value_lm is not None:
         value = load_file(ckpt / "policy" / "value_model" / "model.safetensors")
         whole |= _whole(run.policy.value_lm, value, "value_lm.")
-    if dist.is_sharded(run.policy):  # every rank keeps its shards of the whole (set_model_state_dict)
+    sharded = dist.is_sharded(run.policy)
+    state = {**state, "optimizer": _optimizer_keys(run.policy, state["optimizer"], by_name=sharded)}
+    if sharded:  # every rank keeps its shards of the whole (set_model_state_dict)
         dist.load_full_state_dict(run.policy, whole)
         dist.load_full_optimizer_state(run.policy, run.optimizer, state["optimizer"])
-        state = {**state, "optimizer": None}
+        state["optimizer"] = None
     else:
         run.policy.load_state_dict(whole)
     run.load_state_dict(state)
@@ -323,6 +325,17 @@ def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | No
 
 def _tied(model, key: str) -> bool:
     return key.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)
+
+
+def _optimizer_keys(policy: Policy, saved: dict, by_name: bool) -> dict:
+    """An optimizer state dict keyed by parameter name (FSDP's get_optimizer_state_dict) or by position (torch's
+    own), from either: a run continued after an andon stop may change run.parallel."""
+    names = [n for n, p in policy.named_parameters() if p.requires_grad]  # trainable_parameters' order
+    if not saved["param_groups"] or isinstance(saved["param_groups"][0]["params"][0], str) == by_name:
+        return saved
+    to = {n: i for i, n in enumerate(names)} if not by_name else dict(enumerate(names))
+    return {"state": {to[k]: v for k, v in saved["state"].items()},
+            "param_groups": [{**g, "params": [to[k] for k in g["params"]]} for g in saved["param_groups"]]}
 
 
 def _whole(model, src: dict, prefix: str) -> dict:
