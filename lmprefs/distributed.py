@@ -230,6 +230,7 @@ def fsdp_shard(module: torch.nn.Module, dtype: torch.dtype = torch.float32) -> t
     cannot shard, stay replicated with their gradients averaged by a hook. Create optimizers after this: the
     parameters are replaced by sharded DTensors. Idempotent."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+    from transformers import PreTrainedModel
 
     from lmprefs.models.lm import trunk_blocks
 
@@ -239,8 +240,6 @@ def fsdp_shard(module: torch.nn.Module, dtype: torch.dtype = torch.float32) -> t
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else None
     kw = {"mp_policy": mp} if mp is not None else {}
-    from transformers import PreTrainedModel
-
     trunks = [m for m in module.modules() if isinstance(m, PreTrainedModel)]
     for trunk in trunks:
         for block in trunk_blocks(trunk):

@@ -351,7 +351,9 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
         return rm_score_fn(rm), info | {"state": RewardState(rm)}
     if is_reward_model_dir(rm_dir) and (cfg.rewards.trained_model or resume):
         check_same_tokenizer(rm_dir, t.tok, f"rewards.trained_model={rm_dir}")
-        rm = load_reward_model(rm_dir, t.device).eval()
+        rm = load_reward_model(rm_dir, t.device).eval().requires_grad_(False)
+        if cfg.run.parallel == "fsdp":  # scored through its forward: FSDP gathers a block at a time
+            rm = dist.wrap(rm, "fsdp", t.dtype)
         return rm_score_fn(rm), info
     store = label_source(store_path or cfg.labels.source or "labels.sqlite")
     from lmprefs.runlog import open_logger
