@@ -1,19 +1,27 @@
 #!/usr/bin/env python
-"""The cost of the distributed engine on one CPU machine: PPO episodes/s of `lmprefs train-policy` as 1 process x 2
-threads against `torchrun --nproc-per-node 2` x 1 thread each (DDP over gloo), the same global batch.
+"""The cost of the distributed engine: PPO episodes/s of `lmprefs train-policy` without a launcher against the same
+run under torchrun, with DDP and with FSDP2 (run.parallel), the same global batch.
 
 What is measured
-  Each configuration is a fresh `lmprefs train-policy PRESET --reward vader` run (VADER scores the responses, so no
-  reward model is trained first) of --updates PPO updates of --batch episodes; episodes/s is
+  Each configuration is a fresh `lmprefs train-policy tiny --reward vader` run (VADER scores the responses, so no
+  reward model is trained first) of --updates PPO updates of the model's batch; episodes/s is
   batch * (updates - 1) / (elapsed/time of the last update - elapsed/time of the first), read from the run's
-  metrics.jsonl, so start-up, model loading and the first (warm-up) update are left out. Under two ranks
-  elapsed/time is the mean of the ranks' clocks. Models: `tiny` (the tests' random 2-layer GPT-2) and `smollm2`
-  (SmolLM2-135M, full fine-tuning, the austen-sentiment preset at 32 query / 24 response tokens), the latter only
-  when its files are in the cache (`lmprefs assets prepare smollm2-135m`).
-  The target of issue 10: 2 x 1 at least 0.85x of 1 x 2. os.getloadavg() is printed before and after: on a shared
-  machine the figures move with other jobs.
+  metrics.jsonl, so start-up, model loading and the first (warm-up, compile) update are left out. Under several
+  ranks elapsed/time is the mean of the ranks' clocks.
 
-    python benchmarks/scaling.py [--models tiny,smollm2] [--updates 6] [--reps 1]
+  --device cpu (default): 1 process x 2 threads (and x 1 thread) against `torchrun --nproc-per-node 2` x 1 thread
+    each (gloo), with each --parallel (ddp, fsdp). The target of issue 10: 2 x 1 at least 0.85x of 1 x 2.
+  --device cuda: one GPU without a launcher against `torchrun --nproc-per-node 1` (NCCL, world size 1), with each
+    --parallel: what the engine costs on one GPU. run.compile=auto compiles the sampler on CUDA, except under FSDP
+    (refused there); --compile off compares the three without it.
+
+Models: `tiny` (the tests' random 2-layer GPT-2, query 24 / response 8), `smollm2` (SmolLM2-135M, full fine-tuning,
+the austen-sentiment preset's Austen queries at 32 query / 24 response tokens; only when its files are in the cache:
+`lmprefs assets prepare smollm2-135m`), `gpt2-124m` (a random-weight GPT-2 124M with GPT-2's tokenizer, the
+original's shapes: query 64 / response 24; built in a temporary directory, for GPUs). os.getloadavg() is printed
+before and after each model, and the CPU model: on a shared machine the figures move with other jobs.
+
+    python benchmarks/scaling.py [--device cpu|cuda] [--models tiny,smollm2] [--parallel ddp,fsdp] [--updates 6]
 """
 
 from __future__ import annotations
@@ -30,10 +38,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# model -> (preset, {device: global batch}, extra overrides)
 MODELS = {
-    "tiny": ("tiny", 64, ["--ppo.nminibatches", "4"]),
-    "smollm2": ("austen-sentiment", 16, ["--ppo.nminibatches", "2", "--task.query-length", "32",
-                                         "--run.dtype", "float32", "--run.device", "cpu"]),
+    "tiny": ("tiny", {"cpu": 64, "cuda": 256}, ["--ppo.nminibatches", "4"]),
+    "smollm2": ("austen-sentiment", {"cpu": 16, "cuda": 256}, ["--ppo.nminibatches", "2", "--task.query-length", "32",
+                                                                "--run.dtype", "float32"]),
+    "gpt2-124m": ("tiny", {"cpu": 16, "cuda": 256}, ["--ppo.nminibatches", "4", "--task.query-length", "64",
+                                                     "--task.response-length", "24", "--task.truncate-after", "16"]),
 }  # fmt: skip
 
 
@@ -43,12 +54,26 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run(model: str, procs: int, threads: int, updates: int, out: Path) -> float:
-    preset, batch, extra = MODELS[model]
-    args = ["train-policy", preset, "--reward", "vader", "--ppo.batch-size", str(batch), "--ppo.total-episodes",
-            str(batch * updates), "--run.threads", str(threads), "--run.log-interval", "1000", "--run.save-interval",
-            "1000", "--run-dir", str(out), *extra]  # fmt: skip
-    if procs == 1:
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def run(model: str, device: str, procs: int | None, parallel: str, threads: int, updates: int, out: Path,
+        extra: list[str]) -> float:  # fmt: skip
+    """Episodes/s of one run; procs None = no launcher."""
+    preset, batches, overrides = MODELS[model]
+    batch = batches[device]
+    args = ["train-policy", preset, "--reward", "vader", "--ppo.total-episodes", str(batch * updates),
+            "--ppo.batch-size", str(batch), "--run.threads", str(threads), "--run.log-interval", "1000",
+            "--run.save-interval", "1000", "--run.device", device, "--run.parallel", parallel, "--run-dir", str(out),
+            *overrides, *extra]  # fmt: skip
+    if procs is None:
         cmd = [sys.executable, "-m", "lmprefs", *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-addr",
@@ -63,29 +88,59 @@ def run(model: str, procs: int, threads: int, updates: int, out: Path) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="tiny,smollm2")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--models", default=None, help="comma-separated; default tiny,smollm2 (cpu), tiny,gpt2-124m (cuda)")
+    p.add_argument("--parallel", default="ddp,fsdp", help="run.parallel values to launch (ddp, fsdp)")
     p.add_argument("--updates", type=int, default=6)
     p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--compile", choices=("auto", "off"), default="auto", help="run.compile of every run")
     a = p.parse_args()
     from lmprefs.assets import asset_status
 
-    models = [m for m in a.models.split(",") if m]
+    models = [m for m in (a.models or ("tiny,smollm2" if a.device == "cpu" else "tiny,gpt2-124m")).split(",") if m]
+    modes = [m for m in a.parallel.split(",") if m]
     for m in models:
         if m not in MODELS:
             raise SystemExit(f"--models: unknown model {m!r}; choose from {', '.join(MODELS)}")
+    for m in modes:
+        if m not in ("ddp", "fsdp"):
+            raise SystemExit(f"--parallel: unknown value {m!r}; choose ddp, fsdp")
     if "smollm2" in models and asset_status("smollm2-135m") != "ready":
         print("smollm2: not in the cache (lmprefs assets prepare smollm2-135m); skipped")
         models.remove("smollm2")
-    print(f"load average before: {os.getloadavg()}")
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: CUDA is not available here")
+        print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {_cpu_name()}")
+        # (label, processes (None: no launcher), run.parallel, threads)
+        configs = [("no launcher", None, "ddp", 0)] + [(f"torchrun x1 NCCL {m}", 1, m, 0) for m in modes]
+    else:
+        print(f"CPU: {_cpu_name()}, {os.cpu_count()} cores")
+        # 1 x 1 as well: on a loaded machine two threads of one process can lose more than they gain
+        configs = [("1 process x 2 threads", None, "ddp", 2), ("1 process x 1 thread", None, "ddp", 1)]
+        configs += [(f"2 processes x 1 thread {m}", 2, m, 1) for m in modes]
+    extra = ["--run.compile", a.compile]
     with tempfile.TemporaryDirectory() as tmp:
         for m in models:
+            m_extra = list(extra)
+            if m == "gpt2-124m":
+                sys.path.insert(0, str(Path(__file__).parent))
+                from gpu_throughput import build_model_dir
+
+                m_extra += ["--task.initial-model", build_model_dir("gpt2-124m", seed=0)]
+            print(f"load average before {m}: {os.getloadavg()}", flush=True)
             for rep in range(a.reps):
-                t0 = time.time()
-                one = run(m, 1, 2, a.updates, Path(tmp) / f"{m}-1x2-{rep}")
-                two = run(m, 2, 1, a.updates, Path(tmp) / f"{m}-2x1-{rep}")
-                print(f"{m:8s} batch {MODELS[m][1]:3d}: 1 process x 2 threads {one:7.1f} episodes/s; 2 processes x 1 "
-                      f"thread {two:7.1f} episodes/s; ratio {two / one:.2f}x  ({time.time() - t0:.0f}s)", flush=True)
-    print(f"load average after: {os.getloadavg()}")
+                t0, figures = time.time(), []
+                for label, procs, parallel, threads in configs:
+                    out = Path(tmp) / f"{m}-{label.replace(' ', '_')}-{rep}"
+                    figures.append((label, run(m, a.device, procs, parallel, threads, a.updates, out, m_extra)))
+                base = figures[0][1]
+                print(f"{m:9s} batch {MODELS[m][1][a.device]:3d}: " + "; ".join(
+                    f"{label} {eps:7.1f} episodes/s ({eps / base:.2f}x)" for label, eps in figures) +
+                    f"  ({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
+            print(f"load average after {m}: {os.getloadavg()}", flush=True)
 
 
 if __name__ == "__main__":

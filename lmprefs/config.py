@@ -220,6 +220,13 @@ class RunConfig:
     """torch.compile the sampler's decode step (with CUDA graphs on a GPU) and the PPO training forward; auto = on
     for CUDA (the training forward in a single process only), off on the CPU, where a compile takes minutes and did
     not pay off."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """How several ranks (torchrun, accelerate launch) share the models being trained: ddp (DistributedDataParallel:
+    a full copy on every rank, gradients averaged) or fsdp (FSDP2, torch.distributed.fsdp.fully_shard: each
+    transformer block and the rest of the model sharded over the ranks, gathered block by block for each forward
+    and backward, under run.dtype=bfloat16 gathered in bf16 with fp32 gradient reduction). fsdp is for models that do
+    not fit one device; it does not combine with LoRA (lora.rank > 0) or a compiled sampler (run.compile=on).
+    Ignored in one process."""
     report_to: tuple[str, ...] = ("tensorboard",)
     """Metric sinks besides metrics.jsonl: tensorboard (logs/reward, logs/policy), wandb, mlflow (each optional:
     imported only when named, never required); comma-separated, empty for none."""
@@ -347,6 +354,11 @@ def validate(cfg: Config) -> list[str]:
     need(run.save_interval > 0, f"run.save_interval={run.save_interval} must be positive")
     need(run.threads >= 0, f"run.threads={run.threads} must be >= 0 (0: torch's default)")
     need(bool(_DEVICE.fullmatch(run.device)), f"run.device={run.device!r}: choose auto, cpu, cuda, cuda:N or mps")
+    if run.parallel == "fsdp":
+        need(lo.rank == 0, f"run.parallel=fsdp does not combine with LoRA (lora.rank={lo.rank}): the adapters are "
+                           "small and the frozen base is shared, so run.parallel=ddp suits LoRA")
+        need(run.compile != "on", "run.parallel=fsdp does not combine with run.compile=on (CUDA graphs need fixed "
+                                  "parameter addresses, and FSDP frees the gathered blocks after sampling); use auto")
     for name in run.report_to:
         need(name in ("tensorboard", "wandb", "mlflow"),
              f"run.report_to: {name!r} is not tensorboard, wandb or mlflow")

@@ -235,8 +235,14 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
         row = {("elapsed/time" if k == "seconds" else k): v for k, v in summary.items() if isinstance(v, float)}
         log.scalars(row, len(train) * cfg.train_reward.epochs, phase="reward")
     task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
+    whole = rm
+    if dist.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
+        from lmprefs.models.lm import plain_copy
+
+        state = dist.full_state_dict(rm)
+        whole = plain_copy(rm, state) if dist.is_main() else None
     if dist.is_main():
-        save_reward_model(rm, out_dir, extra={"summary": summary, "label_type": lt.name, "task": task})
+        save_reward_model(whole, out_dir, extra={"summary": summary, "label_type": lt.name, "task": task})
     dist.barrier()  # every rank may read it once this returns
     return rm, summary
 
@@ -345,7 +351,9 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
         return rm_score_fn(rm), info | {"state": RewardState(rm)}
     if is_reward_model_dir(rm_dir) and (cfg.rewards.trained_model or resume):
         check_same_tokenizer(rm_dir, t.tok, f"rewards.trained_model={rm_dir}")
-        rm = load_reward_model(rm_dir, t.device).eval()
+        rm = load_reward_model(rm_dir, t.device).eval().requires_grad_(False)
+        if cfg.run.parallel == "fsdp":  # scored through its forward: FSDP gathers a block at a time
+            rm = dist.wrap(rm, "fsdp", t.dtype)
         return rm_score_fn(rm), info
     store = label_source(store_path or cfg.labels.source or "labels.sqlite")
     from lmprefs.runlog import open_logger

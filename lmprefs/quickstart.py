@@ -24,7 +24,11 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     """True reward of a policy on held-out queries: mean and standard error over queries (each query's reward is
     the mean over its samples), with the texts of the first sample of each query. With `ref_model` (the initial
     policy: adapters off), also the KL of the policy from it, sum over the response of logp - logp_ref as in
-    objective/kl, averaged over every sample: a steadier figure than the last training batch's."""
+    objective/kl, averaged over every sample: a steadier figure than the last training batch's.
+    Under several ranks each rank evaluates its strided share of the queries with its own seed (seed + rank *
+    100003) and the shares are gathered, so every rank returns the same figures over all queries in 1/N of the
+    time; a collective, every rank calls it."""
+    from lmprefs import distributed as dist
     from lmprefs.models.lm import autocast
     from lmprefs.models.lora import using
     from lmprefs.runlog import progress
@@ -32,11 +36,12 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     from lmprefs.tasks import decode, format_queries, truncate_responses
 
     task = t.cfg.task
-    gen = torch.Generator(device=t.device).manual_seed(seed)
+    gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
     per_query, texts, kls = [], [], []
     bar = progress(len(queries), desc)
-    for i in range(0, len(queries), max(1, batch_size // samples_per_query)):
-        q = queries[i : i + max(1, batch_size // samples_per_query)].to(t.device)
+    mine = dist.shard(queries)
+    for i in range(0, len(mine), max(1, batch_size // samples_per_query)):
+        q = mine[i : i + max(1, batch_size // samples_per_query)].to(t.device)
         rep = format_queries(q.repeat_interleave(samples_per_query, 0), t.prefix, t.suffix)
         with autocast(t.device, t.dtype), using(t.model, adapter):
             r, logp = sample(t.model, rep, task.response_length, task.temperature, len(t.tok), gen,
@@ -52,14 +57,25 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
         scores = torch.tensor(true_fn(resp)).view(len(q), samples_per_query)
         per_query += scores.mean(1).tolist()
         texts += resp[::samples_per_query]
-        bar.update(len(q))
+        bar.update(len(q) * dist.world())
     bar.close()
+    if dist.world() > 1:  # every rank's share, back in the queries' order (rank r held queries r, r + N, ...)
+        parts = dist.all_gather_objects((per_query, texts, kls))
+        per_query, texts = _interleave([p[0] for p in parts]), _interleave([p[1] for p in parts])
+        kls = [k for p in parts for k in p[2]]
     x = torch.tensor(per_query, dtype=torch.float64)
     out = {"mean": x.mean().item(), "stderr": (x.std() / math.sqrt(len(x))).item(), "n_queries": len(x),
            "samples_per_query": samples_per_query, "per_query": per_query, "texts": texts}  # fmt: skip
     if kls:
         k = torch.tensor(kls, dtype=torch.float64)
         out |= {"kl": k.mean().item(), "kl_stderr": (k.std() / math.sqrt(len(k))).item()}
+    return out
+
+
+def _interleave(parts: list[list]) -> list:
+    out: list = [None] * sum(len(p) for p in parts)
+    for r, p in enumerate(parts):
+        out[r :: len(parts)] = p
     return out
 
 
@@ -142,7 +158,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     from lmprefs.training.policy import build_run, rm_score_fn, train_policy
 
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
-    # shares of each global batch, and every rank evaluates all held-out queries (the same numbers); rank 0 writes
+    # shares of each global batch, the held-out queries are evaluated in shares and gathered; rank 0 writes
     say = print if dist.is_main() else (lambda *_, **__: None)
     if dist.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -189,8 +205,9 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     say("[6/6] evaluating the final policy on the same held-out queries", flush=True)
     # with LoRA the trained policy is an adapter on t.model; with full fine-tuning it is its own copy
     final = t if policy.adapter else Task(**{**t.__dict__, "model": policy.lm})
-    after = evaluate_policy(final, heldout, true_fn, policy.adapter, eval_samples, cfg.run.seed + 5,
-                            desc="final policy", ref_model=t.model)  # fmt: skip
+    # under FSDP with the trained policy's shards gathered on every rank for the duration
+    after = dist.gathered(policy, lambda: evaluate_policy(final, heldout, true_fn, policy.adapter, eval_samples,
+                                                          cfg.run.seed + 5, desc="final policy", ref_model=t.model))
     stages["evaluate final"] = time.time() - s
 
     figures = {"rm_accuracy": rm_summary.get("heldout/accuracy", float("nan")),

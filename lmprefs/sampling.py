@@ -50,7 +50,8 @@ def _static_forward(model, tok, mask, pos, past):
 
 def sampler_options(run) -> dict:
     """sample()'s cache/compile keywords from a RunConfig."""
-    return {"cache": run.kv_cache, "compile": run.compile}
+    # under FSDP the gathered parameters are freed and reallocated between rollouts: no CUDA graph may keep them
+    return {"cache": run.kv_cache, "compile": "off" if run.parallel == "fsdp" else run.compile}
 
 
 _COMPILED: dict[str, object] = {}

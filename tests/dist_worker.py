@@ -1,6 +1,8 @@
 """Run by tests/test_distributed.py, as one plain process or under `torchrun --nproc-per-node 2`: one reward-model
-epoch and one PPO update on fixed data, each rank on its share; rank 0 saves the final parameters and the reduced
-metrics to argv[1]. The data are built identically on every rank from fixed seeds."""
+epoch and one PPO update on fixed data, each rank on its share, with each run.parallel named after argv[1] (ddp,
+fsdp); then the quickstart's held-out evaluation of a few queries. Rank 0 saves the final (whole) parameters, the
+reduced metrics and every rank's evaluation to argv[1]. The data are built identically on every rank from fixed
+seeds."""
 
 from __future__ import annotations
 
@@ -23,6 +25,16 @@ R = dataclasses.replace
 N, S, B = 12, 4, 8  # labeled questions, samples per question, PPO episodes (global)
 
 
+def whole(module) -> dict | None:
+    """The module's parameters, gathered whole on rank 0 under FSDP (None on the other ranks)."""
+    state = dist.full_state_dict(module)
+    return None if state is None else {k: v.detach().clone() for k, v in state.items()}
+
+
+def moved(before: dict, after: dict | None) -> float:
+    return 0.0 if after is None else max((after[k] - before[k]).abs().max().item() for k in after)
+
+
 def reward_epoch(cfg, model, tok):
     g = torch.Generator().manual_seed(0)
     T, Q = cfg.task.response_length, cfg.task.query_length
@@ -34,8 +46,8 @@ def reward_epoch(cfg, model, tok):
     rm.lm.requires_grad_(True)
     before = {k: v.detach().clone() for k, v in rm.state_dict().items()}
     stats = train_epoch(rm, data, get_label_type("best_of_4"), cfg, [], [], torch.device("cpu"), torch.float32)
-    after = {k: v.detach().clone() for k, v in rm.state_dict().items()}
-    return after, stats | {"moved": max((after[k] - before[k]).abs().max().item() for k in after)}
+    after = whole(rm)
+    return after, stats | {"moved": moved(before, after)}
 
 
 def ppo_step(cfg, model, tok):
@@ -58,27 +70,45 @@ def ppo_step(cfg, model, tok):
     part = B // dist.world()
     mine = rollout[slice(dist.rank() * part, (dist.rank() + 1) * part)]
     ppo_cfg = R(cfg.ppo, nminibatches=1, noptepochs=2, lr=1e-3)
-    model_ = dist.wrap(policy)
-    opt = TFAdam(policy.trainable_parameters(), lr=ppo_cfg.lr)
     before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+    model_ = dist.wrap(policy, cfg.run.parallel)  # FSDP shards in place: the optimizer comes after
+    opt = TFAdam(policy.trainable_parameters(), lr=ppo_cfg.lr)
     stats = ppo_update(lambda mb: model_(mb.queries, mb.responses), opt, mine, ppo_cfg,
                        torch.Generator().manual_seed(2), reduce=dist.all_reduce_mean)  # fmt: skip
-    after = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    return after, stats | {"moved": max((after[k] - before[k]).abs().max().item() for k in after)}
+    after = whole(policy)
+    return after, stats | {"moved": moved(before, after)}
 
 
-def main(out: str) -> None:
+def heldout_eval(cfg, model, tok) -> dict:
+    """The quickstart's evaluation of 7 held-out queries (an odd number: the ranks hold unequal shares)."""
+    from types import SimpleNamespace
+
+    from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.quickstart import evaluate_policy
+
+    t = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), dtype=torch.float32, prefix=[], suffix=[], model=model,
+                        tok=tok)  # fmt: skip
+    queries = torch.randint(0, 1000, (7, cfg.task.query_length), generator=torch.Generator().manual_seed(3))
+    out = evaluate_policy(t, queries, SCORE_FNS["vader"], None, 2, seed=4, ref_model=model)
+    return {k: out[k] for k in ("mean", "stderr", "n_queries", "texts", "kl")}
+
+
+def main(out: str, *modes: str) -> None:
     dist.init()
-    cfg = preset("tiny")
     torch.manual_seed(0)
     model, tok = load_lm("tiny-gpt2")
-    rm_params, rm_stats = reward_epoch(cfg, model, tok)
-    pol_params, pol_stats = ppo_step(cfg, model, tok)
+    results = {}
+    for parallel in modes or ("ddp",):  # every mode from the same initial model (each step deep-copies it)
+        cfg = preset("tiny")
+        cfg = R(cfg, run=R(cfg.run, parallel=parallel))
+        rm_params, rm_stats = reward_epoch(cfg, model, tok)
+        pol_params, pol_stats = ppo_step(cfg, model, tok)
+        results[parallel] = {"rm": rm_params, "rm_stats": rm_stats, "policy": pol_params, "ppo_stats": pol_stats}
+    evals = dist.all_gather_objects(heldout_eval(preset("tiny"), model, tok))
     if dist.is_main():
-        torch.save({"rm": rm_params, "rm_stats": rm_stats, "policy": pol_params, "ppo_stats": pol_stats,
-                    "world": dist.world()}, out)  # fmt: skip
+        torch.save({"modes": results, "evals": evals, "world": dist.world()}, out)
     dist.teardown()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

@@ -3,6 +3,8 @@ rank 0 alone writing, a 2-"node" rendezvous on loopback, kill -9 of one rank and
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import signal
 import socket
@@ -48,23 +50,48 @@ def _metrics(path: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("elapsed/") or k in keep} for r in read_jsonl(path)]
 
 
-def test_two_rank_reward_epoch_and_ppo_update_equal_one_rank(tmp_path):
-    """The same global batches: 2 ranks with DDP end with the 1-process parameters within 1e-5 (float32 sums in
-    another order), and their reduced metrics agree within 1e-5 relative."""
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+    """tests/dist_worker.py in one process, and under 2 ranks with DDP then FSDP in the same launch, the 2 ranks
+    started by `accelerate launch` (which sets torchrun's variables; on a CPU through its --multi_gpu launcher: its
+    --cpu path starts one process) where every other test here uses torchrun."""
+    d = tmp_path_factory.mktemp("worker")
     worker = str(ROOT / "tests" / "dist_worker.py")
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    one, two = d / "one.pt", d / "two.pt"
     subprocess.run([sys.executable, worker, str(one)], env=ENV, check=True, capture_output=True)
-    r = subprocess.run(_torchrun(2, worker, str(two)), env=ENV, capture_output=True, text=True)
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                  "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
+                  str(_port())]  # fmt: skip
+    r = subprocess.run([*accelerate, worker, str(two), "ddp", "fsdp"], env=ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = torch.load(one), torch.load(two)
     assert (a["world"], b["world"]) == (1, 2)
+    return a, b
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_rank_reward_epoch_and_ppo_update_equal_one_rank(worker_results, parallel):
+    """The same global batches: 2 ranks with DDP, or with FSDP2 (every block sharded over the 2 ranks, gathered
+    whole on rank 0 afterwards), end with the 1-process parameters within 1e-5 (float32 sums in another order; seen:
+    1.6e-7), and their reduced metrics agree within 1e-5 relative."""
+    a, b = worker_results[0]["modes"]["ddp"], worker_results[1]["modes"][parallel]
     for part in ("rm", "policy"):
+        assert sorted(b[part]) == sorted(a[part])  # the whole model, not a shard
         worst = max((a[part][k] - b[part][k]).abs().max().item() for k in a[part])
         assert worst < 1e-5, (part, worst)
     assert a["rm_stats"]["moved"] > 1e-3 and a["ppo_stats"]["moved"] > 1e-4  # the updates did something
     for stats in ("rm_stats", "ppo_stats"):
         for k, v in a[stats].items():
             assert b[stats][k] == pytest.approx(v, rel=1e-5, abs=1e-6), (stats, k)
+
+
+def test_heldout_evaluation_is_shared_out_and_gathered(worker_results):
+    """The quickstart's held-out evaluation under 2 ranks: each rank samples its share of the 7 queries, and both
+    return the same figures over all 7 (not each its own repeat of the whole evaluation)."""
+    (one,), (r0, r1) = worker_results[0]["evals"], worker_results[1]["evals"]
+    assert r0 == r1
+    assert one["n_queries"] == r0["n_queries"] == 7 and len(r0["texts"]) == 7
+    assert all(math.isfinite(x) for x in (r0["mean"], r0["stderr"], r0["kl"]))
 
 
 @pytest.fixture(scope="module")
@@ -134,6 +161,30 @@ def test_kill_one_rank_fails_the_job_then_resume_matches(runs, tmp_path):
     assert _metrics(killed / "metrics.jsonl") == _metrics(runs["dir"] / "two" / "metrics.jsonl")
 
 
+def test_fsdp_run_resumes_exactly_and_only_rank_zero_writes(runs, tmp_path):
+    """train-policy under FSDP2 on 2 ranks, both stopped (exit 9, as kill -9) right after the checkpoint of update 4,
+    then resumed on 2 ranks: its metrics equal the 2-rank DDP run's (the same math; bitwise here) and its final
+    policy, gathered whole on rank 0, is that run's within 1e-6; the files are those of the 1-process run."""
+    from safetensors.torch import load_file
+
+    d = tmp_path / "fsdp"
+    r = subprocess.run(_torchrun(2, "-m", "lmprefs", *ARGS, "--run.parallel", "fsdp", "--run-dir", str(d)),
+                       env={**ENV, "LMPREFS_CRASH_AT": "train:saved@2"}, capture_output=True, text=True)  # fmt: skip
+    assert r.returncode != 0 and len(read_jsonl(d / "metrics.jsonl")) == 4, r.stderr[-3000:]
+    r = subprocess.run(_torchrun(2, "-m", "lmprefs", "train-policy", "tiny", "--resume", "--run-dir", str(d)),
+                       env=ENV, capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    two = runs["dir"] / "two"
+    for x, y in zip(_metrics(d / "metrics.jsonl"), _metrics(two / "metrics.jsonl"), strict=True):
+        assert x.keys() == y.keys()
+        for k, v in y.items():
+            assert x[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
+    a, b = load_file(d / "policy" / "model.safetensors"), load_file(two / "policy" / "model.safetensors")
+    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    assert set(_files(d)) == set(_files(runs["dir"] / "one"))  # (a resumed run has a second TensorBoard file)
+    assert json.loads((d / "config.json").read_text())["run"]["parallel"] == "fsdp"
+
+
 def test_a_rank_s_user_error_is_one_line_naming_the_rank(tmp_path):
     env = {**ENV, "LMPREFS_DIST_TIMEOUT": "soon"}
     r = subprocess.run(_torchrun(2, "-m", "lmprefs", *ARGS, "--run-dir", str(tmp_path / "r")), env=env,
@@ -156,3 +207,26 @@ def test_one_process_has_no_group_and_the_helpers_change_nothing():
     assert dist.shard(x) is x
     assert torch.equal(dist.interleave([dist.shard(x, r, 2) for r in range(2)]), x)
     assert dist.split_global(64, "ppo.batch_size", 4) == 64
+
+
+def test_optimizer_state_converts_between_positions_and_names():
+    """A checkpoint's Adam state keyed by position (DDP, one process) or by parameter name (FSDP) loads either way,
+    e.g. when a run continued after an andon stop changes run.parallel."""
+    from lmprefs.models.lm import Policy, load_lm
+    from lmprefs.training.optim import TFAdam
+    from lmprefs.training.policy import _optimizer_keys
+
+    lm, tok = load_lm("tiny-gpt2")
+    policy = Policy(lm, tok, 0.7)
+    opt = TFAdam(policy.trainable_parameters(), lr=1e-3)
+    q, r = torch.randint(0, 1000, (2, 4)), torch.randint(0, 1000, (2, 3))
+    policy(q, r)[1].sum().backward()
+    opt.step()
+    saved = opt.state_dict()
+    named = _optimizer_keys(policy, saved, by_name=True)
+    assert named["param_groups"][0]["params"][0] == "lm.transformer.wte.weight"
+    assert torch.equal(named["state"]["value_head.linear.weight"]["exp_avg"],
+                       saved["state"][len(saved["state"]) - 2]["exp_avg"])  # fmt: skip
+    back = _optimizer_keys(policy, named, by_name=False)
+    assert back["param_groups"] == saved["param_groups"] and back["state"].keys() == saved["state"].keys()
+    assert _optimizer_keys(policy, saved, by_name=False) is saved

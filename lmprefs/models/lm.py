@@ -410,6 +410,30 @@ class RewardModel(nn.Module):
 # Saving and loading: a standard HF directory plus the head as safetensors and a small JSON
 
 
+def plain_copy(module: Policy | RewardModel, state: dict) -> Policy | RewardModel:
+    """An unsharded Policy or RewardModel shaped like `module` (e.g. one sharded by FSDP) holding `state`, a whole
+    state dict of it (as lmprefs.distributed.full_state_dict gathers on rank 0), for saving with the usual writers.
+    Built on the meta device and filled with `state`'s own tensors: no second copy of the weights."""
+
+    def empty(lm):
+        if lm is None:
+            return None
+        with torch.device("meta"):
+            twin = type(lm)(lm.config)
+        twin.generation_config = lm.generation_config
+        return twin
+
+    if isinstance(module, Policy):
+        twin = Policy(empty(module.lm), module.tokenizer, module.temperature, value_lm=empty(module.value_lm))
+    else:
+        twin = RewardModel(empty(module.lm), module.tokenizer)
+    twin.load_state_dict(state, assign=True)
+    for lm in (twin.lm, getattr(twin, "value_lm", None)):
+        if lm is not None and getattr(lm.config, "tie_word_embeddings", False):
+            lm.tie_weights()
+    return twin.eval()
+
+
 def atomic_dir(out: Path, meta: dict | None = None, keep: int = 0):
     """Yield a temporary sibling to write into; on success it becomes `out` with a manifest, so readers never see
     half a model nor no model (lmprefs.checkpoint.publish_dir: `out` is a symlink to a versioned directory)."""

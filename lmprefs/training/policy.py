@@ -33,7 +33,7 @@ from lmprefs.models.lm import (
     logprobs_and_entropy,
     response_logits_hidden,
 )
-from lmprefs.sampling import sample
+from lmprefs.sampling import sample, sampler_options
 from lmprefs.tasks import apply_penalty, decode, format_queries, show, truncate_responses
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards, make_kl_controller, ppo_update
@@ -99,7 +99,8 @@ class PolicyRun:
         missing = [k for k in self.extras if k not in s.get("extras", {})]
         if missing:
             raise UserError(f"the checkpoint holds no {missing[0]!r} state, which this run needs")
-        self.optimizer.load_state_dict(s["optimizer"])
+        if s["optimizer"] is not None:  # None: loaded already (FSDP's named optimizer state)
+            self.optimizer.load_state_dict(s["optimizer"])
         self.kl_ctl.load_state_dict(s["kl_ctl"])
         self.stream.load_state_dict(s["stream"])
         self.gen_sample.set_state(s["gen_sample"])
@@ -123,18 +124,26 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
 
     policy, task = run.policy, cfg.task
     q = format_queries(queries.to(device), prefix, suffix)
-    with autocast(device, dtype):
+
+    def policy_pass():
         # logprobs and values come from the sampling pass itself (policy.respond in the original): no extra forward
         with using(policy.lm, policy.adapter):
             responses, logprobs, hidden = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab,
-                                                 run.gen_sample, return_hidden=True, cache=cfg.run.kv_cache,
-                                                 compile=cfg.run.compile)  # fmt: skip
+                                                 run.gen_sample, return_hidden=True,
+                                                 **sampler_options(cfg.run))  # fmt: skip
         # with LoRA in the top blocks, the frozen blocks below run once here for the reference, the reward model
         # and every PPO epoch of this batch (None when all blocks train)
         prefix = frozen_prefix(policy.lm, torch.cat([q, responses], dim=1))
         values = policy.values_from(q, responses, hidden, prefix)
+        return responses, logprobs, values, prefix
+
+    def ref_pass():
         with using(policy.lm, None):  # with LoRA the reference is the shared base, adapters off
-            ref = ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab, prefix)
+            return ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab, prefix)
+
+    with autocast(device, dtype):  # under FSDP each pass gathers its model's shards first (a collective)
+        responses, logprobs, values, prefix = dist.gathered(policy, policy_pass)
+        ref = dist.gathered(run.ref_lm, ref_pass) if run.ref_lm is not None else ref_pass()
     logprobs, values, ref = logprobs.float(), values.float(), ref.float()
     post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
     with autocast(device, dtype):
@@ -156,6 +165,13 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
 def build_run(cfg: Config, policy: Policy, stream, device) -> PolicyRun:
     # the frozen initial model; with LoRA it is the shared base itself (adapters off), no copy needed
     ref_lm = None if policy.adapter else copy.deepcopy(policy.lm).requires_grad_(False).eval()
+    if cfg.run.parallel == "fsdp" and dist.active():  # sharded before the optimizer sees the parameters
+        from lmprefs.models.lm import pick_dtype
+
+        dtype = pick_dtype(cfg.run.dtype, device)
+        dist.fsdp_shard(policy, dtype)
+        if ref_lm is not None:
+            dist.fsdp_shard(ref_lm, dtype)
     params = policy.trainable_parameters()
     seed = dist.rank_seed(cfg.run.seed)  # seed + rank * 100003 (set_mpi_seed); cfg.run.seed in one process
     return PolicyRun(
@@ -185,9 +201,12 @@ def andon_check(run: PolicyRun, stats: dict, cfg: Config) -> str | None:
 def nonfinite_parameters(run: PolicyRun) -> str | None:
     """Why the parameters must not be saved (NaN/inf in one of them), or None."""
     params = run.policy.trainable_parameters()
-    finite = torch.stack([torch.isfinite(p).all() for p in params])  # one host sync, not one per tensor (GPU)
-    if bool(finite.all()):
+    # this rank's shards under FSDP (then all ranks must agree), one host sync, not one per tensor (GPU)
+    finite = torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in params])
+    if not dist.any_rank(not bool(finite.all())) if dist.is_sharded(run.policy) else bool(finite.all()):
         return None
+    if bool(finite.all()):
+        return f"non-finite parameters on another rank after update {run.update}"
     named = {id(p): n for n, p in run.policy.named_parameters()}
     first = params[int((~finite).nonzero()[0])]
     return f"non-finite parameter {named.get(id(first), '?')} after update {run.update}"
@@ -219,9 +238,9 @@ def load_rank_state(run: PolicyRun, ckpt: Path) -> None:
 
 
 def compile_training(compile: str, device: torch.device) -> bool:
-    """Whether run.compile compiles the PPO training forward: on = always, off = never, auto = on CUDA in a single
-    process (under DDP/FSDP the compiled forward has not been measured yet)."""
-    return compile == "on" or (compile == "auto" and device.type == "cuda" and dist.world() == 1)
+    """Whether run.compile compiles the PPO training forward: on = always, off = never, auto = on CUDA without a
+    launcher (under DDP/FSDP, even at world size 1, the compiled forward has not been measured yet)."""
+    return compile == "on" or (compile == "auto" and device.type == "cuda" and not dist.active())
 
 
 def training_forward(model, compile: str, device: torch.device) -> Callable:
@@ -247,15 +266,25 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
         raise AndonStop(f"refusing to save a checkpoint: {bad}")
     meta = {"update": run.update, **(config_meta(cfg) if cfg is not None else {})}
     ranks = rank_states(run)
+    policy, optimizer = run.policy, None
+    if dist.is_sharded(run.policy):  # FSDP: the whole model and optimizer state gathered on rank 0 (collectives)
+        from lmprefs.models.lm import plain_copy
+
+        model_state = dist.full_state_dict(run.policy)
+        optimizer = dist.full_optimizer_state(run.policy, run.optimizer)
+        policy = plain_copy(run.policy, model_state) if dist.is_main() else None
     run.saved_update = run.update
     if not dist.is_main():
         return
     with atomic_dir(Path(run_dir) / "checkpoint", meta, keep=1) as tmp:
         torch.save(ranks, tmp / RANK_STATE_FILE)
-        _save_policy(run.policy, tmp / "policy")
+        _save_policy(policy, tmp / "policy")
         if run.policy.adapter:  # the exact adapter weights; the merged export above is for sampling
             save_file(adapter_state(run.policy.lm), tmp / "adapters.safetensors")
-        torch.save(run.state_dict(), tmp / "state.pt")
+        state = run.state_dict()
+        if optimizer is not None:  # keyed by parameter name (get_optimizer_state_dict), not by position
+            state["optimizer"] = optimizer
+        torch.save(state, tmp / "state.pt")
     run.saved_update = run.update
 
 
@@ -289,11 +318,19 @@ def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | No
     missing = [k for k in lm_state if k not in src and not _tied(run.policy.lm, k)]
     if missing:
         raise UserError(f"checkpoint in {run_dir} does not match the model (missing {missing[:3]})")
-    run.policy.lm.load_state_dict({k: src.get(k, lm_state[k]) for k in lm_state})
-    run.policy.value_head.load_state_dict(load_file(ckpt / "policy" / "value_head.safetensors"))
+    whole = _whole(run.policy.lm, src, "lm.")
+    whole |= {f"value_head.{k}": v for k, v in load_file(ckpt / "policy" / "value_head.safetensors").items()}
     if run.policy.value_lm is not None:
-        run.policy.value_lm.load_state_dict(load_file(ckpt / "policy" / "value_model" / "model.safetensors"),
-                                            strict=False)  # fmt: skip
+        value = load_file(ckpt / "policy" / "value_model" / "model.safetensors")
+        whole |= _whole(run.policy.value_lm, value, "value_lm.")
+    sharded = dist.is_sharded(run.policy)
+    state = {**state, "optimizer": _optimizer_keys(run.policy, state["optimizer"], by_name=sharded)}
+    if sharded:  # every rank keeps its shards of the whole (set_model_state_dict)
+        dist.load_full_state_dict(run.policy, whole)
+        dist.load_full_optimizer_state(run.policy, run.optimizer, state["optimizer"])
+        state["optimizer"] = None
+    else:
+        run.policy.load_state_dict(whole)
     run.load_state_dict(state)
     load_rank_state(run, ckpt)
     run.saved_update = run.update
@@ -302,6 +339,25 @@ def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | No
 
 def _tied(model, key: str) -> bool:
     return key.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)
+
+
+def _optimizer_keys(policy: Policy, saved: dict, by_name: bool) -> dict:
+    """An optimizer state dict keyed by parameter name (FSDP's get_optimizer_state_dict) or by position (torch's
+    own), from either: a run continued after an andon stop may change run.parallel."""
+    names = [n for n, p in policy.named_parameters() if p.requires_grad]  # trainable_parameters' order
+    if not saved["param_groups"] or isinstance(saved["param_groups"][0]["params"][0], str) == by_name:
+        return saved
+    to = {n: i for i, n in enumerate(names)} if not by_name else dict(enumerate(names))
+    return {"state": {to[k]: v for k, v in saved["state"].items()},
+            "param_groups": [{**g, "params": [to[k] for k in g["params"]]} for g in saved["param_groups"]]}
+
+
+def _whole(model, src: dict, prefix: str) -> dict:
+    """`model`'s state dict from saved tensors `src`, under `prefix`; a tied output embedding, which
+    save_pretrained writes once, takes the input embedding's tensor."""
+    emb = model.get_input_embeddings().weight
+    emb_name = next(n for n, p in model.named_parameters() if p is emb)
+    return {prefix + k: src[k] if k in src else src[emb_name] for k in model.state_dict()}
 
 
 def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: Path, prefix, suffix, device, dtype,
@@ -316,7 +372,7 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         raise UserError(f"ppo.total_episodes={cfg.ppo.total_episodes} is less than one batch ({B})")
     # each rank samples and updates on its share of the global batch, in nminibatches minibatches of its own
     B_rank = dist.split_global(B, "ppo.batch_size", cfg.ppo.nminibatches)
-    model = dist.wrap(run.policy)  # DDP averages the minibatch gradients over the ranks
+    model = dist.wrap(run.policy, cfg.run.parallel)  # DDP (or FSDP, sharded in build_run) averages the gradients
     forward = training_forward(model, cfg.run.compile, device)
     bar = progress(n_updates, "PPO updates", initial=run.update)
     stats: dict = {}
@@ -358,8 +414,14 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         bar.set_postfix(score=f"{stats['objective/score']:+.3f}", kl=f"{stats['objective/kl']:.2f}",
                         beta=f"{stats['objective/kl_coef']:.3f}")  # fmt: skip
     bar.close()
+    policy = run.policy
+    if dist.is_sharded(policy):
+        from lmprefs.models.lm import plain_copy
+
+        state = dist.full_state_dict(policy)  # a collective
+        policy = plain_copy(policy, state) if dist.is_main() else None
     if dist.is_main():
-        save_policy(run.policy, Path(run_dir) / "policy")
+        save_policy(policy, Path(run_dir) / "policy")
     dist.barrier()
     return stats
 

@@ -192,7 +192,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     params = rm.trainable_parameters()
     for p in params:  # a retrain after freeze(): these are the parameters this epoch trains
         p.requires_grad_(True)
-    model = dist.wrap(rm)
+    model = dist.wrap(rm, cfg.run.parallel, dtype)  # under FSDP sharded in place, before the optimizer sees it
     opt = TFAdam(rm.trainable_parameters(), lr=cfg.train_reward.lr)
     W = dist.world()
     g = torch.Generator().manual_seed(cfg.run.seed)
