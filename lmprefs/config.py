@@ -218,7 +218,7 @@ class RunConfig:
     torch.compile needs) or dynamic (grown per token); auto = static (as fast or faster, also on the CPU)."""
     compile: Literal["auto", "on", "off"] = "auto"
     """torch.compile the sampler's decode step (with CUDA graphs on a GPU) and the PPO training forward; auto = on
-    for CUDA (the training forward in a single process only), off on the CPU, where a compile takes minutes and did
+    for CUDA (the training forward only without a launcher), off on the CPU, where a compile takes minutes and did
     not pay off."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """How several ranks (torchrun, accelerate launch) share the models being trained: ddp (DistributedDataParallel:
