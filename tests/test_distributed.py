@@ -3,6 +3,7 @@ rank 0 alone writing, a 2-"node" rendezvous on loopback, kill -9 of one rank and
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -230,3 +231,34 @@ def test_optimizer_state_converts_between_positions_and_names():
     back = _optimizer_keys(policy, named, by_name=False)
     assert back["param_groups"] == saved["param_groups"] and back["state"].keys() == saved["state"].keys()
     assert _optimizer_keys(policy, saved, by_name=False) is saved
+
+
+def test_whole_state_of_fsdp_models_saves_as_the_usual_directories(worker_results, tmp_path):
+    """The whole state gathered from FSDP shards, put in a meta-device twin (plain_copy, no second copy of the
+    weights), saves through the usual writers: the reward model's and the policy's directories load back and score
+    as the same models built by load_state_dict."""
+    from lmprefs.models.lm import (
+        Policy,
+        RewardModel,
+        load_lm,
+        load_policy,
+        load_reward_model,
+        plain_copy,
+        save_policy,
+        save_reward_model,
+    )
+
+    fsdp = worker_results[1]["modes"]["fsdp"]
+    lm, tok = load_lm("tiny-gpt2")
+    q, r = torch.randint(0, 1000, (3, 5)), torch.randint(0, 1000, (3, 4))
+    rm = RewardModel(copy.deepcopy(lm), tok)
+    rm.load_state_dict(fsdp["rm"])
+    save_reward_model(plain_copy(rm, fsdp["rm"]), tmp_path / "rm")
+    with torch.no_grad():
+        assert torch.allclose(load_reward_model(tmp_path / "rm")(q, r), rm(q, r), atol=1e-5)
+    policy = Policy(copy.deepcopy(lm), tok, 0.7)
+    policy.load_state_dict(fsdp["policy"])
+    save_policy(plain_copy(policy, fsdp["policy"]), tmp_path / "policy")
+    with torch.no_grad():
+        for x, y in zip(load_policy(tmp_path / "policy")(q, r), policy(q, r), strict=True):
+            assert torch.allclose(x, y, atol=1e-5)
