@@ -78,7 +78,9 @@ def run(model: str, device: str, procs: int | None, parallel: str, threads: int,
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-addr",
                "127.0.0.1", "--master-port", str(_port()), "-m", "lmprefs", *args]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
+    # this checkout first, then the machine's own PYTHONPATH (a GPU machine may keep packages there)
+    path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "PYTHONPATH": path, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -231,7 +232,9 @@ def test_torchrun_world_size_one_on_nccl(tmp_path, parallel):
         port = s.getsockname()[1]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
                 "--master-port", str(port)]  # fmt: skip
-    env = {**os.environ, "LMPREFS_DIST_TIMEOUT": "120"}
+    root = str(Path(__file__).resolve().parents[1])  # this checkout first, the machine's own PYTHONPATH after it
+    path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
+    env = {**os.environ, "LMPREFS_DIST_TIMEOUT": "120", "PYTHONPATH": path}
     probe = "from lmprefs import distributed as d; d.init(); import torch.distributed as t; print(t.get_backend())"
     r = subprocess.run([*torchrun, "--no-python", sys.executable, "-c", probe], env=env, capture_output=True,
                        text=True)

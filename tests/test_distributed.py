@@ -22,7 +22,9 @@ from lmprefs.cli import main
 from lmprefs.runlog import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "LMPREFS_DIST_TIMEOUT": "60"}
+# this checkout first on PYTHONPATH, with whatever the machine has there after it (packages may live there)
+PYTHONPATH = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH, "LMPREFS_DIST_TIMEOUT": "60"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # 5 updates of 16 episodes (8 per rank), a checkpoint every 2; VADER as the reward (the reward model's training under
 # two ranks is checked by the equality test, and costs more)
