@@ -22,7 +22,7 @@ COMMANDS = {
     "config": "print the resolved config of a preset (or --config FILE) with --section.key overrides, as JSON",
     "label": "sample best-of-N comparisons from the initial policy and have a simulated labeler judge them",
     "import-labels": "import a label file (the original's JSON, TRL pairwise JSONL, text JSONL, "
-    "summarize-from-feedback comparisons) into a label store",
+    "summarize-from-feedback comparisons, per-response scores) into a label store",
     "export-labels": "export a label store to a label file",
     "train-reward": "train a reward model from the label store (or a label file) and report held-out accuracy",
     "score": "score texts (stdin or a file) with a trained reward model",
@@ -217,12 +217,14 @@ def cmd_label(argv: list[str]) -> int:
 
 def cmd_import_labels(argv: list[str]) -> int:
     p = _parser("import-labels")
-    p.add_argument("file", help="label file: the original's JSON, TRL pairwise JSONL, text comparisons JSONL, or "
-                   "summarize-from-feedback comparisons JSONL")
+    p.add_argument("file", help="label file: the original's JSON, TRL pairwise JSONL, text comparisons JSONL, "
+                   "summarize-from-feedback comparisons JSONL, or per-response scores JSONL")
     p.add_argument("--db", default="labels.sqlite", help="label store to import into (SQLite; created if missing)")
-    p.add_argument("--format", default="auto", choices=["auto", "openai", "pairs", "comparisons", "summarize"],
+    p.add_argument("--format", default="auto",
+                   choices=["auto", "openai", "pairs", "comparisons", "summarize", "scores"],
                    help="file format (auto: by extension and content); summarize: summarize-from-feedback "
-                   "comparisons, labeler = worker, split kept")  # fmt: skip
+                   "comparisons, labeler = worker, split kept; scores: per-response scores, {prompt, response, "
+                   "score} JSONL, as scalar_rating labels")  # fmt: skip
     p.add_argument("--labeler", default="import", help="labeler name recorded for the imported labels")
     p.add_argument("--json", action="store_true", help="print the import report as one JSON object")
     a = p.parse_args(argv)
@@ -312,7 +314,8 @@ def cmd_train_reward(argv: list[str]) -> int:
     print(f"  trained on {summary['labels_train']} labels in {summary['seconds']:.0f}s; held-out "
           f"({summary['labels_heldout']} labels): accuracy {summary.get('heldout/accuracy', float('nan')):.3f} "
           f"(before training {summary.get('initial_heldout/accuracy', float('nan')):.3f}), "
-          f"loss {summary.get('heldout/loss', float('nan')):.3f}")  # fmt: skip
+          f"loss {summary.get('heldout/loss', float('nan')):.3f}"
+          + (f", score correlation {summary['heldout/corr']:.3f}" if "heldout/corr" in summary else ""))  # fmt: skip
     from lmprefs.labels.quality import describe_labelers
 
     weighted = cfg.labels.weight_by_gold

@@ -75,6 +75,13 @@ class LabelsConfig:
     """Weight each labeler's labels in the reward-model loss by their chance-corrected gold accuracy,
     (accuracy - 1/N) / (1 - 1/N) floored at 0 (a labeler at chance counts for nothing); labelers without gold answers
     weigh 1. Weights are scaled to mean 1 over the labels."""
+    scores_as: Literal["rating", "comparisons"] = "rating"
+    """How per-response scores (scalar_rating labels: imported comment scores or ratings, `import-labels --format
+    scores`) train the reward model: rating = regress each score (the original's scalar_rating loss, MSE);
+    comparisons = every two responses to the same prompt whose scores differ by more than labels.min_score_gap
+    become a best_of_2 comparison won by the higher score (the best_of_N loss). Needs labels.type=scalar_rating."""
+    min_score_gap: float = 0.0
+    """labels.scores_as=comparisons: pairs whose scores differ by this much or less are dropped (0 drops ties)."""
     online_questions: int = 64
     """Online mode: questions (N continuations of one query by the current policy) queued per request."""
     online_interval: int = 5
@@ -320,6 +327,13 @@ def validate(cfg: Config) -> list[str]:
     need(0 <= lab.labeler_random_rate <= 1, f"labels.labeler_random_rate={lab.labeler_random_rate} must be in [0, 1]")
     need(0 <= lab.heldout_fraction < 1, f"labels.heldout_fraction={lab.heldout_fraction} must be in [0, 1)")
     need(0 <= lab.min_gold_accuracy <= 1, f"labels.min_gold_accuracy={lab.min_gold_accuracy} must be in [0, 1]")
+    need(lab.scores_as == "rating" or lab.type == "scalar_rating",
+         f"labels.scores_as={lab.scores_as!r} compares per-response scores: it needs labels.type=scalar_rating, not "
+         f"{lab.type!r}")
+    need(lab.min_score_gap >= 0, f"labels.min_score_gap={lab.min_score_gap} must be >= 0")
+    need(not (lab.weight_by_gold and lab.type == "scalar_rating"),
+         "labels.weight_by_gold weighs labelers by their answers to gold best_of_N questions; scalar_rating labels "
+         "have none")
     need(lab.online_questions > 0, f"labels.online_questions={lab.online_questions} must be positive")
     need(lab.online_interval > 0, f"labels.online_interval={lab.online_interval} must be positive")
     need(lab.online_retrains >= 0, f"labels.online_retrains={lab.online_retrains} must be >= 0")

@@ -149,8 +149,9 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
 
 
 def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_items: set[int] = frozenset()):
-    """Every labeled best-of-N comparison in the store (but those on `exclude_items`), as tensors in `tok`'s ids
-    (the caller splits off held-out labels and keeps labels.num_train), without the labels of labelers under
+    """Every label of labels.type in the store (but those on `exclude_items`), as tensors in `tok`'s ids (the caller
+    splits off held-out labels and keeps labels.num_train); per-response scores as they are, or compared within each
+    prompt into best_of_2 questions (labels.scores_as=comparisons); without the labels of labelers under
     labels.min_gold_accuracy. `report`, if given, receives {labeler: {"labels", "gold", "dropped", "weight"}}
     (quality.select_labelers); with labels.weight_by_gold the comparisons carry those weights, scaled to mean 1."""
     from lmprefs.labels.quality import describe_labelers as describe
@@ -160,8 +161,9 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
     examples = store.labeled_examples(cfg.labels.type, tokenizer=tokenizer_id(tok))
     examples = [e for e in examples if e.item_id not in exclude_items]
     if not examples:
-        raise UserError(f"the label store holds no {cfg.labels.type} labels; run `lmprefs label` or import a file "
-                        "with --labels")  # fmt: skip
+        how = "import-labels --format scores" if cfg.labels.type == "scalar_rating" else "lmprefs label"
+        raise UserError(f"the label store holds no {cfg.labels.type} labels; run `{how}` or import a file with "
+                        "--labels")  # fmt: skip
     examples, by_labeler = select_labelers(examples, store, cfg.labels.min_gold_accuracy)
     if report is not None:
         report.update(by_labeler)
@@ -169,6 +171,13 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
         raise UserError(f"labels.min_gold_accuracy={cfg.labels.min_gold_accuracy} drops every labeler "
                         f"({describe(by_labeler)})")  # fmt: skip
     data = examples_to_comparisons(examples, tok, cfg.task)
+    if cfg.labels.scores_as == "comparisons":
+        from lmprefs.training.reward import pairs_from_scores
+
+        data = pairs_from_scores(data, cfg.labels.min_score_gap)
+        if not len(data):
+            raise UserError(f"labels.scores_as=comparisons: no two responses to one prompt have scores more than "
+                            f"labels.min_score_gap={cfg.labels.min_score_gap} apart ({len(examples)} scores)")
     if cfg.labels.weight_by_gold:
         w = torch.tensor([by_labeler[e.labeler]["weight"] for e in examples], dtype=torch.float32)  # [N]
         if w.sum() <= 0:
@@ -181,9 +190,9 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
 def train_reward_model(t: Task, store, out_dir: Path, log=None,
                        exclude_items: set[int] = frozenset()) -> tuple[object, dict]:  # fmt: skip
     """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
-    -> (rm, summary). Held out: the items whose hash of (run.seed, item id) falls under labels.heldout_fraction.
+    -> (rm, summary). Held out: the items (per-response scores: the prompts) whose hash of (run.seed, item id or
+    prompt) falls under labels.heldout_fraction.
     `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches')."""
-    from lmprefs.labels.types import get as get_label_type
     from lmprefs.models.lm import frozen_depth, save_reward_model
     from lmprefs.runlog import progress
     from lmprefs.training.reward import evaluate, heldout_mask, normalize, prefix_bytes, reward_prefixes, train_epoch
@@ -191,12 +200,12 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     cfg = t.cfg
     by_labeler: dict = {}
     data = load_examples(cfg, store, t.tok, by_labeler, exclude_items)
-    is_held = heldout_mask(data.items, cfg.run.seed, cfg.labels.heldout_fraction)
+    is_held = heldout_mask(data.split_keys(), cfg.run.seed, cfg.labels.heldout_fraction)
     held, train = data[is_held], data[~is_held][: cfg.labels.num_train]
     if len(train) == 0:
         raise UserError(f"no labels left for training ({len(data)} labels, heldout_fraction "
                         f"{cfg.labels.heldout_fraction})")  # fmt: skip
-    lt = get_label_type(cfg.labels.type)
+    lt = training_label_type(cfg)
     t0 = time.time()
     rm = reward_frame(t)
     if cfg.lora.rank > 0:
@@ -207,10 +216,15 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
         rm.lm.requires_grad_(True)
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
     summary = {"labels_train": len(train), "labels_heldout": len(held), "labelers": by_labeler}
+    gap = cfg.labels.min_score_gap
+    scales = lt.target_scales(train.labels())  # scalar ratings: the scores' mean and std; None for choices
     if cfg.train_reward.normalize_before:
-        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+        # start at the scale of the labels (train_reward.py:target_mean_std), else at mean 0, std 1
+        target = (0.0, 1.0) if scales is None else (float(scales[0]), max(float(scales[1]), 1e-6))
+        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype, target)
         summary["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
-    summary |= {f"initial_{k}": v for k, v in evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype).items()}
+    summary |= {f"initial_{k}": v
+                for k, v in evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype, min_gap=gap).items()}
     cache = None
     if cfg.train_reward.epochs > 1 and frozen_depth(rm.lm) > 0:
         # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory
@@ -225,10 +239,13 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     del cache
     rm.eval()
     bar.close()
+    # a regression is evaluated in the scores' units, before normalize_after rescales its output (the correlation and
+    # the pair accuracy do not change with the scale)
+    final = evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype, min_gap=gap) if scales else None
     if cfg.train_reward.normalize_after:
         na = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
         summary["norm_after"] = {"mean": na["mean_before"], "std": na["std_before"]}
-    summary |= evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype)
+    summary |= final or evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype, min_gap=gap)
     summary |= {"final_minibatch": last, "seconds": time.time() - t0}
     if log is not None:
         # the wall-clock seconds under PPO's name for them (elapsed/time), which comparisons of runs leave out
@@ -241,10 +258,22 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
 
         state = dist.full_state_dict(rm)
         whole = plain_copy(rm, state) if dist.is_main() else None
+    extra = {"summary": summary, "label_type": lt.name, "task": task}
+    if cfg.labels.type == "scalar_rating":
+        extra["scores_as"] = cfg.labels.scores_as
     if dist.is_main():
-        save_reward_model(whole, out_dir, extra={"summary": summary, "label_type": lt.name, "task": task})
+        save_reward_model(whole, out_dir, extra=extra)
     dist.barrier()  # every rank may read it once this returns
     return rm, summary
+
+
+def training_label_type(cfg: Config):
+    """The label type whose loss trains the reward model: labels.type, except that per-response scores compared
+    within a prompt (labels.scores_as=comparisons) train as best_of_2 questions."""
+    from lmprefs.labels.types import PickBest
+    from lmprefs.labels.types import get as get_label_type
+
+    return PickBest(2) if cfg.labels.scores_as == "comparisons" else get_label_type(cfg.labels.type)
 
 
 def reward_frame(t: Task):

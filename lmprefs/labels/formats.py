@@ -17,6 +17,10 @@
   "worker": str, "split": str}` per line. Imported as best_of_2 items (samples in the file's order, best = choice)
   labeled by `worker`; the split is kept in the item's source, `import:FILE#SPLIT` (train, valid1, valid2). The query
   is the article, or the post as `lmprefs.summarize.comparison_query` writes it.
+- "scores" (import only): per-response scores, one `{"prompt": str, "response": str, "score": number,
+  "labeler"?: str}` per line (TRL's `completion` is read for `response`), such as Reddit comment scores of stories
+  written for a prompt, or ratings. Imported as scalar_rating items (one sample each); train-reward regresses them or
+  compares the responses to each prompt (labels.scores_as).
 
 Token ids from "openai" files are stored as given (pads removed), so a reward model trained on them sees the
 original's tokens; the decoded text is for people and other tokenizers (it shows U+FFFD where a sample ends inside
@@ -43,7 +47,7 @@ from pathlib import Path
 from lmprefs.labels.store import ImportRow, LabelStore, label_type_shape
 
 FORMATS = ("openai", "pairs", "comparisons")  # import and export
-IMPORT_FORMATS = (*FORMATS, "summarize")
+IMPORT_FORMATS = (*FORMATS, "summarize", "scores")
 GPT2_VOCAB = 50257
 GPT2_PAD = 50259  # "for historical reasons" (language/encodings.py @cbfd210)
 
@@ -102,6 +106,8 @@ def _detect(path: Path, kind: str, rows: list) -> str:
         return "comparisons"
     if isinstance(first, dict) and "summaries" in first:
         return "summarize"
+    if isinstance(first, dict) and "score" in first and "prompt" in first:
+        return "scores"
     expected = ", ".join(IMPORT_FORMATS)
     raise LabelFileError(f"{path.name}: cannot tell the format (expected {expected}); pass format=...")
 
@@ -253,6 +259,20 @@ def _summarize_rows(name, rows, label_type) -> list[dict]:
     return out
 
 
+def _score_rows(name, rows, label_type, labeler) -> list[dict]:
+    if label_type not in (None, "scalar_rating"):
+        raise LabelFileError(f"{name}: per-response scores are scalar_rating questions, not label_type={label_type!r}")
+    out = []
+    for where, row in rows:
+        key = "completion" if isinstance(row, dict) and "completion" in row and "response" not in row else "response"
+        prompt = _field(name, where, row, "prompt", str, "a string")
+        response = _field(name, where, row, key, str, "a string")
+        who = _field(name, where, row, "labeler", str, "a string") if "labeler" in row else labeler
+        out.append(dict(query=prompt, samples=[response], label_type="scalar_rating", labeler=who,
+                        **_label(name, where, row, "scalar_rating")))  # fmt: skip
+    return out
+
+
 def import_file(
     store: LabelStore,
     path: str | Path,
@@ -292,6 +312,8 @@ def import_file(
     else:
         if fmt == "summarize":
             parsed = _summarize_rows(path.name, rows, label_type)
+        elif fmt == "scores":
+            parsed = _score_rows(path.name, rows, label_type, labeler)
         else:
             parsed = _text_rows(path.name, fmt, rows, label_type, labeler)
         if tokenizer is not None:

@@ -21,23 +21,69 @@ from lmprefs.tasks import format_queries, truncate_responses
 
 @dataclass
 class Comparisons:
-    """Labeled questions as tensors: queries [N, Q] (unformatted, PAD right), samples [N, S, T], labels [N], the
-    store's item id of each question [N] (None when they did not come from a store) and optional loss weights [N]
-    (per-labeler weights from labels.weight_by_gold)."""
+    """Labeled questions as tensors: queries [N, Q] (unformatted, PAD right), samples [N, S, T], the labels [N]
+    (`best` for best_of_N questions, `score` for scalar_rating ones), the store's item id of each question [N] (None
+    when they did not come from a store), optional loss weights [N] (per-labeler weights from
+    labels.weight_by_gold) and, for per-response scores, the prompt of each question [N] (a hash of its text): the
+    held-out split and the comparisons derived from scores go by prompt."""
 
     queries: Tensor
     samples: Tensor
-    best: Tensor
+    best: Tensor | None
     items: Tensor | None = None
     weights: Tensor | None = None
+    score: Tensor | None = None
+    groups: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.queries)
 
     def __getitem__(self, idx) -> Comparisons:
-        items = None if self.items is None else self.items[idx]
-        weights = None if self.weights is None else self.weights[idx]
-        return Comparisons(self.queries[idx], self.samples[idx], self.best[idx], items, weights)
+        parts = (self.queries, self.samples, self.best, self.items, self.weights, self.score, self.groups)
+        return Comparisons(*(None if v is None else v[idx] for v in parts))
+
+    def labels(self, device=None) -> dict[str, Tensor]:
+        """The label tensors the label type's loss reads: {"best"} or {"score"}, and "weight" when weighted."""
+        pairs = (("best", self.best), ("score", self.score), ("weight", self.weights))
+        return {k: v.to(device) for k, v in pairs if v is not None}
+
+    def split_keys(self) -> Tensor:
+        """What the held-out split hashes: the prompt for per-response scores (all responses to one prompt, and
+        every comparison derived from them, fall on the same side), else the store's item."""
+        return self.groups if self.groups is not None else self.items
+
+
+def prompt_id(text: str) -> int:
+    """A stable 56-bit id of a prompt's text (fits an int64 tensor; the same on every machine and run)."""
+    return int.from_bytes(hashlib.sha1(text.encode("utf-8", "surrogatepass")).digest()[:7], "big")
+
+
+def score_pairs(score: Tensor, groups: Tensor, min_gap: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(i, j) [P] each: every two rows i < j of the same prompt (`groups`) whose scores differ by more than
+    `min_gap`, prompts in order of first appearance."""
+    by_prompt: dict[int, list[int]] = {}
+    for n, g in enumerate(groups.tolist()):
+        by_prompt.setdefault(g, []).append(n)
+    s = score.tolist()
+    pairs = [(i, j) for rows in by_prompt.values() for a, i in enumerate(rows) for j in rows[a + 1 :]
+             if abs(s[i] - s[j]) > min_gap]  # fmt: skip
+    i, j = (list(x) for x in zip(*pairs, strict=True)) if pairs else ([], [])
+    return torch.tensor(i, dtype=torch.long), torch.tensor(j, dtype=torch.long)
+
+
+def pairs_from_scores(data: Comparisons, min_gap: float = 0.0) -> Comparisons:
+    """best_of_2 comparisons derived from per-response scores (labels.scores_as=comparisons): every two responses to
+    the same prompt whose scores differ by more than `min_gap`, the higher score winning; the pair keeps the order
+    of the two responses in `data`, so the winner is sample 0 or 1 as it falls. data: scalar_rating questions
+    ([N, 1, T] samples, `score`, `groups`) -> [P, 2, T] questions with `best`, `groups`, `items` = the first
+    response's item, and no weights."""
+    if data.score is None or data.groups is None:
+        raise ValueError("pairs_from_scores needs scalar_rating questions with scores and prompts")
+    i, j = score_pairs(data.score, data.groups, min_gap)
+    samples = torch.stack([data.samples[i, 0], data.samples[j, 0]], dim=1)  # [P, 2, T]
+    best = (data.score[j] > data.score[i]).long()  # [P]: 1 when the second response scored higher
+    items = None if data.items is None else data.items[i]
+    return Comparisons(data.queries[i], samples, best, items, None, None, data.groups[i])
 
 
 def heldout_mask(items: Tensor, seed: int, fraction: float) -> Tensor:
@@ -66,8 +112,9 @@ def _pad(ids: list[int], n: int) -> list[int]:
 
 def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
     """Store examples -> tensors in `tok`'s ids: the stored ids when they exist for this tokenizer, else the texts
-    re-encoded (the original's files are GPT-2 ids; any other model re-tokenizes the decoded text)."""
-    qs, ss, best, items = [], [], [], []
+    re-encoded (the original's files are GPT-2 ids; any other model re-tokenizes the decoded text). Examples are of
+    one label type: best_of_N (-> `best`) or scalar_rating (-> `score` and the prompt of each, `groups`)."""
+    qs, ss, labels, items = [], [], [], []
     for e in examples:
         if e.query_tokens is not None and e.sample_tokens is not None:
             q, s = e.query_tokens, e.sample_tokens
@@ -76,9 +123,15 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
             s = [tok(x, add_special_tokens=False).input_ids for x in e.samples]
         qs.append(_pad(q, task.query_length))
         ss.append([_pad(x, task.response_length) for x in s])
-        best.append(e.best)
+        labels.append(e.best if e.best is not None else e.score)
         items.append(e.item_id)
-    return Comparisons(torch.tensor(qs), torch.tensor(ss), torch.tensor(best), torch.tensor(items))
+    out = Comparisons(torch.tensor(qs), torch.tensor(ss), None, torch.tensor(items))
+    if examples and examples[0].best is None:  # scalar_rating: scores, grouped by prompt
+        out.score = torch.tensor(labels, dtype=torch.float32)
+        out.groups = torch.tensor([prompt_id(e.query) for e in examples], dtype=torch.long)
+    else:
+        out.best = torch.tensor(labels, dtype=torch.long)
+    return out
 
 
 @torch.no_grad()
@@ -132,26 +185,41 @@ def normalization_samples(model, tok, queries: Tensor, cfg: Config, prefix, suff
     return q, torch.cat(responses)
 
 
-def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, prefix, suffix, gen, device, dtype) -> dict:
-    """Set gain and bias so rewards of initial-policy samples have mean 0 and std 1 (train_reward.py:normalize;
+def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, prefix, suffix, gen, device, dtype,
+              target: tuple[float, float] = (0.0, 1.0)) -> dict:  # fmt: skip
+    """Set gain and bias so rewards of initial-policy samples have mean and std `target`: (0, 1), or before training
+    the scale of the labels when the label type has one (train_reward.py:normalize and target_mean_std;
     rewards.py:set_reward_norm). The samples are untruncated, as the original's normalization samples are."""
     q, responses = normalization_samples(model, tok, queries, cfg, prefix, suffix, gen, device, dtype)
     # the moments of every rank's samples together (the original averages them over MPI ranks)
     r = dist.gather_rows(rm_rewards(rm, q, responses, prefix, suffix, device, dtype).double())
     mean, std = r.mean().item(), r.std(unbiased=False).item()  # np.mean / np.std of the original
-    rm.set_norm(mean, std)
+    rm.set_norm(mean, std, *target)
     return {"mean_before": mean, "std_before": std, "queries": q, "responses": responses}
 
 
-def evaluate(rm: RewardModel, data: Comparisons, label_type, prefix, suffix, device, dtype, batch_size=32) -> dict:
-    """Held-out loss and accuracy of the reward model on labeled comparisons."""
+def evaluate(rm: RewardModel, data: Comparisons, label_type, prefix, suffix, device, dtype, batch_size=32,
+             min_gap: float = 0.0) -> dict:  # fmt: skip
+    """Held-out loss and accuracy of the reward model on labeled questions. Accuracy: how often the chosen sample gets
+    the highest reward; for scalar ratings, how often the reward orders two responses to one prompt as their scores
+    do (pairs whose scores differ by more than `min_gap`), so that both ways of learning from scores are compared on
+    one figure, and the Pearson correlation of rewards and scores."""
     if len(data) == 0:
         return {}
     S = data.samples.shape[1]
     rewards = rm_rewards(rm, data.queries.repeat_interleave(S, 0), data.samples.flatten(0, 1), prefix, suffix,
                          device, dtype, batch_size * S).view(len(data), S)  # fmt: skip
-    out = label_type.loss(rewards, {"best": data.best})
-    return {"heldout/loss": float(out["loss"]), "heldout/accuracy": float(out["accuracy"]), "heldout/n": len(data)}
+    out = label_type.loss(rewards, data.labels())
+    summary = {"heldout/loss": float(out["loss"]), "heldout/n": len(data)}
+    if "accuracy" in out:
+        summary["heldout/accuracy"] = float(out["accuracy"])
+    if data.score is not None:
+        summary["heldout/corr"] = float(out["corr"])
+        i, j = score_pairs(data.score, data.groups, min_gap)
+        if len(i):
+            right = (rewards[j, 0] > rewards[i, 0]) == (data.score[j] > data.score[i])
+            summary |= {"heldout/accuracy": float(right.float().mean()), "heldout/pairs": len(i)}
+    return summary
 
 
 def reward_prefixes(rm: RewardModel, data: Comparisons, prefix, suffix, device, dtype, batch_size: int,
@@ -200,6 +268,8 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     micro = cfg.train_reward.microbatch or bs
     total = n * cfg.train_reward.epochs
     stats, step = {}, 0
+    # a scalar rating's loss has no accuracy (and a minibatch's correlation is noise, or NaN for equal scores)
+    keys = ("loss", "error") + (("accuracy",) if label_type.name != "scalar_rating" else ())
     for epoch in range(cfg.train_reward.epochs):
         perm = torch.randperm(n, generator=g)
         for start in range(0, n, bs):
@@ -210,7 +280,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
             if len(mine) == 0:  # a last batch smaller than the ranks: this rank's backward still joins the average
                 mine, empty = idx[:1], True
             opt.zero_grad(set_to_none=True)
-            sums = dict.fromkeys(("loss", "error", "accuracy"), 0.0)
+            sums = dict.fromkeys(keys, 0.0)
             for m0 in range(0, len(mine), micro):
                 sub = mine[m0 : m0 + micro]
                 mb = data[sub]
@@ -223,8 +293,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
                 with dist.no_sync(model, m0 + micro < len(mine)):
                     with autocast(device, dtype):
                         rewards = model(q, mb.samples.flatten(0, 1).to(device), pre).float().view(len(mb), S)  # [b, S]
-                    weight = None if mb.weights is None else mb.weights.to(device)
-                    out = label_type.loss(rewards, {"best": mb.best.to(device), "weight": weight})
+                    out = label_type.loss(rewards, mb.labels(device))
                     (out["loss"] * share).backward()
                 for k in sums:
                     sums[k] += float(out[k].detach()) * share / W
