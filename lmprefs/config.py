@@ -154,7 +154,12 @@ class PPOConfig:
     whiten_rewards: bool = True
     """Whiten rewards (without shifting their mean) per minibatch before GAE."""
     value_model: Literal["shared", "separate"] = "shared"
-    """shared: a zero-init value head on the policy's trunk (the original); separate: its own trunk (later work)."""
+    """shared: a zero-init value head on the policy's trunk (the original); separate: a value model of its own, a copy
+    of the initial model (with LoRA: its own adapter on the shared base) with the head, trained by its own optimizer
+    (ppo.vf_lr) and checkpointed beside the policy (the later summarization and writing-prompts work)."""
+    vf_lr: float | None = None
+    """Peak learning rate of a separate value model's own TF-style Adam (decays linearly to 0 with the policy's);
+    None = ppo.lr. Only with ppo.value_model=separate: a shared trunk has one optimizer."""
     kl_stop: float = 50.0
     """Andon cord: stop the run when the mean KL (nats per episode) exceeds this."""
     score_drop_stop: float | None = 2.0
@@ -353,6 +358,10 @@ def validate(cfg: Config) -> list[str]:
     need(p.noptepochs > 0, f"ppo.noptepochs={p.noptepochs} must be positive")
     need(p.lr > 0, f"ppo.lr={p.lr} must be positive")
     need(p.vf_coef >= 0, f"ppo.vf_coef={p.vf_coef} must be >= 0")
+    need(p.vf_lr is None or p.vf_lr > 0, f"ppo.vf_lr={p.vf_lr} must be positive or None (= ppo.lr)")
+    need(p.vf_lr is None or p.value_model == "separate",
+         f"ppo.vf_lr={p.vf_lr} sets the optimizer of a separate value model; ppo.value_model is {p.value_model!r} "
+         "(the shared trunk trains with ppo.lr)")
     need(p.cliprange > 0, f"ppo.cliprange={p.cliprange} must be positive")
     need(p.cliprange_value > 0, f"ppo.cliprange_value={p.cliprange_value} must be positive")
     need(0 <= p.gamma <= 1, f"ppo.gamma={p.gamma} must be in [0, 1]")
@@ -371,6 +380,8 @@ def validate(cfg: Config) -> list[str]:
     if run.parallel == "fsdp":
         need(lo.rank == 0, f"run.parallel=fsdp does not combine with LoRA (lora.rank={lo.rank}): the adapters are "
                            "small and the frozen base is shared, so run.parallel=ddp suits LoRA")
+        need(p.value_model == "shared", "run.parallel=fsdp does not combine with ppo.value_model=separate yet (the "
+             "value model's own optimizer state is not gathered into the checkpoint)")
         need(run.compile != "on", "run.parallel=fsdp does not combine with run.compile=on (CUDA graphs need fixed "
                                   "parameter addresses, and FSDP frees the gathered blocks after sampling); use auto")
     for name in run.report_to:

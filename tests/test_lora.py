@@ -60,7 +60,7 @@ def test_lora_ppo_trains_only_adapters_and_checkpoints_exactly(tmp_path):
     assert run.ref_lm is None  # the reference is the base with adapters off: no second copy
     rollout, _, _ = make_rollout(run, lambda q, r, _: (r < 25000).float().mean(1), run.stream.next(16), cfg, [], [],
                                  t.device, t.dtype)  # fmt: skip
-    ppo_update(lambda mb: policy(mb.queries, mb.responses), run.optimizer, rollout, cfg.ppo, run.gen_ppo)
+    ppo_update(lambda mb: policy(mb.queries, mb.responses), run.optimizers, rollout, cfg.ppo, run.gen_ppo)
     after = {k.replace(".base.", "."): v for k, v in t.model.state_dict().items()}
     assert all(torch.equal(after[k], v) for k, v in base_before.items())  # base weights untouched
     changed = [m.B["policy"].abs().sum() > 0 for m in lora_modules(t.model)]

@@ -356,6 +356,18 @@ class Policy(nn.Module):
         adapters = [m[n] for mod in lora_modules(self.lm) for m in (mod.A, mod.B) for n in names]
         return adapters + list(self.value_head.parameters())
 
+    def value_parameters(self) -> list[nn.Parameter]:
+        """What the value model alone trains: its head and, when separate, its trunk or adapter (these take no
+        gradient from the policy loss, and a separate value model has an optimizer of its own)."""
+        from lmprefs.models.lora import lora_modules
+
+        head = list(self.value_head.parameters())
+        if self.value_adapter is not None:
+            return [m[self.value_adapter] for mod in lora_modules(self.lm) for m in (mod.A, mod.B)] + head
+        if self.value_lm is not None:
+            return [p for p in self.value_lm.parameters() if p.requires_grad] + head
+        return head
+
 
 class RewardModel(nn.Module):
     """A trunk plus a scalar head read at the last real token, then reward = gain * r + bias (rewards.py:47-57)."""

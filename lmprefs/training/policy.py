@@ -87,20 +87,34 @@ class PolicyRun:
     """More state for the checkpoint: name -> an object with state_dict()/load_state_dict() holding tensors and
     plain types only (state.pt loads with weights_only=True): the online reward state, a LoRA reward model's head."""
     saved_update: int | None = None  # the update of the last checkpoint written or loaded (None: none yet)
+    value_optimizer: TFAdam | None = None
+    """A separate value model's own optimizer (ppo.value_model=separate); None: one optimizer for everything."""
+
+    @property
+    def optimizers(self) -> list[TFAdam]:
+        return [self.optimizer] + ([self.value_optimizer] if self.value_optimizer is not None else [])
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "kl_ctl": self.kl_ctl.state_dict(),
-                "stream": self.stream.state_dict(), "gen_sample": self.gen_sample.get_state(),
-                "gen_ppo": self.gen_ppo.get_state(), "update": self.update, "elapsed": self.elapsed,
-                "best_score_ema": self.best_score_ema, "score_ema": self.score_ema,
-                "extras": {k: v.state_dict() for k, v in self.extras.items()}}  # fmt: skip
+        s = {"optimizer": self.optimizer.state_dict(), "kl_ctl": self.kl_ctl.state_dict(),
+             "stream": self.stream.state_dict(), "gen_sample": self.gen_sample.get_state(),
+             "gen_ppo": self.gen_ppo.get_state(), "update": self.update, "elapsed": self.elapsed,
+             "best_score_ema": self.best_score_ema, "score_ema": self.score_ema,
+             "extras": {k: v.state_dict() for k, v in self.extras.items()}}  # fmt: skip
+        if self.value_optimizer is not None:
+            s["value_optimizer"] = self.value_optimizer.state_dict()
+        return s
 
     def load_state_dict(self, s: dict) -> None:
         missing = [k for k in self.extras if k not in s.get("extras", {})]
         if missing:
             raise UserError(f"the checkpoint holds no {missing[0]!r} state, which this run needs")
+        if (self.value_optimizer is not None) != ("value_optimizer" in s):
+            raise UserError("the checkpoint was written with another ppo.value_model (shared or separate) than this "
+                            "run's")  # fmt: skip
         if s["optimizer"] is not None:  # None: loaded already (FSDP's named optimizer state)
             self.optimizer.load_state_dict(s["optimizer"])
+        if self.value_optimizer is not None:
+            self.value_optimizer.load_state_dict(s["value_optimizer"])
         self.kl_ctl.load_state_dict(s["kl_ctl"])
         self.stream.load_state_dict(s["stream"])
         self.gen_sample.set_state(s["gen_sample"])
@@ -172,12 +186,16 @@ def build_run(cfg: Config, policy: Policy, stream, device) -> PolicyRun:
         dist.fsdp_shard(policy, dtype)
         if ref_lm is not None:
             dist.fsdp_shard(ref_lm, dtype)
-    params = policy.trainable_parameters()
+    params, value_opt = policy.trainable_parameters(), None
+    if cfg.ppo.value_model == "separate":  # the value model's trunk and head train under their own optimizer
+        value = policy.value_parameters()
+        params = [p for p in params if all(p is not v for v in value)]
+        value_opt = TFAdam(value, lr=cfg.ppo.vf_lr or cfg.ppo.lr)
     seed = dist.rank_seed(cfg.run.seed)  # seed + rank * 100003 (set_mpi_seed); cfg.run.seed in one process
     return PolicyRun(
         policy=policy, ref_lm=ref_lm, optimizer=TFAdam(params, lr=cfg.ppo.lr), kl_ctl=make_kl_controller(cfg.rewards),
         stream=stream, gen_sample=torch.Generator(device=device).manual_seed(seed),
-        gen_ppo=torch.Generator(device=device).manual_seed(seed + 1),
+        gen_ppo=torch.Generator(device=device).manual_seed(seed + 1), value_optimizer=value_opt,
     )  # fmt: skip
 
 
@@ -381,16 +399,21 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         lr = cfg.ppo.lr * (1 - run.update / n_updates)  # linear decay to 0 over the run
         for g in run.optimizer.param_groups:
             g["lr"] = lr
+        vf_lr = (cfg.ppo.vf_lr or cfg.ppo.lr) * (1 - run.update / n_updates)
+        for g in run.value_optimizer.param_groups if run.value_optimizer is not None else []:
+            g["lr"] = vf_lr
         rollout, stats, extra = make_rollout(run, score_fn, run.stream.next(B_rank), cfg, prefix, suffix, device,
                                              dtype)  # fmt: skip
         stats = dist.all_reduce_mean(stats)  # the KL controller, the andon cord and the logs see all ranks' batch
         run.policy.train()
-        stats |= ppo_update(forward, run.optimizer, rollout, cfg.ppo, run.gen_ppo,
+        stats |= ppo_update(forward, run.optimizers, rollout, cfg.ppo, run.gen_ppo,
                             autocast=lambda: autocast(device, dtype), reduce=dist.all_reduce_mean)
         run.policy.eval()
         run.kl_ctl.update(stats["objective/kl"], B)  # 6.
         run.update += 1
         run.elapsed += time.time() - t0
+        if run.value_optimizer is not None:
+            stats["ppo/vf_lr"] = vf_lr
         stats |= {"ppo/lr": lr, "elapsed/updates": run.update, "elapsed/episodes": run.update * B,
                   "elapsed/fps": B * cfg.task.response_length / (time.time() - t0),
                   "elapsed/time": run.elapsed}  # fmt: skip

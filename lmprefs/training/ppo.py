@@ -9,7 +9,7 @@ Shapes: B = rollout batch, b = minibatch, Q = query length, T = response length.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
@@ -194,7 +194,7 @@ Forward = Callable[[Rollout], tuple[Tensor, Tensor, Tensor]]
 
 def ppo_update(
     forward: Forward,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
     rollout: Rollout,
     cfg: PPOConfig,
     gen: torch.Generator,
@@ -206,11 +206,13 @@ def ppo_update(
 
     `forward(mb)` returns (logprobs, vpred, entropy), each [b, T], for the minibatch's responses under the current
     policy: logprobs at the sampling temperature, values, per-token entropy. It runs inside `autocast()`; its
-    outputs are cast to float32 for the losses (keep the rollout's tensors in float32 too).
+    outputs are cast to float32 for the losses (keep the rollout's tensors in float32 too). `optimizer`: one, or
+    several stepped together after each minibatch's one backward (a separate value model has its own).
     Returns the stats averaged over all minibatches, as the original's record_step_stats, then over the ranks by
     `reduce` (mpi_allreduce_mean) when several ranks each update on their own share of the batch. Whitening stays per
     rank's minibatch, as in the original (its whiten() takes moments of the local tensor only).
     """
+    optimizers = list(optimizer) if isinstance(optimizer, Sequence) else [optimizer]
     B = len(rollout)
     if B % cfg.nminibatches:
         raise ValueError(f"rollout batch {B} is not divisible by ppo.nminibatches={cfg.nminibatches}")
@@ -233,9 +235,11 @@ def ppo_update(
                 logprobs.float(), mb.logprobs, vpred.float(), mb.values, advantages, returns,
                 cfg.cliprange, cfg.cliprange_value, cfg.vf_coef,
             )  # fmt: skip
-            optimizer.zero_grad(set_to_none=True)
+            for opt in optimizers:
+                opt.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            for opt in optimizers:
+                opt.step()
 
             stats["ppo/policy/entropy"] = entropy.detach().float().mean()  # #L359: mean per-token entropy
             stat_list.append(stats)
