@@ -14,7 +14,8 @@ from pathlib import Path
 from lmprefs.errors import UserError
 
 COMMANDS = {
-    "experiment": "mock-sentiment: Figure 2 at small scale (reward models from N labels vs direct access); resumable",
+    "experiment": "mock-sentiment: Figure 2 at small scale (reward models from N labels vs direct access); "
+    "writing-prompts: SFT, a reward model from scores, PPO with a separate value model; resumable",
     "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
     "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen)",
     "sample": "print queries and sampled continuations from the initial model or a trained policy",
@@ -510,9 +511,13 @@ def cmd_quickstart(argv: list[str]) -> int:
 def cmd_experiment(argv: list[str]) -> int:
     from lmprefs.overrides import split_overrides
 
+    if argv[:1] == ["writing-prompts"]:
+        return _writing_prompts(argv[1:])
     argv, pairs = split_overrides(argv)
     p = _parser("experiment", "lmprefs experiment mock-sentiment [--labels 250,1000,4000] [--run-dir DIR] [...]")
-    p.add_argument("name", choices=["mock-sentiment"], help="the experiment (the paper's Figure 2, mock sentiment)")
+    p.add_argument("name", choices=["mock-sentiment", "writing-prompts"],
+                   help="mock-sentiment: the paper's Figure 2; writing-prompts: SFT, a reward model from scores and "
+                   "PPO with a separate value model (lmprefs experiment writing-prompts --help)")
     p.add_argument("--preset", default="quickstart", help="preset every arm starts from (default quickstart)")
     p.add_argument("--labels", default="250,1000,4000", help="label counts of the reward-model arms")
     p.add_argument("--run-dir", default=None, help="directory (an existing one resumes)")
@@ -544,6 +549,87 @@ def cmd_experiment(argv: list[str]) -> int:
         if "mean" in v:
             print(f"  {k:12s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f}")
     print(f"figure: {out['figure']}")
+    return 0
+
+
+def _writing_prompts(argv: list[str]) -> int:
+    from lmprefs.overrides import save_config, split_overrides
+
+    argv, pairs = split_overrides(argv)
+    p = ArgumentParser(prog="lmprefs experiment writing-prompts",
+                       description="SFT baseline, a reward model from per-response scores, PPO from the SFT model "
+                       "with a separate value model, evaluation; an existing --run-dir resumes",
+                       usage="lmprefs experiment writing-prompts [--data SCORES.jsonl] [--run-dir DIR] "
+                       "[--section.key V ...]")  # fmt: skip
+    p.add_argument("--data", default=None, help="JSONL of {prompt, response, score} (default: the offline demo, "
+                   "Austen prompts, SmolLM2 stories, VADER scores)")  # fmt: skip
+    p.add_argument("--preset", default="writing-prompts", help="preset (default writing-prompts)")
+    p.add_argument("--run-dir", default=None, help="directory (an existing one resumes)")
+    p.add_argument("--true-reward", default=None,
+                   help="a reward on response texts to evaluate with: vader, descriptiveness or module:function "
+                   "(default: vader for the demo, none for --data)")  # fmt: skip
+    p.add_argument("--eval-queries", type=int, default=64, help="held-out prompts for the final evaluation")
+    p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out prompt")
+    p.add_argument("--demo-prompts", type=int, default=128, help="demo: Austen passages used as prompts")
+    p.add_argument("--demo-per-prompt", type=int, default=4, help="demo: sampled stories per prompt")
+    _help_with_config(p, argv, "writing-prompts", pairs)
+    a = p.parse_args(argv)
+    from lmprefs.writing import run_writing_prompts
+
+    if a.eval_queries < 2 or a.eval_samples < 1 or a.demo_prompts < 2 or a.demo_per_prompt < 2:
+        raise UserError("--eval-queries, --demo-prompts and --demo-per-prompt must be >= 2, --eval-samples >= 1")
+    if a.data is not None:
+        if not Path(a.data).is_file():
+            raise UserError(f"--data {a.data}: no such file (a JSONL of prompt, response, score)")
+        import tempfile
+
+        from lmprefs.labels.formats import LabelFileError, import_file
+        from lmprefs.pipeline import open_store
+
+        with tempfile.TemporaryDirectory() as tmp:  # a bad row is refused before the run directory is made
+            try:
+                import_file(open_store(Path(tmp) / "check.sqlite"), a.data, format="scores")
+            except LabelFileError as e:
+                raise UserError(str(e)) from None
+    if a.true_reward is not None:
+        from lmprefs.pipeline import reward_function
+
+        reward_function(a.true_reward)  # an unknown name is refused before any work
+    run_dir = _run_dir(a.run_dir, _config(a.preset, []), "experiment", "writing-prompts")
+    cfg_file, args_file = run_dir / "experiment-config.json", run_dir / "experiment-args.json"
+    import json
+
+    own = {"data": str(Path(a.data).resolve()) if a.data else None, "true_reward": a.true_reward,
+           "eval_queries": a.eval_queries, "eval_samples": a.eval_samples, "demo_prompts": a.demo_prompts,
+           "demo_per_prompt": a.demo_per_prompt}  # fmt: skip
+    if cfg_file.exists():  # resuming: the same command line again, or no overrides (the saved config)
+        from lmprefs.checkpoint import flat_config, math_changes
+
+        cfg = _config(a.preset, [], str(cfg_file))
+        diff = math_changes(flat_config(cfg), flat_config(_config(a.preset, pairs))) if pairs else []
+        saved = json.loads(args_file.read_text()) if args_file.exists() else own
+        diff += [f"--{k.replace('_', '-')} {saved[k]} -> {own[k]}" for k in own
+                 if k in saved and own[k] != saved[k] and (k != "data" or a.data)]  # fmt: skip
+        if diff:
+            raise UserError(f"{run_dir} is an existing experiment started otherwise ({'; '.join(diff[:3])}); resume "
+                            "it with the same command line, or choose another --run-dir")  # fmt: skip
+        own = saved
+        print(f"resuming {run_dir}", flush=True)
+    else:
+        cfg = _config(a.preset, pairs)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, cfg_file)
+        from lmprefs.overrides import atomic_write_text
+
+        atomic_write_text(args_file, json.dumps(own))
+    out = run_writing_prompts(cfg, run_dir, data=own["data"], true_reward=own["true_reward"],
+                              n_eval=own["eval_queries"], eval_samples=own["eval_samples"],
+                              demo_prompts=own["demo_prompts"], demo_per_prompt=own["demo_per_prompt"])  # fmt: skip
+    ev = out["results"]["evaluate"]
+    if "true_ppo" in ev:
+        print(f"true reward on {ev['n_queries']} held-out prompts: SFT {ev['true_sft']:+.4f} -> PPO "
+              f"{ev['true_ppo']:+.4f} (gain {ev['gain']:+.4f} +/- {ev['gain_stderr']:.4f})")  # fmt: skip
+    print(f"report: {out['report']}")
     return 0
 
 

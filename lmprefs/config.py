@@ -515,6 +515,26 @@ PRESETS: dict[str, tuple[str, Config]] = {
             run=R(AUSTEN_SENTIMENT.run, dtype="auto"),
         ),
     ),
+    "writing-prompts": (
+        "The writing-prompts recipe sized for a CPU (`lmprefs experiment writing-prompts`): SFT on the top-scored "
+        "story per prompt, a reward model from the scores compared within each prompt, PPO from the SFT model with a "
+        "separate value model; SmolLM2-135M with LoRA.",
+        Config(
+            # prompts are whole texts (no start/end cut); a story is scored on all its tokens
+            task=R(AUSTEN_TASK, query_dataset="austen", query_length=48, start_text=None, end_text=None,
+                   truncate_token=None),
+            labels=LabelsConfig(type="scalar_rating", scores_as="comparisons", num_train=100_000,
+                                heldout_fraction=0.1),
+            train_reward=TrainRewardConfig(batch_size=16, lr=2e-3, epochs=3, rollout_batch_size=64,
+                                           normalize_samples=64),
+            rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
+            ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=1.5e-3,
+                          value_model="separate", vf_lr=1.5e-3),
+            lora=LoraConfig(rank=8, alpha=16.0, layers=8),
+            sft=SFTConfig(epochs=2, batch_size=8, lr=1e-3),
+            run=RunConfig(log_interval=5, save_interval=5, dtype="auto"),
+        ),  # fmt: skip
+    ),
     "tiny": (
         "For tests: a tiny random GPT-2 on bundled passages; seconds on a CPU.",
         Config(

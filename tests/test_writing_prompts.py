@@ -1,0 +1,110 @@
+"""The writing-prompts pipeline (issue 12, item 5) at fixture size: `lmprefs experiment writing-prompts --data`
+runs SFT, a reward model from the scores, PPO from the SFT model with a separate value model and the evaluation, in
+one command that resumes where it stopped."""
+
+import json
+import random
+
+import pytest
+import torch
+
+from lmprefs.cli import main
+from lmprefs.runlog import read_jsonl
+
+WORDS = "apple river stone cloud table chair window garden letter candle morning silver".split()
+# the tiny preset with the writing-prompts settings: whole prompts, scores compared within a prompt, separate value
+TINY = ["experiment", "writing-prompts", "--preset", "tiny", "--eval-queries", "8", "--labels.type", "scalar_rating",
+        "--labels.scores-as", "comparisons", "--ppo.value-model", "separate", "--ppo.vf-lr", "3e-4",
+        "--task.start-text", "none", "--task.end-text", "none", "--sft.lr", "1e-3"]  # fmt: skip
+
+
+def write_scores(path, n_prompts=24, seed=0):
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n_prompts):
+        prompt = " ".join(rng.choice(WORDS) for _ in range(6)) + "."
+        for _ in range(4):
+            good = rng.random() < 0.5
+            resp = " " + " ".join(rng.choice(WORDS) for _ in range(4)) + (" good" if good else " stone")
+            rows.append({"prompt": prompt, "response": resp, "score": 5 * good + rng.randint(0, 2)})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_writing_prompts_pipeline_end_to_end_and_resumed(tmp_path, monkeypatch, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from lmprefs import checkpoint
+
+    rows = write_scores(tmp_path / "scores.jsonl")
+    run_dir = tmp_path / "run"
+    args = TINY + ["--data", str(tmp_path / "scores.jsonl"), "--run-dir", str(run_dir)]
+
+    class Killed(BaseException):
+        pass
+
+    def crash(at: str) -> None:
+        if at == "writing:reward":
+            raise Killed(at)
+
+    monkeypatch.setattr(checkpoint, "crash_point", crash)
+    with pytest.raises(Killed):  # killed once the reward model is done
+        main(args)
+    monkeypatch.undo()
+    results = json.loads((run_dir / "results.json").read_text())
+    assert list(results) == ["data", "sft", "reward"]
+    sft_version, rm_version = (run_dir / "sft" / "sft_model").resolve(), (run_dir / "reward_model").resolve()
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "resuming" in out and "[1/5]" not in out and "[2/5]" not in out and "[3/5]" not in out and "[4/5]" in out
+    # the stages done before were not done again
+    assert (run_dir / "sft" / "sft_model").resolve() == sft_version
+    assert (run_dir / "reward_model").resolve() == rm_version
+    results = json.loads((run_dir / "results.json").read_text())
+    assert list(results) == ["data", "sft", "reward", "ppo", "evaluate"]
+
+    # 1. data: every scored response stored; SFT pairs = the top-scored response of each prompt
+    assert results["data"]["responses"] == len(rows) and results["data"]["prompts"] == 24
+    sft_pairs = read_jsonl(run_dir / "sft.jsonl")
+    best = {}
+    for r in rows:
+        if r["prompt"] not in best or r["score"] > best[r["prompt"]]["score"]:
+            best[r["prompt"]] = r
+    assert [(p["prompt"], p["response"]) for p in sft_pairs] == [(r["prompt"], r["response"]) for r in best.values()]
+    # 2. SFT: a Hugging Face model that learned its pairs
+    assert results["sft"]["final_loss"] < results["sft"]["initial_loss"]
+    AutoModelForCausalLM.from_pretrained(run_dir / "sft" / "sft_model")
+    # 3. a reward model from the scores, on the SFT model, compared within prompts
+    meta = json.loads((run_dir / "reward_model" / "lmprefs.json").read_text())
+    assert meta["label_type"] == "best_of_2" and meta["scores_as"] == "comparisons"
+    # 4. PPO from the SFT model: it is also the reference (the first rollout's KL is 0), the value model is separate
+    ppo_rows = read_jsonl(run_dir / "ppo" / "metrics.jsonl")
+    assert len(ppo_rows) == 2 and abs(ppo_rows[0]["objective/kl"]) < 1e-4 and "ppo/vf_lr" in ppo_rows[0]
+    cfg = json.loads((run_dir / "ppo" / "config.json").read_text())
+    assert cfg["task"]["initial_model"] == str(run_dir / "sft" / "sft_model")
+    assert cfg["ppo"]["value_model"] == "separate"
+    assert (run_dir / "ppo" / "policy" / "value_model" / "model.safetensors").is_file()
+    state = torch.load(run_dir / "ppo" / "checkpoint" / "state.pt", weights_only=True)
+    assert state["value_optimizer"]["state"]
+    # 5. the evaluation and the report
+    assert results["evaluate"]["n_queries"] == 8
+    report = (run_dir / "report.md").read_text()
+    assert "held-out pair accuracy" in report and "## Samples on the same held-out prompts" in report
+    # a finished run asked again does nothing but write the report
+    assert main(args) == 0 and "[4/5]" not in capsys.readouterr().out
+
+
+def test_a_bad_score_is_one_line_and_no_run_directory(tmp_path, capsys):
+    rows = write_scores(tmp_path / "scores.jsonl", n_prompts=3)
+    rows[5]["score"] = "lots"
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run_dir = tmp_path / "run"
+    assert main(TINY + ["--data", str(tmp_path / "bad.jsonl"), "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "bad.jsonl line 6: field 'score' = 'lots' is not a number" in err, err
+    assert not run_dir.exists()
+    assert main(TINY + ["--data", str(tmp_path / "none.jsonl"), "--run-dir", str(run_dir)]) == 2
+    assert main(TINY + ["--data", str(tmp_path / "scores.jsonl"), "--true-reward", "nope", "--run-dir",
+                        str(run_dir)]) == 2  # fmt: skip
+    assert not run_dir.exists()
