@@ -406,7 +406,8 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
                                              dtype)  # fmt: skip
         stats = dist.all_reduce_mean(stats)  # the KL controller, the andon cord and the logs see all ranks' batch
         run.policy.train()
-        stats |= ppo_update(forward, run.optimizers, rollout, cfg.ppo, run.gen_ppo,
+        opt = run.optimizer if run.value_optimizer is None else run.optimizers  # a separate value model's own too
+        stats |= ppo_update(forward, opt, rollout, cfg.ppo, run.gen_ppo,
                             autocast=lambda: autocast(device, dtype), reduce=dist.all_reduce_mean)
         run.policy.eval()
         run.kl_ctl.update(stats["objective/kl"], B)  # 6.
