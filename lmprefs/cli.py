@@ -476,7 +476,7 @@ def cmd_quickstart(argv: list[str]) -> int:
     p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query")
     _help_with_config(p, argv, "quickstart", pairs)
     a = p.parse_args(argv)
-    from lmprefs.quickstart import run_quickstart
+    from lmprefs.quickstart import chance, run_quickstart, true_reward_name
     from lmprefs.training.policy import AndonStop
 
     if a.eval_queries < 2 or a.eval_samples < 1:
@@ -494,8 +494,9 @@ def cmd_quickstart(argv: list[str]) -> int:
         return 0
     b, f, st = out["before"], out["after"], out["figures"]
     se = (b["stderr"] ** 2 + f["stderr"] ** 2) ** 0.5
-    print(f"\nreward model held-out accuracy: {st['rm_accuracy']:.3f} (chance 0.25)")
-    print(f"true reward (VADER) on {f['n_queries']} held-out queries: {b['mean']:+.4f} +/- {b['stderr']:.4f} -> "
+    print(f"\nreward model held-out accuracy: {st['rm_accuracy']:.3f} (chance {chance(cfg):.2f})")
+    print(f"true reward ({true_reward_name(cfg.labels.labeler)}) on {f['n_queries']} held-out queries: "
+          f"{b['mean']:+.4f} +/- {b['stderr']:.4f} -> "
           f"{f['mean']:+.4f} +/- {f['stderr']:.4f} ({(f['mean'] - b['mean']) / se if se else float('nan'):+.1f} s.e.)")
     print(f"final KL {st['kl_heldout']:.2f} nats on the held-out samples (target {cfg.rewards.kl_target}; last "
           f"training batch {st['kl']:.2f}), beta {st['beta']:.4f}; "
