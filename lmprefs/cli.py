@@ -185,12 +185,14 @@ def _preset_parser(cmd: str, argv: list[str]):
 
 
 def cmd_label(argv: list[str]) -> int:
+    from lmprefs.config import LABELERS
+
     p, argv, pairs, name = _preset_parser("label", argv)
     p.add_argument("--db", default="labels.sqlite", help="label store (SQLite file; created if missing)")
     # --questions: torchrun's own parser takes `--n` for an abbreviation of its options and stops the launch
     p.add_argument("--n", "--questions", dest="n", type=int, default=1000,
                    help="questions to sample and label (under torchrun spell it --questions)")
-    p.add_argument("--labeler", default=None, choices=["vader", "descriptiveness", "none"],
+    p.add_argument("--labeler", default=None, choices=list(LABELERS),
                    help="simulated labeler (default labels.labeler); none only queues the questions for people")
     p.add_argument("--seed", type=int, default=None, help="seed for the queries and samples (default run.seed)")
     _help_with_config(p, argv, name, pairs)

@@ -419,7 +419,8 @@ SENTIMENT = Config(
 )
 SUMMARIZE = Config(
     task=SUMMARIZE_TASK,
-    labels=LabelsConfig(num_train=46000),
+    # the original's labels came from people; the simulated labeler for summaries is the faithfulness judge
+    labels=LabelsConfig(num_train=46000, labeler="faithfulness"),
     train_reward=SUMMARIZE_REWARD,
     rewards=RewardsConfig(kl_coef=0.03, kl_target=None),
     ppo=SUMMARIZE_PPO,
@@ -441,8 +442,8 @@ AUSTEN_SENTIMENT = Config(
 # 64 tokens, its lead (cut at the last '.'; the original: 500 tokens cut at the last newline), summaries 32 tokens
 # (75), no newline truncation or its penalty (SmolLM2 ends a summary with its end-of-text token or a blank line, not
 # a bare newline after 55 tokens: the judge reads the response up to its first end-of-text token), and the
-# quickstart's adaptive KL controller (target 6 nats) in place of cnndm's fixed beta 0.01, which was set for 1M episodes at lr
-# 2e-6 of full fine-tuning, not for 640 episodes of LoRA at lr 1.5e-3.
+# quickstart's adaptive KL controller (target 6 nats) in place of cnndm's fixed beta 0.01, which was set for 1M
+# episodes at lr 2e-6 of full fine-tuning, not for 640 episodes of LoRA at lr 1.5e-3.
 SUMMARIZE_DEMO = Config(
     task=TaskConfig(query_dataset="lee-news", query_length=64, query_prefix="Article:\n\n",
                     query_suffix="\n\nTL;DR:", start_text=None, end_text=".", response_length=32,

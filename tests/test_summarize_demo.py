@@ -167,3 +167,28 @@ def test_summarize_demo_learns(tmp_path):
     b, a = rep["true_reward_before"], rep["true_reward_after"]
     assert (a["mean"] - b["mean"]) / math.hypot(a["stderr"], b["stderr"]) > 3, rep
     assert rep["figures"]["rm_accuracy"] > 0.25
+
+
+def test_cnndm_and_tldr_presets_run_offline_on_local_files(tmp_path, capsys):
+    """The original's summarization presets on local files with an offline model: CNN/DM .story files labeled by
+    the faithfulness judge (the presets' simulated labeler), and PPO on TL;DR posts with it as a direct reward."""
+    from lmprefs.labels.store import LabelStore
+
+    stories = tmp_path / "stories"
+    stories.mkdir()
+    for i, text in enumerate(NEWS[:4]):
+        (stories / f"{i}.story").write_text(text.replace(". ", ".\n") + "\n\n@highlight\n\nA highlight\n")
+    small = ["--task.initial-model", "tiny-gpt2", "--task.query-length", "24", "--task.response-length", "8",
+             "--run.threads", "1"]  # fmt: skip
+    db = tmp_path / "labels.sqlite"
+    assert main(["label", "cnndm", "--task.query-dataset", str(stories), "--n", "3", "--db", str(db), *small]) == 0
+    assert "3 labels by faithfulness" in capsys.readouterr().out
+    assert len(LabelStore(db).labeled_examples("best_of_4")) == 3
+    posts = tmp_path / "train-subset.json"
+    posts.write_text(json.dumps([{"content": t} for t in NEWS]))
+    run = tmp_path / "ppo"
+    assert main(["train-policy", "tldr", "--task.query-dataset", str(posts), "--reward", "faithfulness", "--run-dir",
+                 str(run), "--ppo.batch-size", "4", "--ppo.total-episodes", "4", "--train-reward.normalize-samples",
+                 "4", "--train-reward.rollout-batch-size", "4", *small]) == 0  # fmt: skip
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["phase"] == "policy"] == [1]
