@@ -206,6 +206,10 @@ def cmd_label(argv: list[str]) -> int:
 
     cfg = _config(a.preset, pairs, a.config)
     check_store_path(a.db, must_exist=False)
+    if (a.labeler or cfg.labels.labeler) != "none":
+        from lmprefs.labels.labelers import score_fn
+
+        score_fn(a.labeler or cfg.labels.labeler)  # the judge's assets are there before the store is created
     task = setup_task(cfg)
     # created only now (a bad value above leaves no file behind), and by rank 0, which writes every rank's questions
     store = open_store(a.db) if dist.is_main() else None

@@ -89,7 +89,7 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     for people). Returns counts and timings.
     Under several ranks each samples a strided share of the questions with its own seed, and rank 0 alone writes
     them all (in the order one process would) and labels them; `store` may be None on the other ranks."""
-    from lmprefs.labels.labelers import label_items, make_labeler
+    from lmprefs.labels.labelers import label_items, make_labeler, score_fn
     from lmprefs.labels.types import get as get_label_type
     from lmprefs.runlog import progress
     from lmprefs.tasks import decode
@@ -101,6 +101,9 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     if S is None:
         raise UserError(f"labels.type={cfg.labels.type!r}: simulated labeling samples best_of_N questions only")
     seed = cfg.run.seed if seed is None else seed
+    name = labeler or cfg.labels.labeler
+    if name != "none":
+        score_fn(name)  # its assets are there before anything is sampled or stored
     pool = t.train_queries if queries is None else queries
     # each query once per round, in a fresh order each round: more questions than queries (300 news articles) ask
     # about some queries again, with new samples (the original's labels also share queries)
@@ -139,7 +142,6 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
                 batch=batch, key=f"{seed}:{i}",
             ))  # fmt: skip
     added = 0
-    name = labeler or cfg.labels.labeler
     if name != "none":
         sim = make_labeler(name, cfg.labels.labeler_temperature, cfg.labels.labeler_random_rate, seed)
         items = [store.get_item(i) for i in item_ids]
@@ -292,13 +294,13 @@ def reward_function(reward) -> tuple[str, object]:
     built-in name (vader, descriptiveness), or `module:function` naming one of the user's own."""
     import importlib
 
-    from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.labels.labelers import SCORE_FNS, score_fn
 
     if callable(reward):
         mod, name = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
         return (f"{mod}:{name}" if mod and "<" not in name else "callable"), reward
     if reward in SCORE_FNS:
-        return reward, SCORE_FNS[reward]
+        return reward, score_fn(reward)
     if ":" not in reward:
         raise UserError(f"--reward {reward!r}: choose model, {', '.join(sorted(SCORE_FNS))}, or module:function "
                         "(a function of a list of response texts returning a list of floats)")  # fmt: skip
@@ -516,9 +518,9 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
         if "state" in info:
             extras["reward"] = info.pop("state")
     if true_reward:
-        from lmprefs.labels.labelers import SCORE_FNS
+        from lmprefs.labels.labelers import score_fn as true_score_fn
 
-        score_fn, track = track_true_reward(score_fn, SCORE_FNS[true_reward], t.tok, t.prefix, t.suffix)
+        score_fn, track = track_true_reward(score_fn, true_score_fn(true_reward), t.tok, t.prefix, t.suffix)
         hooks.append(track)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)

@@ -166,7 +166,7 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 
 def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -> dict:
     from lmprefs import distributed as dist
-    from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.labels.labelers import score_fn
     from lmprefs.pipeline import (
         collect_labels,
         open_store,
@@ -182,6 +182,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
     # shares of each global batch, the held-out queries are evaluated in shares and gathered; rank 0 writes
     say = print if dist.is_main() else (lambda *_, **__: None)
+    true_fn = score_fn(cfg.labels.labeler)  # a missing judge asset stops the run before it writes anything
     if dist.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
     stages: dict[str, float] = {}
@@ -189,7 +190,6 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     say("[1/6] preparing assets and queries", flush=True)
     t = setup_task(cfg, n_heldout=n_eval)
     stages["assets and model"] = time.time() - t0
-    true_fn = SCORE_FNS[cfg.labels.labeler]
     heldout = t.heldout_queries[:n_eval]
 
     s = time.time()

