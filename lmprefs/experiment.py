@@ -30,12 +30,12 @@ def _eval(t, adapter, model, n_eval, samples, cfg, true_fn, desc):
 
 
 def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int], n_eval: int, samples: int) -> dict:
-    from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.labels.labelers import score_fn
     from lmprefs.pipeline import collect_labels, open_store, run_train_policy, setup_task
 
     run_dir.mkdir(parents=True, exist_ok=True)
     true_name = cfg.labels.labeler
-    true_fn = SCORE_FNS[true_name]
+    true_fn = score_fn(true_name)
     results_path = run_dir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
 

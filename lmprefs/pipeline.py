@@ -89,7 +89,7 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     for people). Returns counts and timings.
     Under several ranks each samples a strided share of the questions with its own seed, and rank 0 alone writes
     them all (in the order one process would) and labels them; `store` may be None on the other ranks."""
-    from lmprefs.labels.labelers import label_items, make_labeler
+    from lmprefs.labels.labelers import label_items, make_labeler, score_fn
     from lmprefs.labels.types import get as get_label_type
     from lmprefs.runlog import progress
     from lmprefs.tasks import decode
@@ -101,10 +101,14 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     if S is None:
         raise UserError(f"labels.type={cfg.labels.type!r}: simulated labeling samples best_of_N questions only")
     seed = cfg.run.seed if seed is None else seed
+    name = labeler or cfg.labels.labeler
+    if name != "none":
+        score_fn(name)  # its assets are there before anything is sampled or stored
     pool = t.train_queries if queries is None else queries
-    if n > len(pool):
-        raise UserError(f"--n {n}: only {len(pool)} training queries in task.query_dataset={cfg.task.query_dataset!r}")
-    pick = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed + 17))[:n]
+    # each query once per round, in a fresh order each round: more questions than queries (300 news articles) ask
+    # about some queries again, with new samples (the original's labels also share queries)
+    g = torch.Generator().manual_seed(seed + 17)
+    pick = torch.cat([torch.randperm(len(pool), generator=g) for _ in range(-(-n // len(pool)))])[:n]
     q = pool[pick]
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
     t0 = time.time()
@@ -138,7 +142,6 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
                 batch=batch, key=f"{seed}:{i}",
             ))  # fmt: skip
     added = 0
-    name = labeler or cfg.labels.labeler
     if name != "none":
         sim = make_labeler(name, cfg.labels.labeler_temperature, cfg.labels.labeler_random_rate, seed)
         items = [store.get_item(i) for i in item_ids]
@@ -320,13 +323,13 @@ def reward_function(reward) -> tuple[str, object]:
     built-in name (vader, descriptiveness), or `module:function` naming one of the user's own."""
     import importlib
 
-    from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.labels.labelers import SCORE_FNS, score_fn
 
     if callable(reward):
         mod, name = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
         return (f"{mod}:{name}" if mod and "<" not in name else "callable"), reward
     if reward in SCORE_FNS:
-        return reward, SCORE_FNS[reward]
+        return reward, score_fn(reward)
     if ":" not in reward:
         raise UserError(f"--reward {reward!r}: choose model, {', '.join(sorted(SCORE_FNS))}, or module:function "
                         "(a function of a list of response texts returning a list of floats)")  # fmt: skip
@@ -362,14 +365,14 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
         from lmprefs.training.reward import normalization_samples
 
         gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
-        _, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
-        raw = dist.gather_rows(_checked_scores(fn, decode(t.tok, r), reward))
+        q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+        raw = dist.gather_rows(_checked_scores(fn, decode(t.tok, r), reward, decode(t.tok, q)))
         mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
         if dist.is_main():
             print(f"reward {reward}: normalized with mean {mean:+.4f}, std {std:.4f} of {len(raw)} initial-policy "
                   "samples", flush=True)  # fmt: skip
-        return text_score_fn(lambda texts: _checked_scores(fn, texts, reward).tolist(), t.tok, mean, std), {
-            "reward": reward}
+        return text_score_fn(lambda texts, queries: _checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
+                             std, t.prefix, t.suffix), {"reward": reward}  # fmt: skip
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
     if cfg.rewards.trained_model and not is_reward_model_dir(rm_dir):
         raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (a sequence classifier "
@@ -400,10 +403,13 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
     return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
 
 
-def _checked_scores(fn, texts: list[str], name: str) -> torch.Tensor:
-    """fn(texts) as float64 [len(texts)], or a UserError saying what the reward function returned instead."""
+def _checked_scores(fn, texts: list[str], name: str, queries: list[str] | None = None) -> torch.Tensor:
+    """fn(texts) (or fn(texts, queries) for a judge that reads the query) as float64 [len(texts)], or a UserError
+    saying what the reward function returned instead."""
+    from lmprefs.labels.labelers import score_texts
+
     try:
-        out = torch.tensor([float(x) for x in fn(texts)], dtype=torch.float64)
+        out = torch.tensor([float(x) for x in score_texts(fn, texts, queries)], dtype=torch.float64)
     except (TypeError, ValueError) as e:
         raise UserError(f"reward {name}: must return a list of floats, one per text ({e})") from None
     if out.shape != (len(texts),) or not torch.isfinite(out).all():
@@ -427,16 +433,18 @@ def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:
                         f"({len(tok)} tokens, task.initial_model); train the reward model on the same base model")
 
 
-def track_true_reward(score_fn, true_fn, tok):
+def track_true_reward(score_fn, true_fn, tok, prefix: list[int] = (), suffix: list[int] = ()):
     """(score_fn, on_update): the same scores, plus objective/true_reward (the true reward of each rollout's
-    truncated responses) added to every update's metrics, for curves of what the reward model stands in for."""
-    from lmprefs.tasks import decode
+    truncated responses) added to every update's metrics, for curves of what the reward model stands in for.
+    `prefix`/`suffix`: the task's, around the rollout's queries (a judge that reads the query gets the query alone)."""
+    from lmprefs.labels.labelers import score_texts
+    from lmprefs.tasks import decode, query_texts
 
     last: dict[str, float] = {}
 
-    def score(q, r, prefix=None):
-        last["v"] = sum(true_fn(decode(tok, r))) / len(r)
-        return score_fn(q, r, prefix)
+    def score(q, r, frozen=None):
+        last["v"] = sum(score_texts(true_fn, decode(tok, r), query_texts(tok, q, prefix, suffix))) / len(r)
+        return score_fn(q, r, frozen)
 
     def on_update(_, stats):
         stats["objective/true_reward"] = last.get("v", float("nan"))
@@ -539,9 +547,9 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
         if "state" in info:
             extras["reward"] = info.pop("state")
     if true_reward:
-        from lmprefs.labels.labelers import SCORE_FNS
+        from lmprefs.labels.labelers import score_fn as true_score_fn
 
-        score_fn, track = track_true_reward(score_fn, SCORE_FNS[true_reward], t.tok)
+        score_fn, track = track_true_reward(score_fn, true_score_fn(true_reward), t.tok, t.prefix, t.suffix)
         hooks.append(track)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)

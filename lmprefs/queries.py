@@ -1,10 +1,10 @@
 """Query datasets and the query stream (language/datasets.py:tf_dataset and lm_tasks.py @cbfd210).
 
-A dataset is a list of texts: `austen` (the offline asset), `bundled` (a few KB of Austen shipped in the package),
-a local .txt (paragraphs split on blank lines) or .jsonl file (`path.jsonl` reads field "text", `path.jsonl:FIELD`
-another), the original's summarization data (a TL;DR .json list of {"content": post}, a CNN/DM .story file or a
-directory of them; read by `lmprefs.summarize`), or `hf:NAME[:SPLIT[:FIELD]]` through Hugging Face `datasets` when it
-is installed and reachable.
+A dataset is a list of texts: `austen` (the offline asset), `lee-news` (300 ABC news articles, an offline asset),
+`bundled` (a few KB of Austen shipped in the package), a local .txt (paragraphs split on blank lines) or .jsonl file
+(`path.jsonl` reads field "text", `path.jsonl:FIELD` another), the original's summarization data (a TL;DR .json
+list of {"content": post}, a CNN/DM .story file or a directory of them; read by `lmprefs.summarize`), or
+`hf:NAME[:SPLIT[:FIELD]]` through Hugging Face `datasets` when it is installed and reachable.
 Each text becomes a query as in the original: cut after the first start_text, truncated to query_length, cut after
 the last end_text, right-padded with PAD; texts with no start or end token are skipped.
 """
@@ -36,6 +36,10 @@ def load_texts(spec: str) -> list[str]:
         from lmprefs.assets import austen_passages
 
         return [p["text"] for p in austen_passages()]
+    if spec == "lee-news":
+        from lmprefs.assets import lee_news_articles
+
+        return lee_news_articles()
     if spec == "bundled":
         return _paragraphs(resources.files("lmprefs.data").joinpath("passages.txt").read_text())
     if spec.startswith("hf:"):
@@ -47,8 +51,9 @@ def load_texts(spec: str) -> list[str]:
 
         return story_texts(p)
     if not p.is_file():
-        raise QueryDataError(f"task.query_dataset={spec!r}: no such file (expected austen, bundled, a .txt, .jsonl "
-                             "or TL;DR .json file, a CNN/DM .story file or directory, or hf:NAME)")  # fmt: skip
+        raise QueryDataError(f"task.query_dataset={spec!r}: no such file (expected austen, lee-news, bundled, a "
+                             ".txt, .jsonl or TL;DR .json file, a CNN/DM .story file or directory, or "
+                             "hf:NAME)")  # fmt: skip
     if p.suffix == ".json":  # TL;DR: the original's JSON list of {"content": post}
         from lmprefs.summarize import tldr_texts
 

@@ -1,8 +1,10 @@
-"""`lmprefs quickstart`: the paper's mock-sentiment experiment (section 3.1.1) end to end on one machine.
+"""`lmprefs quickstart`: the paper's mock-sentiment experiment (section 3.1.1) end to end on one machine, or with
+`--preset summarize` the offline summarization demo (news articles, a mock faithfulness judge).
 
-A simulated human (VADER) judges best-of-4 comparisons sampled from the initial policy; a reward model learns the
-judgments; PPO with the adaptive KL controller optimizes the reward model; the initial and final policies are
-evaluated on held-out queries with the true reward. Everything lands in a run directory with report.md and plots.
+A simulated human (VADER; for summaries, the faithfulness judge) judges best-of-4 comparisons sampled from the
+initial policy; a reward model learns the judgments; PPO with the adaptive KL controller optimizes the reward model;
+the initial and final policies are evaluated on held-out queries with the true reward. Everything lands in a run
+directory with report.md and plots.
 """
 
 from __future__ import annotations
@@ -17,6 +19,21 @@ import torch
 from lmprefs.config import Config
 from lmprefs.pipeline import Task
 
+# what each simulated labeler stands for, in reports and plots
+TRUE_REWARD_NAMES = {"vader": "mock sentiment (VADER)", "descriptiveness": "mock descriptiveness",
+                     "faithfulness": "summaries (MiniLM faithfulness judge)"}  # fmt: skip
+
+
+def true_reward_name(labeler: str) -> str:
+    return TRUE_REWARD_NAMES.get(labeler, labeler)
+
+
+def chance(cfg: Config) -> float:
+    """A reward model's held-out accuracy by chance: 1/N for best_of_N."""
+    from lmprefs.labels.store import label_type_shape
+
+    return 1 / label_type_shape(cfg.labels.type)[1]
+
 
 @torch.no_grad()
 def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None, samples_per_query: int,
@@ -29,6 +46,7 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     100003) and the shares are gathered, so every rank returns the same figures over all queries in 1/N of the
     time; a collective, every rank calls it."""
     from lmprefs import distributed as dist
+    from lmprefs.labels.labelers import score_texts
     from lmprefs.models.lm import autocast
     from lmprefs.models.lora import using
     from lmprefs.runlog import progress
@@ -54,7 +72,8 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
             kls += (logp.float() - ref.float()).sum(1).tolist()
         post = truncate_responses(r, task.truncate_token, task.truncate_after)
         resp = decode(t.tok, post)
-        scores = torch.tensor(true_fn(resp)).view(len(q), samples_per_query)
+        articles = [x for x in decode(t.tok, q) for _ in range(samples_per_query)]  # a judge may read the query
+        scores = torch.tensor(score_texts(true_fn, resp, articles)).view(len(q), samples_per_query)
         per_query += scores.mean(1).tolist()
         texts += resp[::samples_per_query]
         bar.update(len(q) * dist.world())
@@ -79,14 +98,15 @@ def _interleave(parts: list[list]) -> list:
     return out
 
 
-def plot_curves(metrics: list[dict], out: Path) -> list[str]:
+def plot_curves(metrics: list[dict], out: Path, labeler: str = "vader") -> list[str]:
     """PNG learning curves: score, true reward, KL and beta over updates."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("objective/score", "reward-model score"), ("objective/true_reward", "true reward (VADER)"),
+    panels = [("objective/score", "reward-model score"),
+              ("objective/true_reward", f"true reward: {true_reward_name(labeler)}"),
               ("objective/kl", "KL(policy || initial), nats"),
               ("objective/kl_coef", "KL coefficient beta")]  # fmt: skip
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
@@ -109,12 +129,14 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 
     gain = after["mean"] - before["mean"]
     se = math.sqrt(before["stderr"] ** 2 + after["stderr"] ** 2)
+    n_best = round(1 / chance(cfg))
     lines = [
-        "# lmprefs quickstart: mock sentiment", "",
+        f"# lmprefs quickstart: {true_reward_name(cfg.labels.labeler)}", "",
         f"Model `{cfg.task.initial_model}`, queries `{cfg.task.query_dataset}`, "
         f"simulated labeler `{cfg.labels.labeler}`.",
         "", "| figure | value |", "|---|---|",
-        f"| reward model held-out accuracy (best of 4, chance 0.25) | {figures.get('rm_accuracy', float('nan')):.3f} "
+        f"| reward model held-out accuracy (best of {n_best}, chance {chance(cfg):.2f}) | "
+        f"{figures.get('rm_accuracy', float('nan')):.3f} "
         f"({figures.get('rm_heldout', 0)} held-out labels; {figures.get('rm_train', 0)} trained) |",
         f"| true reward, initial policy | {before['mean']:+.4f} +/- {before['stderr']:.4f} |",
         f"| true reward, final policy | {after['mean']:+.4f} +/- {after['stderr']:.4f} |",
@@ -144,7 +166,7 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 
 def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -> dict:
     from lmprefs import distributed as dist
-    from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.labels.labelers import score_fn
     from lmprefs.pipeline import (
         collect_labels,
         open_store,
@@ -160,6 +182,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
     # shares of each global batch, the held-out queries are evaluated in shares and gathered; rank 0 writes
     say = print if dist.is_main() else (lambda *_, **__: None)
+    true_fn = score_fn(cfg.labels.labeler)  # a missing judge asset stops the run before it writes anything
     if dist.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
     stages: dict[str, float] = {}
@@ -167,7 +190,6 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     say("[1/6] preparing assets and queries", flush=True)
     t = setup_task(cfg, n_heldout=n_eval)
     stages["assets and model"] = time.time() - t0
-    true_fn = SCORE_FNS[cfg.labels.labeler]
     heldout = t.heldout_queries[:n_eval]
 
     s = time.time()
@@ -190,13 +212,13 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     rm.freeze()
     stages["train reward model"] = time.time() - s
     say(f"      held-out accuracy {rm_summary.get('heldout/accuracy', float('nan')):.3f} "
-          f"({rm_summary['labels_heldout']} labels; chance 0.25)", flush=True)  # fmt: skip
+        f"({rm_summary['labels_heldout']} labels; chance {chance(cfg):.2f})", flush=True)  # fmt: skip
 
     s = time.time()
     say(f"[5/6] PPO against the reward model: {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", flush=True)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
-    score, on_update = track_true_reward(rm_score_fn(rm), true_fn, t.tok)
+    score, on_update = track_true_reward(rm_score_fn(rm), true_fn, t.tok, t.prefix, t.suffix)
     stats = train_policy(cfg, run, score, log, run_dir, t.prefix, t.suffix, t.device, t.dtype, on_update)
     log.close()
     stages["PPO"] = time.time() - s
@@ -217,6 +239,6 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
                "score": stats["objective/score"]}  # fmt: skip
     report = run_dir / "report.md"
     if dist.is_main():
-        plot_curves(read_metrics(run_dir / "metrics.jsonl", "policy"), run_dir)
+        plot_curves(read_metrics(run_dir / "metrics.jsonl", "policy"), run_dir, cfg.labels.labeler)
         report = write_report(run_dir, cfg, figures, stages, before, after, heldout, t.tok)
     return {"report": report, "figures": figures, "before": before, "after": after, "stages": stages}

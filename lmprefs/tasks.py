@@ -51,6 +51,12 @@ def decode(tokenizer, tokens: Tensor) -> list[str]:
     return [tokenizer.decode([t for t in row if t != PAD]) for row in tokens.tolist()]
 
 
+def query_texts(tokenizer, formatted: Tensor, prefix: list[int], suffix: list[int]) -> list[str]:
+    """The query texts inside formatted queries (prefix + padded query + suffix, as a rollout scores them): what a
+    judge of (response, query) pairs reads, the same text the label store keeps for a question."""
+    return decode(tokenizer, formatted[:, len(prefix) : formatted.shape[1] - len(suffix)])
+
+
 def show(text: str) -> str:
     """Newlines as a visible mark, as the original's sample.py prints them."""
     return text.replace("\n", "⏎")

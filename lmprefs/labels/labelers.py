@@ -5,7 +5,9 @@ answers; it is deterministic given its seed.
 
 Labelers score the *continuation* (the response text) alone, not query + response: the paper's mock sentiment task
 rewards the sentiment of the continuation, and scoring the shared query would only add the same constant to every
-sample of a question. `ScoreLabeler(..., with_query=True)` scores query + response instead.
+sample of a question. `ScoreLabeler(..., with_query=True)` scores query + response instead. A judge that needs the
+query beside the response (the summarization judge compares a summary with its article) is marked `@reads_query`
+and is called as fn(responses, queries); `score_texts` calls either kind.
 """
 
 from __future__ import annotations
@@ -19,6 +21,22 @@ from collections.abc import Callable, Iterable
 from lmprefs.labels.store import DuplicateLabelError, Item, LabelStore, label_type_shape
 
 ScoreFn = Callable[[list[str]], list[float]]
+
+
+def reads_query(fn):
+    """Mark a score function as a judge of (response, query) pairs: it is called as fn(responses, queries)."""
+    fn.reads_query = True
+    return fn
+
+
+def score_texts(fn, responses: list[str], queries: list[str] | None = None) -> list[float]:
+    """fn's scores of `responses`; a `reads_query` judge also gets each response's query text."""
+    if getattr(fn, "reads_query", False):
+        if queries is None or len(queries) != len(responses):
+            raise ValueError(f"{getattr(fn, '__name__', fn)} judges a response against its query: pass one query "
+                             "per response")  # fmt: skip
+        return fn(responses, queries)
+    return fn(responses)
 
 
 class ScoreLabeler:
@@ -47,6 +65,8 @@ class ScoreLabeler:
         self.rng = random.Random(seed)
 
     def scores(self, samples: list[str], query: str = "") -> list[float]:
+        if getattr(self.score_fn, "reads_query", False):
+            return [float(s) for s in self.score_fn(samples, [query] * len(samples))]
         return [float(s) for s in self.score_fn([query + s if self.with_query else s for s in samples])]
 
     def probabilities(self, scores: list[float]) -> list[float]:
@@ -153,11 +173,95 @@ def descriptiveness_score(texts: list[str]) -> list[float]:
     return out
 
 
-SCORE_FNS: dict[str, ScoreFn] = {"vader": vader_score, "descriptiveness": descriptiveness_score}
+# -- the summarization judge -----------------------------------------------------------------------------------
+
+SUMMARY_FREE_WORDS = 20
+"""Words a summary may use before the faithfulness judge's length penalty starts."""
+LENGTH_PENALTY = 0.01
+"""The judge's penalty per word beyond SUMMARY_FREE_WORDS."""
+_END_OF_TEXT = re.compile(r"<\|(?:im_end|endoftext)\|>")  # SmolLM2's and GPT-2's end-of-text tokens, decoded
+_encoder = None
+_encoder_lock = threading.Lock()
+_article_cache: dict[str, object] = {}
+
+
+def embed(texts: list[str]):
+    """all-MiniLM-L6-v2 sentence embeddings [n, 384], L2-normalized (the sentence-transformers recipe: mean of the
+    last hidden states over real tokens; texts cut at 256 word pieces). CPU, fp32, no gradients."""
+    import torch
+
+    global _encoder
+    with _encoder_lock:
+        if _encoder is None:
+            from transformers import AutoModel, AutoTokenizer
+
+            from lmprefs.assets import minilm_dir
+
+            d = str(minilm_dir())
+            _encoder = (AutoTokenizer.from_pretrained(d), AutoModel.from_pretrained(d).eval())
+    tok, enc = _encoder
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(texts), 64):
+            b = tok(texts[i : i + 64], padding=True, truncation=True, max_length=256, return_tensors="pt")
+            h = enc(**b).last_hidden_state.float()  # [n, L, 384]
+            m = b["attention_mask"].unsqueeze(-1).float()
+            out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=-1))
+    return torch.cat(out) if out else torch.zeros(0, 384)
+
+
+def _need_minilm() -> None:
+    from lmprefs.assets import minilm_dir
+
+    minilm_dir()  # an AssetError naming the package to install, before any work
+
+
+@reads_query
+def faithfulness_score(summaries: list[str], articles: list[str]) -> list[float]:
+    """A documented mock judge of summaries (the offline summarization demo's "human"):
+
+        score = cos(e(summary), e(article)) - 0.01 * max(0, words(summary) - 20)
+
+    where e is the all-MiniLM-L6-v2 sentence embedding (`embed`) and the article is the query text the policy was
+    shown. The summary is the response up to the model's first end-of-text token (`<|im_end|>`/`<|endoftext|>`),
+    stripped; an empty summary scores 0. The cosine rewards summaries about what the article says (a made-up event,
+    a wrong subject or rambling off topic scores low; copying the article's own sentences scores high, the paper's
+    "smart copier"); the penalty rewards saying it in few words. Scores lie in [-1, 1]; an on-topic summary of
+    about 20 words scores 0.5-0.8 against its article."""
+    import torch
+
+    cut = [_END_OF_TEXT.split(s)[0].strip() for s in summaries]
+    new = [a for a in dict.fromkeys(articles) if a not in _article_cache]
+    if new:
+        if len(_article_cache) > 4096:  # a bounded cache: articles recur across labels, rollouts and evaluations
+            _article_cache.clear()
+        _article_cache.update(zip(new, embed(new), strict=True))
+    e_a = torch.stack([_article_cache[a] for a in articles]) if articles else torch.zeros(0, 384)
+    e_s = embed(cut)
+    cos = (e_s * e_a).sum(-1).tolist()
+    out = []
+    for c, s in zip(cos, cut, strict=True):
+        words = len(s.split())
+        out.append(0.0 if not words else c - LENGTH_PENALTY * max(0, words - SUMMARY_FREE_WORDS))
+    return out
+
+
+faithfulness_score.prepare = _need_minilm
+
+SCORE_FNS: dict[str, ScoreFn] = {"vader": vader_score, "descriptiveness": descriptiveness_score,
+                                 "faithfulness": faithfulness_score}  # fmt: skip
+
+
+def score_fn(name: str) -> ScoreFn:
+    """SCORE_FNS[name], once what it needs is there (the faithfulness judge's encoder): a missing asset is an
+    AssetError before a command samples or writes anything, not after."""
+    fn = SCORE_FNS[name]
+    getattr(fn, "prepare", lambda: None)()
+    return fn
 
 
 def make_labeler(name: str, temperature: float = 0.0, random_rate: float = 0.0, seed: int = 0) -> ScoreLabeler:
-    """A simulated labeler for a mock task: "vader" (sentiment) or "descriptiveness"."""
+    """A simulated labeler for a mock task: "vader" (sentiment), "descriptiveness" or "faithfulness" (summaries)."""
     if name not in SCORE_FNS:
         raise ValueError(f"unknown simulated labeler {name!r}; expected one of {sorted(SCORE_FNS)}")
     return ScoreLabeler(SCORE_FNS[name], temperature=temperature, random_rate=random_rate, seed=seed)

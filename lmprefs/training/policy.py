@@ -34,7 +34,7 @@ from lmprefs.models.lm import (
     response_logits_hidden,
 )
 from lmprefs.sampling import sample, sampler_options
-from lmprefs.tasks import apply_penalty, decode, format_queries, show, truncate_responses
+from lmprefs.tasks import apply_penalty, decode, format_queries, query_texts, show, truncate_responses
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards, make_kl_controller, ppo_update
 
@@ -57,12 +57,14 @@ def rm_score_fn(rm) -> ScoreFn:
     return score
 
 
-def text_score_fn(fn: Callable[[list[str]], list[float]], tok, mean: float = 0.0, std: float = 1.0) -> ScoreFn:
+def text_score_fn(fn: Callable[[list[str], list[str]], list[float]], tok, mean: float = 0.0, std: float = 1.0,
+                  prefix: list[int] = (), suffix: list[int] = ()) -> ScoreFn:  # fmt: skip
     """A reward on the response text (e.g. VADER): the paper's 'direct access to the true reward', as
-    (fn(text) - mean) / std."""
+    (fn(responses, queries) - mean) / std; the queries are the query texts without the task's prefix and suffix."""
 
-    def score(queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
-        raw = torch.tensor(fn(decode(tok, responses)), dtype=torch.float32, device=responses.device)
+    def score(queries: Tensor, responses: Tensor, frozen: FrozenPrefix | None = None) -> Tensor:
+        texts = fn(decode(tok, responses), query_texts(tok, queries, prefix, suffix))
+        raw = torch.tensor(texts, dtype=torch.float32, device=responses.device)
         return (raw - mean) / std
 
     return score
