@@ -26,16 +26,9 @@ def make_config(preset: str = "tiny", overrides: dict[str, Any] | None = None, *
                 config_file: str | Path | None = None):  # fmt: skip
     """A validated Config: a preset (or a saved config.json) with dotted overrides, {"ppo.lr": 1e-3}. Values are
     Python values, or strings parsed as on the command line ("None", "q_proj,v_proj")."""
-    from lmprefs.cli import _config
-    from lmprefs.overrides import all_keys, apply_overrides, set_value
+    from lmprefs.overrides import resolve_config
 
-    cfg = _config(preset, [], str(config_file) if config_file else None)
-    for k, v in (overrides or {}).items():
-        if isinstance(v, str) or k.replace("-", "_") not in all_keys():  # unknown keys: named, with a suggestion
-            cfg = apply_overrides(cfg, [(k, str(v))], origin="Python API")
-        else:
-            cfg = set_value(cfg, k, tuple(v) if isinstance(v, list) else v, origin="Python API")
-    return cfg
+    return resolve_config(preset, (), config_file, overrides, origin="Python API")
 
 
 def label(cfg, db: str | Path, n: int, *, labeler: str | None = None, seed: int | None = None) -> dict:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from lmprefs.errors import UserError
+from lmprefs.overrides import resolve_config
 
 COMMANDS = {
     "experiment": "mock-sentiment: Figure 2 at small scale (reward models from N labels vs direct access); "
@@ -60,28 +61,6 @@ def _run_dir(given: str | None, cfg, command: str, preset: str) -> Path:
     return run_dir
 
 
-def _config(preset_name: str, pairs, config_file: str | None = None):
-    from lmprefs.config import PRESETS, preset
-    from lmprefs.overrides import ConfigError, apply_overrides, load_config
-
-    if config_file:
-        cfg = load_config(Path(config_file))
-    else:
-        try:
-            cfg = preset(preset_name)
-        except KeyError:
-            raise ConfigError(f"unknown preset {preset_name!r}; presets: {', '.join(PRESETS)}") from None
-    cfg = apply_overrides(cfg, pairs)
-    from lmprefs.runlog import check_trackers
-
-    check_trackers(cfg.run.report_to)  # a missing wandb/mlflow is one line now, not after an hour of training
-    if cfg.run.device.startswith("cuda"):  # refused before any file is opened or model loaded
-        from lmprefs.models.lm import pick_device
-
-        pick_device(cfg.run.device)
-    return cfg
-
-
 def _help_with_config(parser: argparse.ArgumentParser, argv: list[str], default_preset: str, pairs=()) -> None:
     """--help: the command's flags, then every config key with its value in the preset this command line names
     (`--preset NAME`, the positional preset or `--config FILE`) after its overrides."""
@@ -95,7 +74,7 @@ def _help_with_config(parser: argparse.ArgumentParser, argv: list[str], default_
     name = getattr(ns, "preset", None) or default_preset
     from lmprefs.overrides import config_help
 
-    cfg = _config(name, list(pairs), getattr(ns, "config", None))
+    cfg = resolve_config(name, list(pairs), getattr(ns, "config", None))
     parser.print_help()
     source = f"config file {ns.config}" if getattr(ns, "config", None) else f"preset {name}"
     print("\n" + config_help(cfg, source + (" with the overrides given" if pairs else "")))
@@ -137,7 +116,7 @@ def cmd_presets(argv: list[str]) -> int:
     p.add_argument("--config", help="a saved config.json to start from instead of the preset")
     a = p.parse_args(argv)
     if a.name or a.config or pairs:
-        print(json.dumps(to_dict(_config(a.name or "", pairs, a.config)), indent=2))
+        print(json.dumps(to_dict(resolve_config(a.name or "", pairs, a.config)), indent=2))
     else:
         for name, (desc, _) in PRESETS.items():
             print(f"  {name:24s} {desc}")
@@ -205,7 +184,7 @@ def cmd_label(argv: list[str]) -> int:
         raise UserError(f"--n {a.n}: must be positive")
     from lmprefs import distributed as dist
 
-    cfg = _config(a.preset, pairs, a.config)
+    cfg = resolve_config(a.preset, pairs, a.config)
     check_store_path(a.db, must_exist=False)
     if (a.labeler or cfg.labels.labeler) != "none":
         from lmprefs.labels.labelers import score_fn
@@ -309,7 +288,7 @@ def cmd_train_reward(argv: list[str]) -> int:
     from lmprefs.pipeline import label_source, setup_task, train_reward_model
     from lmprefs.runlog import open_logger
 
-    cfg = _config(a.preset, pairs, a.config)
+    cfg = resolve_config(a.preset, pairs, a.config)
     run_dir = _run_dir(a.run_dir, cfg, "train-reward", a.preset)
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
     log = open_logger(run_dir, cfg)
@@ -359,9 +338,9 @@ def cmd_train_sft(argv: list[str]) -> int:
     if a.resume:
         if not a.run_dir or pairs:
             raise UserError("--resume needs --run-dir and continues with the run's saved config (no overrides)")
-        cfg = _config(a.preset, [], str(Path(a.run_dir) / "config.json"))
+        cfg = resolve_config(a.preset, [], str(Path(a.run_dir) / "config.json"))
     else:
-        cfg = _config(a.preset, pairs, a.config)
+        cfg = resolve_config(a.preset, pairs, a.config)
     if not cfg.sft.data:
         raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl (fields prompt and response, or "
                         "TRL's prompt and completion)")  # fmt: skip
@@ -415,7 +394,7 @@ def cmd_train_policy(argv: list[str]) -> int:
     elif a.continue_after_andon:
         raise UserError("--continue-after-andon goes with --resume --run-dir D")
     else:
-        cfg = _config(a.preset, pairs, a.config)
+        cfg = resolve_config(a.preset, pairs, a.config)
     run_dir = _run_dir(a.run_dir, cfg, "train-policy", a.preset)
     try:
         out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume, online=a.online,
@@ -491,7 +470,7 @@ def cmd_quickstart(argv: list[str]) -> int:
 
     if a.eval_queries < 2 or a.eval_samples < 1:
         raise UserError("--eval-queries must be >= 2 and --eval-samples >= 1")
-    cfg = _config(a.preset, pairs)
+    cfg = resolve_config(a.preset, pairs)
     run_dir = _run_dir(a.run_dir, cfg, "quickstart", a.preset)
     if (run_dir / "report.md").exists() or (run_dir / "labels.sqlite").exists():
         raise UserError(f"{run_dir} already holds a quickstart run; choose another --run-dir")
@@ -540,14 +519,14 @@ def cmd_experiment(argv: list[str]) -> int:
         raise UserError(f"--labels {a.labels!r}: expected comma-separated label counts like 250,1000,4000") from None
     if not counts or counts[0] <= 0:
         raise UserError(f"--labels {a.labels!r}: label counts must be positive")
-    run_dir = _run_dir(a.run_dir, _config(a.preset, []), "experiment", a.name)
+    run_dir = _run_dir(a.run_dir, resolve_config(a.preset, []), "experiment", a.name)
     cfg_file = run_dir / "experiment-config.json"
     if cfg_file.exists():  # resuming: the saved config wins
         if pairs:
             raise UserError(f"{run_dir} is an existing experiment; drop the --section.key overrides to resume it")
-        cfg = _config(a.preset, [], str(cfg_file))
+        cfg = resolve_config(a.preset, [], str(cfg_file))
     else:
-        cfg = _config(a.preset, pairs)
+        cfg = resolve_config(a.preset, pairs)
         from lmprefs.overrides import save_config
 
         save_config(cfg, cfg_file)

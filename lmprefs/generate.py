@@ -12,7 +12,7 @@ from lmprefs.errors import UserError
 
 
 def sample_cli(a: argparse.Namespace, pairs) -> int:
-    from lmprefs.cli import _config
+    from lmprefs.overrides import resolve_config
     from lmprefs.tasks import show
 
     if a.n <= 0:
@@ -22,12 +22,12 @@ def sample_cli(a: argparse.Namespace, pairs) -> int:
         run_dir = Path(a.run_dir)
         if not (run_dir / "config.json").is_file():
             raise UserError(f"{run_dir} is not a run directory (no config.json)")
-        cfg = _config("", pairs, config_file=str(run_dir / "config.json"))
+        cfg = resolve_config("", pairs, config_file=str(run_dir / "config.json"))
         policy_dir = run_dir / "policy"
         if not (policy_dir / "lmprefs.json").is_file():
             raise UserError(f"{run_dir} holds no trained policy yet ({policy_dir} is missing)")
     else:
-        cfg = _config(a.preset, pairs)
+        cfg = resolve_config(a.preset, pairs)
     for q, r in sample_texts(cfg, a.n, policy_dir, a.temperature, a.seed, a.split):
         print("=" * 80)
         print(show(q))

@@ -3,6 +3,7 @@ is a callable (API) or module:function (CLI)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import pytest
 
 import lmprefs
 from lmprefs.cli import main
+from lmprefs.errors import UserError
 from lmprefs.overrides import ConfigError
 
 
@@ -27,6 +29,13 @@ def test_import_is_cheap_and_config_takes_python_values():
         lmprefs.make_config("tiny", {"ppo.noptepochs": 4.5})
     with pytest.raises(ConfigError, match="did you mean --ppo.nminibatches"):
         lmprefs.make_config("tiny", {"ppo.nminibatch": 2})
+    # the machine checks run on the config after the overrides, as on the command line (they ran before them)
+    if importlib.util.find_spec("wandb") is None:
+        with pytest.raises(UserError, match="wandb package is not installed"):
+            lmprefs.make_config("tiny", {"run.report_to": ["tensorboard", "wandb"]})
+    # the API builds configs without the command-line module (make_config used lmprefs.cli._config)
+    code = "import sys, lmprefs; lmprefs.make_config('tiny', {'ppo.lr': 1e-3}); print('lmprefs.cli' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
 def test_a_reward_function_of_ones_own_via_api_and_cli(tmp_path, monkeypatch):
