@@ -175,7 +175,7 @@ def latest_good(out: Path, announce=print) -> tuple[Path, dict] | None:
 # The config a checkpoint was trained with
 
 # keys that change how often things are written or how many threads run, never the numbers a run computes
-NOT_MATH = ("run.log_interval", "run.save_interval", "run.threads", "run.save_dir")
+NOT_MATH = ("run.log_interval", "run.save_interval", "run.threads", "run.save_dir", "lora.merged_reward_model")
 
 
 def flat_config(cfg) -> dict:

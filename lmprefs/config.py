@@ -190,6 +190,10 @@ class LoraConfig:
     layers: int = 0
     """Adapters only in the top N transformer blocks (0 = all): backward passes then stop at the lowest adapted
     block, so training costs a forward plus N/L of a backward."""
+    merged_reward_model: bool = False
+    """With LoRA, save the reward model merged into a full sequence classifier (the base model's size, in its
+    dtype) instead of its adapter in peft's format (~1% of that; AutoModelForSequenceClassification loads either,
+    the adapter with num_labels=1). The final policy is saved merged once either way; checkpoints hold adapters."""
 
 
 @dataclass(frozen=True)

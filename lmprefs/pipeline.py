@@ -265,7 +265,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     if cfg.labels.type == "scalar_rating":
         extra["scores_as"] = cfg.labels.scores_as
     if dist.is_main():
-        save_reward_model(whole, out_dir, extra=extra)
+        save_reward_model(whole, out_dir, extra=extra, merged=cfg.lora.merged_reward_model)
     dist.barrier()  # every rank may read it once this returns
     return rm, summary
 

@@ -5,6 +5,7 @@ training temperature, and reward models from elsewhere (TRL's layout) loadable a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,8 +72,10 @@ def test_lora_policy_saves_peft_adapters_and_a_merged_model_once(lora_policy, tm
         assert torch.allclose(load_policy(tmp_path / "ckpt").lm(ids).logits, want, atol=1e-5)
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("lora", [False, "merged", "adapter"])
 def test_reward_model_loads_as_a_sequence_classifier_with_lmprefs_scores(lora, tmp_path):
+    """Full fine-tuning and a merged LoRA reward model: a whole classifier; a LoRA one by default (issue 14, defect
+    5): its adapter and head in peft's format, ~1% of the size, loaded by the same call with num_labels=1."""
     from transformers import AutoModelForSequenceClassification
 
     lm, tok = load_lm("tiny-gpt2")
@@ -89,15 +92,28 @@ def test_reward_model_loads_as_a_sequence_classifier_with_lmprefs_scores(lora, t
     r[0, 3:] = PAD  # a truncated response: the reward is read at its last real token
     with torch.no_grad():
         want = rm(q, r)
-    save_reward_model(rm, tmp_path / "rm", extra={"task": {}})
+    save_reward_model(rm, tmp_path / "rm", extra={"task": {}}, merged=lora != "adapter")
     assert is_reward_model_dir(tmp_path / "rm")
-    seq = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").eval()
+    if lora == "adapter":
+        assert not (tmp_path / "rm" / "model.safetensors").exists()
+        size = (tmp_path / "rm" / "adapter_model.safetensors").stat().st_size
+        assert size < resolve_model_size("tiny-gpt2") / 20
+        seq = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm", num_labels=1, pad_token_id=50256)
+    else:
+        seq = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")
+    seq.eval()
     pad = seq.config.pad_token_id
     ids = torch.cat([q, r], 1)
     with torch.no_grad():  # right padding with the config's pad id, as a transformers user would batch
         got = seq(input_ids=torch.where(ids == PAD, pad, ids), attention_mask=(ids != PAD).long()).logits[:, 0]
         assert torch.allclose(got, want, atol=1e-4), (got, want)
         assert torch.allclose(load_reward_model(tmp_path / "rm").eval()(q, r), want, atol=1e-4)
+
+
+def resolve_model_size(name: str) -> int:
+    from lmprefs.assets import resolve_model
+
+    return (Path(resolve_model(name)) / "model.safetensors").stat().st_size
 
 
 def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path):
@@ -119,3 +135,27 @@ def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path):
             str(tmp_path / "run"), "--ppo.total-episodes", "16"]  # fmt: skip
     assert main(args) == 0
     assert (tmp_path / "run" / "policy" / "model.safetensors").is_file()
+
+
+def test_lora_exports_keep_the_base_models_dtype(tmp_path):
+    """Issue 14, defect 5: lmprefs trains in fp32, but a merged export of a bf16 base (the merged policy, a merged
+    reward model) is written in bf16, not as an fp32 copy twice the size; the adapters stay fp32 as trained."""
+    from safetensors import safe_open
+
+    lm, tok = load_lm("tiny-gpt2")
+    lm.to(torch.bfloat16).save_pretrained(tmp_path / "bf16_base")
+    tok.save_pretrained(tmp_path / "bf16_base")
+    lm, tok = load_lm(str(tmp_path / "bf16_base"))
+    assert next(lm.parameters()).dtype == torch.float32  # trained in fp32
+    add_adapter(lm, LoraConfig(rank=4, alpha=8.0), "policy", seed=1)
+    add_adapter(lm, LoraConfig(rank=4, alpha=8.0), "reward", seed=1)
+    save_policy(Policy(lm, tok, 0.7, adapter="policy"), tmp_path / "policy")
+    save_reward_model(RewardModel(lm, tok, adapter="reward", seed=0), tmp_path / "rm", merged=True)
+
+    def dtypes(f):
+        with safe_open(str(f), "pt") as s:
+            return {s.get_slice(k).get_dtype() for k in s.keys()}
+
+    assert dtypes(tmp_path / "policy" / "model.safetensors") == {"BF16"}
+    assert dtypes(tmp_path / "rm" / "model.safetensors") == {"BF16"}
+    assert dtypes(tmp_path / "policy" / "adapter" / "adapter_model.safetensors") == {"F32"}

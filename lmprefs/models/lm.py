@@ -88,7 +88,12 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
         # elementwise ops in Python, "gelu_pytorch_tanh" as one kernel: the same function (|dlogprob| ~1e-6), ~5%
         # faster PPO steps on the benchmark's GPT-2
         cfg.activation_function = "gelu_pytorch_tanh"
+    source_dtype = getattr(cfg, "dtype", None)  # as published, before loading in fp32 rewrites the config
+    if isinstance(source_dtype, str):
+        source_dtype = getattr(torch, source_dtype, None)
     model = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch.float32).to(device).eval()
+    # exports of merged models go back to it (export_dtype)
+    model.source_dtype = source_dtype if isinstance(source_dtype, torch.dtype) else torch.float32
     tok = AutoTokenizer.from_pretrained(path)
     return model, tok
 
@@ -485,8 +490,8 @@ def _save_policy(policy: Policy, out: Path, merged: bool = False) -> None:
         save_peft_adapter(policy.lm, policy.adapter, out / "adapter")
         if policy.value_adapter is not None:
             save_peft_adapter(policy.lm, policy.value_adapter, out / "value_adapter")
-        if merged:
-            _save_lm(merged_copy(policy.lm, policy.adapter), out, policy.temperature)
+        if merged:  # in the base model's published dtype: an export to sample from, not training state
+            _save_lm(merged_copy(policy.lm, policy.adapter).to(export_dtype(policy.lm)), out, policy.temperature)
     else:
         _save_lm(policy.lm, out, policy.temperature)
         if policy.value_lm is not None:
@@ -545,32 +550,65 @@ def _load_merged_adapter(adapter_dir: Path, device):
     return PeftModel.from_pretrained(lm, str(adapter_dir)).merge_and_unload().eval(), tok
 
 
-def save_reward_model(rm: RewardModel, out: Path, extra: dict | None = None) -> None:
+def save_reward_model(rm: RewardModel, out: Path, extra: dict | None = None, merged: bool = True) -> None:
     with atomic_dir(out) as tmp:
-        _save_reward_model(rm, tmp, extra)
+        _save_reward_model(rm, tmp, extra, merged)
 
 
-def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None) -> None:
+def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None, merged: bool = True) -> None:
     """A standard sequence-classification directory: AutoModelForSequenceClassification.from_pretrained(DIR) gives
     lmprefs' rewards (num_labels=1, read at the last non-pad token; see to_sequence_classifier), plus the tokenizer
-    and lmprefs.json (the task it was trained for, its training summary)."""
+    and lmprefs.json (the task it was trained for, its training summary). A LoRA reward model with `merged` off is
+    saved as its adapter instead, in peft's format for a sequence classifier (the score head and, where it holds the
+    folded constant, the final norm as modules_to_save): AutoModelForSequenceClassification.from_pretrained(DIR,
+    num_labels=1) loads the base model and the adapter and gives the same rewards, at ~1% of the size."""
     import json
 
-    from lmprefs.models.lora import merged_copy
+    from lmprefs.models.lora import merged_copy, save_peft_adapter
 
-    lm = merged_copy(rm.lm, rm.adapter) if rm.adapter else rm.lm
-    to_sequence_classifier(lm, rm).save_pretrained(out)
+    meta = {"kind": "reward_model", **(extra or {})}
+    if rm.adapter and not merged:
+        tensors, const = score_head_tensors(rm.lm, rm)
+        save_peft_adapter(rm.lm, rm.adapter, out, task_type="SEQ_CLS", extra=tensors)
+        if const is not None:
+            meta["score_bias"] = const
+    else:
+        lm = merged_copy(rm.lm, rm.adapter) if rm.adapter else rm.lm
+        seq = to_sequence_classifier(lm, rm)
+        seq.to(export_dtype(rm.lm)).save_pretrained(out)
     rm.tokenizer.save_pretrained(out)
-    (out / "lmprefs.json").write_text(json.dumps({"kind": "reward_model", **(extra or {})}, indent=1))
+    (out / "lmprefs.json").write_text(json.dumps(meta, indent=1))
+
+
+def export_dtype(lm) -> torch.dtype:
+    """The dtype an exported (merged) model is written in: the one the initial model was published in (load_lm
+    trains in fp32 and records it), so a bf16 base is not saved as an fp32 copy twice its size."""
+    return getattr(lm, "source_dtype", None) or torch.float32
+
+
+@torch.no_grad()
+def score_head_tensors(lm, rm: RewardModel) -> tuple[dict[str, Tensor], float | None]:
+    """The sequence classifier's own tensors for rm, named as in XForSequenceClassification, and the constant left
+    over (None when folded in). score.weight = gain * w; the constant c = gain * b + bias is folded into the final
+    norm's bias along w (w . (h + c w / |w|^2) = w . h + c): exact for trunks whose final norm has a bias (GPT-2).
+    Llama-style RMSNorm has none; there c is returned, for lmprefs to add back (other readers see an offset)."""
+    w = (rm.gain * rm.head.linear.weight).float()  # [1, d]
+    c = float(rm.gain * rm.head.linear.bias + rm.bias)
+    out = {"score.weight": w.detach().clone()}
+    norm_name = _trunk_names(lm)[1]
+    name, norm = f"{lm.base_model_prefix}.{norm_name}", getattr(lm.base_model, norm_name)
+    if getattr(norm, "bias", None) is None:
+        return out, c
+    out[f"{name}.weight"] = norm.weight.detach().clone()
+    out[f"{name}.bias"] = norm.bias.detach() + (c * w[0] / (w[0] @ w[0])).to(norm.bias.dtype)
+    return out, None
 
 
 @torch.no_grad()
 def to_sequence_classifier(lm, rm: RewardModel):
     """`lm`'s trunk with rm's head as a transformers XForSequenceClassification (num_labels=1) computing
-    gain * (w . h + b) + bias at the last real token. Its score layer has no bias, so the constant
-    c = gain * b + bias is folded into the final norm's bias along w (w . (h + c w / |w|^2) = w . h + c): exact for
-    trunks whose final norm has a bias (GPT-2). Llama-style RMSNorm has none; there the constant is kept in the
-    config as `lmprefs_score_bias`, which lmprefs adds back and other readers see as a constant offset."""
+    gain * (w . h + b) + bias at the last real token (score_head_tensors: the constant folded into the final norm
+    where it has a bias, else kept in the config as `lmprefs_score_bias`, which lmprefs adds back)."""
     import copy
 
     from transformers import AutoModelForSequenceClassification
@@ -582,14 +620,11 @@ def to_sequence_classifier(lm, rm: RewardModel):
         cfg.pad_token_id = rm.tokenizer.pad_token_id if rm.tokenizer.pad_token_id is not None else cfg.eos_token_id
     seq = AutoModelForSequenceClassification.from_config(cfg, dtype=next(lm.parameters()).dtype)
     seq.base_model.load_state_dict(lm.base_model.state_dict())
-    w = (rm.gain * rm.head.linear.weight).float().cpu()  # [1, d]; seq is built on the CPU, rm may be on a GPU
-    c = float(rm.gain * rm.head.linear.bias + rm.bias)
-    seq.score.weight.copy_(w)
-    norm = getattr(seq.base_model, _trunk_names(seq)[1])
-    if getattr(norm, "bias", None) is not None:
-        norm.bias.add_((c * w[0] / (w[0] @ w[0])).to(norm.bias.dtype))
-    else:
-        seq.config.lmprefs_score_bias = c
+    tensors, const = score_head_tensors(lm, rm)
+    missed = seq.load_state_dict(tensors, strict=False).unexpected_keys
+    assert not missed, missed
+    if const is not None:
+        seq.config.lmprefs_score_bias = const
     return seq.eval()
 
 
@@ -601,6 +636,10 @@ def is_reward_model_dir(path: Path) -> bool:
     path = Path(path)
     if (path / "reward_head.safetensors").is_file():
         return True
+    try:  # a LoRA adapter for a sequence classifier (lmprefs' own, or TRL's with peft)
+        return json.loads((path / "adapter_config.json").read_text()).get("task_type") == "SEQ_CLS"
+    except (OSError, ValueError, AttributeError):
+        pass
     try:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
@@ -611,8 +650,11 @@ def is_reward_model_dir(path: Path) -> bool:
 
 
 def load_reward_model(path: Path, device: torch.device | str = "cpu") -> RewardModel:
-    """A reward model from a sequence-classification directory (num_labels=1), e.g. lmprefs' or TRL's; rewards are
-    its score at the last real token (plus `lmprefs_score_bias` where lmprefs kept it in the config)."""
+    """A reward model from a sequence-classification directory (num_labels=1), e.g. lmprefs' or TRL's, or a LoRA
+    adapter for one (lmprefs' or TRL's with peft); rewards are its score at the last real token (plus the constant
+    lmprefs kept as `lmprefs_score_bias` in the config, or `score_bias` in lmprefs.json beside an adapter)."""
+    import json
+
     from safetensors.torch import load_file
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -629,10 +671,34 @@ def load_reward_model(path: Path, device: torch.device | str = "cpu") -> RewardM
             rm.gain.copy_(t["gain"])
             rm.bias.copy_(t["bias"])
         return rm.to(device)
-    seq = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32).to(device).eval()
+    if (path / "adapter_config.json").is_file():
+        seq = _load_classifier_adapter(path)
+        meta = json.loads((path / "lmprefs.json").read_text()) if (path / "lmprefs.json").is_file() else {}
+        const = meta.get("score_bias", 0.0)
+    else:
+        seq = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32)
+        const = getattr(seq.config, "lmprefs_score_bias", 0.0)
+    seq = seq.to(device).eval()
     rm = RewardModel(seq, AutoTokenizer.from_pretrained(str(path)))
     with torch.no_grad():
         rm.head.linear.weight.copy_(seq.score.weight)
         rm.head.linear.bias.zero_()
-        rm.bias.fill_(float(getattr(seq.config, "lmprefs_score_bias", 0.0)))
+        rm.bias.fill_(float(const))
     return rm.to(device)
+
+
+def _load_classifier_adapter(path: Path):
+    """The base model of a sequence-classifier LoRA adapter directory as a classifier (num_labels=1), with the
+    adapter and its saved head merged in."""
+    import json
+
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    from lmprefs.assets import resolve_model
+
+    base = resolve_model(json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"])
+    hf_logging.set_verbosity_error()  # the base's score head is reported missing: the adapter brings it
+    seq = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
+    return PeftModel.from_pretrained(seq, str(path)).merge_and_unload()

@@ -131,10 +131,13 @@ def adapter_state(model: nn.Module) -> dict[str, Tensor]:
     return {k: v.detach().cpu() for k, v in model.state_dict().items() if ".A." in k or ".B." in k}
 
 
-def save_peft_adapter(model: nn.Module, name: str, out) -> None:
+def save_peft_adapter(model: nn.Module, name: str, out, task_type: str = "CAUSAL_LM",
+                      extra: dict[str, Tensor] | None = None) -> None:  # fmt: skip
     """Adapter `name` in peft's format (adapter_config.json + adapter_model.safetensors), so that
     PeftModel.from_pretrained(initial_model, out) rebuilds it: same modules, rank, alpha (scale alpha / rank),
-    GPT-2's Conv1D as fan_in_fan_out."""
+    GPT-2's Conv1D as fan_in_fan_out. `extra`: whole modules' tensors saved beside the adapter as peft's
+    modules_to_save ({"score.weight": ...} for a sequence classifier's head); task_type "SEQ_CLS" for those.
+    The adapters are written in fp32, as trained (they are ~1% of the model)."""
     from pathlib import Path
 
     from peft import LoraConfig as PeftLoraConfig
@@ -144,10 +147,12 @@ def save_peft_adapter(model: nn.Module, name: str, out) -> None:
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
     first = mods[0][1]
     base = getattr(model, "name_or_path", None) or model.config.name_or_path
+    whole = sorted({k.rsplit(".", 1)[0] for k in extra or {}})  # modules saved whole: "score", "transformer.ln_f"
     PeftLoraConfig(r=first.rank, lora_alpha=first.rank * first.scale, target_modules=[n for n, _ in mods],
-                   lora_dropout=0.0, bias="none", fan_in_fan_out=first.transposed, task_type="CAUSAL_LM",
-                   base_model_name_or_path=str(base), inference_mode=True).save_pretrained(str(out))  # fmt: skip
-    tensors = {}
+                   lora_dropout=0.0, bias="none", fan_in_fan_out=first.transposed, task_type=task_type,
+                   modules_to_save=whole or None, base_model_name_or_path=str(base),
+                   inference_mode=True).save_pretrained(str(out))  # fmt: skip
+    tensors = {f"base_model.model.{k}": v.detach().float().cpu().contiguous() for k, v in (extra or {}).items()}
     for n, m in mods:
         tensors[f"base_model.model.{n}.lora_A.weight"] = m.A[name].detach().float().cpu().contiguous()  # [r, in]
         tensors[f"base_model.model.{n}.lora_B.weight"] = m.B[name].detach().float().cpu().contiguous()  # [out, r]
