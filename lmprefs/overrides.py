@@ -82,21 +82,32 @@ def _set(obj, path: list[str], value: Any):
 
 
 def apply_overrides(cfg: Config, pairs: list[tuple[str, str]], origin: str = "command line") -> Config:
-    """cfg with each (dotted key, text value) applied; ConfigError names an unknown key and suggests one."""
+    """cfg with each (dotted key, text value) applied; ConfigError names an unknown key and suggests one. The result
+    is validated once, with every override in place, so their order does not matter (`--ppo.batch-size 64
+    --ppo.total-episodes 512` was refused: 64 episodes over the preset's total of 32)."""
     keys = all_keys()
+    values = {}
     for raw_key, text in pairs:
         key = raw_key.replace("-", "_")
         if key not in keys:
             near = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.5)
             hint = f"; did you mean --{near[0].replace('_', '-')}?" if near else "; see --help for the keys"
             raise ConfigError(f"unknown config key --{raw_key} (from the {origin}){hint}")
-        try:
-            cfg = _set(cfg, key.split("."), parse_value(text, keys[key], key))
-        except ValueError as e:  # Config.__post_init__ validation
-            if isinstance(e, UserError):
-                raise
-            raise ConfigError(f"--{raw_key} {text}: {e}") from None
-    return cfg
+        values[key] = parse_value(text, keys[key], key)
+    if not values:
+        return cfg
+    sections = {}
+    for key, v in values.items():
+        sec, name = key.split(".")
+        sections.setdefault(sec, {})[name] = v
+    try:  # sections do not validate; Config does, once
+        return dataclasses.replace(cfg, **{sec: dataclasses.replace(getattr(cfg, sec), **kv)
+                                           for sec, kv in sections.items()})  # fmt: skip
+    except ValueError as e:  # Config.__post_init__ validation
+        if isinstance(e, UserError):
+            raise
+        given = " ".join(f"--{k.replace('_', '-')} {t}" for k, t in pairs)
+        raise ConfigError(f"{given}: {e}" if len(pairs) == 1 else f"{e} (from the {origin})") from None
 
 
 def set_value(cfg: Config, raw_key: str, value: Any, origin: str = "Python API") -> Config:

@@ -43,6 +43,11 @@ def test_overrides_parse_by_type_and_reject_unknown_keys():
         apply_overrides(cfg, [("ppo.batch-size", "1.5")])
     with pytest.raises(ConfigError, match="nminibatches"):
         apply_overrides(cfg, [("ppo.nminibatches", "3")])  # 512 % 3 != 0: validation names the values
+    # validated once with every override in place: the order of dependent overrides does not matter
+    tiny = preset("tiny")  # 32 episodes of 16
+    for pairs in ([("ppo.batch-size", "64"), ("ppo.total-episodes", "512")],
+                  [("ppo.total-episodes", "512"), ("ppo.batch-size", "64")]):  # fmt: skip
+        assert apply_overrides(tiny, pairs).ppo.num_updates == 8
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.ppo.noptepochs = 1  # the original's tests set a field that did not exist; frozen configs refuse
 
