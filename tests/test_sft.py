@@ -51,7 +51,8 @@ def test_tiny_sft_lowers_the_response_loss_and_saves_a_loadable_hf_model(sft_run
     assert type(hf).__name__ == "GPT2LMHeadModel" and hf.config.activation_function == "gelu_new"  # as the source
     # the saved weights are the trained ones: their response loss is the one measured at the end of training
     assert abs(saved_loss(out, sft_run / "pairs.jsonl") - meta["sft/final_loss"]) < 1e-4
-    assert abs(saved_loss("tiny-gpt2", sft_run / "pairs.jsonl") - meta["sft/initial_loss"]) < 1e-4
+    initial = saved_loss(preset("tiny").task.initial_model, sft_run / "pairs.jsonl")
+    assert abs(initial - meta["sft/initial_loss"]) < 1e-4
     rows = read_jsonl(sft_run / "run" / "metrics.jsonl")
     assert any("sft/loss" in r for r in rows) and (sft_run / "run" / "config.json").is_file()
     assert list((sft_run / "run" / "logs" / "sft").glob("events.out.tfevents.*"))
@@ -72,7 +73,7 @@ def test_lora_sft_saves_the_merged_model_and_trl_completions_are_read(tmp_path):
 
     data = write_pairs(tmp_path / "trl.jsonl", key="completion")
     assert main(["train-sft", "tiny", "--sft.data", str(data), "--run-dir", str(tmp_path / "run"), *ARGS,
-                 "--lora.rank", "4"]) == 0  # fmt: skip
+                 "--lora.rank", "4", "--task.initial-model", "tiny-gpt2"]) == 0  # fmt: skip
     out = tmp_path / "run" / "sft_model"
     meta = json.loads((out / "lmprefs.json").read_text())
     # a rank-4 adapter on attention moves a random 32-dim model's loss less than full fine-tuning does
