@@ -592,15 +592,15 @@ def score_head_tensors(lm, rm: RewardModel) -> tuple[dict[str, Tensor], float | 
     over (None when folded in). score.weight = gain * w; the constant c = gain * b + bias is folded into the final
     norm's bias along w (w . (h + c w / |w|^2) = w . h + c): exact for trunks whose final norm has a bias (GPT-2).
     Llama-style RMSNorm has none; there c is returned, for lmprefs to add back (other readers see an offset)."""
-    w = (rm.gain * rm.head.linear.weight).float()  # [1, d]
+    w = (rm.gain * rm.head.linear.weight).detach().float().cpu()  # [1, d]; written from the CPU, rm may be on a GPU
     c = float(rm.gain * rm.head.linear.bias + rm.bias)
-    out = {"score.weight": w.detach().clone()}
+    out = {"score.weight": w}
     norm_name = _trunk_names(lm)[1]
     name, norm = f"{lm.base_model_prefix}.{norm_name}", getattr(lm.base_model, norm_name)
     if getattr(norm, "bias", None) is None:
         return out, c
-    out[f"{name}.weight"] = norm.weight.detach().clone()
-    out[f"{name}.bias"] = norm.bias.detach() + (c * w[0] / (w[0] @ w[0])).to(norm.bias.dtype)
+    out[f"{name}.weight"] = norm.weight.detach().cpu().clone()
+    out[f"{name}.bias"] = norm.bias.detach().cpu() + (c * w[0] / (w[0] @ w[0])).to(norm.bias.dtype)
     return out, None
 
 
