@@ -173,7 +173,7 @@ def test_nan_parameters_are_never_saved_and_resume_after_andon_needs_a_change(tm
     assert main(["train-policy", "tiny", "--resume", "--continue-after-andon", "--run-dir", str(d),
                  "--ppo.lr", "5e-5"]) == 0  # fmt: skip
     meta = json.loads((d / "run.json").read_text())
-    assert meta["continued_after_andon"][0]["changes"] == ["ppo.lr 0.0001 -> 5e-05"]
+    assert meta["continued_after_andon"][0]["changes"] == ["ppo.lr 0.003 -> 5e-05"]
     assert meta["continued_after_andon"][0]["resumed_at"] == 2 and not (d / "ANDON").exists()
     assert all(torch.isfinite(v).all() for v in policy_tensors(d).values())
     assert [r["step"] for r in read_jsonl(d / "metrics.jsonl")] == [1, 2, 3, 4]
@@ -263,8 +263,8 @@ def test_resume_refuses_what_would_change_the_math_and_names_it(tmp_path, vader_
     cfg = json.loads((d / "config.json").read_text())
     other_cfg.write_text(json.dumps({**cfg, "ppo": {**cfg["ppo"], "lr": 0.5}}))
     for extra, words in [(["--reward", "descriptiveness"], "--reward vader, not descriptiveness"),
-                         (["--ppo.lr", "0.5"], "ppo.lr 0.0001 -> 0.5"),
-                         (["--config", str(other_cfg)], "ppo.lr 0.0001 -> 0.5")]:  # fmt: skip
+                         (["--ppo.lr", "0.5"], "ppo.lr 0.003 -> 0.5"),
+                         (["--config", str(other_cfg)], "ppo.lr 0.003 -> 0.5")]:  # fmt: skip
         capsys.readouterr()
         assert main(resume + extra) == 2, extra
         assert words in capsys.readouterr().err, extra
