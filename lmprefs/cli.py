@@ -581,7 +581,7 @@ def _writing_prompts(argv: list[str]) -> int:
         from lmprefs.pipeline import reward_function
 
         reward_function(a.true_reward)  # an unknown name is refused before any work
-    run_dir = _run_dir(a.run_dir, _config(a.preset, []), "experiment", "writing-prompts")
+    run_dir = _run_dir(a.run_dir, resolve_config(a.preset, []), "experiment", "writing-prompts")
     cfg_file, args_file = run_dir / "experiment-config.json", run_dir / "experiment-args.json"
     import json
 
@@ -591,8 +591,8 @@ def _writing_prompts(argv: list[str]) -> int:
     if cfg_file.exists():  # resuming: the same command line again, or no overrides (the saved config)
         from lmprefs.checkpoint import flat_config, math_changes
 
-        cfg = _config(a.preset, [], str(cfg_file))
-        diff = math_changes(flat_config(cfg), flat_config(_config(a.preset, pairs))) if pairs else []
+        cfg = resolve_config(a.preset, [], str(cfg_file))
+        diff = math_changes(flat_config(cfg), flat_config(resolve_config(a.preset, pairs))) if pairs else []
         saved = json.loads(args_file.read_text()) if args_file.exists() else own
         diff += [f"--{k.replace('_', '-')} {saved[k]} -> {own[k]}" for k in own
                  if k in saved and own[k] != saved[k] and (k != "data" or a.data)]  # fmt: skip
@@ -602,7 +602,7 @@ def _writing_prompts(argv: list[str]) -> int:
         own = saved
         print(f"resuming {run_dir}", flush=True)
     else:
-        cfg = _config(a.preset, pairs)
+        cfg = resolve_config(a.preset, pairs)
         run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, cfg_file)
         from lmprefs.overrides import atomic_write_text
