@@ -107,7 +107,7 @@ def test_reward_model_learns_from_scores_either_way(tmp_path, scores_as):
     import_file(store, write(tmp_path / "s.jsonl", score_rows(96)))
     cfg = preset("tiny")
     labels = R(cfg.labels, type="scalar_rating", scores_as=scores_as, num_train=1000, heldout_fraction=0.25)
-    cfg = R(cfg, labels=labels, train_reward=R(cfg.train_reward, lr=2e-3, epochs=3))
+    cfg = R(cfg, labels=labels, train_reward=R(cfg.train_reward, lr=2e-3, epochs=5))  # 0.84 / 0.79 vs 0.39 before
     rm, s = train_reward_model(setup_task(cfg), store, tmp_path / "rm")
     # both are judged on the same held-out prompts by the same figure: pairs of responses ordered as their scores
     assert s["heldout/accuracy"] > 0.75 and s["initial_heldout/accuracy"] < 0.6, s
