@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["make_config", "label", "train_reward", "train_policy", "sample", "score"]
+__all__ = ["make_config", "label", "train_reward", "train_policy", "sample", "score", "optimal_frontier"]
 
 
 def make_config(preset: str = "tiny", overrides: dict[str, Any] | None = None, *,
@@ -91,3 +91,14 @@ def score(reward_model: str | Path, texts: list, *, device: str = "auto", trunca
     pairs = [tuple(t) if isinstance(t, tuple | list) else ("", t) for t in texts]
     dev = pick_device(device)
     return score_texts(load_reward_model(path, dev).eval(), task, pairs, dev, truncate=truncate)[0]
+
+
+def optimal_frontier(rewards, betas, min_ess: float = 10.0) -> list[dict]:
+    """The paper's Figure 3 yardstick from your own samples: rewards [Q][M] of M samples of the initial policy for
+    each of Q queries -> per beta, E*[r] and KL(pi*, rho) of pi* ~ rho exp(r/beta), averaged over queries, with
+    Monte Carlo standard errors, effective sample sizes and whether to trust the point (lmprefs/frontier.py)."""
+    import torch
+
+    from lmprefs.frontier import frontier
+
+    return frontier(torch.as_tensor(rewards, dtype=torch.float64), betas, min_ess)

@@ -15,8 +15,9 @@ from lmprefs.errors import UserError
 from lmprefs.overrides import resolve_config
 
 COMMANDS = {
-    "experiment": "mock-sentiment: Figure 2 at small scale (reward models from N labels vs direct access); "
-    "writing-prompts: SFT, a reward model from scores, PPO with a separate value model; resumable",
+    "experiment": "mock-sentiment: Figure 2 (reward models from N labels vs direct access, over seeds); kl-frontier: "
+    "Figure 3 (KL vs true reward of PPO runs beside the optimal policy); writing-prompts: SFT, a reward model from "
+    "scores, PPO with a separate value model; resumable",
     "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
     "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen)",
     "sample": "print queries and sampled continuations from the initial model or a trained policy",
@@ -494,46 +495,120 @@ def cmd_quickstart(argv: list[str]) -> int:
     return 0
 
 
+def _numbers(text: str, flag: str, kind=float) -> list:
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated numbers like 1,2,4") from None
+
+
 def cmd_experiment(argv: list[str]) -> int:
     from lmprefs.overrides import split_overrides
 
     if argv[:1] == ["writing-prompts"]:
         return _writing_prompts(argv[1:])
     argv, pairs = split_overrides(argv)
-    p = _parser("experiment", "lmprefs experiment mock-sentiment [--labels 250,1000,4000] [--run-dir DIR] [...]")
-    p.add_argument("name", choices=["mock-sentiment", "writing-prompts"],
-                   help="mock-sentiment: the paper's Figure 2; writing-prompts: SFT, a reward model from scores and "
-                   "PPO with a separate value model (lmprefs experiment writing-prompts --help)")
-    p.add_argument("--preset", default="quickstart", help="preset every arm starts from (default quickstart)")
-    p.add_argument("--labels", default="250,1000,4000", help="label counts of the reward-model arms")
+    p = _parser("experiment", "lmprefs experiment {mock-sentiment,kl-frontier,writing-prompts} [PRESET] "
+                "[--run-dir DIR] [...]")  # fmt: skip
+    p.add_argument("name", choices=["mock-sentiment", "kl-frontier", "writing-prompts"],
+                   help="mock-sentiment: the paper's Figure 2 (reward models from N labels vs direct access); "
+                   "kl-frontier: Figure 3 (KL vs true reward of PPO runs beside the optimal policy); writing-prompts: "
+                   "SFT, a reward model from scores and PPO with a separate value model (lmprefs experiment "
+                   "writing-prompts --help)")  # fmt: skip
+    p.add_argument("preset_arg", nargs="?", metavar="PRESET", help="preset every arm starts from (default quickstart)")
+    p.add_argument("--preset", default=None, help="the same as PRESET")
     p.add_argument("--run-dir", default=None, help="directory (an existing one resumes)")
-    p.add_argument("--eval-queries", type=int, default=256, help="held-out queries for the true-reward evaluation")
-    p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query")
+    p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query for each PPO arm")
+    g = p.add_argument_group("mock-sentiment")
+    g.add_argument("--labels", default="250,1000,4000", help="label counts of the reward-model arms")
+    g.add_argument("--seeds", type=int, default=1, help="seeds of every arm (reward-model init, label subset, PPO)")
+    g.add_argument("--eval-queries", type=int, default=256, help="held-out queries for the true-reward evaluation")
+    g = p.add_argument_group("kl-frontier")
+    g.add_argument("--queries", type=int, default=64, help="Q: held-out queries for the frontier and the PPO arms")
+    g.add_argument("--samples", type=int, default=256, help="M: samples of the initial policy per query")
+    g.add_argument("--betas", default=None, help="beta grid of the optimal frontier (default 25 from 0.01 to 10)")
+    g.add_argument("--kl-targets", default="1,2,4,6", help="PPO arms with the adaptive KL controller at these targets")
+    g.add_argument("--kl-coefs", default="", help="PPO arms with a fixed KL coefficient (beta) each")
+    g.add_argument("--true-reward", default=None, help="true reward: vader, descriptiveness or module:function "
+                   "(default labels.labeler)")  # fmt: skip
+    g.add_argument("--min-ess", type=float, default=10.0, help="frontier points with a smaller mean effective "
+                   "sample size are marked as not trusted")  # fmt: skip
+    g.add_argument("--figure2", default=None, help="a mock-sentiment run directory whose arms are added as points")
     _help_with_config(p, argv, "quickstart", pairs)
     a = p.parse_args(argv)
-    from lmprefs.experiment import run_mock_sentiment
+    if a.preset and a.preset_arg and a.preset != a.preset_arg:
+        raise UserError(f"preset given twice: {a.preset_arg} and --preset {a.preset}")
+    preset_name = a.preset or a.preset_arg or "quickstart"
+    other = {"mock-sentiment": ("--queries", "--samples", "--betas", "--kl-targets", "--kl-coefs", "--true-reward",
+                                "--min-ess", "--figure2"),
+             "kl-frontier": ("--labels", "--seeds", "--eval-queries")}[a.name]  # fmt: skip
+    given = [f for f in other if any(x == f or x.startswith(f + "=") for x in argv)]
+    if given:
+        raise UserError(f"{given[0]} is not an option of `experiment {a.name}` (see lmprefs experiment --help)")
+    from lmprefs import experiment
 
-    try:
-        counts = sorted({int(x) for x in a.labels.split(",") if x.strip()})
-    except ValueError:
-        raise UserError(f"--labels {a.labels!r}: expected comma-separated label counts like 250,1000,4000") from None
-    if not counts or counts[0] <= 0:
-        raise UserError(f"--labels {a.labels!r}: label counts must be positive")
-    run_dir = _run_dir(a.run_dir, resolve_config(a.preset, []), "experiment", a.name)
+    if a.eval_samples < 1:
+        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
+    run_dir = _run_dir(a.run_dir, resolve_config(preset_name, []), "experiment", a.name)
     cfg_file = run_dir / "experiment-config.json"
     if cfg_file.exists():  # resuming: the saved config wins
         if pairs:
             raise UserError(f"{run_dir} is an existing experiment; drop the --section.key overrides to resume it")
-        cfg = resolve_config(a.preset, [], str(cfg_file))
+        cfg = resolve_config(preset_name, [], str(cfg_file))
     else:
-        cfg = resolve_config(a.preset, pairs)
-        from lmprefs.overrides import save_config
+        cfg = resolve_config(preset_name, pairs)
 
-        save_config(cfg, cfg_file)
-    out = run_mock_sentiment(cfg, run_dir, counts, a.eval_queries, a.eval_samples)
-    for k, v in out["results"].items():
-        if "mean" in v:
-            print(f"  {k:12s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f}")
+    def on_start():  # every input checked: now the run directory may be written
+        if not cfg_file.exists():
+            from lmprefs.overrides import save_config
+
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, cfg_file)
+
+    if a.name == "mock-sentiment":
+        counts = sorted(set(_numbers(a.labels, "--labels", int)))
+        if not counts or counts[0] <= 0:
+            raise UserError(f"--labels {a.labels!r}: label counts must be positive")
+        if a.seeds < 1:
+            raise UserError(f"--seeds {a.seeds}: must be at least 1")
+        if a.eval_queries < 2:
+            raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2")
+        out = experiment.run_mock_sentiment(cfg, run_dir, counts, a.eval_queries, a.eval_samples, a.seeds, on_start)
+        for k, v in {"initial": out["results"]["initial"], **out["results"]["summary"]}.items():
+            print(f"  {k:12s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f}, KL {v['kl']:.2f} +/- "
+                  f"{v['kl_stderr']:.2f}" + (f" ({v['seeds']} seeds)" if v.get("seeds", 1) > 1 else ""))
+    else:
+        from lmprefs.frontier import DEFAULT_BETAS
+
+        betas = _numbers(a.betas, "--betas") if a.betas is not None else list(DEFAULT_BETAS)
+        bad = [b for b in betas if not b > 0 or b == float("inf")]
+        if not betas or bad:
+            raise UserError(f"--betas {a.betas!r}: every beta must be a positive number" + (f" (not {bad[0]:g})"
+                                                                                           if bad else ""))
+        for flag, v in (("--queries", a.queries), ("--samples", a.samples)):
+            if v < 2:
+                raise UserError(f"{flag} {v}: must be at least 2 (a standard error needs two)")
+        targets, coefs = _numbers(a.kl_targets, "--kl-targets"), _numbers(a.kl_coefs, "--kl-coefs")
+        for flag, text, xs in (("--kl-targets", a.kl_targets, targets), ("--kl-coefs", a.kl_coefs, coefs)):
+            if any(not 0 < x < float("inf") for x in xs):
+                raise UserError(f"{flag} {text!r}: every value must be a positive number")
+        if a.min_ess < 1:
+            raise UserError(f"--min-ess {a.min_ess}: must be at least 1")
+        out = experiment.run_kl_frontier(cfg, run_dir, queries=a.queries, samples=a.samples, betas=betas,
+                                         kl_targets=targets, kl_coefs=coefs, eval_samples=a.eval_samples,
+                                         true_reward=a.true_reward or cfg.labels.labeler, min_ess=a.min_ess,
+                                         figure2=Path(a.figure2) if a.figure2 else None,
+                                         on_start=on_start)  # fmt: skip
+        res = out["results"]
+        trusted = [p for p in res["frontier"]["points"] if p["trusted"]]
+        if trusted:
+            top = trusted[0]
+            print(f"  optimal frontier: trusted up to KL {top['kl']:.2f} nats (reward {top['reward']:+.4f}, beta "
+                  f"{top['beta']:g}, mean ESS {top['ess_mean']:.0f} of {a.samples})")  # fmt: skip
+        for k, v in res.items():
+            if k not in ("frontier", "figure2") and "mean" in v:
+                print(f"  {k:14s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f} at KL {v['kl']:.2f} +/- "
+                      f"{v['kl_stderr']:.2f}")  # fmt: skip
     print(f"figure: {out['figure']}")
     return 0
 

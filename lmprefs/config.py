@@ -72,6 +72,9 @@ class LabelsConfig:
     """Probability that the simulated labeler answers uniformly at random (models inattentive labelers)."""
     heldout_fraction: float = 0.1
     """Fraction of labels held out from reward-model training to report accuracy and loss."""
+    subset_seed: int | None = None
+    """Which num_train labels train the reward model: None, the first ones in store order; an int, a random
+    num_train of the labels not held out, drawn with this seed (`experiment mock-sentiment --seeds` varies it)."""
     min_gold_accuracy: float = 0.0
     """Reward-model training drops every label of a labeler whose accuracy on gold questions (set in the labeling
     app) is below this; labelers who answered no gold question are kept. 0 keeps everyone."""
@@ -338,6 +341,7 @@ def validate(cfg: Config) -> list[str]:
     need(lab.num_train > 0, f"labels.num_train={lab.num_train} must be positive")
     need(lab.labeler_temperature >= 0, f"labels.labeler_temperature={lab.labeler_temperature} must be >= 0")
     need(0 <= lab.labeler_random_rate <= 1, f"labels.labeler_random_rate={lab.labeler_random_rate} must be in [0, 1]")
+    need(lab.subset_seed is None or lab.subset_seed >= 0, f"labels.subset_seed={lab.subset_seed} must be >= 0")
     need(0 <= lab.heldout_fraction < 1, f"labels.heldout_fraction={lab.heldout_fraction} must be in [0, 1)")
     need(0 <= lab.min_gold_accuracy <= 1, f"labels.min_gold_accuracy={lab.min_gold_accuracy} must be in [0, 1]")
     need(lab.scores_as == "rating" or lab.type == "scalar_rating",

@@ -204,7 +204,10 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     by_labeler: dict = {}
     data = load_examples(cfg, store, t.tok, by_labeler, exclude_items)
     is_held = heldout_mask(data.split_keys(), cfg.run.seed, cfg.labels.heldout_fraction)
-    held, train = data[is_held], data[~is_held][: cfg.labels.num_train]
+    held, train = data[is_held], data[~is_held]
+    if cfg.labels.subset_seed is not None:  # a random subset: seeds of one experiment train on different labels
+        train = train[torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.labels.subset_seed))]
+    train = train[: cfg.labels.num_train]
     if len(train) == 0:
         raise UserError(f"no labels left for training ({len(data)} labels, heldout_fraction "
                         f"{cfg.labels.heldout_fraction})")  # fmt: skip
@@ -547,9 +550,8 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
         if "state" in info:
             extras["reward"] = info.pop("state")
     if true_reward:
-        from lmprefs.labels.labelers import score_fn as true_score_fn
-
-        score_fn, track = track_true_reward(score_fn, true_score_fn(true_reward), t.tok, t.prefix, t.suffix)
+        # a built-in judge or the user's module:function, as --reward takes them
+        score_fn, track = track_true_reward(score_fn, reward_function(true_reward)[1], t.tok, t.prefix, t.suffix)
         hooks.append(track)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)

@@ -39,9 +39,10 @@ def chance(cfg: Config) -> float:
 def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None, samples_per_query: int,
                     seed: int, batch_size: int = 64, desc: str = "evaluating", ref_model=None) -> dict:  # fmt: skip
     """True reward of a policy on held-out queries: mean and standard error over queries (each query's reward is
-    the mean over its samples), with the texts of the first sample of each query. With `ref_model` (the initial
-    policy: adapters off), also the KL of the policy from it, sum over the response of logp - logp_ref as in
-    objective/kl, averaged over every sample: a steadier figure than the last training batch's.
+    the mean over its samples), every sample's reward ("scores", [queries][samples]), and the texts of the first
+    sample of each query. With `ref_model` (the initial policy: adapters off), also the KL of the policy from it,
+    sum over the response of logp - logp_ref as in objective/kl, averaged over every sample: a steadier figure than
+    the last training batch's.
     Under several ranks each rank evaluates its strided share of the queries with its own seed (seed + rank *
     100003) and the shares are gathered, so every rank returns the same figures over all queries in 1/N of the
     time; a collective, every rank calls it."""
@@ -55,7 +56,7 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
 
     task = t.cfg.task
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
-    per_query, texts, kls = [], [], []
+    per_query, texts, kls, every = [], [], [], []
     bar = progress(len(queries), desc)
     mine = dist.shard(queries)
     for i in range(0, len(mine), max(1, batch_size // samples_per_query)):
@@ -75,16 +76,19 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
         articles = [x for x in decode(t.tok, q) for _ in range(samples_per_query)]  # a judge may read the query
         scores = torch.tensor(score_texts(true_fn, resp, articles)).view(len(q), samples_per_query)
         per_query += scores.mean(1).tolist()
+        every += scores.tolist()
         texts += resp[::samples_per_query]
         bar.update(len(q) * dist.world())
     bar.close()
     if dist.world() > 1:  # every rank's share, back in the queries' order (rank r held queries r, r + N, ...)
-        parts = dist.all_gather_objects((per_query, texts, kls))
+        parts = dist.all_gather_objects((per_query, texts, kls, every))
         per_query, texts = _interleave([p[0] for p in parts]), _interleave([p[1] for p in parts])
+        every = _interleave([p[3] for p in parts])
         kls = [k for p in parts for k in p[2]]
     x = torch.tensor(per_query, dtype=torch.float64)
     out = {"mean": x.mean().item(), "stderr": (x.std() / math.sqrt(len(x))).item(), "n_queries": len(x),
-           "samples_per_query": samples_per_query, "per_query": per_query, "texts": texts}  # fmt: skip
+           "samples_per_query": samples_per_query, "per_query": per_query, "scores": every,
+           "texts": texts}  # fmt: skip
     if kls:
         k = torch.tensor(kls, dtype=torch.float64)
         out |= {"kl": k.mean().item(), "kl_stderr": (k.std() / math.sqrt(len(k))).item()}

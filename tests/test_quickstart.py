@@ -44,20 +44,3 @@ def test_quickstart_on_smollm2_reduced(tmp_path):
     assert main(args) == 0
     rep = json.loads((run_dir / "report.json").read_text())
     assert rep["true_reward_after"]["n_queries"] == 32 and math.isfinite(rep["true_reward_after"]["mean"])
-
-
-def test_experiment_mock_sentiment_runs_and_resumes(tmp_path, capsys):
-    run_dir = tmp_path / "exp"
-    args = ["experiment", "mock-sentiment", "--preset", "tiny", "--labels", "16,32", "--run-dir", str(run_dir),
-            "--eval-queries", "8", "--eval-samples", "1"]  # fmt: skip
-    assert main(args + ["--labels.heldout-fraction", "0.2"]) == 0
-    res = json.loads((run_dir / "results.json").read_text())
-    assert {"initial", "rm-16", "rm-32", "direct"} <= set(res)
-    assert (run_dir / "figure2.png").is_file() and (run_dir / "rm-16" / "reward_model" / "lmprefs.json").is_file()
-    # an interrupted experiment: forget one arm's result; rerunning resumes and skips the finished arms
-    del res["rm-32"]
-    (run_dir / "results.json").write_text(json.dumps(res))
-    capsys.readouterr()
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "[rm-16] done" in out and "[rm-32] resuming" in out and "[direct] done" in out
