@@ -539,6 +539,8 @@ def cmd_experiment(argv: list[str]) -> int:
     if a.preset and a.preset_arg and a.preset != a.preset_arg:
         raise UserError(f"preset given twice: {a.preset_arg} and --preset {a.preset}")
     preset_name = a.preset or a.preset_arg or "quickstart"
+    if a.name == "writing-prompts":  # its own flags: parsed when it comes first
+        raise UserError("writing-prompts: put it right after `experiment` (lmprefs experiment writing-prompts --help)")
     other = {"mock-sentiment": ("--queries", "--samples", "--betas", "--kl-targets", "--kl-coefs", "--true-reward",
                                 "--min-ess", "--figure2"),
              "kl-frontier": ("--labels", "--seeds", "--eval-queries")}[a.name]  # fmt: skip
