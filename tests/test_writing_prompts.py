@@ -3,31 +3,24 @@ runs SFT, a reward model from the scores, PPO from the SFT model with a separate
 one command that resumes where it stopped."""
 
 import json
-import random
 
 import pytest
 import torch
+from test_scores import score_rows, write
 
 from lmprefs.cli import main
 from lmprefs.runlog import read_jsonl
 
-WORDS = "apple river stone cloud table chair window garden letter candle morning silver".split()
 # the tiny preset with the writing-prompts settings: whole prompts, scores compared within a prompt, separate value
 TINY = ["experiment", "writing-prompts", "--preset", "tiny", "--eval-queries", "8", "--labels.type", "scalar_rating",
         "--labels.scores-as", "comparisons", "--ppo.value-model", "separate", "--ppo.vf-lr", "3e-4",
         "--task.start-text", "none", "--task.end-text", "none", "--sft.lr", "1e-3"]  # fmt: skip
 
 
-def write_scores(path, n_prompts=24, seed=0):
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n_prompts):
-        prompt = " ".join(rng.choice(WORDS) for _ in range(6)) + "."
-        for _ in range(4):
-            good = rng.random() < 0.5
-            resp = " " + " ".join(rng.choice(WORDS) for _ in range(4)) + (" good" if good else " stone")
-            rows.append({"prompt": prompt, "response": resp, "score": 5 * good + rng.randint(0, 2)})
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def write_scores(path, n_prompts=24):
+    """The scores test's rows (four scored responses per prompt; ' good' ones score high) written to `path`."""
+    rows = score_rows(n_prompts)
+    write(path, rows)
     return rows
 
 
@@ -98,7 +91,7 @@ def test_writing_prompts_pipeline_end_to_end_and_resumed(tmp_path, monkeypatch, 
 def test_a_bad_score_is_one_line_and_no_run_directory(tmp_path, capsys):
     rows = write_scores(tmp_path / "scores.jsonl", n_prompts=3)
     rows[5]["score"] = "lots"
-    (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write(tmp_path / "bad.jsonl", rows)
     run_dir = tmp_path / "run"
     assert main(TINY + ["--data", str(tmp_path / "bad.jsonl"), "--run-dir", str(run_dir)]) == 2
     err = capsys.readouterr().err.strip()
