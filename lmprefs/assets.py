@@ -320,25 +320,35 @@ def _r_unserialize(b: bytes):
     return item()
 
 
-def _find_austen_deb(work: Path) -> Path:
-    env = os.environ.get("LMPREFS_AUSTEN_DEB")
-    if env:
-        if not Path(env).is_file():
-            raise AssetError(f"LMPREFS_AUSTEN_DEB={env} is not a file")
-        return Path(env)
-    for d in (cache_dir(), Path.cwd()):
-        hits = sorted(d.glob(f"{AUSTEN_DEB}_*.deb"))
+def _find_download(env: str, pattern: str, dirs: list[Path], download: list[str] | None, work: Path,
+                   how: str) -> Path:
+    """A package file an asset is read out of (never installed): the file named by $env (it must exist), else the
+    newest match of `pattern` in `dirs`, else what the `download` command fetched into `work`; else an AssetError
+    that says `how` to get it."""
+    named = os.environ.get(env)
+    if named:
+        if not Path(named).is_file():
+            raise AssetError(f"{env}={named} is not a file")
+        return Path(named)
+    for d in dirs:
+        hits = sorted(d.glob(pattern))
         if hits:
             return hits[-1]
-    if shutil.which("apt-get"):
-        r = subprocess.run(["apt-get", "download", AUSTEN_DEB], cwd=work, capture_output=True, text=True)
-        hits = sorted(work.glob(f"{AUSTEN_DEB}_*.deb"))
+    if download is not None:
+        r = subprocess.run(download, cwd=work, capture_output=True, text=True)
+        hits = sorted(work.glob(pattern))
         if r.returncode == 0 and hits:
             return hits[-1]
-    raise AssetError(
+    raise AssetError(how)
+
+
+def _find_austen_deb(work: Path) -> Path:
+    return _find_download(
+        "LMPREFS_AUSTEN_DEB", f"{AUSTEN_DEB}_*.deb", [cache_dir(), Path.cwd()],
+        ["apt-get", "download", AUSTEN_DEB] if shutil.which("apt-get") else None, work,
         f"Jane Austen's novels come from Debian's {AUSTEN_DEB}: run `apt-get update && apt-get download {AUSTEN_DEB}` "
-        f"in {cache_dir()} (or set LMPREFS_AUSTEN_DEB to the .deb)"
-    )
+        f"in {cache_dir()} (or set LMPREFS_AUSTEN_DEB to the .deb)",
+    )  # fmt: skip
 
 
 def _build_austen(out: Path) -> None:
@@ -386,24 +396,15 @@ def austen_passages() -> list[dict]:
 
 
 def _find_gensim_wheel(work: Path) -> Path:
-    env = os.environ.get("LMPREFS_GENSIM_WHEEL")
-    if env:
-        if not Path(env).is_file():
-            raise AssetError(f"LMPREFS_GENSIM_WHEEL={env} is not a file")
-        return Path(env)
-    hits = sorted(cache_dir().glob("gensim-*.whl"))
-    if hits:
-        return hits[-1]
-    # the wheel is only downloaded and read: installing gensim is not needed (scipy, smart_open, a compiled build)
     import sys
 
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", GENSIM_WHEEL, "-d", str(work)],
-                       capture_output=True, text=True)  # fmt: skip
-    hits = sorted(work.glob("gensim-*.whl"))
-    if r.returncode == 0 and hits:
-        return hits[-1]
-    raise AssetError(f"the news articles come from gensim's test data: run `pip download --no-deps {GENSIM_WHEEL} -d "
-                     f"{cache_dir()}` (or set LMPREFS_GENSIM_WHEEL to the wheel, or pip install gensim)")
+    # the wheel is only downloaded and read: installing gensim is not needed (scipy, smart_open, a compiled build)
+    return _find_download(
+        "LMPREFS_GENSIM_WHEEL", "gensim-*.whl", [cache_dir()],
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", GENSIM_WHEEL, "-d", str(work)], work,
+        f"the news articles come from gensim's test data: run `pip download --no-deps {GENSIM_WHEEL} -d "
+        f"{cache_dir()}` (or set LMPREFS_GENSIM_WHEEL to the wheel, or pip install gensim)",
+    )  # fmt: skip
 
 
 def _build_lee_news(out: Path) -> None:
