@@ -140,7 +140,7 @@ def main() -> None:
                     figures.append((label, run(m, a.device, procs, parallel, threads, a.updates, out, m_extra)))
                 base = figures[0][1]
                 print(f"{m:9s} batch {MODELS[m][1][a.device]:3d}: " + "; ".join(
-                    f"{label} {eps:7.1f} episodes/s ({eps / base:.2f}x)" for label, eps in figures) +
+                    f"{label} {eps:7.2f} episodes/s ({eps / base:.2f}x)" for label, eps in figures) +
                     f"  ({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
             print(f"load average after {m}: {os.getloadavg()}", flush=True)
 
