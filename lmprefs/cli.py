@@ -299,7 +299,8 @@ def cmd_train_reward(argv: list[str]) -> int:
         return 0
     print(f"reward model: {run_dir / 'reward_model'}")
     print(f"  trained on {summary['labels_train']} labels in {summary['seconds']:.0f}s; held-out "
-          f"({summary['labels_heldout']} labels): accuracy {summary.get('heldout/accuracy', float('nan')):.3f} "
+          f"({summary['labels_heldout']} labels, {summary['heldout/split'] or 'none'}): "
+          f"accuracy {summary.get('heldout/accuracy', float('nan')):.3f} "
           f"(before training {summary.get('initial_heldout/accuracy', float('nan')):.3f}), "
           f"loss {summary.get('heldout/loss', float('nan')):.3f}"
           + (f", score correlation {summary['heldout/corr']:.3f}" if "heldout/corr" in summary else ""))  # fmt: skip

@@ -71,7 +71,12 @@ class LabelsConfig:
     labeler_random_rate: float = 0.0
     """Probability that the simulated labeler answers uniformly at random (models inattentive labelers)."""
     heldout_fraction: float = 0.1
-    """Fraction of labels held out from reward-model training to report accuracy and loss."""
+    """Fraction of labels held out from reward-model training to report accuracy and loss (labels.heldout_by)."""
+    heldout_by: Literal["auto", "hash", "split"] = "auto"
+    """Which labels are held out. hash: the items whose hash of (run.seed, item id) falls under
+    labels.heldout_fraction. auto: items that carry an imported split (`import-labels --format summarize` keeps the
+    file's `split`) train if it is `train` and are held out otherwise (valid1, valid2, ...); items without one go by
+    the hash. split: as auto, but an error if no label carries a split."""
     subset_seed: int | None = None
     """Which num_train labels train the reward model: None, the first ones in store order; an int, a random
     num_train of the labels not held out, drawn with this seed (`experiment mock-sentiment --seeds` varies it)."""

@@ -193,24 +193,25 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
 def train_reward_model(t: Task, store, out_dir: Path, log=None,
                        exclude_items: set[int] = frozenset()) -> tuple[object, dict]:  # fmt: skip
     """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
-    -> (rm, summary). Held out: the items (per-response scores: the prompts) whose hash of (run.seed, item id or
-    prompt) falls under labels.heldout_fraction.
+    -> (rm, summary). Held out (`heldout_labels`): by labels.heldout_by, the items of an imported split other than
+    `train`, and the items (per-response scores: the prompts) whose hash of (run.seed, item id or prompt) falls under
+    labels.heldout_fraction; summary["heldout/split"] names which.
     `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches')."""
     from lmprefs.models.lm import frozen_depth, save_reward_model
     from lmprefs.runlog import progress
-    from lmprefs.training.reward import evaluate, heldout_mask, normalize, prefix_bytes, reward_prefixes, train_epoch
+    from lmprefs.training.reward import evaluate, normalize, prefix_bytes, reward_prefixes, train_epoch
 
     cfg = t.cfg
     by_labeler: dict = {}
     data = load_examples(cfg, store, t.tok, by_labeler, exclude_items)
-    is_held = heldout_mask(data.split_keys(), cfg.run.seed, cfg.labels.heldout_fraction)
+    is_held, measured = heldout_labels(cfg, store, data)
     held, train = data[is_held], data[~is_held]
     if cfg.labels.subset_seed is not None:  # a random subset: seeds of one experiment train on different labels
         train = train[torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.labels.subset_seed))]
     train = train[: cfg.labels.num_train]
     if len(train) == 0:
-        raise UserError(f"no labels left for training ({len(data)} labels, heldout_fraction "
-                        f"{cfg.labels.heldout_fraction})")  # fmt: skip
+        raise UserError(f"no labels left for training: all {len(data)} are held out ({measured}; labels.heldout_by="
+                        f"{cfg.labels.heldout_by}, heldout_fraction {cfg.labels.heldout_fraction})")  # fmt: skip
     lt = training_label_type(cfg)
     t0 = time.time()
     rm = reward_frame(t)
@@ -221,7 +222,8 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     else:
         rm.lm.requires_grad_(True)
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
-    summary = {"labels_train": len(train), "labels_heldout": len(held), "labelers": by_labeler}
+    summary = {"labels_train": len(train), "labels_heldout": len(held), "heldout/split": measured,
+               "labelers": by_labeler}  # fmt: skip
     gap = cfg.labels.min_score_gap
     scales = lt.target_scales(train.labels())  # scalar ratings: the scores' mean and std; None for choices
     if cfg.train_reward.normalize_before:
@@ -271,6 +273,20 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
         save_reward_model(whole, out_dir, extra=extra, merged=cfg.lora.merged_reward_model)
     dist.barrier()  # every rank may read it once this returns
     return rm, summary
+
+
+def heldout_labels(cfg: Config, store, data) -> tuple[torch.Tensor, str]:
+    """[N] bool: which of the store's labels `data` (load_examples) are held out, by labels.heldout_by, and what they
+    measure (reward.split_heldout_mask). Every rank reads the same store, so all agree."""
+    from lmprefs.training.reward import split_heldout_mask
+
+    lab = cfg.labels
+    by_item = {} if lab.heldout_by == "hash" else store.item_splits()
+    splits = [by_item.get(i) for i in data.items.tolist()]
+    if lab.heldout_by == "split" and all(s is None for s in splits):
+        raise UserError(f"labels.heldout_by=split: none of the {len(data)} {lab.type} labels in the store carries an "
+                        "imported split (import-labels --format summarize keeps one); use auto or hash")  # fmt: skip
+    return split_heldout_mask(data.split_keys(), splits, cfg.run.seed, lab.heldout_fraction)
 
 
 def training_label_type(cfg: Config):

@@ -5,6 +5,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 
 from lmprefs.cli import main
 from lmprefs.config import preset
@@ -13,6 +14,7 @@ from lmprefs.labels.store import LabelStore
 from lmprefs.models.lm import PAD
 from lmprefs.queries import build_queries, load_texts, task_queries
 from lmprefs.summarize import SummaryDataError, story_article
+from lmprefs.training.reward import heldout_mask
 
 POSTS = [
     "I (24F) adopted a cat last week.\n\n\n\nShe hides under the bed all day and only eats at night. Is this normal?",
@@ -125,6 +127,7 @@ def test_summarize_comparisons_import_as_best_of_2_with_worker_and_split(tmp_pat
         ({k: v for k, v in comparison().items() if k != "worker"}, r"c.json line 2: missing field 'worker'"),
         (comparison(summaries=[{"text": "a"}, {"txt": "b"}]), r"c.json line 2 summaries\[1\]: missing field 'text'"),
         (comparison(info={"id": "x"}), r"c.json line 2: field 'info' has neither a 'post' nor an 'article'"),
+        (comparison(split="valid 1"), r"c.json line 2: field 'split' = 'valid 1' is not a split name"),
         ('{"info": {"post": "p"}, "summaries": [', r"c.json line 2: invalid JSON"),
     ],
 )
@@ -148,3 +151,65 @@ def test_cli_bad_query_file_is_one_line_exit_2(tmp_path, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "posts.json row 1: missing field 'content'" in err
+
+
+def _split_rows(n_train, n_valid):
+    """Distinct comparisons: n_train of split train, then n_valid of valid1 (workers w0..w2)."""
+    return [comparison(post=f"Post number {k}: my cat hides.", choice=k % 2, worker=f"w{k % 3}",
+                       split="train" if k < n_train else "valid1") for k in range(n_train + n_valid)]  # fmt: skip
+
+
+def _heldout(store, tok, **labels):
+    """(item of each label, held out, what that measures) under the tiny preset for best_of_2 and `labels`."""
+    from lmprefs.pipeline import heldout_labels, load_examples
+
+    cfg = preset("tiny")
+    cfg = dataclasses.replace(cfg, labels=dataclasses.replace(cfg.labels, type="best_of_2", **labels))
+    data = load_examples(cfg, store, tok)
+    return (data.items, *heldout_labels(cfg, store, data))
+
+
+def test_imported_split_decides_the_heldout_labels_and_hash_mode_ignores_it(tmp_path, tiny_lm):
+    tok = tiny_lm[1]
+    with LabelStore(tmp_path / "l.db") as store:
+        import_file(store, write_jsonl(tmp_path / "c.jsonl", _split_rows(12, 6)))
+        splits = store.item_splits()
+        assert sorted(splits.values()) == ["train"] * 12 + ["valid1"] * 6
+        items, held, measured = _heldout(store, tok)
+        valid = {i for i, s in splits.items() if s == "valid1"}
+        assert {i for i, h in zip(items.tolist(), held.tolist(), strict=True) if h} == valid and measured == "valid1"
+        # hash: today's split, by the hash of the item ids alone
+        items, held, measured = _heldout(store, tok, heldout_by="hash", heldout_fraction=0.5)
+        assert torch.equal(held, heldout_mask(items, preset("tiny").run.seed, 0.5)) and measured == "hash"
+        # a mixed store: labels without a split (a plain comparisons file) fall back to the hash under auto
+        plain = [{"query": f"Plain query {k}.", "samples": ["a", "b"], "best": 0} for k in range(40)]
+        import_file(store, write_jsonl(tmp_path / "plain#1.jsonl", plain))  # a '#' in a file name is no split
+        items, held, measured = _heldout(store, tok, heldout_fraction=0.5)
+        by_hash = heldout_mask(items, preset("tiny").run.seed, 0.5).tolist()
+        want = [i in valid if i in splits else h for i, h in zip(items.tolist(), by_hash, strict=True)]
+        assert len(items) == 58 and held.tolist() == want and measured == "hash,valid1"
+
+
+def test_train_reward_trains_on_the_train_split_and_reports_valid1(tmp_path, capsys):
+    path = write_jsonl(tmp_path / "comparisons.jsonl", _split_rows(12, 6))
+    db = tmp_path / "l.sqlite"
+    assert main(["import-labels", str(path), "--db", str(db), "--format", "summarize"]) == 0
+    args = ["train-reward", "tiny", "--db", str(db), "--labels.type", "best_of_2"]
+    assert main([*args, "--run-dir", str(tmp_path / "r")]) == 0
+    assert "held-out (6 labels, valid1): accuracy" in capsys.readouterr().out
+    s = json.loads((tmp_path / "r" / "reward_model" / "lmprefs.json").read_text())["summary"]
+    assert (s["labels_train"], s["labels_heldout"], s["heldout/n"], s["heldout/split"]) == (12, 6, 6, "valid1")
+    assert main([*args, "--labels.num-train", "5", "--run-dir", str(tmp_path / "r5")]) == 0  # num_train still caps
+    s = json.loads((tmp_path / "r5" / "reward_model" / "lmprefs.json").read_text())["summary"]
+    assert (s["labels_train"], s["heldout/n"], s["heldout/split"]) == (5, 6, "valid1")
+    # labels.heldout_by=split on a store whose labels carry no split: one line, exit 2
+    plain = write_jsonl(tmp_path / "plain.jsonl", [{"query": "Q.", "samples": ["a", "b"], "best": 0}])
+    db2 = tmp_path / "plain.sqlite"
+    assert main(["import-labels", str(plain), "--db", str(db2)]) == 0
+    capsys.readouterr()
+    assert main(["train-reward", "tiny", "--db", str(db2), "--labels.type", "best_of_2",
+                 "--labels.heldout-by", "split", "--run-dir", str(tmp_path / "r2")]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "labels.heldout_by=split: none of the 1 best_of_2 labels" in err
+    assert main(["config", "tiny", "--labels.heldout-by", "valid"]) == 2
+    assert "--labels.heldout-by 'valid': choose one of auto, hash, split" in capsys.readouterr().err

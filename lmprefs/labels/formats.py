@@ -44,7 +44,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmprefs.labels.store import ImportRow, LabelStore, label_type_shape
+from lmprefs.labels.store import SPLIT_NAME, ImportRow, LabelStore, label_type_shape
 
 FORMATS = ("openai", "pairs", "comparisons")  # import and export
 IMPORT_FORMATS = (*FORMATS, "summarize", "scores")
@@ -254,6 +254,9 @@ def _summarize_rows(name, rows, label_type) -> list[dict]:
             raise LabelFileError(f"{name} {where}: field 'worker' = {worker!r:.60} is not a labeler name (1-100 "
                                  "characters without surrounding spaces)")  # fmt: skip
         split = _field(name, where, row, "split", str, "a string")
+        if not re.fullmatch(SPLIT_NAME, split):
+            raise LabelFileError(f"{name} {where}: field 'split' = {split!r:.60} is not a split name (1-64 letters, "
+                                 "digits, '_' or '-')")  # fmt: skip
         out.append(dict(query=query, samples=texts, label_type="best_of_2", best=choice, labeler=worker,
                         source=f"import:{name}#{split}"))  # fmt: skip
     return out

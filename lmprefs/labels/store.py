@@ -104,6 +104,17 @@ def label_type_shape(label_type: str) -> tuple[str, int]:
     )
 
 
+SPLIT_NAME = r"[A-Za-z0-9_-]{1,64}"  # an imported split (summarize comparisons: train, valid1, valid2)
+_SPLIT_SOURCE = re.compile(rf"import:.+#({SPLIT_NAME})")
+
+
+def source_split(source: str) -> str | None:
+    """The split an item's source carries, `import:FILE#SPLIT` (summarize comparisons), else None. A plain import of a
+    file named like `a#b.jsonl` is not read as one: a split name has no '.'."""
+    m = _SPLIT_SOURCE.fullmatch(source)
+    return m.group(1) if m else None
+
+
 @dataclass(frozen=True)
 class Item:
     id: int
@@ -409,6 +420,11 @@ class LabelStore:
     def pending_count(self, *, batch: str | None = None) -> int:
         sql = "SELECT COUNT(*) FROM items WHERE status = 'pending' AND hold IS NULL AND (?1 IS NULL OR batch = ?1)"
         return self.connection().execute(sql, (batch,)).fetchone()[0]
+
+    def item_splits(self) -> dict[int, str]:
+        """{item id: split} of the items whose source carries an imported split (`source_split`)."""
+        rows = self.connection().execute("SELECT id, source FROM items WHERE source LIKE 'import:%#%'")
+        return {i: sp for i, src in rows if (sp := source_split(src)) is not None}
 
     def label_types(self) -> list[str]:
         return [t for (t,) in self.connection().execute("SELECT DISTINCT label_type FROM items ORDER BY label_type")]

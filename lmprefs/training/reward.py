@@ -97,6 +97,16 @@ def heldout_mask(items: Tensor, seed: int, fraction: float) -> Tensor:
     return torch.tensor([u(i) < fraction for i in items.tolist()], dtype=torch.bool)
 
 
+def split_heldout_mask(keys: Tensor, splits: list[str | None], seed: int, fraction: float) -> tuple[Tensor, str]:
+    """[N] bool: whether each label is held out by its item's imported split (all but `train`), or where it has none
+    (None) by heldout_mask's hash of `keys`; and what the held-out labels measure, comma-separated: their splits,
+    and 'hash' for those the hash chose ('' when none is held out)."""
+    by_hash = heldout_mask(keys, seed, fraction).tolist()
+    held = [h if s is None else s != "train" for s, h in zip(splits, by_hash, strict=True)]
+    measured = sorted({s or "hash" for s, h in zip(splits, held, strict=True) if h})
+    return torch.tensor(held, dtype=torch.bool), ",".join(measured)
+
+
 def tokenizer_id(tok) -> str:
     """A stable name for a tokenizer's vocabulary, under which the label store keeps token ids."""
     if len(tok) == 50257 and tok("Hello world", add_special_tokens=False).input_ids == [15496, 995]:
