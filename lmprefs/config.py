@@ -43,8 +43,9 @@ class TaskConfig:
     """Token id that ends a response for scoring (13 = '.' in GPT-2); None keeps the whole response."""
     truncate_after: int = 16
     """Truncate only at a truncate_token at index >= truncate_after."""
-    penalty_reward_value: float = -1.0
-    """Score given to responses with no truncate_token at index >= truncate_after."""
+    penalty_reward_value: float | None = -1.0
+    """Score given to responses with no truncate_token at index >= truncate_after; None keeps their score (the
+    truncation then only decides what the reward model and the judge read)."""
     temperature: float = 0.7
     """Sampling temperature; logprobs are always computed at this temperature (policy.temperature)."""
     initial_model: str = "gpt2"

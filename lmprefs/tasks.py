@@ -41,7 +41,10 @@ def passes_filter(responses: Tensor, truncate_token: int | None, truncate_after:
 
 
 def apply_penalty(scores: Tensor, postprocessed: Tensor, task: TaskConfig) -> Tensor:
-    """scores where the filter passes, penalty_reward_value elsewhere (train_policy.py:make_score_fn l.375-390)."""
+    """scores where the filter passes, penalty_reward_value elsewhere (train_policy.py:make_score_fn l.375-390);
+    scores unchanged when penalty_reward_value is None (truncation without the penalty)."""
+    if task.penalty_reward_value is None:
+        return scores
     ok = passes_filter(postprocessed, task.truncate_token, task.truncate_after)
     return torch.where(ok, scores, torch.full_like(scores, task.penalty_reward_value))
 

@@ -29,6 +29,23 @@ def test_penalty_replaces_scores_of_responses_that_did_not_truncate():
     task = TaskConfig(truncate_token=13, truncate_after=2, penalty_reward_value=-1.0)
     post = truncate_responses(torch.tensor([[1, 2, 13, 4], [13, 1, 2, 3]]), 13, 2)
     assert apply_penalty(torch.tensor([0.5, 0.7]), post, task).tolist() == [0.5, -1.0]
+    # penalty_reward_value None: truncation without the penalty (the summarization demo cuts at <|im_end|>)
+    free = TaskConfig(truncate_token=13, truncate_after=2, penalty_reward_value=None)
+    assert apply_penalty(torch.tensor([0.5, 0.75]), post, free).tolist() == [0.5, 0.75]
+
+
+def test_reward_model_data_is_cut_as_the_task_cuts_responses():
+    """Stored samples reach the reward model truncated as the task truncates rollouts (PAD after the token), so
+    a store sampled before a truncation setting trains on what the judge read."""
+    from lmprefs.labels.store import Example
+    from lmprefs.training.reward import examples_to_comparisons
+
+    ex = Example(label_id=1, item_id=1, label_type="best_of_2", labeler="x", query="q", samples=["a", "b"], best=0,
+                 query_tokens=[5, 6],
+                 sample_tokens=[[1, 13, 2, 3], [1, 2, 3, 4]])  # fmt: skip
+    task = TaskConfig(query_length=3, response_length=4, truncate_token=13, truncate_after=0)
+    data = examples_to_comparisons([ex], None, task)
+    assert data.samples.tolist() == [[[1, 13, P, P], [1, 2, 3, 4]]] and data.queries.tolist() == [[5, 6, P]]
 
 
 def test_format_queries_and_show():

@@ -135,7 +135,13 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
         ss.append([_pad(x, task.response_length) for x in s])
         labels.append(e.best if e.best is not None else e.score)
         items.append(e.item_id)
-    out = Comparisons(torch.tensor(qs), torch.tensor(ss), None, torch.tensor(items))
+    # samples cut as the task cuts them (a no-op on samples the task sampled; stored ones from before a truncation
+    # setting, or re-encoded texts, then reach the reward model as the judge and the rollouts see them)
+    samples = torch.tensor(ss)
+    if len(ss):
+        cut = truncate_responses(samples.flatten(0, 1), task.truncate_token, task.truncate_after)
+        samples = cut.view(samples.shape)
+    out = Comparisons(torch.tensor(qs), samples, None, torch.tensor(items))
     if examples and examples[0].best is None:  # scalar_rating: scores, grouped by prompt
         out.score = torch.tensor(labels, dtype=torch.float32)
         out.groups = torch.tensor([prompt_id(e.query) for e in examples], dtype=torch.long)
