@@ -480,17 +480,26 @@ AUSTEN_SENTIMENT = Config(
 # gensim's test data, with the quickstart's CPU sizing (LoRA in the top 8 blocks, a few hundred labels, 20 updates).
 # Departures from cnndm, each for the 2-core budget or the model: queries are each article's first sentences within
 # 64 tokens, its lead (cut at the last '.'; the original: 500 tokens cut at the last newline), summaries 32 tokens
-# (75), no newline truncation or its penalty (SmolLM2 ends a summary with its end-of-text token or a blank line, not
-# a bare newline after 55 tokens: the judge reads the response up to its first end-of-text token), and the
-# quickstart's adaptive KL controller (target 6 nats) in place of cnndm's fixed beta 0.01, which was set for 1M
-# episodes at lr 2e-6 of full fine-tuning, not for 640 episodes of LoRA at lr 1.5e-3.
+# (75), and the quickstart's adaptive KL controller (target 6 nats) in place of cnndm's fixed beta 0.01, which was
+# set for 1M episodes at lr 2e-6 of full fine-tuning, not for 640 episodes of LoRA at lr 1.5e-3.
+# Truncation: cnndm's newline (token 198 in SmolLM2's vocabulary too) from index 2 instead of 55, and no penalty.
+# SmolLM2 answers 'TL;DR:' with a blank line ('\n' '\n', indices 0-1: 2/3 of its samples), a paragraph, then in
+# half of its samples a newline and a remark of another kind ("The original text was edited to..."); it emitted
+# <|im_end|> in 62 of 1,600 samples. The judge reads the first line (labels/labelers.py:summary_text), and the cut
+# makes the reward model read the same tokens (before, it read 32 tokens whatever the judge read) and lets the
+# policy end a summary early. No penalty: half the samples have no newline within 32 tokens.
 SUMMARIZE_DEMO = Config(
     task=TaskConfig(query_dataset="lee-news", query_length=64, query_prefix="Article:\n\n",
                     query_suffix="\n\nTL;DR:", start_text=None, end_text=".", response_length=32,
-                    truncate_token=None, truncate_after=0, temperature=0.5, initial_model="smollm2-135m"),
-    labels=LabelsConfig(num_train=250, labeler="faithfulness"),
-    train_reward=TrainRewardConfig(batch_size=16, lr=2e-3, epochs=2, rollout_batch_size=64, normalize_samples=64),
+                    truncate_token=198, truncate_after=2, penalty_reward_value=None, temperature=0.5,
+                    initial_model="smollm2-135m"),
+    # 360 labels (400 questions), 3 epochs as the quickstart: with the judge's first-line cut and its length penalty
+    # of 0.03 beyond 10 words, held-out best-of-4 accuracy 0.521 (48 labels; 0.229 before training); 244 labels,
+    # 2 epochs, the judge's 0.01 beyond 20 on whole responses gave 0.206 (2026-11-23, README)
+    labels=LabelsConfig(num_train=360, labeler="faithfulness"),
+    train_reward=TrainRewardConfig(batch_size=16, lr=2e-3, epochs=3, rollout_batch_size=64, normalize_samples=64),
     rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
+    # with that reward model: held-out true reward +0.337 -> +0.487, +7.1 s.e., KL 2.3 (2026-11-23, README)
     ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=1.5e-3,
                   whiten_rewards=False),
     lora=LoraConfig(rank=8, alpha=16.0, layers=8),

@@ -20,13 +20,15 @@ ARTICLE = ("Hundreds of people have been forced to leave their homes in the Sout
 def test_faithfulness_judge_rewards_on_topic_concise_summaries():
     on_topic = "A bushfire near Hill Top forced hundreds of residents from their homes."
     off_topic = "The cricket team won the test match by six wickets in Adelaide."
-    long = (on_topic + " ") * 4  # 48 words: the same content, 28 words over the free 20
-    s = faithfulness_score([on_topic, off_topic, long, "", on_topic + "<|im_end|> Anything after it."],
-                           [ARTICLE] * 5)  # fmt: skip
+    long = (on_topic + " ") * 4  # 48 words: the same content, 38 words over the free 10
+    s = faithfulness_score([on_topic, off_topic, long, "", on_topic + "<|im_end|> Anything after it.",
+                            "\n\n" + on_topic + "\n\nThe original text was edited to fit."],
+                           [ARTICLE] * 6)  # fmt: skip
     assert s[0] > s[1] + 0.3  # about the article vs about something else
-    assert s[0] > s[2]  # the length penalty: 0.01 per word beyond 20
+    assert s[2] == pytest.approx(s[0] - 0.03 * 36, abs=0.05)  # the length penalty: 0.03 per word beyond 10
     assert s[3] == 0.0  # an empty summary
     assert s[4] == pytest.approx(s[0], abs=1e-5)  # the summary ends at the end-of-text token
+    assert s[5] == pytest.approx(s[0], abs=1e-5)  # and at its first line break, after leading blank lines
     assert all(-1 <= x <= 1 for x in s)
     # the judge reads the article: the same summary scores lower against another article
     other = "The Reserve Bank left interest rates on hold for the third month in a row, citing weak exports."

@@ -175,10 +175,12 @@ def descriptiveness_score(texts: list[str]) -> list[float]:
 
 # -- the summarization judge -----------------------------------------------------------------------------------
 
-SUMMARY_FREE_WORDS = 20
+SUMMARY_FREE_WORDS = 10
 """Words a summary may use before the faithfulness judge's length penalty starts."""
-LENGTH_PENALTY = 0.01
-"""The judge's penalty per word beyond SUMMARY_FREE_WORDS."""
+LENGTH_PENALTY = 0.03
+"""The judge's penalty per word beyond SUMMARY_FREE_WORDS. 0.03 beyond 10 (was 0.01 beyond 20): with 0.01 the four
+summaries of a question differed by a median 0.053 (best minus second) and a reward model trained on 244 such labels
+picked the judge's best 0.206 of the time (chance 0.25); see the README's summarization demo."""
 _END_OF_TEXT = re.compile(r"<\|(?:im_end|endoftext)\|>")  # SmolLM2's and GPT-2's end-of-text tokens, decoded
 _encoder = None
 _encoder_lock = threading.Lock()
@@ -216,21 +218,28 @@ def _need_minilm() -> None:
     minilm_dir()  # an AssetError naming the package to install, before any work
 
 
+def summary_text(response: str) -> str:
+    """What the faithfulness judge reads of a response: its first line, before any end-of-text token."""
+    return _END_OF_TEXT.split(response)[0].lstrip().split("\n")[0].strip()
+
+
 @reads_query
 def faithfulness_score(summaries: list[str], articles: list[str]) -> list[float]:
     """A documented mock judge of summaries (the offline summarization demo's "human"):
 
-        score = cos(e(summary), e(article)) - 0.01 * max(0, words(summary) - 20)
+        score = cos(e(summary), e(article)) - 0.03 * max(0, words(summary) - 10)
 
     where e is the all-MiniLM-L6-v2 sentence embedding (`embed`) and the article is the query text the policy was
-    shown. The summary is the response up to the model's first end-of-text token (`<|im_end|>`/`<|endoftext|>`),
-    stripped; an empty summary scores 0. The cosine rewards summaries about what the article says (a made-up event,
-    a wrong subject or rambling off topic scores low; copying the article's own sentences scores high, the paper's
-    "smart copier"); the penalty rewards saying it in few words. Scores lie in [-1, 1]; an on-topic summary of
-    about 20 words scores 0.5-0.8 against its article."""
+    shown. The summary is the response's first line: up to the model's first end-of-text token (`<|im_end|>`/
+    `<|endoftext|>`) and, after leading whitespace, up to the first line break (SmolLM2 answers 'TL;DR:' with a blank
+    line, a paragraph, then often a blank line and a remark of another kind: "The original text was edited to...");
+    an empty summary scores 0. The cosine rewards summaries about what the article says (a made-up event, a wrong
+    subject or rambling off topic scores low; copying the article's own sentences scores high, the paper's "smart
+    copier"); the penalty rewards saying it in few words. Scores are at most 1; an on-topic summary of 10 words scores
+    0.5-0.8 against its article, the same content in 20 words 0.3 less."""
     import torch
 
-    cut = [_END_OF_TEXT.split(s)[0].strip() for s in summaries]
+    cut = [summary_text(s) for s in summaries]
     new = [a for a in dict.fromkeys(articles) if a not in _article_cache]
     if new:
         if len(_article_cache) > 4096:  # a bounded cache: articles recur across labels, rollouts and evaluations
