@@ -61,14 +61,15 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     mine = dist.shard(queries)
     for i in range(0, len(mine), max(1, batch_size // samples_per_query)):
         q = mine[i : i + max(1, batch_size // samples_per_query)].to(t.device)
-        rep = format_queries(q.repeat_interleave(samples_per_query, 0), t.prefix, t.suffix)
+        formatted = format_queries(q, t.prefix, t.suffix)
         with autocast(t.device, t.dtype), using(t.model, adapter):
-            r, logp = sample(t.model, rep, task.response_length, task.temperature, len(t.tok), gen,
-                             **sampler_options(t.cfg.run))
+            r, logp = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen,
+                             repeats=samples_per_query, **sampler_options(t.cfg.run))
         if ref_model is not None:
             from lmprefs.training.policy import ref_logprobs
 
             with autocast(t.device, t.dtype), using(ref_model, None):
+                rep = formatted.repeat_interleave(samples_per_query, 0)
                 ref = ref_logprobs(ref_model, rep, r, task.temperature, len(t.tok))
             kls += (logp.float() - ref.float()).sum(1).tolist()
         post = truncate_responses(r, task.truncate_token, task.truncate_after)

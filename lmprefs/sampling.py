@@ -91,17 +91,25 @@ def _static_cache(model, batch: int, length: int):
     """A static cache for [batch, length] (transformers' Cache of static layers), kept per model (not on it, so a
     deepcopy of the model does not copy it) and reset between calls: its buffers keep their addresses, so compiled
     steps (and their CUDA graphs) are reused rather than re-recorded."""
-    from transformers import Cache
-
-    key = (batch, length, torch.is_autocast_enabled(), next(model.parameters()).device)
+    device = next(model.parameters()).device
+    # the autocast state of the model's device type: the bare torch.is_autocast_enabled() is CUDA's alone, so a cache
+    # allocated in fp32 on the CPU was handed to a bf16-autocast call of the same shape (index_copy_ of bf16 into fp32)
+    on = torch.is_autocast_enabled(device.type)
+    key = (batch, length, on and torch.get_autocast_dtype(device.type), device)
     held = _STATIC_CACHES.get(model)
     if held is not None and held[0] == key:
         held[1].reset()
         return held[1]
-    layer = _static_layer_class()
-    cache = Cache(layers=[layer(max_cache_len=length) for _ in range(model.config.num_hidden_layers)])
+    cache = _new_static_cache(model, length)
     _STATIC_CACHES[model] = (key, cache)
     return cache
+
+
+def _new_static_cache(model, length: int):
+    from transformers import Cache
+
+    layer = _static_layer_class()
+    return Cache(layers=[layer(max_cache_len=length) for _ in range(model.config.num_hidden_layers)])
 
 
 def sampler_mode(cache: str, compile: str | bool, device: torch.device) -> tuple[bool, bool]:
@@ -121,35 +129,61 @@ def sampler_mode(cache: str, compile: str | bool, device: torch.device) -> tuple
     return static, compile
 
 
+def _prefill(model, queries: Tensor, repeats: int, static) -> tuple[Tensor, Tensor, object]:
+    """Run queries [B, Q] through the model: (hidden state of each row's last real token [B * k, d], the 2D mask of
+    the queries [B * k, Q], the cache holding their keys and values for B * k rows; k = repeats, row i * k + j is a
+    copy of query i). `static`: the StaticCache to fill (for B * k rows), or None for a DynamicCache.
+    With k > 1 the queries run once and the cache is copied per row: best-of-4 questions on 64-token queries spent
+    about half their sampling time in the prefill when each query ran 4 times (benchmarks/RESULTS.md)."""
+    ids, mask, positions = model_inputs(queries)
+    B, Q = queries.shape
+    if static is not None and repeats == 1:  # the whole static mask; the causal mask hides the unwritten slots
+        L = static.layers[0].max_cache_len
+        full = torch.cat([mask, mask.new_ones(B, L - Q)], dim=1)
+        out = model.base_model(input_ids=ids, attention_mask=full, position_ids=positions, past_key_values=static,
+                               use_cache=True)  # fmt: skip
+    else:  # a static cache of the queries' own size: its keys and values come out in the dtypes the decode writes
+        own = None if static is None else _new_static_cache(model, Q)
+        out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=own,
+                               use_cache=True)  # fmt: skip
+    past = out.past_key_values
+    last = (queries != PAD).long().cumsum(-1).argmax(-1)  # index of each row's last real token
+    h = out.last_hidden_state[torch.arange(B, device=queries.device), last]  # [B, d]
+    if repeats > 1:
+        h, mask = h.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
+        if static is None:
+            past.batch_repeat_interleave(repeats)
+        else:
+            at = {"cache_position": torch.arange(Q, device=queries.device)}  # read by older transformers' update
+            for mine, full in zip(past.layers, static.layers, strict=True):
+                full.update(mine.keys.repeat_interleave(repeats, 0), mine.values.repeat_interleave(repeats, 0), at)
+            past = static
+    return h, mask, past
+
+
 @torch.no_grad()
 def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
-           generator: torch.Generator | None = None, return_hidden: bool = False, *,
+           generator: torch.Generator | None = None, return_hidden: bool = False, *, repeats: int = 1,
            cache: str = "auto", compile: str | bool = "off"):  # fmt: skip
     """Sample responses [B, length] and their logprobs [B, length] at `temperature` given queries [B, Q].
     With return_hidden, also the hidden states that predicted each token [B, length, d]: the value head reads
     them, so a rollout needs no second forward pass (the original's policy.respond returns values this way).
+    repeats=k samples each query k times: rows [B * k] as for queries.repeat_interleave(k, 0), with the same draws,
+    but each query runs through the model once and its keys and values are copied k times (`_prefill`).
     cache (run.kv_cache) and compile (run.compile): see the module doc and `sampler_mode`."""
-    ids, mask, positions = model_inputs(queries)
     B, Q = queries.shape
+    N = B * repeats
     device = queries.device
     static, compile = sampler_mode(cache, compile, device)
+    h, mask, past = _prefill(model, queries, repeats, _static_cache(model, N, Q + length) if static else None)
     if static:
-        past = _static_cache(model, B, Q + length)
-        mask = torch.cat([mask, mask.new_ones(B, length)], dim=1)  # [B, Q+T], the same tensor every step
-    else:
-        past = None
-    out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                           past_key_values=past, use_cache=True)  # fmt: skip
-    past = out.past_key_values
-    rows = torch.arange(B, device=device)
-    last = (queries != PAD).long().cumsum(-1).argmax(-1)  # index of each row's last real token
-    h = out.last_hidden_state[rows, last]  # [B, d]
-    pos = mask[:, :Q].sum(-1, keepdim=True)  # [B, 1] position of the first response token
+        mask = torch.cat([mask, mask.new_ones(N, length)], dim=1)  # [N, Q+T], the same tensor every step
+    pos = mask[:, :Q].sum(-1, keepdim=True)  # [N, 1] position of the first response token
     step = compiled_step(device.type) if compile else _static_forward
-    tok, logp = _draw(lm_logits(model, h), torch.rand(B, 1, generator=generator, device=device), temperature, vocab)
+    tok, logp = _draw(lm_logits(model, h), torch.rand(N, 1, generator=generator, device=device), temperature, vocab)
     responses, logprobs, hidden = [tok], [logp], [h]
     for t in range(1, length):
-        u = torch.rand(B, 1, generator=generator, device=device)
+        u = torch.rand(N, 1, generator=generator, device=device)
         if static:
             if compile and device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()

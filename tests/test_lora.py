@@ -135,6 +135,37 @@ def test_frozen_prefix_gives_the_full_forward_exactly(tiny_lm):
         assert len(lm.base_model.get_submodule("layers" if hasattr(lm.base_model, "layers") else "h")) == n_blocks
 
 
+def test_reward_model_runs_a_questions_query_once_for_its_samples(tiny_lm):
+    """A best-of-S question's samples share their query: RewardModel(q, r, prefix, repeats=S) runs each query once
+    (its keys and values copied for the S samples; the frozen prefix likewise) and gives the rewards and gradients of
+    the S repeated rows, padded queries and truncated responses included, on GPT-2 and Llama."""
+    from lmprefs.models.lm import RewardModel, frozen_prefix, frozen_prefix_shared, shared_query_trunk, trunk_hidden
+
+    for lm in (copy.deepcopy(tiny_lm[0]).eval(), _tiny_llama()):
+        q = torch.tensor([[5, 6, 7, 8], [-1, -1, 9, 10], [11, 12, -1, -1]])
+        r = torch.randint(1, 200, (6, 5))
+        r[1, 3:] = -1  # truncated responses
+        r[4, 2:] = -1
+        tokens = torch.cat([q.repeat_interleave(2, 0), r], 1)
+        real = tokens != -1
+        with torch.no_grad():
+            assert torch.allclose(shared_query_trunk(lm, q, r, 2)[real], trunk_hidden(lm, tokens)[real], atol=1e-5)
+        add_adapter(lm, LoraConfig(rank=2, layers=1), "rm")
+        for m in lora_modules(lm):
+            torch.nn.init.normal_(m.B["rm"], std=0.1)
+        plain, shared = frozen_prefix(lm, tokens), frozen_prefix_shared(lm, q, r, 2)
+        assert shared.start == plain.start and torch.allclose(shared.hidden[real], plain.hidden[real], atol=1e-5)
+        rm = RewardModel(lm, None, adapter="rm", seed=0)
+        params = rm.trainable_parameters()
+        want = rm(q.repeat_interleave(2, 0), r, plain)
+        grads = torch.autograd.grad(want.pow(2).sum(), params)
+        for pre in (shared, None):
+            got = rm(q, r, pre, repeats=2)
+            assert torch.allclose(got, want, atol=1e-5), (got, want)
+            for a, b in zip(torch.autograd.grad(got.pow(2).sum(), params), grads, strict=True):
+                assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+
+
 def test_lora_rollout_with_the_frozen_prefix_matches_full_forwards():
     from lmprefs.tasks import apply_penalty, truncate_responses
     from lmprefs.training.policy import ref_logprobs, rm_score_fn

@@ -149,3 +149,39 @@ def test_static_cache_under_bf16_autocast_on_gpt2_and_llama(tiny_lm):
                 out[cache] = sample(model, q, 6, 0.7, vocab, torch.Generator().manual_seed(1), cache=cache)
         assert out["static"][0].equal(out["dynamic"][0])
         assert torch.allclose(out["static"][1], out["dynamic"][1], atol=1e-2)
+
+
+def test_repeats_sample_as_the_repeated_queries_with_one_prefill(tiny_lm):
+    """sample(q, repeats=k) (each query run once, its keys and values copied k times) draws the tokens, logprobs
+    and hidden states of sample(q.repeat_interleave(k)), padded rows included, with either cache, on GPT-2 and
+    Llama, in fp32 and under bf16 autocast; and the prefill sees each query once."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmprefs.models.lm import autocast
+
+    model, tok = tiny_lm
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=64)).eval()  # fmt: skip
+    cases = ((model, len(tok), _padded_queries(tok)), (llama, 300, torch.tensor([[5, 6, 7, 8], [PAD, PAD, 9, 10]])))
+    for m, vocab, q in cases:
+        for cache in ("dynamic", "static"):
+            for dtype in (None, torch.bfloat16):
+                with autocast(torch.device("cpu"), dtype or torch.float32):
+                    plain = sample(m, q.repeat_interleave(3, 0), 7, 0.7, vocab, torch.Generator().manual_seed(4),
+                                   True, cache=cache)  # fmt: skip
+                    shared = sample(m, q, 7, 0.7, vocab, torch.Generator().manual_seed(4), True, repeats=3,
+                                    cache=cache)  # fmt: skip
+                tol = 1e-5 if dtype is None else 2e-2
+                assert shared[0].equal(plain[0]), (cache, dtype)
+                for a, b in zip(shared[1:], plain[1:], strict=True):
+                    assert torch.allclose(a.float(), b.float(), atol=tol), (cache, dtype, (a - b).abs().max())
+    rows = []
+    hook = model.base_model.register_forward_hook(lambda mod, args, kw, out: rows.append(kw["input_ids"].shape),
+                                                   with_kwargs=True)  # fmt: skip
+    try:
+        sample(model, _padded_queries(tok), 3, 0.7, len(tok), torch.Generator().manual_seed(4), repeats=4)
+    finally:
+        hook.remove()
+    assert rows[0] == _padded_queries(tok).shape and all(r == (12, 1) for r in rows[1:])

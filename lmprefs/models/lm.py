@@ -237,6 +237,53 @@ def frozen_prefix(model, tokens: Tensor) -> FrozenPrefix | None:
     return FrozenPrefix(model, start, out.last_hidden_state)
 
 
+def shares_queries(model) -> bool:
+    """Whether `shared_query_trunk` can run this model: it hands the HF forward ready-made 4D masks, which only the
+    SDPA attention takes as they are (others rebuild the mask from the cache's length, which a run of the top blocks
+    alone leaves at 0)."""
+    return getattr(model.config, "_attn_implementation", None) == "sdpa"
+
+
+def shared_query_trunk(model, queries: Tensor, responses: Tensor, repeats: int, *, lo: int = 0, hi: int | None = None,
+                       hidden: Tensor | None = None, final_norm: bool = True) -> Tensor:  # fmt: skip
+    """trunk_hidden(model, cat(queries.repeat_interleave(k), responses)) [B * k, Q + T, d] for queries [B, Q] and
+    responses [B * k, T] (row i * k + j answers query i), with each query run once: its keys and values are copied
+    for its k responses, which then run on their own. A best-of-4 question's samples share their query, most of each
+    row: in the summarization demo 76 of 108 tokens, so its reward model ran 47% of the tokens per epoch.
+    Blocks lo..hi only; with lo > 0, `hidden` is the frozen prefix [B * k, Q + T, d] entering block lo (rows of one
+    query alike over its first Q positions). final_norm=False returns the raw residual stream (a frozen prefix).
+    Gradients flow through the copies back into the query's single pass."""
+    B, Q = queries.shape
+    k = repeats
+    ids, mask, positions = model_inputs(torch.cat([queries.repeat_interleave(k, 0), responses], dim=1))
+    masks = attention_mask(model, mask)  # [B * k, 1, L, L]: rows Q.. are the responses' view of every key
+    if hidden is None:
+        first, rest, key = ids[::k, :Q], ids[:, Q:], "input_ids"
+    else:
+        first, rest, key = hidden[::k, :Q], hidden[:, Q:], "inputs_embeds"
+    with _only_blocks(model, lo, hi, from_hidden=hidden is not None, final_norm=final_norm):
+        out = model.base_model(**{key: first}, attention_mask=masks[::k, :, :Q, :Q], position_ids=positions[::k, :Q],
+                               use_cache=True)  # fmt: skip
+        past = out.past_key_values
+        past.batch_repeat_interleave(k)
+        tail = model.base_model(**{key: rest}, attention_mask=masks[:, :, Q:], position_ids=positions[:, Q:],
+                                past_key_values=past, use_cache=True)  # fmt: skip
+    return torch.cat([out.last_hidden_state.repeat_interleave(k, 0), tail.last_hidden_state], dim=1)
+
+
+def frozen_prefix_shared(model, queries: Tensor, responses: Tensor, repeats: int) -> FrozenPrefix | None:
+    """frozen_prefix(model, cat(queries.repeat_interleave(k), responses)) with each query run once
+    (`shared_query_trunk`); falls back to the repeated rows where the model's attention cannot share."""
+    start = frozen_depth(model)
+    if start == 0:
+        return None
+    if not shares_queries(model):
+        return frozen_prefix(model, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1))
+    with torch.no_grad():
+        h = shared_query_trunk(model, queries, responses, repeats, hi=start, final_norm=False)
+    return FrozenPrefix(model, start, h)
+
+
 def lm_head(model) -> nn.Module:
     return model.get_output_embeddings()
 
@@ -385,13 +432,21 @@ class RewardModel(nn.Module):
         self.gain = nn.Parameter(torch.ones(()))
         self.bias = nn.Parameter(torch.zeros(()))
 
-    def forward(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
-        """Rewards [B] of query+response; responses may end in PAD after truncation."""
+    def forward(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
+                repeats: int = 1) -> Tensor:  # fmt: skip
+        """Rewards [B] of query+response; responses may end in PAD after truncation. repeats=k: queries [B / k, Q]
+        each answered by k consecutive responses (a best-of-k question), run once per query where the attention
+        allows (`shared_query_trunk`)."""
         from lmprefs.models.lora import using
 
-        tokens = torch.cat([queries, responses], dim=1)
+        tokens = torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1)
         with using(self.lm, self.adapter):
-            h = trunk_hidden(self.lm, tokens, prefix)  # [B, L, d]
+            if repeats > 1 and shares_queries(self.lm):
+                ours = prefix is not None and prefix.model is self.lm
+                h = shared_query_trunk(self.lm, queries, responses, repeats, lo=prefix.start if ours else 0,
+                                       hidden=prefix.hidden if ours else None)  # fmt: skip
+            else:
+                h = trunk_hidden(self.lm, tokens, prefix)  # [B, L, d]
         last = (tokens != PAD).long().cumsum(-1).argmax(-1)  # index of the last real token
         r = self.head(h[torch.arange(h.shape[0], device=h.device), last])
         return self.gain * r + self.bias

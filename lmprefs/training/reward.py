@@ -14,7 +14,15 @@ from torch import Tensor
 
 from lmprefs import distributed as dist
 from lmprefs.config import Config, TaskConfig
-from lmprefs.models.lm import PAD, FrozenPrefix, RewardModel, autocast, frozen_depth, frozen_prefix, hidden_size
+from lmprefs.models.lm import (
+    PAD,
+    FrozenPrefix,
+    RewardModel,
+    autocast,
+    frozen_depth,
+    frozen_prefix_shared,
+    hidden_size,
+)
 from lmprefs.sampling import sample, sampler_options
 from lmprefs.tasks import format_queries, truncate_responses
 
@@ -156,15 +164,14 @@ def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, prefix, su
                        sampler: dict | None = None) -> Tensor:  # fmt: skip
     """n_samples truncated responses per query from the initial policy: [N, n_samples, T] (PAD after truncation).
     `sampler`: the sampler's cache/compile options (`sampler_options(cfg.run)`).
-    Each query is repeated n_samples times within a batch, so the samples of one question come from one pass."""
+    The samples of one question come from one batch, in which its query runs through the model once."""
     out = []
     per = max(1, batch_size // n_samples)
     for start in range(0, len(queries), per):
         q = queries[start : start + per].to(device)
-        rep = q.repeat_interleave(n_samples, 0)
         with autocast(device, dtype):
-            r, _ = sample(model, format_queries(rep, prefix, suffix), task.response_length, task.temperature,
-                          len(tok), gen, **(sampler or {}))  # fmt: skip
+            r, _ = sample(model, format_queries(q, prefix, suffix), task.response_length, task.temperature,
+                          len(tok), gen, repeats=n_samples, **(sampler or {}))  # fmt: skip
         r = truncate_responses(r, task.truncate_token, task.truncate_after)
         out.append(r.view(len(q), n_samples, -1).cpu())
         if on_batch:
@@ -248,9 +255,9 @@ def reward_prefixes(rm: RewardModel, data: Comparisons, prefix, suffix, device, 
     with torch.no_grad():
         for i in range(0, len(data), batch_size):
             mb = data[i : i + batch_size]
-            q = format_queries(mb.queries.to(device), prefix, suffix).repeat_interleave(S, 0)
-            with autocast(device, dtype):
-                parts.append(frozen_prefix(rm.lm, torch.cat([q, mb.samples.flatten(0, 1).to(device)], 1)))
+            q = format_queries(mb.queries.to(device), prefix, suffix)
+            with autocast(device, dtype):  # each question's query runs once for its S samples
+                parts.append(frozen_prefix_shared(rm.lm, q, mb.samples.flatten(0, 1).to(device), S))
             if bar is not None:
                 bar.update(len(mb))
     return FrozenPrefix(rm.lm, parts[0].start, torch.cat([p.hidden for p in parts]))
@@ -282,6 +289,9 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     g = torch.Generator().manual_seed(cfg.run.seed)
     n, bs, S = len(data), cfg.train_reward.batch_size, data.samples.shape[1]
     micro = cfg.train_reward.microbatch or bs
+    # a question's S samples share one pass of its query (RewardModel.forward), except under FSDP, whose sharded
+    # blocks would run twice in one forward
+    shared = 1 if cfg.run.parallel == "fsdp" else S
     total = n * cfg.train_reward.epochs
     stats, step = {}, 0
     # a scalar rating's loss has no accuracy (and a minibatch's correlation is noise, or NaN for equal scores)
@@ -300,7 +310,9 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
             for m0 in range(0, len(mine), micro):
                 sub = mine[m0 : m0 + micro]
                 mb = data[sub]
-                q = format_queries(mb.queries.to(device), prefix, suffix).repeat_interleave(S, 0)  # [b*S, Q']
+                q = format_queries(mb.queries.to(device), prefix, suffix)  # [b, Q']
+                if shared == 1:
+                    q = q.repeat_interleave(S, 0)  # [b*S, Q']
                 rows = (sub.unsqueeze(1) * S + torch.arange(S)).flatten()  # this microbatch's rows of the cache
                 pre = cache[rows.to(cache.hidden.device)] if cache is not None else None
                 # the mean over the global batch: this share's sum / len(idx), times W because DDP divides by W
@@ -308,7 +320,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
                 # gradients of all but the last microbatch stay local; the last backward averages the sum
                 with dist.no_sync(model, m0 + micro < len(mine)):
                     with autocast(device, dtype):
-                        rewards = model(q, mb.samples.flatten(0, 1).to(device), pre).float().view(len(mb), S)  # [b, S]
+                        rewards = model(q, mb.samples.flatten(0, 1).to(device), pre, shared).float().view(len(mb), S)
                     out = label_type.loss(rewards, mb.labels(device))
                     (out["loss"] * share).backward()
                 for k in sums:
