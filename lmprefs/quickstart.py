@@ -69,8 +69,7 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
             from lmprefs.training.policy import ref_logprobs
 
             with autocast(t.device, t.dtype), using(ref_model, None):
-                rep = formatted.repeat_interleave(samples_per_query, 0)
-                ref = ref_logprobs(ref_model, rep, r, task.temperature, len(t.tok))
+                ref = ref_logprobs(ref_model, formatted, r, task.temperature, len(t.tok), repeats=samples_per_query)
             kls += (logp.float() - ref.float()).sum(1).tolist()
         post = truncate_responses(r, task.truncate_token, task.truncate_after)
         resp = decode(t.tok, post)

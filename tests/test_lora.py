@@ -137,9 +137,17 @@ def test_frozen_prefix_gives_the_full_forward_exactly(tiny_lm):
 
 def test_reward_model_runs_a_questions_query_once_for_its_samples(tiny_lm):
     """A best-of-S question's samples share their query: RewardModel(q, r, prefix, repeats=S) runs each query once
-    (its keys and values copied for the S samples; the frozen prefix likewise) and gives the rewards and gradients of
-    the S repeated rows, padded queries and truncated responses included, on GPT-2 and Llama."""
-    from lmprefs.models.lm import RewardModel, frozen_prefix, frozen_prefix_shared, shared_query_trunk, trunk_hidden
+    (its keys and values copied for the S samples; the frozen prefix and the evaluation's reference logits likewise)
+    and gives the rewards and gradients of the S repeated rows, padded queries and truncated responses included, on
+    GPT-2 and Llama."""
+    from lmprefs.models.lm import (
+        RewardModel,
+        frozen_prefix,
+        frozen_prefix_shared,
+        response_logits_hidden,
+        shared_query_trunk,
+        trunk_hidden,
+    )
 
     for lm in (copy.deepcopy(tiny_lm[0]).eval(), _tiny_llama()):
         q = torch.tensor([[5, 6, 7, 8], [-1, -1, 9, 10], [11, 12, -1, -1]])
@@ -150,6 +158,8 @@ def test_reward_model_runs_a_questions_query_once_for_its_samples(tiny_lm):
         real = tokens != -1
         with torch.no_grad():
             assert torch.allclose(shared_query_trunk(lm, q, r, 2)[real], trunk_hidden(lm, tokens)[real], atol=1e-5)
+            _, logits = response_logits_hidden(lm, q.repeat_interleave(2, 0), r)  # the evaluation's reference pass
+            assert torch.allclose(response_logits_hidden(lm, q, r, None, 2)[1], logits, atol=1e-5)
         add_adapter(lm, LoraConfig(rank=2, layers=1), "rm")
         for m in lora_modules(lm):
             torch.nn.init.normal_(m.B["rm"], std=0.1)

@@ -271,6 +271,17 @@ def shared_query_trunk(model, queries: Tensor, responses: Tensor, repeats: int, 
     return torch.cat([out.last_hidden_state.repeat_interleave(k, 0), tail.last_hidden_state], dim=1)
 
 
+def query_response_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
+                          repeats: int = 1) -> Tensor:  # fmt: skip
+    """trunk_hidden(model, cat(queries.repeat_interleave(k), responses), prefix) [B * k, Q + T, d] for queries [B, Q]
+    and responses [B * k, T], each query run once for its k responses where the attention allows."""
+    if repeats > 1 and shares_queries(model):
+        ours = prefix is not None and prefix.model is model
+        return shared_query_trunk(model, queries, responses, repeats, lo=prefix.start if ours else 0,
+                                  hidden=prefix.hidden if ours else None)  # fmt: skip
+    return trunk_hidden(model, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1), prefix)
+
+
 def frozen_prefix_shared(model, queries: Tensor, responses: Tensor, repeats: int) -> FrozenPrefix | None:
     """frozen_prefix(model, cat(queries.repeat_interleave(k), responses)) with each query run once
     (`shared_query_trunk`); falls back to the repeated rows where the model's attention cannot share."""
@@ -333,18 +344,20 @@ def response_positions(queries: Tensor, T: int) -> Tensor:
     return idx
 
 
-def response_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
-    """The hidden states [B, T, d] that predict each response token (and carry its value)."""
-    h = trunk_hidden(model, torch.cat([queries, responses], dim=1), prefix)
-    idx = response_positions(queries, responses.shape[1])
+def response_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
+                    repeats: int = 1) -> Tensor:  # fmt: skip
+    """The hidden states [B, T, d] that predict each response token (and carry its value). repeats=k: queries
+    [B / k, Q], each answered by k consecutive responses (`query_response_hidden`)."""
+    h = query_response_hidden(model, queries, responses, prefix, repeats)
+    idx = response_positions(queries.repeat_interleave(repeats, 0), responses.shape[1])
     return h.gather(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
 
 
-def response_logits_hidden(model, queries: Tensor, responses: Tensor,
-                           prefix: FrozenPrefix | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
+def response_logits_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
+                           repeats: int = 1) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Run query+response once; (hidden [B, T, d], logits [B, T, V]) at the positions predicting the response.
     The LM head runs only there: most of a sequence is query, and the head is the largest matmul."""
-    h = response_hidden(model, queries, responses, prefix)
+    h = response_hidden(model, queries, responses, prefix, repeats)
     return h, lm_logits(model, h)
 
 
@@ -441,12 +454,7 @@ class RewardModel(nn.Module):
 
         tokens = torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1)
         with using(self.lm, self.adapter):
-            if repeats > 1 and shares_queries(self.lm):
-                ours = prefix is not None and prefix.model is self.lm
-                h = shared_query_trunk(self.lm, queries, responses, repeats, lo=prefix.start if ours else 0,
-                                       hidden=prefix.hidden if ours else None)  # fmt: skip
-            else:
-                h = trunk_hidden(self.lm, tokens, prefix)  # [B, L, d]
+            h = query_response_hidden(self.lm, queries, responses, prefix, repeats)  # [B, L, d]
         last = (tokens != PAD).long().cumsum(-1).argmax(-1)  # index of the last real token
         r = self.head(h[torch.arange(h.shape[0], device=h.device), last])
         return self.gain * r + self.bias

@@ -128,8 +128,8 @@ class PolicyRun:
 
 
 def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float, vocab: int,
-                 prefix: FrozenPrefix | None = None) -> Tensor:  # fmt: skip
-    _, logits = response_logits_hidden(ref_lm, queries, responses, prefix)
+                 prefix: FrozenPrefix | None = None, repeats: int = 1) -> Tensor:  # fmt: skip
+    _, logits = response_logits_hidden(ref_lm, queries, responses, prefix, repeats)
     return logprobs_and_entropy(logits, responses, temperature, vocab)[0]
 
 

@@ -180,14 +180,16 @@ def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, prefix, su
 
 
 def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, prefix, suffix, device, dtype,
-               batch_size: int = 64) -> Tensor:  # fmt: skip
-    """Rewards [B] of (query, response) pairs, in batches, without gradients."""
-    out = []
+               batch_size: int = 64, repeats: int = 1) -> Tensor:  # fmt: skip
+    """Rewards [B * k] of queries [B, Q] each answered by k = repeats consecutive responses [B * k, T], in batches
+    of about `batch_size` rows, without gradients."""
+    out, per = [], max(1, batch_size // repeats)
     with torch.no_grad():
-        for i in range(0, len(queries), batch_size):
-            q = format_queries(queries[i : i + batch_size].to(device), prefix, suffix)
+        for i in range(0, len(queries), per):
+            q = format_queries(queries[i : i + per].to(device), prefix, suffix)
             with autocast(device, dtype):
-                out.append(rm(q, responses[i : i + batch_size].to(device)).float().cpu())
+                r = responses[i * repeats : (i + per) * repeats].to(device)
+                out.append(rm(q, r, None, repeats).float().cpu())
     return torch.cat(out)
 
 
@@ -230,8 +232,8 @@ def evaluate(rm: RewardModel, data: Comparisons, label_type, prefix, suffix, dev
     if len(data) == 0:
         return {}
     S = data.samples.shape[1]
-    rewards = rm_rewards(rm, data.queries.repeat_interleave(S, 0), data.samples.flatten(0, 1), prefix, suffix,
-                         device, dtype, batch_size * S).view(len(data), S)  # fmt: skip
+    rewards = rm_rewards(rm, data.queries, data.samples.flatten(0, 1), prefix, suffix, device, dtype, batch_size * S,
+                         repeats=S).view(len(data), S)  # fmt: skip
     out = label_type.loss(rewards, data.labels())
     summary = {"heldout/loss": float(out["loss"]), "heldout/n": len(data)}
     if "accuracy" in out:
