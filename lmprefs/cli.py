@@ -634,7 +634,7 @@ def _writing_prompts(argv: list[str]) -> int:
                    "(default: vader for the demo, none for --data)")  # fmt: skip
     p.add_argument("--eval-queries", type=int, default=64, help="held-out prompts for the final evaluation")
     p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out prompt")
-    p.add_argument("--demo-prompts", type=int, default=128, help="demo: Austen passages used as prompts")
+    p.add_argument("--demo-prompts", type=int, default=256, help="demo: Austen passages used as prompts")
     p.add_argument("--demo-per-prompt", type=int, default=4, help="demo: sampled stories per prompt")
     _help_with_config(p, argv, "writing-prompts", pairs)
     a = p.parse_args(argv)

@@ -92,7 +92,7 @@ def prepare_data(store, data: Path, run_dir: Path) -> dict:
 
 
 def run_writing_prompts(cfg: Config, run_dir: Path, *, data: str | None = None, true_reward: str | None = None,
-                        n_eval: int = 64, eval_samples: int = 2, demo_prompts: int = 128,
+                        n_eval: int = 64, eval_samples: int = 2, demo_prompts: int = 256,
                         demo_per_prompt: int = 4) -> dict:  # fmt: skip
     """The whole pipeline in `run_dir` (module docstring); an existing run_dir resumes. `data`: the scores JSONL
     (None: the offline demo, whose true reward is VADER); `true_reward`: a reward on response texts to evaluate
