@@ -477,11 +477,11 @@ AUSTEN_SENTIMENT = Config(
 
 # The offline summarization demo (`lmprefs quickstart --preset summarize`): the cnndm task's format (an 'Article:'
 # prefix, a 'TL;DR:' suffix, temperature 0.5, best-of-4 labels, no reward whitening) on the ABC news articles of
-# gensim's test data, with the quickstart's CPU sizing (LoRA in the top 8 blocks, a few hundred labels, 20 updates).
+# gensim's test data, with the quickstart's CPU sizing (LoRA in the top 8 blocks, a few hundred labels, 10 updates).
 # Departures from cnndm, each for the 2-core budget or the model: queries are each article's first sentences within
 # 64 tokens, its lead (cut at the last '.'; the original: 500 tokens cut at the last newline), summaries 32 tokens
 # (75), and the quickstart's adaptive KL controller (target 6 nats) in place of cnndm's fixed beta 0.01, which was
-# set for 1M episodes at lr 2e-6 of full fine-tuning, not for 640 episodes of LoRA at lr 1.5e-3.
+# set for 1M episodes at lr 2e-6 of full fine-tuning, not for 320 episodes of LoRA at lr 1.5e-3.
 # Truncation: cnndm's newline (token 198 in SmolLM2's vocabulary too) from index 2 instead of 55, and no penalty.
 # SmolLM2 answers 'TL;DR:' with a blank line ('\n' '\n', indices 0-1: 2/3 of its samples), a paragraph, then in
 # half of its samples a newline and a remark of another kind ("The original text was edited to..."); it emitted
@@ -499,8 +499,9 @@ SUMMARIZE_DEMO = Config(
     labels=LabelsConfig(num_train=360, labeler="faithfulness"),
     train_reward=TrainRewardConfig(batch_size=16, lr=2e-3, epochs=3, rollout_batch_size=64, normalize_samples=64),
     rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
-    # 10 updates (20 before): with that reward model 20 took the true reward +0.338 -> +0.464 (+6.0 s.e.) but the
-    # whole demo 39 min on 2 cores; the rollouts' true reward had risen most of its way by update 5-9 (README)
+    # 10 updates (20 before, which took the true reward +0.338 -> +0.464, +6.0 s.e., but the whole demo 39 min on 2
+    # cores): the rollouts' true reward had risen most of its way by updates 5-9. With 10: +0.337 -> +0.467, +6.2
+    # s.e., 18m29s on 2 cores (2026-11-23, README)
     ppo=PPOConfig(total_episodes=32 * 10, batch_size=32, nminibatches=2, noptepochs=4, lr=1.5e-3,
                   whiten_rewards=False),
     lora=LoraConfig(rank=8, alpha=16.0, layers=8),

@@ -153,12 +153,13 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
         "| stage | seconds |", "|---|---|", *[f"| {k} | {v:.0f} |" for k, v in stages.items()],
         f"| total | {sum(stages.values()):.0f} |", "",
         "![learning curves](curves.png)", "", "## Samples before and after, same queries", "",
+        "Each policy's first sample for the query, with its own true reward.", "",
     ]  # fmt: skip
     qs = decode(tok, queries[:8])
-    for i, q in enumerate(qs):
+    for i, q in enumerate(qs):  # the sample's own score, not the query's mean over its samples
         lines += [f"**Query:** {show(q)}", "",
-                  f"- before ({before['per_query'][i]:+.3f}): {show(before['texts'][i])}",
-                  f"- after ({after['per_query'][i]:+.3f}): {show(after['texts'][i])}", ""]  # fmt: skip
+                  f"- before ({before['scores'][i][0]:+.3f}): {show(before['texts'][i])}",
+                  f"- after ({after['scores'][i][0]:+.3f}): {show(after['texts'][i])}", ""]  # fmt: skip
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     (run_dir / "report.json").write_text(json.dumps({"figures": figures, "stages": stages,
