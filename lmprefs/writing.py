@@ -221,8 +221,9 @@ def evaluate_both(cfg: Config, ppo_dir: Path, t, n_eval: int, samples: int, true
         out |= {"true_sft": sft["mean"], "true_sft_stderr": sft["stderr"], "true_ppo": ppo["mean"],
                 "true_ppo_stderr": ppo["stderr"], "gain": m, "gain_stderr": se}  # fmt: skip
     prompts = decode(t.tok, heldout)
+    first = [[row[0] for row in e["scores"]] for e in (sft, ppo)]  # each shown sample's own score
     out["samples"] = [{"prompt": q, "sft": a, "ppo": b, "sft_true": x, "ppo_true": y} for q, a, b, x, y in
-                      zip(prompts, sft["texts"], ppo["texts"], sft["per_query"], ppo["per_query"], strict=True)]
+                      zip(prompts, sft["texts"], ppo["texts"], *first, strict=True)]
     return out
 
 
