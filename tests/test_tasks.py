@@ -29,7 +29,7 @@ def test_penalty_replaces_scores_of_responses_that_did_not_truncate():
     task = TaskConfig(truncate_token=13, truncate_after=2, penalty_reward_value=-1.0)
     post = truncate_responses(torch.tensor([[1, 2, 13, 4], [13, 1, 2, 3]]), 13, 2)
     assert apply_penalty(torch.tensor([0.5, 0.7]), post, task).tolist() == [0.5, -1.0]
-    # penalty_reward_value None: truncation without the penalty (the summarization demo cuts at <|im_end|>)
+    # penalty_reward_value None: truncation without the penalty (the summarization demo cuts at its newline)
     free = TaskConfig(truncate_token=13, truncate_after=2, penalty_reward_value=None)
     assert apply_penalty(torch.tensor([0.5, 0.75]), post, free).tolist() == [0.5, 0.75]
 
