@@ -37,3 +37,12 @@ def tiny_lm():
 
     torch.manual_seed(0)
     return load_lm("tiny-gpt2")
+
+
+def pytest_report_header(config):
+    """Which dtype run.dtype=auto means in this run: CI runs the suite once in each."""
+    import torch
+
+    from lmprefs.models.lm import pick_dtype
+
+    return f"lmprefs: run.dtype=auto is {pick_dtype('auto', torch.device('cpu'))} on this CPU"

@@ -137,9 +137,29 @@ def test_auto_dtype_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypatch)
     from lmprefs.models import lm
 
     cpu = torch.device("cpu")
+    monkeypatch.delenv("LMPREFS_AUTO_DTYPE", raising=False)
     monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: True)
     assert lm.pick_dtype("auto", cpu) == torch.bfloat16
     monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: False)
     assert lm.pick_dtype("auto", cpu) == torch.float32
     assert lm.pick_dtype("bfloat16", cpu) == torch.bfloat16  # asked for: given, emulated or not
     assert preset("quickstart").run.dtype == "auto"
+
+
+def test_auto_dtype_can_be_pinned_from_the_environment(monkeypatch):
+    import torch
+
+    from lmprefs.errors import UserError
+    from lmprefs.models import lm
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setenv("LMPREFS_AUTO_DTYPE", "float32")
+    assert lm.pick_dtype("auto", cpu) == torch.float32
+    assert lm.pick_dtype("bfloat16", cpu) == torch.bfloat16  # only auto is pinned
+    monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: False)
+    monkeypatch.setenv("LMPREFS_AUTO_DTYPE", "bfloat16")
+    assert lm.pick_dtype("auto", cpu) == torch.bfloat16
+    monkeypatch.setenv("LMPREFS_AUTO_DTYPE", "fp16")
+    with pytest.raises(UserError, match="LMPREFS_AUTO_DTYPE='fp16'"):
+        lm.pick_dtype("auto", cpu)

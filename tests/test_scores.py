@@ -107,10 +107,13 @@ def test_reward_model_learns_from_scores_either_way(tmp_path, scores_as):
     import_file(store, write(tmp_path / "s.jsonl", score_rows(96)))
     cfg = preset("tiny")
     labels = R(cfg.labels, type="scalar_rating", scores_as=scores_as, num_train=1000, heldout_fraction=0.25)
-    cfg = R(cfg, labels=labels, train_reward=R(cfg.train_reward, lr=2e-3, epochs=5))  # 0.84 / 0.79 vs 0.39 before
+    cfg = R(cfg, labels=labels, train_reward=R(cfg.train_reward, lr=2e-3, epochs=5))
     rm, s = train_reward_model(setup_task(cfg), store, tmp_path / "rm")
-    # both are judged on the same held-out prompts by the same figure: pairs of responses ordered as their scores
-    assert s["heldout/accuracy"] > 0.75 and s["initial_heldout/accuracy"] < 0.6, s
+    # both are judged on the same held-out prompts by the same figure: pairs of responses ordered as their scores.
+    # The untrained model's accuracy is a coin flip whose side depends on the CPU's numerics (bf16 or fp32), so the
+    # assertion is about learning: a high final accuracy and a clear gain over the initial one.
+    assert s["heldout/accuracy"] > 0.75, s
+    assert s["heldout/accuracy"] - s["initial_heldout/accuracy"] > 0.15, s
     assert s["labels_train"] > (100 if scores_as == "rating" else 200)
     if scores_as == "rating":
         assert s["heldout/corr"] > 0.6 and s["heldout/loss"] < s["initial_heldout/loss"]

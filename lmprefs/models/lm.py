@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +44,14 @@ def cpu_has_native_bf16() -> bool:
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The autocast dtype: auto = bf16 where it is fast (CUDA with bf16, a CPU with native bf16), float32 elsewhere."""
+    """The autocast dtype: auto = bf16 where it is fast (CUDA with bf16, a CPU with native bf16), float32 elsewhere,
+    unless LMPREFS_AUTO_DTYPE names what auto means (the test suite runs once in each, whatever the CPU)."""
+    if name == "auto" and os.environ.get("LMPREFS_AUTO_DTYPE"):
+        name = os.environ["LMPREFS_AUTO_DTYPE"]
+        if name not in ("float32", "bfloat16"):
+            from lmprefs.errors import UserError
+
+            raise UserError(f"LMPREFS_AUTO_DTYPE={name!r} (environment): expected float32 or bfloat16")
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return torch.bfloat16
