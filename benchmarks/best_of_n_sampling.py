@@ -56,8 +56,9 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    from lmprefs.models.lm import autocast, load_lm
-    from lmprefs.sampling import sample
+    from lmprefs.models.loading import load_lm
+    from lmprefs.models.sampling import sample
+    from lmprefs.runtime.device import autocast
 
     device = torch.device(a.device)
     model, tok = load_lm(a.model, device)

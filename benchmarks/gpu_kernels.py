@@ -3,7 +3,7 @@
 
 - the decode step's attention (batch 512, 12 heads, 88 cached positions, head dim 64, bf16) under each SDPA
   backend, beside the floor that reading its keys and values sets at 3 TB/s;
-- the LM head's matmul with GPT-2's 50257 rows against 50304 (a multiple of 64, as lmprefs.models.lm.lm_logits pads
+- the LM head's matmul with GPT-2's 50257 rows against 50304 (a multiple of 64, as lmprefs.models.trunk.lm_logits pads
   it on CUDA) at the decode (512), response (512 x 24) and whole-sequence (512 x 88) row counts, and the fp32 head
   under bf16 autocast plain and padded, forward and forward + backward.
 

@@ -83,7 +83,7 @@ def build_model_dir(arch: str, seed: int) -> str:
     import torch
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    from lmprefs.assets import resolve_model
+    from lmprefs.assets.models import resolve_model
 
     out = Path(tempfile.mkdtemp(prefix=f"lmprefs-{arch}-"))
     torch.manual_seed(seed)
@@ -96,7 +96,7 @@ def model_flops(model, B: int, Q: int, T: int, noptepochs: int, vocab: int) -> d
     """Analytic model FLOPs of one update: a forward costs 2 x (block parameters) per token, attention
     2 x 2 x d x (context) per token and layer, the LM head 2 x d x V where logits are needed (response positions);
     a backward twice the forward."""
-    from lmprefs.models.lm import trunk_blocks
+    from lmprefs.models.loading import trunk_blocks
 
     blocks = trunk_blocks(model)
     n_block = sum(p.numel() for p in blocks.parameters())
@@ -119,10 +119,13 @@ def main(argv=None) -> int:
 
     import lmprefs
     from lmprefs.config import RunConfig, preset
-    from lmprefs.models.lm import RewardModel, load_lm
-    from lmprefs.pipeline import Task, policy_for, setup_torch
-    from lmprefs.queries import QueryStream
-    from lmprefs.sampling import sampler_mode
+    from lmprefs.data.queries import QueryStream
+    from lmprefs.models.loading import load_lm
+    from lmprefs.models.reward_model import RewardModel
+    from lmprefs.models.sampling import sampler_mode
+    from lmprefs.pipeline.policy import policy_for
+    from lmprefs.pipeline.task import Task
+    from lmprefs.runtime.device import setup_torch
     from lmprefs.training import policy as P
 
     cfg0 = preset("sentiment")
@@ -258,8 +261,8 @@ def sampler_comparison(args, model, tok, q, cfg, device, dtype) -> dict:
     """The sampler alone in each mode, and Hugging Face generate on the same model and batch: sequences/s."""
     import torch
 
-    from lmprefs.models.lm import autocast
-    from lmprefs.sampling import sample
+    from lmprefs.models.sampling import sample
+    from lmprefs.runtime.device import autocast
 
     cuda = device.type == "cuda"
     B, T, temp = q.shape[0], cfg.task.response_length, cfg.task.temperature
@@ -303,8 +306,8 @@ def sampler_profile(model, tok, q, cfg, device, dtype) -> None:
     the decode loop is bound by the GPU or by launching work on it."""
     import torch
 
-    from lmprefs.models.lm import autocast
-    from lmprefs.sampling import sample
+    from lmprefs.models.sampling import sample
+    from lmprefs.runtime.device import autocast
 
     cuda = device.type == "cuda"
     T, temp = cfg.task.response_length, cfg.task.temperature

@@ -17,16 +17,9 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model
 
 from lmprefs.config import LoraConfig
-from lmprefs.models.lm import (
-    _only_blocks,
-    attention_mask,
-    frozen_prefix,
-    load_lm,
-    model_inputs,
-    trunk_blocks,
-    trunk_hidden,
-)
+from lmprefs.models.loading import load_lm, trunk_blocks
 from lmprefs.models.lora import add_adapter, using
+from lmprefs.models.trunk import _only_blocks, attention_mask, frozen_prefix, model_inputs, trunk_hidden
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 

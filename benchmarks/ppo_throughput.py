@@ -145,9 +145,9 @@ class _NullLog:
 def _setup_torch(run):
     """lmprefs' own device/dtype/threads set-up (it moved from lmprefs.generate to lmprefs.pipeline)."""
     try:
-        from lmprefs.pipeline import setup_torch
+        from lmprefs.runtime.device import setup_torch
     except ImportError:
-        from lmprefs.generate import setup_torch
+        from lmprefs.runtime.device import setup_torch
     return setup_torch(run)
 
 
@@ -159,9 +159,10 @@ def lmprefs_worker(args) -> dict:
 
     import lmprefs
     from lmprefs.config import Config, PPOConfig, RewardsConfig, RunConfig, TaskConfig
-    from lmprefs.models.lm import load_lm
-    from lmprefs.pipeline import Task, policy_for
-    from lmprefs.queries import QueryStream
+    from lmprefs.data.queries import QueryStream
+    from lmprefs.models.loading import load_lm
+    from lmprefs.pipeline.policy import policy_for
+    from lmprefs.pipeline.task import Task
     from lmprefs.training import policy as P
 
     src = source_fingerprint()

@@ -118,8 +118,8 @@ def main(argv=None) -> int:
     import lmprefs.training.reward as R
     from lmprefs import pipeline
     from lmprefs.config import preset
+    from lmprefs.data.tasks import decode
     from lmprefs.labels.labelers import SCORE_FNS
-    from lmprefs.tasks import decode
 
     R_ = dataclasses.replace
     cfg = preset(args.preset)

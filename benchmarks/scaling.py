@@ -97,7 +97,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--compile", choices=("auto", "off"), default="auto", help="run.compile of every run")
     a = p.parse_args()
-    from lmprefs.assets import asset_status
+    from lmprefs.assets.registry import asset_status
 
     models = [m for m in (a.models or ("tiny,smollm2" if a.device == "cpu" else "tiny,gpt2-124m")).split(",") if m]
     modes = [m for m in a.parallel.split(",") if m]

@@ -26,7 +26,7 @@ def make_config(preset: str = "tiny", overrides: dict[str, Any] | None = None, *
                 config_file: str | Path | None = None):  # fmt: skip
     """A validated Config: a preset (or a saved config.json) with dotted overrides, {"ppo.lr": 1e-3}. Values are
     Python values, or strings parsed as on the command line ("None", "q_proj,v_proj")."""
-    from lmprefs.overrides import resolve_config
+    from lmprefs.runtime.resolve import resolve_config
 
     return resolve_config(preset, (), config_file, overrides, origin="Python API")
 
@@ -35,7 +35,8 @@ def label(cfg, db: str | Path, n: int, *, labeler: str | None = None, seed: int 
     """Sample n best-of-N questions from the initial policy into the label store `db` and have the simulated
     labeler (`labeler`, default cfg.labels.labeler; "none" only queues them for people) answer them."""
     from lmprefs.labels.store import check_store_path
-    from lmprefs.pipeline import collect_labels, open_store, setup_task
+    from lmprefs.pipeline.labeling import collect_labels, open_store
+    from lmprefs.pipeline.task import setup_task
 
     check_store_path(db, must_exist=False)
     return collect_labels(setup_task(cfg), open_store(db), n, labeler=labeler, seed=seed)
@@ -43,8 +44,10 @@ def label(cfg, db: str | Path, n: int, *, labeler: str | None = None, seed: int 
 
 def train_reward(cfg, labels: str | Path, run_dir: str | Path) -> dict:
     """Train a reward model from a label store (or a label file) into run_dir/reward_model; its held-out figures."""
-    from lmprefs.pipeline import label_source, setup_task, train_reward_model
-    from lmprefs.runlog import RunLogger
+    from lmprefs.pipeline.labeling import label_source
+    from lmprefs.pipeline.reward_model import train_reward_model
+    from lmprefs.pipeline.task import setup_task
+    from lmprefs.runtime.runlog import RunLogger
 
     run_dir = Path(run_dir)
     store = label_source(str(labels))
@@ -61,7 +64,7 @@ def train_policy(cfg, run_dir: str | Path, *, reward=None, labels: str | Path | 
     """PPO against `reward`: None (a reward model: cfg.rewards.trained_model, or one trained first from `labels`),
     a built-in name ("vader"), "module:function", or a callable list[str] -> list[float] on response texts
     (normalized on initial-policy samples like a reward model). Returns the last update's stats and the paths."""
-    from lmprefs.pipeline import run_train_policy
+    from lmprefs.pipeline.policy import run_train_policy
 
     run_dir = Path(run_dir)
     out = run_train_policy(cfg, run_dir, reward=reward, store_path=str(labels) if labels else None, resume=resume)
@@ -71,8 +74,8 @@ def train_policy(cfg, run_dir: str | Path, *, reward=None, labels: str | Path | 
 def sample(source, n: int = 4, *, temperature: float | None = None, seed: int | None = None,
            split: str = "heldout") -> list[tuple[str, str]]:  # fmt: skip
     """(query, response) texts from a train-policy run directory, or from the initial model of a Config."""
-    from lmprefs.generate import sample_texts
-    from lmprefs.overrides import load_config
+    from lmprefs.io.config_file import load_config
+    from lmprefs.recipes.sample import sample_texts
 
     if isinstance(source, str | Path):
         return sample_texts(load_config(Path(source) / "config.json"), n, Path(source) / "policy", temperature, seed,
@@ -83,8 +86,9 @@ def sample(source, n: int = 4, *, temperature: float | None = None, seed: int | 
 def score(reward_model: str | Path, texts: list, *, device: str = "auto", truncate: bool = False) -> list[float]:
     """Rewards of texts (a response, or a (query, response) pair) under a saved reward model directory (lmprefs'
     or any scalar sequence classifier, e.g. TRL's)."""
-    from lmprefs.models.lm import load_reward_model, pick_device
-    from lmprefs.scoring import reward_model_task, score_texts
+    from lmprefs.models.artifacts import load_reward_model
+    from lmprefs.recipes.score import reward_model_task, score_texts
+    from lmprefs.runtime.device import pick_device
 
     path = Path(reward_model)
     task = reward_model_task(path)
@@ -96,9 +100,10 @@ def score(reward_model: str | Path, texts: list, *, device: str = "auto", trunca
 def optimal_frontier(rewards, betas, min_ess: float = 10.0) -> list[dict]:
     """The paper's Figure 3 yardstick from your own samples: rewards [Q][M] of M samples of the initial policy for
     each of Q queries -> per beta, E*[r] and KL(pi*, rho) of pi* ~ rho exp(r/beta), averaged over queries, with
-    Monte Carlo standard errors, effective sample sizes and whether to trust the point (lmprefs/frontier.py)."""
+    Monte Carlo standard errors, effective sample sizes and whether to trust the point
+    (lmprefs/training/frontier.py)."""
     import torch
 
-    from lmprefs.frontier import frontier
+    from lmprefs.training.frontier import frontier
 
     return frontier(torch.as_tensor(rewards, dtype=torch.float64), betas, min_ess)

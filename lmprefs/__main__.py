@@ -1,3 +1,3 @@
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 
 raise SystemExit(main())

@@ -33,7 +33,7 @@ def tiny_lm():
     """(model, tokenizer): a 2-layer, 32-dim random GPT-2 with the real GPT-2 tokenizer."""
     import torch
 
-    from lmprefs.models.lm import load_lm
+    from lmprefs.models.loading import load_lm
 
     torch.manual_seed(0)
     return load_lm("tiny-gpt2")
@@ -43,6 +43,6 @@ def pytest_report_header(config):
     """Which dtype run.dtype=auto means in this run: CI runs the suite once in each."""
     import torch
 
-    from lmprefs.models.lm import pick_dtype
+    from lmprefs.runtime.device import pick_dtype
 
     return f"lmprefs: run.dtype=auto is {pick_dtype('auto', torch.device('cpu'))} on this CPU"

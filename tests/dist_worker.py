@@ -12,11 +12,14 @@ import sys
 
 import torch
 
-from lmprefs import distributed as dist
 from lmprefs.config import preset
+from lmprefs.data.tasks import format_queries
 from lmprefs.labels.types import get as get_label_type
-from lmprefs.models.lm import Policy, RewardModel, load_lm
-from lmprefs.tasks import format_queries
+from lmprefs.models import parallel
+from lmprefs.models.loading import load_lm
+from lmprefs.models.policy import Policy
+from lmprefs.models.reward_model import RewardModel
+from lmprefs.runtime import distributed as dist
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards, ppo_update
 from lmprefs.training.reward import Comparisons, train_epoch
@@ -27,7 +30,7 @@ N, S, B = 12, 4, 8  # labeled questions, samples per question, PPO episodes (glo
 
 def whole(module) -> dict | None:
     """The module's parameters, gathered whole on rank 0 under FSDP (None on the other ranks)."""
-    state = dist.full_state_dict(module)
+    state = parallel.full_state_dict(module)
     return None if state is None else {k: v.detach().clone() for k, v in state.items()}
 
 
@@ -71,7 +74,7 @@ def ppo_step(cfg, model, tok):
     mine = rollout[slice(dist.rank() * part, (dist.rank() + 1) * part)]
     ppo_cfg = R(cfg.ppo, nminibatches=1, noptepochs=2, lr=1e-3)
     before = {k: v.detach().clone() for k, v in policy.state_dict().items()}
-    model_ = dist.wrap(policy, cfg.run.parallel)  # FSDP shards in place: the optimizer comes after
+    model_ = parallel.wrap(policy, cfg.run.parallel)  # FSDP shards in place: the optimizer comes after
     opt = TFAdam(policy.trainable_parameters(), lr=ppo_cfg.lr)
     stats = ppo_update(lambda mb: model_(mb.queries, mb.responses), opt, mine, ppo_cfg,
                        torch.Generator().manual_seed(2), reduce=dist.all_reduce_mean)  # fmt: skip
@@ -84,7 +87,7 @@ def heldout_eval(cfg, model, tok) -> dict:
     from types import SimpleNamespace
 
     from lmprefs.labels.labelers import SCORE_FNS
-    from lmprefs.quickstart import evaluate_policy
+    from lmprefs.recipes.quickstart import evaluate_policy
 
     t = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), dtype=torch.float32, prefix=[], suffix=[], model=model,
                         tok=tok)  # fmt: skip
@@ -98,12 +101,12 @@ def main(out: str, *modes: str) -> None:
     torch.manual_seed(0)
     model, tok = load_lm("tiny-gpt2")
     results = {}
-    for parallel in modes or ("ddp",):  # every mode from the same initial model (each step deep-copies it)
+    for mode in modes or ("ddp",):  # every mode from the same initial model (each step deep-copies it)
         cfg = preset("tiny")
-        cfg = R(cfg, run=R(cfg.run, parallel=parallel))
+        cfg = R(cfg, run=R(cfg.run, parallel=mode))
         rm_params, rm_stats = reward_epoch(cfg, model, tok)
         pol_params, pol_stats = ppo_step(cfg, model, tok)
-        results[parallel] = {"rm": rm_params, "rm_stats": rm_stats, "policy": pol_params, "ppo_stats": pol_stats}
+        results[mode] = {"rm": rm_params, "rm_stats": rm_stats, "policy": pol_params, "ppo_stats": pol_stats}
     evals = dist.all_gather_objects(heldout_eval(preset("tiny"), model, tok))
     if dist.is_main():
         torch.save({"modes": results, "evals": evals, "world": dist.world()}, out)

@@ -12,8 +12,8 @@ import pytest
 
 import lmprefs
 from lmprefs.cli import main
+from lmprefs.config.overrides import ConfigError
 from lmprefs.errors import UserError
-from lmprefs.overrides import ConfigError
 
 
 def test_import_is_cheap_and_config_takes_python_values():
@@ -62,7 +62,9 @@ def test_a_reward_function_of_ones_own_via_api_and_cli(tmp_path, monkeypatch):
 
 
 def test_score_api_reads_a_saved_reward_model(tmp_path):
-    from lmprefs.models.lm import RewardModel, load_lm, save_reward_model
+    from lmprefs.models.artifacts import save_reward_model
+    from lmprefs.models.loading import load_lm
+    from lmprefs.models.reward_model import RewardModel
 
     lm, tok = load_lm("tiny-gpt2")
     task = {"query_prefix": "", "query_suffix": "", "query_length": 8, "response_length": 8}

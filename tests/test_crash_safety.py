@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lmprefs.cli import main
-from lmprefs.runlog import read_jsonl
+from lmprefs.io.jsonl import read_jsonl
 
 # no truncation filter: with the tiny model nearly every response would get the penalty score instead of the reward
 TINY = ["train-policy", "tiny", "--run.log-interval", "100", "--task.truncate-token", "none"]
@@ -33,7 +33,7 @@ class Killed(BaseException):
 
 def killed_in_process(monkeypatch, args: list[str], point: str) -> None:
     """Run `lmprefs ARGS` here, stopping it by an exception at the K-th arrival at `point` (POINT[@K])."""
-    from lmprefs import checkpoint
+    from lmprefs.io import atomic
 
     name, _, nth = point.partition("@")
     hits = []
@@ -44,10 +44,10 @@ def killed_in_process(monkeypatch, args: list[str], point: str) -> None:
             if len(hits) >= int(nth or 1):
                 raise Killed(at)
 
-    monkeypatch.setattr(checkpoint, "crash_point", hook)
+    monkeypatch.setattr(atomic, "crash_hook", hook)
     with pytest.raises(Killed):
         main(args)
-    monkeypatch.setattr(checkpoint, "crash_point", lambda at: None)
+    monkeypatch.setattr(atomic, "crash_hook", None)
 
 
 def metrics(run_dir):
@@ -83,7 +83,7 @@ def vader_run(tmp_path_factory):
 
 @pytest.mark.parametrize("point", ["written", "renamed", "switched"])
 def test_a_directory_write_killed_at_any_step_leaves_a_complete_directory(tmp_path, point):
-    from lmprefs.models.lm import atomic_dir
+    from lmprefs.models.artifacts import atomic_dir
 
     out = tmp_path / "checkpoint"
     with atomic_dir(out) as d:
@@ -99,7 +99,7 @@ def test_a_directory_write_killed_at_any_step_leaves_a_complete_directory(tmp_pa
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 9
     assert (out / "a.txt").read_text() == ("new" if point == "switched" else "old")  # never no directory
-    from lmprefs.checkpoint import latest_good
+    from lmprefs.io.publish import latest_good
 
     good, _ = latest_good(out)
     assert (good / "a.txt").read_text() == ("old" if point == "written" else "new")
@@ -120,7 +120,7 @@ def test_a_run_killed_between_the_checkpoint_renames_resumes_exactly(tmp_path, v
 
 
 def test_damaged_checkpoints_fall_back_to_the_previous_one_or_are_refused(tmp_path, vader_run, capsys):
-    from lmprefs.checkpoint import versions
+    from lmprefs.io.publish import versions
 
     d = tmp_path / "run"
     shutil.copytree(vader_run, d, symlinks=True)
@@ -283,7 +283,7 @@ def test_resume_refuses_what_would_change_the_math_and_names_it(tmp_path, vader_
 
 def test_a_second_process_on_a_run_directory_is_refused_and_told_who_holds_it(tmp_path, capsys):
     d = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from lmprefs.checkpoint import run_lock\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from lmprefs.io.locks import run_lock\n"
                                f"with run_lock({str(d)!r}):\n    print('held', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
@@ -294,7 +294,7 @@ def test_a_second_process_on_a_run_directory_is_refused_and_told_who_holds_it(tm
     finally:
         holder.kill()
         holder.wait()
-    from lmprefs.checkpoint import run_lock
+    from lmprefs.io.locks import run_lock
 
     with run_lock(d):  # a killed holder leaves no lock behind
         pass

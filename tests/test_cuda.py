@@ -24,9 +24,10 @@ import torch
 
 from lmprefs.cli import main
 from lmprefs.config import preset
-from lmprefs.models.lm import autocast
-from lmprefs.pipeline import policy_for, setup_task
-from lmprefs.runlog import read_jsonl
+from lmprefs.io.jsonl import read_jsonl
+from lmprefs.pipeline.policy import policy_for
+from lmprefs.pipeline.task import setup_task
+from lmprefs.runtime.device import autocast
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards, ppo_update
 
 R = dataclasses.replace
@@ -136,8 +137,9 @@ def test_no_host_sync_inside_the_ppo_minibatch_loop():
 @pytest.mark.cuda
 @cuda
 def test_sampler_static_compiled_on_cuda_matches_the_dynamic_cache():
-    from lmprefs.models.lm import PAD, load_lm
-    from lmprefs.sampling import sample
+    from lmprefs.data.tasks import PAD
+    from lmprefs.models.loading import load_lm
+    from lmprefs.models.sampling import sample
 
     model, tok = load_lm("tiny-gpt2", "cuda")
     q = torch.randint(0, len(tok), (8, 12), device="cuda")
@@ -158,7 +160,8 @@ def test_sampler_static_compiled_on_cuda_matches_the_dynamic_cache():
 def test_padded_lm_head_on_cuda_gives_the_heads_logits_and_gradients():
     """lm_logits pads GPT-2's 50257-row head to 50304 on CUDA (a faster cuBLAS kernel): the first 50257 logits and
     the weight's gradient are the plain head's, in fp32 and under bf16 autocast."""
-    from lmprefs.models.lm import lm_head, lm_logits, load_lm
+    from lmprefs.models.loading import load_lm
+    from lmprefs.models.trunk import lm_head, lm_logits
 
     model, tok = load_lm("tiny-gpt2", "cuda")
     h = torch.randn(6, 24, lm_head(model).in_features, device="cuda")

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from lmprefs.cli import main
-from lmprefs.runlog import read_jsonl
+from lmprefs.io.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 # this checkout first on PYTHONPATH, with whatever the machine has there after it (packages may live there)
@@ -200,7 +200,7 @@ def test_a_rank_s_user_error_is_one_line_naming_the_rank(tmp_path):
 
 
 def test_one_process_has_no_group_and_the_helpers_change_nothing():
-    from lmprefs import distributed as dist
+    from lmprefs.runtime import distributed as dist
 
     assert not dist.active() and dist.world() == 1 and dist.is_main()
     assert dist.rank_seed(7) == 7  # rank 0's seed is run.seed: one process samples as it always did
@@ -215,7 +215,8 @@ def test_one_process_has_no_group_and_the_helpers_change_nothing():
 def test_optimizer_state_converts_between_positions_and_names():
     """A checkpoint's Adam state keyed by position (DDP, one process) or by parameter name (FSDP) loads either way,
     e.g. when a run continued after an andon stop changes run.parallel."""
-    from lmprefs.models.lm import Policy, load_lm
+    from lmprefs.models.loading import load_lm
+    from lmprefs.models.policy import Policy
     from lmprefs.training.optim import TFAdam
     from lmprefs.training.policy import _optimizer_keys
 
@@ -239,16 +240,10 @@ def test_whole_state_of_fsdp_models_saves_as_the_usual_directories(worker_result
     """The whole state gathered from FSDP shards, put in a meta-device twin (plain_copy, no second copy of the
     weights), saves through the usual writers: the reward model's and the policy's directories load back and score
     as the same models built by load_state_dict."""
-    from lmprefs.models.lm import (
-        Policy,
-        RewardModel,
-        load_lm,
-        load_policy,
-        load_reward_model,
-        plain_copy,
-        save_policy,
-        save_reward_model,
-    )
+    from lmprefs.models.artifacts import load_policy, load_reward_model, plain_copy, save_policy, save_reward_model
+    from lmprefs.models.loading import load_lm
+    from lmprefs.models.policy import Policy
+    from lmprefs.models.reward_model import RewardModel
 
     fsdp = worker_results[1]["modes"]["fsdp"]
     lm, tok = load_lm("tiny-gpt2")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lmprefs.cli import main
-from lmprefs.frontier import exact_point, frontier, optimal_point
+from lmprefs.training.frontier import exact_point, frontier, optimal_point
 
 V, T = 5, 2  # a 5-token vocabulary and 2-token responses: 25 responses per query
 LETTER_VALUE = {"a": -1.0, "b": -0.3, "c": 0.0, "d": 0.4, "e": 1.0}
@@ -38,7 +38,7 @@ def enumerable_task(seed: int):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from lmprefs.config import preset
-    from lmprefs.pipeline import Task
+    from lmprefs.pipeline.task import Task
 
     torch.manual_seed(seed)
     config = GPT2Config(vocab_size=V, n_positions=16, n_embd=16, n_layer=1, n_head=2, initializer_range=0.5,
@@ -61,7 +61,7 @@ def exact_logprobs(model, query):
 
 
 def test_sampled_frontier_agrees_with_the_exact_optimal_policy():
-    from lmprefs.quickstart import evaluate_policy
+    from lmprefs.recipes.quickstart import evaluate_policy
 
     t = enumerable_task(0)
     M, betas = 4000, [0.25, 0.5, 1.0, 4.0]
@@ -88,7 +88,7 @@ def test_sampled_frontier_agrees_with_the_exact_optimal_policy():
 
 
 def test_heldout_kl_on_policy_samples_agrees_with_the_exact_kl():
-    from lmprefs.experiment import evaluate_arm
+    from lmprefs.recipes.experiment import evaluate_arm
 
     rho, pi = enumerable_task(0), enumerable_task(1)  # another random model plays the trained policy
     ev = evaluate_arm(rho, types.SimpleNamespace(adapter=None, lm=pi.model), rho.heldout_queries, letter_reward, 3000,

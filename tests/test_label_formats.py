@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lmprefs.assets import gpt2_tokenizer
+from lmprefs.assets.tokenizers import gpt2_tokenizer
 from lmprefs.labels import formats
 from lmprefs.labels.formats import GPT2_PAD, LabelFileError, export_file, import_file
 from lmprefs.labels.store import LabelStore

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from lmprefs.config.schema import label_type_shape
 from lmprefs.labels import types
-from lmprefs.labels.store import label_type_shape
 
 
 def test_pick_best_loss_is_softmax_cross_entropy_by_hand():

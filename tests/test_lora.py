@@ -4,10 +4,12 @@ import dataclasses
 import torch
 
 from lmprefs.config import LoraConfig, preset
-from lmprefs.models.lm import Policy, RewardModel, response_logits_hidden
+from lmprefs.data.queries import QueryStream
 from lmprefs.models.lora import add_adapter, lora_modules, merged_copy, using
-from lmprefs.pipeline import setup_task
-from lmprefs.queries import QueryStream
+from lmprefs.models.policy import Policy
+from lmprefs.models.reward_model import RewardModel
+from lmprefs.models.trunk import response_logits_hidden
+from lmprefs.pipeline.task import setup_task
 from lmprefs.training.policy import build_run, load_checkpoint, make_rollout, save_checkpoint
 from lmprefs.training.ppo import ppo_update
 
@@ -111,7 +113,7 @@ def _tiny_llama():
 
 
 def test_frozen_prefix_gives_the_full_forward_exactly(tiny_lm):
-    from lmprefs.models.lm import frozen_depth, frozen_prefix, trunk_hidden
+    from lmprefs.models.trunk import frozen_depth, frozen_prefix, trunk_hidden
 
     for lm, top in ((copy.deepcopy(tiny_lm[0]), 1), (_tiny_llama(), 2)):  # GPT-2 (additive positions) and Llama
         assert frozen_prefix(lm, torch.zeros(1, 3, dtype=torch.long)) is None  # no adapters: nothing is frozen
@@ -140,8 +142,8 @@ def test_reward_model_runs_a_questions_query_once_for_its_samples(tiny_lm):
     (its keys and values copied for the S samples; the frozen prefix and the evaluation's reference logits likewise)
     and gives the rewards and gradients of the S repeated rows, padded queries and truncated responses included, on
     GPT-2 and Llama."""
-    from lmprefs.models.lm import (
-        RewardModel,
+    from lmprefs.models.reward_model import RewardModel
+    from lmprefs.models.trunk import (
         frozen_prefix,
         frozen_prefix_shared,
         response_logits_hidden,
@@ -177,7 +179,7 @@ def test_reward_model_runs_a_questions_query_once_for_its_samples(tiny_lm):
 
 
 def test_lora_rollout_with_the_frozen_prefix_matches_full_forwards():
-    from lmprefs.tasks import apply_penalty, truncate_responses
+    from lmprefs.data.tasks import apply_penalty, truncate_responses
     from lmprefs.training.policy import ref_logprobs, rm_score_fn
 
     cfg = preset("tiny")
@@ -205,7 +207,7 @@ def test_lora_rollout_with_the_frozen_prefix_matches_full_forwards():
 def test_gpt2_gelu_runs_as_one_kernel_and_computes_the_same_function(tiny_lm):
     from transformers import AutoModelForCausalLM
 
-    from lmprefs.assets import resolve_model
+    from lmprefs.assets.models import resolve_model
 
     lm, tok = tiny_lm
     assert lm.config.activation_function == "gelu_pytorch_tanh"

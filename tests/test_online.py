@@ -2,10 +2,10 @@ import json
 import threading
 
 from lmprefs.cli import main
+from lmprefs.io.jsonl import read_jsonl
 from lmprefs.labels.store import LabelStore
-from lmprefs.runlog import read_jsonl
-from lmprefs.training import online
-from lmprefs.training.online import retrain_points
+from lmprefs.pipeline import online
+from lmprefs.pipeline.online import retrain_points
 
 
 def test_retrain_points_are_evenly_spaced_inside_the_run():
@@ -69,8 +69,10 @@ def test_retrains_with_lora_train_the_reward_adapter_and_leave_the_policy_traina
 
     from lmprefs.config import preset
     from lmprefs.models.lora import lora_modules
-    from lmprefs.pipeline import open_store, policy_for, setup_task
-    from lmprefs.training.online import OnlineRewards
+    from lmprefs.pipeline.labeling import open_store
+    from lmprefs.pipeline.online import OnlineRewards
+    from lmprefs.pipeline.policy import policy_for
+    from lmprefs.pipeline.task import setup_task
 
     cfg = preset("tiny")
     cfg = dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, rank=4),

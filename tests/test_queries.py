@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from lmprefs.config import TaskConfig
-from lmprefs.models.lm import PAD, trunk_hidden
-from lmprefs.queries import QueryDataError, QueryStream, build_queries, load_texts, task_queries
+from lmprefs.data.queries import QueryDataError, QueryStream, build_queries, load_texts, task_queries
+from lmprefs.data.tasks import PAD
+from lmprefs.models.trunk import trunk_hidden
 
 
 def test_start_and_end_text_trimming_as_the_original(tiny_lm):

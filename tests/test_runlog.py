@@ -11,7 +11,8 @@ import pytest
 
 from lmprefs.cli import main
 from lmprefs.config import preset
-from lmprefs.runlog import RunLogger, read_jsonl, read_metrics
+from lmprefs.io.jsonl import read_jsonl
+from lmprefs.runtime.runlog import RunLogger, read_metrics
 
 R = dataclasses.replace
 

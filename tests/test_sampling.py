@@ -4,8 +4,9 @@ import pytest
 import torch
 from torch import nn
 
-from lmprefs.models.lm import PAD, logprobs_and_entropy, response_logits_hidden
-from lmprefs.sampling import _STATIC_CACHES, sample
+from lmprefs.data.tasks import PAD
+from lmprefs.models.sampling import _STATIC_CACHES, sample
+from lmprefs.models.trunk import logprobs_and_entropy, response_logits_hidden
 
 
 class NextTokenModel(nn.Module):
@@ -101,7 +102,7 @@ def test_static_cache_sampler_equals_the_dynamic_one(tiny_lm):
 
 
 def test_sampler_mode_resolves_auto_by_device():
-    from lmprefs.sampling import sampler_mode
+    from lmprefs.models.sampling import sampler_mode
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert sampler_mode("auto", "auto", cpu) == (True, False)
@@ -135,7 +136,7 @@ def test_static_cache_under_bf16_autocast_on_gpt2_and_llama(tiny_lm):
     static cache keeps each in its own dtype and samples what the dynamic cache samples."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lmprefs.models.lm import autocast
+    from lmprefs.runtime.device import autocast
 
     torch.manual_seed(0)
     llama = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -157,7 +158,7 @@ def test_repeats_sample_as_the_repeated_queries_with_one_prefill(tiny_lm):
     Llama, in fp32 and under bf16 autocast; and the prefill sees each query once."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lmprefs.models.lm import autocast
+    from lmprefs.runtime.device import autocast
 
     model, tok = tiny_lm
     torch.manual_seed(0)

@@ -91,7 +91,7 @@ def test_comparisons_from_scores_pair_responses_within_a_prompt():
 
 
 def test_config_switch_is_checked():
-    from lmprefs.overrides import ConfigError, apply_overrides
+    from lmprefs.config.overrides import ConfigError, apply_overrides
 
     with pytest.raises((ConfigError, ValueError), match="labels.scores_as='comparisons'.*scalar_rating"):
         apply_overrides(preset("tiny"), [("labels.scores_as", "comparisons")])
@@ -101,7 +101,8 @@ def test_config_switch_is_checked():
 
 @pytest.mark.parametrize("scores_as", ["rating", "comparisons"])
 def test_reward_model_learns_from_scores_either_way(tmp_path, scores_as):
-    from lmprefs.pipeline import setup_task, train_reward_model
+    from lmprefs.pipeline.reward_model import train_reward_model
+    from lmprefs.pipeline.task import setup_task
 
     store = LabelStore(tmp_path / "l.sqlite")
     import_file(store, write(tmp_path / "s.jsonl", score_rows(96)))

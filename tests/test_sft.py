@@ -9,7 +9,7 @@ import torch
 
 from lmprefs.cli import main
 from lmprefs.config import preset
-from lmprefs.runlog import read_jsonl
+from lmprefs.io.jsonl import read_jsonl
 from lmprefs.training.sft import encode_pairs, mean_response_loss, read_pairs
 
 PROMPTS = ["The old house at the end of the lane", "She walked home from the market", "It was a bright cold day",
@@ -25,7 +25,7 @@ def write_pairs(path, key="response"):
 
 
 def saved_loss(model_dir, data):
-    from lmprefs.models.lm import load_lm, vocab_size
+    from lmprefs.models.loading import load_lm, vocab_size
 
     model, tok = load_lm(str(model_dir))
     tokens, mask = encode_pairs(read_pairs(data), tok, 64)
@@ -88,7 +88,7 @@ def test_lora_sft_saves_the_merged_model_and_trl_completions_are_read(tmp_path):
 
 
 def _tiny_dir():
-    from lmprefs.assets import tiny_gpt2_dir
+    from lmprefs.assets.models import tiny_gpt2_dir
 
     return tiny_gpt2_dir()
 
@@ -96,8 +96,9 @@ def _tiny_dir():
 def test_train_policy_starts_from_the_sft_model_as_its_reference(sft_run, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from lmprefs.pipeline import policy_for, setup_task
-    from lmprefs.queries import QueryStream
+    from lmprefs.data.queries import QueryStream
+    from lmprefs.pipeline.policy import policy_for
+    from lmprefs.pipeline.task import setup_task
     from lmprefs.training.policy import build_run
 
     sft = str(sft_run / "run" / "sft_model")

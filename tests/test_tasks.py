@@ -1,8 +1,7 @@
 import torch
 
 from lmprefs.config import TaskConfig
-from lmprefs.models.lm import PAD
-from lmprefs.tasks import apply_penalty, format_queries, passes_filter, show, truncate_responses
+from lmprefs.data.tasks import PAD, apply_penalty, format_queries, passes_filter, show, truncate_responses
 
 P = PAD
 

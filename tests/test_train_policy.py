@@ -11,10 +11,11 @@ from safetensors.torch import load_file
 
 from lmprefs.cli import main
 from lmprefs.config import preset
-from lmprefs.models.lm import Policy
-from lmprefs.pipeline import setup_task
-from lmprefs.queries import QueryStream
-from lmprefs.runlog import RunLogger, read_jsonl, read_metrics
+from lmprefs.data.queries import QueryStream
+from lmprefs.io.jsonl import read_jsonl
+from lmprefs.models.policy import Policy
+from lmprefs.pipeline.task import setup_task
+from lmprefs.runtime.runlog import RunLogger, read_metrics
 from lmprefs.training.policy import build_run, make_rollout, train_policy
 from lmprefs.training.ppo import ppo_update
 
@@ -171,8 +172,8 @@ def test_andon_cord_stops_on_kl_ceiling_and_keeps_the_last_good_checkpoint(tmp_p
 
 
 def test_direct_reward_is_normalized_on_initial_policy_samples(tmp_path):
-    from lmprefs.pipeline import reward_for_policy
-    from lmprefs.tasks import format_queries
+    from lmprefs.data.tasks import format_queries
+    from lmprefs.pipeline.rewards import reward_for_policy
     from lmprefs.training.reward import normalization_samples
 
     cfg = preset("tiny")
@@ -189,8 +190,8 @@ def test_direct_reward_is_normalized_on_initial_policy_samples(tmp_path):
 def test_tiny_preset_rollouts_score_the_reward_not_the_penalty(tiny_task, tiny_lm):
     """Issue 14, defect 7: with truncate_token 13 after index 4, the tiny preset's near-uniform random model almost
     never sampled '.', so every rollout scored the constant penalty and PPO had nothing to learn from."""
-    from lmprefs.sampling import sample
-    from lmprefs.tasks import apply_penalty, format_queries, truncate_responses
+    from lmprefs.data.tasks import apply_penalty, format_queries, truncate_responses
+    from lmprefs.models.sampling import sample
 
     task = preset("tiny").task
     q = format_queries(tiny_task.train_queries[:64], tiny_task.prefix, tiny_task.suffix)

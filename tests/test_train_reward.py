@@ -5,9 +5,10 @@ import torch
 
 from lmprefs.cli import main
 from lmprefs.config import preset
+from lmprefs.data.tasks import PAD
 from lmprefs.labels.types import get as get_label_type
-from lmprefs.models.lm import PAD, RewardModel
-from lmprefs.pipeline import setup_task
+from lmprefs.models.reward_model import RewardModel
+from lmprefs.pipeline.task import setup_task
 from lmprefs.training.reward import (
     Comparisons,
     evaluate,
@@ -118,7 +119,7 @@ def test_label_train_reward_and_score_commands(tmp_path, capsys):
     assert main(["score", "--reward-model", rm_dir, "--truncate", str(tmp_path / "long.txt")]) == 0
     out, err = capsys.readouterr()
     cut = float(out.split("\t")[0])
-    from lmprefs.assets import gpt2_tokenizer
+    from lmprefs.assets.tokenizers import gpt2_tokenizer
 
     tok = gpt2_tokenizer()
     (tmp_path / "first8.txt").write_text(tok.decode(tok(long).input_ids[:8]) + "\n")

@@ -10,9 +10,10 @@ from safetensors.torch import load_file
 
 from lmprefs.cli import main
 from lmprefs.config import preset
-from lmprefs.pipeline import policy_for, setup_task
-from lmprefs.queries import QueryStream
-from lmprefs.runlog import read_jsonl
+from lmprefs.data.queries import QueryStream
+from lmprefs.io.jsonl import read_jsonl
+from lmprefs.pipeline.policy import policy_for
+from lmprefs.pipeline.task import setup_task
 from lmprefs.training.policy import build_run, make_rollout
 from lmprefs.training.ppo import ppo_update
 
@@ -61,7 +62,7 @@ def test_a_separate_value_model_trains_apart_from_the_policy(tiny_task):
 
 
 def test_vf_lr_needs_a_separate_value_model():
-    from lmprefs.overrides import ConfigError, apply_overrides
+    from lmprefs.config.overrides import ConfigError, apply_overrides
 
     with pytest.raises((ConfigError, ValueError), match="ppo.vf_lr=0.001 sets the optimizer of a separate value"):
         apply_overrides(preset("tiny"), [("ppo.vf_lr", "1e-3")])
@@ -84,7 +85,7 @@ def metrics(run_dir):
 
 
 def test_a_separate_value_model_checkpoints_and_resumes_exactly(tmp_path, monkeypatch):
-    from lmprefs import checkpoint
+    from lmprefs.io import atomic
 
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert main(ARGS + ["--run-dir", str(full)]) == 0
@@ -102,7 +103,7 @@ def test_a_separate_value_model_checkpoints_and_resumes_exactly(tmp_path, monkey
             if len(hits) == 2:
                 raise Killed(at)
 
-    monkeypatch.setattr(checkpoint, "crash_point", crash)
+    monkeypatch.setattr(atomic, "crash_hook", crash)
     with pytest.raises(Killed):
         main(ARGS + ["--run-dir", str(killed)])
     monkeypatch.undo()

@@ -9,7 +9,7 @@ import torch
 from test_scores import score_rows, write
 
 from lmprefs.cli import main
-from lmprefs.runlog import read_jsonl
+from lmprefs.io.jsonl import read_jsonl
 
 # the tiny preset with the writing-prompts settings: whole prompts, scores compared within a prompt, separate value
 TINY = ["experiment", "writing-prompts", "--preset", "tiny", "--eval-queries", "8", "--labels.type", "scalar_rating",
@@ -27,7 +27,7 @@ def write_scores(path, n_prompts=24):
 def test_writing_prompts_pipeline_end_to_end_and_resumed(tmp_path, monkeypatch, capsys):
     from transformers import AutoModelForCausalLM
 
-    from lmprefs import checkpoint
+    from lmprefs.io import atomic
 
     rows = write_scores(tmp_path / "scores.jsonl")
     run_dir = tmp_path / "run"
@@ -40,7 +40,7 @@ def test_writing_prompts_pipeline_end_to_end_and_resumed(tmp_path, monkeypatch, 
         if at == "writing:reward":
             raise Killed(at)
 
-    monkeypatch.setattr(checkpoint, "crash_point", crash)
+    monkeypatch.setattr(atomic, "crash_hook", crash)
     with pytest.raises(Killed):  # killed once the reward model is done
         main(args)
     monkeypatch.undo()

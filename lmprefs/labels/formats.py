@@ -16,7 +16,7 @@
   one `{"info": {"post", "title"?, "subreddit"?} or {"article"}, "summaries": [{"text"}, {"text"}], "choice": 0|1,
   "worker": str, "split": str}` per line. Imported as best_of_2 items (samples in the file's order, best = choice)
   labeled by `worker`; the split is kept in the item's source, `import:FILE#SPLIT` (train, valid1, valid2). The query
-  is the article, or the post as `lmprefs.summarize.comparison_query` writes it.
+  is the article, or the post as `lmprefs.data.summarize.comparison_query` writes it.
 - "scores" (import only): per-response scores, one `{"prompt": str, "response": str, "score": number,
   "labeler"?: str}` per line (TRL's `completion` is read for `response`), such as Reddit comment scores of stories
   written for a prompt, or ratings. Imported as scalar_rating items (one sample each); train-reward regresses them or
@@ -44,7 +44,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from lmprefs.labels.store import SPLIT_NAME, ImportRow, LabelStore, label_type_shape
+from lmprefs.config.schema import label_type_shape
+from lmprefs.io.jsonl import JsonRowsError, json_rows
+from lmprefs.labels.store import SPLIT_NAME, ImportRow, LabelStore
 
 FORMATS = ("openai", "pairs", "comparisons")  # import and export
 IMPORT_FORMATS = (*FORMATS, "summarize", "scores")
@@ -71,23 +73,9 @@ class ImportReport:
 def _load(path: Path) -> tuple[str, list[tuple[str, object]]]:
     """("json" | "jsonl", [(where, row), ...]) where `where` is "row 17" or "line 18"."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise LabelFileError(f"{path.name}: cannot read: {e}") from e
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise LabelFileError(f"{path.name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
-        return "json", [(f"row {i}", row) for i, row in enumerate(data)]
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append((f"line {n}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise LabelFileError(f"{path.name} line {n}: invalid JSON at column {e.colno}: {e.msg}") from e
-    return "jsonl", rows
+        return json_rows(path)
+    except JsonRowsError as e:
+        raise LabelFileError(str(e)) from e
 
 
 def detect_format(path: str | Path) -> str:
@@ -232,7 +220,7 @@ def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
 
 
 def _summarize_rows(name, rows, label_type) -> list[dict]:
-    from lmprefs.summarize import comparison_query
+    from lmprefs.data.summarize import comparison_query
 
     if label_type not in (None, "best_of_2"):
         raise LabelFileError(f"{name}: summarize comparisons are best_of_2 questions, not label_type={label_type!r}")
@@ -308,7 +296,7 @@ def import_file(
         raise LabelFileError(f"{path.name}: has {len(rows)} rows, fewer than limit={limit}")
     if fmt == "openai":
         if tokenizer is None:
-            from lmprefs.assets import gpt2_tokenizer  # transformers loads only when a token file is read
+            from lmprefs.assets.tokenizers import gpt2_tokenizer  # transformers loads only when a token file is read
 
             tokenizer, tokenizer_name = gpt2_tokenizer(), tokenizer_name or "gpt2"
         parsed = _openai_rows(path.name, rows, label_type, labeler, tokenizer, tokenizer_name or "gpt2")
@@ -414,7 +402,7 @@ def export_file(
             else:
                 if ex.query_tokens is None:
                     if tokenizer is None:
-                        from lmprefs.assets import gpt2_tokenizer
+                        from lmprefs.assets.tokenizers import gpt2_tokenizer
 
                         tokenizer = gpt2_tokenizer()
                     enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in [ex.query, *ex.samples]]

@@ -18,7 +18,8 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 
-from lmprefs.labels.store import DuplicateLabelError, Item, LabelStore, label_type_shape
+from lmprefs.config.schema import label_type_shape
+from lmprefs.labels.store import DuplicateLabelError, Item, LabelStore
 
 ScoreFn = Callable[[list[str]], list[float]]
 
@@ -197,7 +198,7 @@ def embed(texts: list[str]):
         if _encoder is None:
             from transformers import AutoModel, AutoTokenizer
 
-            from lmprefs.assets import minilm_dir
+            from lmprefs.assets.models import minilm_dir
 
             d = str(minilm_dir())
             _encoder = (AutoTokenizer.from_pretrained(d), AutoModel.from_pretrained(d).eval())
@@ -213,7 +214,7 @@ def embed(texts: list[str]):
 
 
 def _need_minilm() -> None:
-    from lmprefs.assets import minilm_dir
+    from lmprefs.assets.models import minilm_dir
 
     minilm_dir()  # an AssetError naming the package to install, before any work
 

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
+from lmprefs.config.schema import label_type_shape
+
 SCHEMA_VERSION = 2
 KINDS = ("label", "skip", "flag")
 HOLDS = ("flagged", "retired")
@@ -90,18 +92,6 @@ class DuplicateLabelError(ValueError):
     """The labeler already labeled (or skipped, or flagged) this item."""
 
 
-def label_type_shape(label_type: str) -> tuple[str, int]:
-    """(label field, samples per item) of a label-type name, without importing torch: best_of_4 -> ("best", 4)."""
-    if label_type == "scalar_rating":
-        return "score", 1
-    if label_type == "scalar_compare":
-        return "difference", 2
-    m = re.fullmatch(r"best_of_(\d+)", label_type)
-    if m and int(m.group(1)) >= 2:
-        return "best", int(m.group(1))
-    raise ValueError(
-        f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'scalar_rating' or 'scalar_compare'"
-    )
 
 
 SPLIT_NAME = r"[A-Za-z0-9_-]{1,64}"  # an imported split (summarize comparisons: train, valid1, valid2)

@@ -91,7 +91,7 @@ def reset_adapter(model: nn.Module, name: str, seed: int = 0) -> None:
 
 def _top_block_modules(model: nn.Module, top: int) -> set[int] | None:
     """ids of the modules inside the top `top` transformer blocks, or None (no restriction) when top <= 0."""
-    from lmprefs.models.lm import trunk_blocks
+    from lmprefs.models.loading import trunk_blocks
 
     if top <= 0:
         return None

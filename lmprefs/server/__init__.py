@@ -2,5 +2,5 @@
 it), and an admin watches counts, throughput and labeler quality (gold accuracy, agreement, position bias, time on
 task) and downloads the labels. FastAPI + Jinja2 templates over the SQLite label store (`lmprefs.labels.store`);
 `app.create_app` builds it, `queue` decides what each labeler sees, `api` is the JSON API and `client` its Python
-client, `cli` runs it (`lmprefs serve`, `lmprefs labelers`). Never imports torch.
+client, `lmprefs.cli.serve` runs it (`lmprefs serve`, `lmprefs labelers`). Never imports torch.
 """

@@ -40,10 +40,11 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from lmprefs.config.schema import label_type_shape
 from lmprefs.errors import UserError
 from lmprefs.labels.formats import FORMATS, export_file
 from lmprefs.labels.quality import quality
-from lmprefs.labels.store import DuplicateLabelError, LabelStore, label_type_shape
+from lmprefs.labels.store import DuplicateLabelError, LabelStore
 from lmprefs.server import api, stats
 from lmprefs.server.instructions import TASKS, Instructions
 from lmprefs.server.queue import Queue, display_order

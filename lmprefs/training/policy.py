@@ -22,19 +22,15 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lmprefs import distributed as dist
 from lmprefs.config import Config
+from lmprefs.data.tasks import apply_penalty, decode, format_queries, query_texts, show, truncate_responses
 from lmprefs.errors import UserError
-from lmprefs.models.lm import (
-    FrozenPrefix,
-    Policy,
-    autocast,
-    frozen_prefix,
-    logprobs_and_entropy,
-    response_logits_hidden,
-)
-from lmprefs.sampling import sample, sampler_options
-from lmprefs.tasks import apply_penalty, decode, format_queries, query_texts, show, truncate_responses
+from lmprefs.models import parallel
+from lmprefs.models.policy import Policy
+from lmprefs.models.sampling import sample, sampler_options
+from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, logprobs_and_entropy, response_logits_hidden
+from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.device import autocast
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards, make_kl_controller, ppo_update
 
@@ -158,8 +154,8 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
             return ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab, prefix)
 
     with autocast(device, dtype):  # under FSDP each pass gathers its model's shards first (a collective)
-        responses, logprobs, values, prefix = dist.gathered(policy, policy_pass)
-        ref = dist.gathered(run.ref_lm, ref_pass) if run.ref_lm is not None else ref_pass()
+        responses, logprobs, values, prefix = parallel.gathered(policy, policy_pass)
+        ref = parallel.gathered(run.ref_lm, ref_pass) if run.ref_lm is not None else ref_pass()
     logprobs, values, ref = logprobs.float(), values.float(), ref.float()
     post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
     with autocast(device, dtype):
@@ -182,12 +178,12 @@ def build_run(cfg: Config, policy: Policy, stream, device) -> PolicyRun:
     # the frozen initial model; with LoRA it is the shared base itself (adapters off), no copy needed
     ref_lm = None if policy.adapter else copy.deepcopy(policy.lm).requires_grad_(False).eval()
     if cfg.run.parallel == "fsdp" and dist.active():  # sharded before the optimizer sees the parameters
-        from lmprefs.models.lm import pick_dtype
+        from lmprefs.runtime.device import pick_dtype
 
         dtype = pick_dtype(cfg.run.dtype, device)
-        dist.fsdp_shard(policy, dtype)
+        parallel.fsdp_shard(policy, dtype)
         if ref_lm is not None:
-            dist.fsdp_shard(ref_lm, dtype)
+            parallel.fsdp_shard(ref_lm, dtype)
     params, value_opt = policy.trainable_parameters(), None
     if cfg.ppo.value_model == "separate":  # the value model's trunk and head train under their own optimizer
         value = policy.value_parameters()
@@ -223,7 +219,7 @@ def nonfinite_parameters(run: PolicyRun) -> str | None:
     params = run.policy.trainable_parameters()
     # this rank's shards under FSDP (then all ranks must agree), one host sync, not one per tensor (GPU)
     finite = torch.stack([torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all() for p in params])
-    if not dist.any_rank(not bool(finite.all())) if dist.is_sharded(run.policy) else bool(finite.all()):
+    if not dist.any_rank(not bool(finite.all())) if parallel.is_sharded(run.policy) else bool(finite.all()):
         return None
     if bool(finite.all()):
         return f"non-finite parameters on another rank after update {run.update}"
@@ -277,8 +273,8 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
     fallback. Every rank calls it (their own states are gathered). Non-finite parameters are never saved."""
     from safetensors.torch import save_file
 
-    from lmprefs.checkpoint import config_meta
-    from lmprefs.models.lm import _save_policy, atomic_dir
+    from lmprefs.config.diff import config_meta
+    from lmprefs.models.artifacts import _save_policy, atomic_dir
     from lmprefs.models.lora import adapter_state
 
     bad = nonfinite_parameters(run)
@@ -287,11 +283,11 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
     meta = {"update": run.update, **(config_meta(cfg) if cfg is not None else {})}
     ranks = rank_states(run)
     policy, optimizer = run.policy, None
-    if dist.is_sharded(run.policy):  # FSDP: the whole model and optimizer state gathered on rank 0 (collectives)
-        from lmprefs.models.lm import plain_copy
+    if parallel.is_sharded(run.policy):  # FSDP: the whole model and optimizer state gathered on rank 0 (collectives)
+        from lmprefs.models.artifacts import plain_copy
 
-        model_state = dist.full_state_dict(run.policy)
-        optimizer = dist.full_optimizer_state(run.policy, run.optimizer)
+        model_state = parallel.full_state_dict(run.policy)
+        optimizer = parallel.full_optimizer_state(run.policy, run.optimizer)
         policy = plain_copy(run.policy, model_state) if dist.is_main() else None
     run.saved_update = run.update
     if not dist.is_main():
@@ -310,7 +306,7 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
 
 def find_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
     """(newest checkpoint version that verifies, its manifest), or None when the run never saved one."""
-    from lmprefs.checkpoint import latest_good
+    from lmprefs.io.publish import latest_good
 
     return latest_good(Path(run_dir) / "checkpoint")
 
@@ -343,11 +339,11 @@ def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | No
     if run.policy.value_lm is not None:
         value = load_file(ckpt / "policy" / "value_model" / "model.safetensors")
         whole |= _whole(run.policy.value_lm, value, "value_lm.")
-    sharded = dist.is_sharded(run.policy)
+    sharded = parallel.is_sharded(run.policy)
     state = {**state, "optimizer": _optimizer_keys(run.policy, state["optimizer"], by_name=sharded)}
     if sharded:  # every rank keeps its shards of the whole (set_model_state_dict)
-        dist.load_full_state_dict(run.policy, whole)
-        dist.load_full_optimizer_state(run.policy, run.optimizer, state["optimizer"])
+        parallel.load_full_state_dict(run.policy, whole)
+        parallel.load_full_optimizer_state(run.policy, run.optimizer, state["optimizer"])
         state["optimizer"] = None
     else:
         run.policy.load_state_dict(whole)
@@ -383,16 +379,16 @@ def _whole(model, src: dict, prefix: str) -> dict:
 def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: Path, prefix, suffix, device, dtype,
                  on_update: Callable[[PolicyRun, dict], None] | None = None) -> dict:  # fmt: skip
     """The outer loop, from run.update to ppo.num_updates. Returns the last update's stats."""
-    from lmprefs.checkpoint import crash_point
-    from lmprefs.models.lm import save_policy
-    from lmprefs.runlog import progress
+    from lmprefs.io.atomic import crash_point
+    from lmprefs.models.artifacts import save_policy
+    from lmprefs.runtime.runlog import progress
 
     n_updates, B = cfg.ppo.num_updates, cfg.ppo.batch_size
     if n_updates <= 0:
         raise UserError(f"ppo.total_episodes={cfg.ppo.total_episodes} is less than one batch ({B})")
     # each rank samples and updates on its share of the global batch, in nminibatches minibatches of its own
     B_rank = dist.split_global(B, "ppo.batch_size", cfg.ppo.nminibatches)
-    model = dist.wrap(run.policy, cfg.run.parallel)  # DDP (or FSDP, sharded in build_run) averages the gradients
+    model = parallel.wrap(run.policy, cfg.run.parallel)  # DDP (or FSDP, sharded in build_run) averages the gradients
     forward = training_forward(model, cfg.run.compile, device)
     bar = progress(n_updates, "PPO updates", initial=run.update)
     stats: dict = {}
@@ -441,10 +437,10 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
                         beta=f"{stats['objective/kl_coef']:.3f}")  # fmt: skip
     bar.close()
     policy = run.policy
-    if dist.is_sharded(policy):
-        from lmprefs.models.lm import plain_copy
+    if parallel.is_sharded(policy):
+        from lmprefs.models.artifacts import plain_copy
 
-        state = dist.full_state_dict(policy)  # a collective
+        state = parallel.full_state_dict(policy)  # a collective
         policy = plain_copy(policy, state) if dist.is_main() else None
     if dist.is_main():
         save_policy(policy, Path(run_dir) / "policy")
@@ -456,7 +452,7 @@ def andon_stop(run: PolicyRun, run_dir: Path, reason: str) -> AndonStop:
     """Record why the run stopped in RUN_DIR/ANDON (which `--resume` reads) and build the exception to raise."""
     import json
 
-    from lmprefs.overrides import atomic_write_text
+    from lmprefs.io.atomic import atomic_write_text
 
     last = run.saved_update
     if dist.is_main():

@@ -12,19 +12,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lmprefs import distributed as dist
 from lmprefs.config import Config, TaskConfig
-from lmprefs.models.lm import (
-    PAD,
-    FrozenPrefix,
-    RewardModel,
-    autocast,
-    frozen_depth,
-    frozen_prefix_shared,
-    hidden_size,
-)
-from lmprefs.sampling import sample, sampler_options
-from lmprefs.tasks import format_queries, truncate_responses
+from lmprefs.data.tasks import PAD, format_queries, truncate_responses
+from lmprefs.models import parallel
+from lmprefs.models.loading import hidden_size
+from lmprefs.models.reward_model import RewardModel
+from lmprefs.models.sampling import sample, sampler_options
+from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix_shared
+from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.device import autocast
 
 
 @dataclass
@@ -285,7 +281,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     params = rm.trainable_parameters()
     for p in params:  # a retrain after freeze(): these are the parameters this epoch trains
         p.requires_grad_(True)
-    model = dist.wrap(rm, cfg.run.parallel, dtype)  # under FSDP sharded in place, before the optimizer sees it
+    model = parallel.wrap(rm, cfg.run.parallel, dtype)  # under FSDP sharded in place, before the optimizer sees it
     opt = TFAdam(rm.trainable_parameters(), lr=cfg.train_reward.lr)
     W = dist.world()
     g = torch.Generator().manual_seed(cfg.run.seed)
@@ -320,7 +316,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
                 # the mean over the global batch: this share's sum / len(idx), times W because DDP divides by W
                 share = 0.0 if empty else len(sub) * W / len(idx)
                 # gradients of all but the last microbatch stay local; the last backward averages the sum
-                with dist.no_sync(model, m0 + micro < len(mine)):
+                with parallel.no_sync(model, m0 + micro < len(mine)):
                     with autocast(device, dtype):
                         rewards = model(q, mb.samples.flatten(0, 1).to(device), pre, shared).float().view(len(mb), S)
                     out = label_type.loss(rewards, mb.labels(device))

@@ -1,0 +1,198 @@
+"""The offline corpora: Jane Austen's novels (from Debian's r-cran-janeaustenr, read without R), the 300 ABC news
+articles of gensim's test data, and the few KB of Austen shipped in the package."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import shutil
+import struct
+import subprocess
+import tempfile
+import zlib
+from importlib import resources
+from pathlib import Path
+
+from lmprefs.assets.cache import (
+    AUSTEN_DEB,
+    GENSIM_WHEEL,
+    LEE_FILE,
+    AssetError,
+    _build_dir_atomically,
+    _find_download,
+    cache_dir,
+)
+
+
+def _r_unserialize(b: bytes):
+    pos, refs = [0], []
+
+    def i32() -> int:
+        v = struct.unpack_from(">i", b, pos[0])[0]
+        pos[0] += 4
+        return v
+
+    def item():
+        flags = i32()
+        t = flags & 0xFF
+        has_attr, has_tag = flags & (1 << 9), flags & (1 << 10)
+        if t == 254:  # NILVALUE
+            return None
+        if t == 255:  # REFSXP (a repeated symbol)
+            k = flags >> 8
+            return refs[(k or i32()) - 1]
+        if t == 1:  # SYMSXP
+            refs.append(("sym", item()))
+            return refs[-1]
+        if t == 2:  # pairlist -> [(tag, value)]
+            out = []
+            while True:
+                if has_attr:
+                    item()
+                tag = item() if has_tag else None
+                out.append((tag[1] if tag else None, item()))
+                f = i32()
+                if f & 0xFF == 254:
+                    return out
+                has_attr, has_tag = f & (1 << 9), f & (1 << 10)
+        if t == 9:  # CHARSXP
+            n = i32()
+            if n == -1:
+                return None
+            s = b[pos[0] : pos[0] + n].decode("utf-8", "replace")
+            pos[0] += n
+            return s
+        n = i32()
+        if t in (10, 13):
+            v = list(struct.unpack_from(f">{n}i", b, pos[0]))
+            pos[0] += 4 * n
+        elif t == 14:
+            v = list(struct.unpack_from(f">{n}d", b, pos[0]))
+            pos[0] += 8 * n
+        elif t in (16, 19):  # STRSXP / VECSXP
+            v = [item() for _ in range(n)]
+        else:
+            raise ValueError(f"unsupported R type {t}")
+        if has_attr:
+            attrs = dict(item())
+            if t == 19 and "names" in attrs:
+                return dict(zip(attrs["names"], v, strict=False))  # lengths not enforced here, as before
+        return v
+
+    if b[:2] != b"X\n":
+        raise ValueError("not an R XDR serialization")
+    pos[0] = 2
+    version = i32()
+    i32()
+    i32()
+    if version == 3:
+        n = i32()
+        pos[0] += n  # native-encoding string
+    return item()
+
+
+def _find_austen_deb(work: Path) -> Path:
+    return _find_download(
+        "LMPREFS_AUSTEN_DEB", f"{AUSTEN_DEB}_*.deb", [cache_dir(), Path.cwd()],
+        ["apt-get", "download", AUSTEN_DEB] if shutil.which("apt-get") else None, work,
+        f"Jane Austen's novels come from Debian's {AUSTEN_DEB}: run `apt-get update && apt-get download {AUSTEN_DEB}` "
+        f"in {cache_dir()} (or set LMPREFS_AUSTEN_DEB to the .deb)",
+    )  # fmt: skip
+
+
+def _build_austen(out: Path) -> None:
+    with tempfile.TemporaryDirectory() as work:
+        deb = _find_austen_deb(Path(work))
+        x = Path(work) / "x"
+        if shutil.which("dpkg-deb"):
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(x)], check=True)
+        else:
+            raise AssetError("dpkg-deb is needed to unpack the Austen package (Debian/Ubuntu); install dpkg")
+        hits = list(x.glob("usr/lib/R/site-library/janeaustenr/data/Rdata.rdx"))
+        if not hits:
+            raise AssetError(f"{deb} holds no janeaustenr/data/Rdata.rdx")
+        prefix = str(hits[0])[: -len(".rdx")]
+        idx = _r_unserialize(gzip.open(prefix + ".rdx").read())
+        blob = Path(prefix + ".rdb").read_bytes()
+        books = {
+            name: _r_unserialize(zlib.decompress(blob[int(off) + 4 : int(off) + int(ln)]))
+            for name, (off, ln) in idx["variables"].items()
+        }
+    with open(out / "passages.jsonl", "w") as f:
+        n = 0
+        for book in sorted(books):
+            text = "\n".join(line or "" for line in books[book])
+            for para in text.split("\n\n"):
+                words = para.split()
+                if len(words) >= 20:  # drops titles, chapter headings and one-line paragraphs
+                    f.write(json.dumps({"book": book, "text": " ".join(words).replace("_", "")}) + "\n")
+                    n += 1
+    (out / "meta.json").write_text(json.dumps({"source": AUSTEN_DEB, "books": sorted(books), "passages": n}))
+
+
+def austen_dir() -> Path:
+    return _build_dir_atomically(cache_dir() / "austen", _build_austen)
+
+
+def austen_passages() -> list[dict]:
+    """Paragraphs of >= 20 words from the six novels: [{"book": ..., "text": ...}] (7,690 of them)."""
+    with open(austen_dir() / "passages.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def _find_gensim_wheel(work: Path) -> Path:
+    import sys
+
+    # the wheel is only downloaded and read: installing gensim is not needed (scipy, smart_open, a compiled build)
+    return _find_download(
+        "LMPREFS_GENSIM_WHEEL", "gensim-*.whl", [cache_dir()],
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", GENSIM_WHEEL, "-d", str(work)], work,
+        f"the news articles come from gensim's test data: run `pip download --no-deps {GENSIM_WHEEL} -d "
+        f"{cache_dir()}` (or set LMPREFS_GENSIM_WHEEL to the wheel, or pip install gensim)",
+    )  # fmt: skip
+
+
+def _build_lee_news(out: Path) -> None:
+    import zipfile
+
+    spec = importlib.util.find_spec("gensim")  # an installed gensim holds the same file (found without importing it)
+    installed = Path(list(spec.submodule_search_locations)[0]).parent / LEE_FILE if spec else None
+    if installed is not None and installed.is_file():
+        raw, source = installed.read_bytes(), str(installed)
+    else:
+        with tempfile.TemporaryDirectory() as work:
+            wheel = _find_gensim_wheel(Path(work))
+            try:
+                with zipfile.ZipFile(wheel) as z:
+                    raw = z.read(LEE_FILE)
+            except (zipfile.BadZipFile, KeyError) as e:
+                raise AssetError(f"{wheel}: not a gensim wheel holding {LEE_FILE} ({e})") from None
+            source = f"{wheel.name}:{LEE_FILE}"
+    articles = [" ".join(line.split()) for line in raw.decode("utf-8").splitlines() if line.strip()]
+    with open(out / "articles.jsonl", "w") as f:
+        for i, text in enumerate(articles):
+            f.write(json.dumps({"id": i, "text": text}) + "\n")
+    (out / "meta.json").write_text(json.dumps({"source": source, "articles": len(articles),
+                                               "words": sum(len(a.split()) for a in articles)}))  # fmt: skip
+
+
+def lee_news_dir() -> Path:
+    return _build_dir_atomically(cache_dir() / "lee-news", _build_lee_news)
+
+
+def lee_news_articles() -> list[str]:
+    """The 300 ABC news articles of gensim's `lee_background.cor` (59,890 words; median 162 words an article),
+    whitespace normalized, in file order."""
+    with open(lee_news_dir() / "articles.jsonl") as f:
+        return [json.loads(line)["text"] for line in f]
+
+
+def paragraphs(text: str) -> list[str]:
+    """The paragraphs of a text (split on blank lines), each on one line."""
+    return [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+
+
+def bundled_passages() -> list[str]:
+    """A few KB of Austen shipped in the package (the `bundled` query dataset and the tiny model's training text)."""
+    return paragraphs(resources.files("lmprefs.assets").joinpath("passages.txt").read_text())

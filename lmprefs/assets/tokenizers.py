@@ -1,0 +1,80 @@
+"""The exact GPT-2 BPE, built as a Hugging Face fast tokenizer from the tiktoken file that openai-whisper ships.
+No torch: the label formats use it to turn the original's token ids into text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmprefs.assets.cache import AssetError, _build_dir_atomically, _package_dir, cache_dir
+
+
+def gpt2_tiktoken_file() -> Path:
+    d = _package_dir("whisper", "pip install --no-deps openai-whisper==20250625")
+    f = d / "assets" / "gpt2.tiktoken"
+    if not f.exists():
+        raise AssetError(f"{f} is missing; run: pip install --force-reinstall --no-deps openai-whisper==20250625")
+    return f
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's printable byte alphabet (encoder.py in openai/gpt-2)
+    bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+def _build_gpt2_tokenizer(out: Path) -> None:
+    from tiktoken.load import load_tiktoken_bpe
+    from transformers import GPT2TokenizerFast
+
+    ranks = load_tiktoken_bpe(str(gpt2_tiktoken_file()), expected_hash=GPT2_TIKTOKEN_SHA256)
+    b2u = _bytes_to_unicode()
+    vocab = {"".join(b2u[b] for b in t): r for t, r in ranks.items()}
+    vocab["<|endoftext|>"] = 50256
+
+    def split(token: bytes, rank: int) -> tuple[bytes, bytes]:
+        # replay BPE on the token with merges of lower rank only: the last two parts are the merge that made it
+        parts = [bytes([b]) for b in token]
+        while True:
+            best = None
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1])
+                if r is not None and r < rank and (best is None or r < best[1]):
+                    best = (i, r)
+            if best is None:
+                break
+            i = best[0]
+            parts[i : i + 2] = [parts[i] + parts[i + 1]]
+        assert len(parts) == 2, token
+        return parts[0], parts[1]
+
+    merges = []
+    for t, r in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(t) > 1:
+            a, b = split(t, r)
+            merges.append(("".join(b2u[x] for x in a), "".join(b2u[x] for x in b)))
+    # transformers v5: vocab_file=/merges_file= are silently ignored (a 1-token vocab); pass the dict and pairs
+    tok = GPT2TokenizerFast(vocab=vocab, merges=merges, unk_token="<|endoftext|>", bos_token="<|endoftext|>",
+                            eos_token="<|endoftext|>")  # fmt: skip
+    if tok("Hello world").input_ids != [15496, 995] or len(tok) != 50257:
+        raise AssetError("the rebuilt GPT-2 tokenizer does not reproduce GPT-2's ids; is openai-whisper intact?")
+    tok.save_pretrained(out)
+
+
+def gpt2_tokenizer_dir() -> Path:
+    return _build_dir_atomically(cache_dir() / "gpt2-tokenizer", _build_gpt2_tokenizer)
+
+
+def gpt2_tokenizer():
+    """The exact GPT-2 BPE as a Hugging Face fast tokenizer ("Hello world" -> [15496, 995])."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gpt2_tokenizer_dir()))
+
+
+GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

@@ -1,0 +1,5 @@
+"""The `lmprefs` command: `main` dispatches on the first word to a module per command group."""
+
+from lmprefs.cli.dispatch import main
+
+__all__ = ["main"]

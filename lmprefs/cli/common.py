@@ -1,0 +1,131 @@
+"""What every command shares: the command list, the argument parser whose mistakes are one line and exit 2,
+the run directory, `--help` with the preset's config, and the rank that prints."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from lmprefs.errors import UserError
+from lmprefs.runtime.resolve import resolve_config
+
+COMMANDS = {
+    "experiment": "mock-sentiment: Figure 2 (reward models from N labels vs direct access, over seeds); kl-frontier: "
+    "Figure 3 (KL vs true reward of PPO runs beside the optimal policy); writing-prompts: SFT, a reward model from "
+    "scores, PPO with a separate value model; resumable",
+    "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
+    "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen)",
+    "sample": "print queries and sampled continuations from the initial model or a trained policy",
+    "presets": "list the presets, or print one preset's full config (after --section.key overrides)",
+    "config": "print the resolved config of a preset (or --config FILE) with --section.key overrides, as JSON",
+    "label": "sample best-of-N comparisons from the initial policy and have a simulated labeler judge them",
+    "import-labels": "import a label file (the original's JSON, TRL pairwise JSONL, text JSONL, "
+    "summarize-from-feedback comparisons, per-response scores) into a label store",
+    "export-labels": "export a label store to a label file",
+    "train-reward": "train a reward model from the label store (or a label file) and report held-out accuracy",
+    "score": "score texts (stdin or a file) with a trained reward model",
+    "serve": "run the labeling web app over a label store (127.0.0.1 by default)",
+    "labelers": "manage labelers of a label store: add NAME [--admin] prints a sign-in token; list",
+    "train-sft": "supervised fine-tuning of the initial policy on prompt/response pairs (JSONL) for train-policy "
+    "to start from",
+    "train-policy": "fine-tune the policy with PPO against a reward model (trained first unless given) or a reward "
+    "function",
+}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are UserErrors: one line and exit 2 like every other bad input (argparse itself
+    prints the usage block first)."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see {self.prog} --help)")
+
+
+def command_parser(cmd: str, usage: str | None = None) -> argparse.ArgumentParser:
+    return ArgumentParser(prog=f"lmprefs {cmd}", description=COMMANDS[cmd], usage=usage)
+
+
+def run_dir_for(given: str | None, cfg, command: str, preset: str) -> Path:
+    """The run directory from --run-dir, run.save_dir or a fresh default; refused when it names a file."""
+    from lmprefs.runtime.runlog import default_run_dir
+
+    run_dir = Path(given or cfg.run.save_dir or default_run_dir(command, preset))
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"--run-dir {run_dir}: is a file, not a directory")
+    if not run_dir.exists() and run_dir.parent.exists() and not run_dir.parent.is_dir():
+        raise UserError(f"--run-dir {run_dir}: {run_dir.parent} is a file, not a directory")
+    return run_dir
+
+
+def help_with_config(parser: argparse.ArgumentParser, argv: list[str], default_preset: str, pairs=()) -> None:
+    """--help: the command's flags, then every config key with its value in the preset this command line names
+    (`--preset NAME`, the positional preset or `--config FILE`) after its overrides."""
+    if "-h" not in argv and "--help" not in argv:
+        return
+    rest = [x for x in argv if x not in ("-h", "--help")]
+    try:
+        ns = parser.parse_known_args(rest)[0]
+    except UserError:  # e.g. the positional preset is missing: show the default's values
+        ns = argparse.Namespace()
+    name = getattr(ns, "preset", None) or default_preset
+    from lmprefs.config.overrides import config_help
+
+    cfg = resolve_config(name, list(pairs), getattr(ns, "config", None))
+    parser.print_help()
+    source = f"config file {ns.config}" if getattr(ns, "config", None) else f"preset {name}"
+    print("\n" + config_help(cfg, source + (" with the overrides given" if pairs else "")))
+    raise SystemExit(0)
+
+
+def preset_parser(cmd: str, argv: list[str]):
+    """(parser, own argv, overrides) for commands of the form `lmprefs CMD PRESET [flags] [--section.key V]`."""
+    from lmprefs.config.overrides import split_overrides
+
+    argv, pairs = split_overrides(argv)
+    p = command_parser(cmd)
+    p.add_argument("preset", help="preset name (lmprefs presets lists them)")
+    p.add_argument("--config", help="a saved config.json to start from instead of the preset")
+    preset_name = next((a for a in argv if not a.startswith("-")), "tiny")
+    return p, argv, pairs, preset_name
+
+
+def resume_config(a, pairs):
+    """(config, changes) for `train-policy --resume`: the run's own config.json, refusing what would change its math
+    (another --config, overrides other than how often it logs and saves) unless --continue-after-andon, where the
+    changes are the point (and are returned as 'key old -> new' lines)."""
+    from lmprefs.config.diff import NOT_MATH, flat_config, math_changes
+    from lmprefs.config.overrides import apply_overrides, to_dict
+    from lmprefs.io.config_file import load_config
+
+    if not a.run_dir:
+        raise UserError("--resume needs --run-dir (the run to continue)")
+    saved_path = Path(a.run_dir) / "config.json"
+    if not saved_path.is_file():
+        raise UserError(f"--resume: {a.run_dir} holds no run (no config.json); start without --resume")
+    saved = load_config(saved_path)
+    if a.config and to_dict(load_config(Path(a.config))) != to_dict(saved):
+        diff = math_changes(flat_config(saved), flat_config(load_config(Path(a.config))))
+        raise UserError(f"--resume --config {a.config}: differs from the run's config.json "
+                        f"({'; '.join(diff[:3]) or 'logging'}); a resumed run keeps its config (drop --config, or "
+                        "start a new --run-dir)")  # fmt: skip
+    cfg = apply_overrides(saved, pairs)
+    diff = math_changes(flat_config(saved), flat_config(cfg))
+    if a.continue_after_andon:
+        return cfg, diff
+    if diff:
+        raise UserError(f"--resume: {diff[0]} would change what the run computes; only "
+                        f"{', '.join('--' + k.replace('_', '-') for k in NOT_MATH)} may change on resume (to continue"
+                        " after an andon stop with a change, add --continue-after-andon)")  # fmt: skip
+    return cfg, None
+
+
+def parse_numbers(text: str, flag: str, kind=float) -> list:
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag} {text!r}: expected comma-separated numbers like 1,2,4") from None
+
+def main_rank() -> bool:
+    """Whether this process prints the summary: rank 0 of a launch, or the only process."""
+    return os.environ.get("RANK", "0") == "0"

@@ -1,0 +1,97 @@
+"""`lmprefs COMMAND ...`: the command line. Each command imports its heavy modules only when it runs.
+
+Config overrides are dotted flags (`--ppo.lr 2e-5`) applied to a preset; a command's own flags are plain
+(`--n 4`). A user's mistake (UserError) prints one line and exits 2; nothing else is caught.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from lmprefs.cli.assets import cmd_assets
+from lmprefs.cli.common import COMMANDS
+from lmprefs.cli.config import cmd_config, cmd_presets
+from lmprefs.cli.experiment import cmd_experiment
+from lmprefs.cli.labels import cmd_export_labels, cmd_import_labels, cmd_label
+from lmprefs.cli.quickstart import cmd_quickstart
+from lmprefs.cli.sample import cmd_sample
+from lmprefs.cli.score import cmd_score
+from lmprefs.cli.serve import cmd_labelers, cmd_serve
+from lmprefs.cli.train import cmd_train_policy, cmd_train_reward, cmd_train_sft
+from lmprefs.errors import UserError
+
+HANDLERS = {"config": cmd_config, "experiment": cmd_experiment, "quickstart": cmd_quickstart, "serve": cmd_serve,
+            "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample,
+            "presets": cmd_presets, "label": cmd_label, "import-labels": cmd_import_labels,
+            "export-labels": cmd_export_labels, "train-reward": cmd_train_reward, "score": cmd_score,
+            "train-sft": cmd_train_sft}  # fmt: skip
+
+
+# commands that run as N ranks under torchrun/accelerate; the others are single-process tools
+DISTRIBUTED = {"label", "train-reward", "train-policy", "quickstart"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("--version", "-V"):
+        from lmprefs import __version__
+
+        print(f"lmprefs {__version__}")
+        return 0
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print("usage: lmprefs [--version] COMMAND [ARGS]   (lmprefs COMMAND --help for each)\n\ncommands:")
+        for name, desc in COMMANDS.items():
+            print(f"  {name:14s} {desc}")
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in HANDLERS:
+        import difflib
+
+        near = difflib.get_close_matches(cmd, list(HANDLERS), n=1)
+        print(f"lmprefs: error: unknown command {cmd!r}" + (f"; did you mean {near[0]!r}?" if near else ""),
+              file=sys.stderr)  # fmt: skip
+        return 2
+    # under a launcher (torchrun sets RANK and WORLD_SIZE) join the process group; without one, torch is not even
+    # imported here and nothing changes
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    where = f" (rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')})" if launched else ""
+    try:
+        if launched and cmd not in DISTRIBUTED and os.environ["WORLD_SIZE"] != "1":
+            raise UserError(f"runs in one process; launch it without torchrun/accelerate (WORLD_SIZE="
+                            f"{os.environ['WORLD_SIZE']}); these run on several: {', '.join(sorted(DISTRIBUTED))}")
+        if launched and cmd in DISTRIBUTED:
+            from lmprefs.runtime import distributed
+
+            distributed.init()
+        return HANDLERS[cmd](rest) or 0
+    except UserError as e:
+        print(f"lmprefs {cmd}: error{where}: {e}", file=sys.stderr, flush=True)
+        return 2
+    except KeyboardInterrupt:
+        print(f"lmprefs {cmd}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `lmprefs presets x | head`: the reader left; nothing to report
+        sys.stderr.close()
+        return 0
+    except Exception as e:
+        if not (launched and _is_dist_error(e)):
+            raise
+        # another rank died or stopped answering within LMPREFS_DIST_TIMEOUT: say which rank this is, in one line
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"lmprefs {cmd}: error{where}: lost contact with the other ranks ({type(e).__name__}: {first})",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+    finally:
+        if launched and "lmprefs.runtime.distributed" in sys.modules:
+            sys.modules["lmprefs.runtime.distributed"].teardown()
+
+
+def _is_dist_error(e: BaseException) -> bool:
+    import torch.distributed as td
+
+    return isinstance(e, td.DistError) or (isinstance(e, RuntimeError) and "Connection closed by peer" in str(e))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""`lmprefs score`: rewards of texts under a saved reward model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lmprefs.cli.common import command_parser
+from lmprefs.errors import UserError
+from lmprefs.recipes.score import reward_model_task, score_texts
+
+
+def score_cli(a) -> int:
+    from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
+    from lmprefs.runtime.device import pick_device
+
+    path = Path(a.reward_model)
+    if not is_reward_model_dir(path):
+        raise UserError(f"--reward-model {path}: not a reward-model directory (no sequence classifier with "
+                        "num_labels=1)")  # fmt: skip
+    task = reward_model_task(path)
+    if a.file and not Path(a.file).is_file():
+        raise UserError(f"input file {a.file} does not exist")
+    lines = (Path(a.file).read_text() if a.file else sys.stdin.read()).splitlines()
+    pairs = [tuple(line.split("\t", 1)) if "\t" in line else ("", line) for line in lines if line.strip()]
+    if not pairs:
+        raise UserError("no texts to score (one per line on stdin or in the file)")
+    device = pick_device(a.device)
+    rm = load_reward_model(path, device).eval()
+    scores, counts = score_texts(rm, task, pairs, device, truncate=a.truncate)
+    for (_, r), s in zip(pairs, scores, strict=True):
+        print(f"{s:+.4f}\t{r}")
+    if counts["longer"]:  # on stderr, so stdout stays one score per input line
+        how = ("cut to those lengths (--truncate)" if a.truncate else
+               "scored whole; the model was not trained on texts this long (--truncate cuts them as in training)")
+        print(f"lmprefs score: warning: {counts['longer']} of {len(pairs)} texts are longer than the reward model's "
+              f"training (query {task['query_length']}, response {task['response_length']} tokens): {how}"
+              + (f"; {counts['cut']} cut to the model's context" if counts["cut"] and not a.truncate else ""),
+              file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def cmd_score(argv: list[str]) -> int:
+    usage = "lmprefs score --reward-model DIR [FILE]  (one text per line; '\\t' separates query and response)"
+    p = command_parser("score", usage)
+    p.add_argument("file", nargs="?", help="texts, one per line (default: stdin)")
+    p.add_argument("--reward-model", required=True, help="a reward-model directory saved by train-reward")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut texts to the trained query/response lengths (default: score whole texts, up to the "
+                   "model's context, with a warning for texts longer than the training ones)")  # fmt: skip
+    a = p.parse_args(argv)
+
+    return score_cli(a)

@@ -1,0 +1,133 @@
+"""`lmprefs train-reward`, `train-sft`, `train-policy`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from lmprefs.cli.common import help_with_config, main_rank, preset_parser, resume_config, run_dir_for
+from lmprefs.errors import UserError
+from lmprefs.runtime.resolve import resolve_config
+
+
+def cmd_train_reward(argv: list[str]) -> int:
+    p, argv, pairs, name = preset_parser("train-reward", argv)
+    p.add_argument("--db", default=None, help="label store to train from (default labels.source, else labels.sqlite)")
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/train-reward-PRESET-TIME)")
+    help_with_config(p, argv, name, pairs)
+    a = p.parse_args(argv)
+    from lmprefs.pipeline.labeling import label_source
+    from lmprefs.pipeline.reward_model import train_reward_model
+    from lmprefs.pipeline.task import setup_task
+    from lmprefs.runtime import distributed as dist
+    from lmprefs.runtime.runlog import open_logger
+
+    cfg = resolve_config(a.preset, pairs, a.config)
+    run_dir = run_dir_for(a.run_dir, cfg, "train-reward", a.preset)
+    store = label_source(a.db or cfg.labels.source or "labels.sqlite")
+    log = open_logger(run_dir, cfg)
+    _, summary = train_reward_model(setup_task(cfg), store, run_dir / "reward_model", log)
+    log.close()
+    if not dist.is_main():
+        return 0
+    print(f"reward model: {run_dir / 'reward_model'}")
+    print(f"  trained on {summary['labels_train']} labels in {summary['seconds']:.0f}s; held-out "
+          f"({summary['labels_heldout']} labels, {summary['heldout/split'] or 'none'}): "
+          f"accuracy {summary.get('heldout/accuracy', float('nan')):.3f} "
+          f"(before training {summary.get('initial_heldout/accuracy', float('nan')):.3f}), "
+          f"loss {summary.get('heldout/loss', float('nan')):.3f}"
+          + (f", score correlation {summary['heldout/corr']:.3f}" if "heldout/corr" in summary else ""))  # fmt: skip
+    from lmprefs.labels.quality import describe_labelers
+
+    weighted = cfg.labels.weight_by_gold
+    print(f"  labels per labeler (before the held-out split): {describe_labelers(summary['labelers'], weighted)}")
+    return 0
+
+
+def cmd_train_sft(argv: list[str]) -> int:
+    p, argv, pairs, name = preset_parser("train-sft", argv)
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/train-sft-PRESET-TIME)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.usage = "lmprefs train-sft PRESET --sft.data PAIRS.jsonl [--run-dir D] [--resume] [--section.key V ...]"
+    help_with_config(p, argv, name)
+    a = p.parse_args(argv)
+    from lmprefs.io.locks import run_lock
+    from lmprefs.runtime.runlog import RunLogger
+    from lmprefs.training.sft import checkpoint_step, read_pairs, train_sft
+
+    if a.resume:
+        if not a.run_dir or pairs:
+            raise UserError("--resume needs --run-dir and continues with the run's saved config (no overrides)")
+        cfg = resolve_config(a.preset, [], str(Path(a.run_dir) / "config.json"))
+    else:
+        cfg = resolve_config(a.preset, pairs, a.config)
+    if not cfg.sft.data:
+        raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl (fields prompt and response, or "
+                        "TRL's prompt and completion)")  # fmt: skip
+    run_dir = run_dir_for(a.run_dir, cfg, "train-sft", a.preset)
+    if (run_dir / "sft_model").exists():
+        raise UserError(f"{run_dir} already holds an SFT model; choose another --run-dir")
+    if not a.resume and (run_dir / "checkpoint").exists():
+        raise UserError(f"{run_dir} already holds an SFT run; pass --resume to continue it, or another --run-dir")
+    read_pairs(cfg.sft.data)  # bad data fails here, before a run directory is made
+    with run_lock(run_dir):
+        step = checkpoint_step(run_dir) if a.resume else None
+        if a.resume and step is None:
+            raise UserError(f"{run_dir} has no SFT checkpoint to resume")
+        log = RunLogger(run_dir, cfg, resume_step=step, resume_phase="sft")
+        try:
+            s = train_sft(cfg, run_dir / "sft_model", log, run_dir=run_dir, resume=a.resume)
+        finally:
+            log.close()
+    print(f"SFT model: {run_dir / 'sft_model'}  ({s['sft/pairs']} pairs, {s['sft/steps']} steps in "
+          f"{s['sft/seconds']:.0f}s; response loss {s['sft/initial_loss']:.3f} -> {s['sft/final_loss']:.3f} "
+          "nats/token)")
+    print(f"  PPO from it: lmprefs train-policy {a.preset} --task.initial-model {run_dir / 'sft_model'}")
+    return 0
+
+
+def cmd_train_policy(argv: list[str]) -> int:
+    p, argv, pairs, name = preset_parser("train-policy", argv)
+    p.add_argument("--reward", default=None,
+                   help="model (default: a reward model), or a reward on response texts: vader, descriptiveness, "
+                   "or module:function of your own (list[str] -> list[float]; normalized like a reward model)")
+    p.add_argument("--db", default=None, help="label store for training the reward model (default labels.source)")
+    p.add_argument("--run-dir", default=None, help="output directory (default runs/train-policy-PRESET-TIME)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.add_argument("--continue-after-andon", action="store_true",
+                   help="with --resume: continue a run the andon cord stopped from its last good checkpoint, with the "
+                        "config changes given (e.g. --ppo.lr 5e-5; recorded in run.json)")
+    p.add_argument("--online", action="store_true",
+                   help="ask for judgments on the current policy's samples while training and retrain the reward "
+                   "model")  # fmt: skip
+    p.add_argument("--labeler", default=None,
+                   help="online: a simulated labeler (vader, descriptiveness) answers the queue; default: people via "
+                   "serve")  # fmt: skip
+    help_with_config(p, argv, name, pairs)
+    a = p.parse_args(argv)
+    from lmprefs.pipeline.policy import run_train_policy
+    from lmprefs.training.policy import AndonStop
+
+    changes = None
+    if a.resume:
+        cfg, changes = resume_config(a, pairs)
+    elif a.continue_after_andon:
+        raise UserError("--continue-after-andon goes with --resume --run-dir D")
+    else:
+        cfg = resolve_config(a.preset, pairs, a.config)
+    run_dir = run_dir_for(a.run_dir, cfg, "train-policy", a.preset)
+    try:
+        out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume, online=a.online,
+                               labeler=a.labeler, preset=a.preset, changes=changes)  # fmt: skip
+    except AndonStop as e:
+        print(f"lmprefs train-policy: {e}", file=sys.stderr)
+        return 3
+    s = out["stats"]
+    if not main_rank():
+        return 0
+    if "online_summary" in out:
+        print("reward models of this run:\n" + out["online_summary"])
+    print(f"policy: {run_dir / 'policy'}  (score {s.get('objective/score', float('nan')):+.3f}, "
+          f"kl {s.get('objective/kl', float('nan')):.2f}, "
+          f"beta {s.get('objective/kl_coef', float('nan')):.3f})")  # fmt: skip
+    return 0

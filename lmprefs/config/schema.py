@@ -1,0 +1,431 @@
+"""Every knob of lmprefs as frozen dataclasses, plus the presets (a port of the original's launch.py).
+
+The tree and the names follow openai/lm-human-preferences (`lm_tasks.TaskHParams`, `train_reward.HParams`,
+`train_policy.HParams`, `PpoHParams`, `RewardHParams`) so a reader can grep one against the other. Field docstrings
+are the only documentation of a hyperparameter; `lmprefs <cmd> --help` prints them.
+Overrides and (de)serialization live in `lmprefs.config.overrides`; nothing here mutates a config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Literal
+
+# simulated labelers (labels/labelers.py:SCORE_FNS) and 'none'
+LABELERS = ("vader", "descriptiveness", "faithfulness", "none")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What the policy continues and how responses are post-processed (lm_tasks.py:TaskHParams)."""
+
+    query_dataset: str = "austen"
+    """Where queries come from: `austen` or `lee-news` (offline assets: Austen's novels, 300 ABC news articles), a
+    local .txt/.jsonl file, a TL;DR .json file (field `content`), a CNN/DM .story file or directory of them, or
+    `hf:NAME[:SPLIT[:FIELD]]`."""
+    query_length: int = 64
+    """Query tokens after trimming; shorter queries are padded (the original right-pads with its pad id)."""
+    query_prefix: str = ""
+    """Text put before every query (cnndm: 'Article:\\n\\n')."""
+    query_suffix: str = ""
+    """Text put after every query (tldr/cnndm: '\\n\\nTL;DR:')."""
+    start_text: str | None = "."
+    """The query starts right after the first occurrence of this text; passages without it are skipped."""
+    end_text: str | None = "."
+    """The query is cut after the last occurrence of this text within query_length; passages without it are skipped."""
+    response_length: int = 24
+    """Exactly this many tokens are sampled for every response (no EOS stop)."""
+    truncate_token: int | None = 13
+    """Token id that ends a response for scoring (13 = '.' in GPT-2); None keeps the whole response."""
+    truncate_after: int = 16
+    """Truncate only at a truncate_token at index >= truncate_after."""
+    penalty_reward_value: float | None = -1.0
+    """Score given to responses with no truncate_token at index >= truncate_after; None keeps their score (the
+    truncation then only decides what the reward model and the judge read)."""
+    temperature: float = 0.7
+    """Sampling temperature; logprobs are always computed at this temperature (policy.temperature)."""
+    initial_model: str = "gpt2"
+    """The pretrained LM: an asset name (smollm2-135m, tiny-gpt2, tiny-gpt2-austen), a local Hugging Face directory,
+    or a hub name."""
+
+
+@dataclass(frozen=True)
+class LabelsConfig:
+    """Which judgments train the reward model, and who gives them."""
+
+    type: str = "best_of_4"
+    """Label type (label_types.py): best_of_N, scalar_rating or scalar_compare."""
+    num_train: int = 4992
+    """Labels used for one epoch of reward-model training (the original's books tasks use 4,992)."""
+    source: str | None = None
+    """Label source: a label store (.sqlite), an original label file (.json) or pairwise JSONL; None = the run's
+    store."""
+    labeler: str = "vader"
+    """Simulated labeler used by `lmprefs label` and the quickstart: vader (sentiment), descriptiveness, or
+    faithfulness (summaries: MiniLM similarity to the article minus a length penalty; labels/labelers.py)."""
+    labeler_temperature: float = 0.0
+    """Boltzmann-rational noise: the labeler picks softmax(score / T); 0 = always the best."""
+    labeler_random_rate: float = 0.0
+    """Probability that the simulated labeler answers uniformly at random (models inattentive labelers)."""
+    heldout_fraction: float = 0.1
+    """Fraction of labels held out from reward-model training to report accuracy and loss (labels.heldout_by)."""
+    heldout_by: Literal["auto", "hash", "split"] = "auto"
+    """Which labels are held out. hash: the items whose hash of (run.seed, item id) falls under
+    labels.heldout_fraction. auto: items that carry an imported split (`import-labels --format summarize` keeps the
+    file's `split`) train if it is `train` and are held out otherwise (valid1, valid2, ...); items without one go by
+    the hash. split: as auto, but an error if no label carries a split."""
+    subset_seed: int | None = None
+    """Which num_train labels train the reward model: None, the first ones in store order; an int, a random
+    num_train of the labels not held out, drawn with this seed (`experiment mock-sentiment --seeds` varies it)."""
+    min_gold_accuracy: float = 0.0
+    """Reward-model training drops every label of a labeler whose accuracy on gold questions (set in the labeling
+    app) is below this; labelers who answered no gold question are kept. 0 keeps everyone."""
+    weight_by_gold: bool = False
+    """Weight each labeler's labels in the reward-model loss by their chance-corrected gold accuracy,
+    (accuracy - 1/N) / (1 - 1/N) floored at 0 (a labeler at chance counts for nothing); labelers without gold answers
+    weigh 1. Weights are scaled to mean 1 over the labels."""
+    scores_as: Literal["rating", "comparisons"] = "rating"
+    """How per-response scores (scalar_rating labels: imported comment scores or ratings, `import-labels --format
+    scores`) train the reward model: rating = regress each score (the original's scalar_rating loss, MSE);
+    comparisons = every two responses to the same prompt whose scores differ by more than labels.min_score_gap
+    become a best_of_2 comparison won by the higher score (the best_of_N loss). Needs labels.type=scalar_rating."""
+    min_score_gap: float = 0.0
+    """labels.scores_as=comparisons: pairs whose scores differ by this much or less are dropped (0 drops ties)."""
+    online_questions: int = 64
+    """Online mode: questions (N continuations of one query by the current policy) queued per request."""
+    online_interval: int = 5
+    """Online mode: PPO updates between two requests for judgments."""
+    online_retrains: int = 19
+    """Online mode: reward-model retrains at evenly spaced updates after the first (the paper retrained 19 times)."""
+
+
+@dataclass(frozen=True)
+class TrainRewardConfig:
+    """Reward-model training (train_reward.py:HParams as bound by launch.py)."""
+
+    batch_size: int = 32
+    """Labels per optimizer step, summed over all workers."""
+    lr: float = 5e-5
+    """Peak Adam learning rate; decays linearly to 0 over training."""
+    epochs: int = 1
+    """Passes over the labels (the original makes one; small label sets learn more from a few)."""
+    microbatch: int = 0
+    """Questions per forward pass; their gradients add up to one batch_size step (0 = the whole batch at once).
+    Lowers peak memory (a 16-question batch of 4 samples on SmolLM2 takes several GiB), not the result."""
+    rollout_batch_size: int = 512
+    """Queries per sampling batch when sampling for normalization."""
+    normalize_samples: int = 256
+    """Samples from the initial policy used to fit the reward gain and bias."""
+    normalize_before: bool = True
+    """Normalize rewards of initial-policy samples to mean 0, std 1 before training."""
+    normalize_after: bool = True
+    """Normalize again after training, so the KL coefficient always has the same meaning."""
+
+
+@dataclass(frozen=True)
+class RewardsConfig:
+    """The reward seen by PPO (train_policy.py:RewardHParams)."""
+
+    kl_coef: float = 0.2
+    """Initial KL penalty coefficient beta."""
+    kl_target: float | None = None
+    """Target KL in nats for the adaptive controller; None = fixed kl_coef (the original's adaptive_kl=None)."""
+    kl_horizon: int = 10000
+    """Adaptive controller horizon in episodes."""
+    trained_model: str | None = None
+    """A trained reward-model directory; None = train one first (as the original's train_new_model)."""
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO (train_policy.py:PpoHParams)."""
+
+    total_episodes: int = 2_000_000
+    """Episodes over the whole run, summed over all workers."""
+    batch_size: int = 64
+    """Episodes per PPO update, summed over all workers."""
+    nminibatches: int = 1
+    """Minibatches per epoch; the original whitens rewards and advantages per minibatch."""
+    noptepochs: int = 4
+    """Passes over each rollout batch."""
+    lr: float = 5e-6
+    """Peak Adam learning rate; decays linearly to 0 over the run."""
+    vf_coef: float = 0.1
+    """Weight of the value loss."""
+    cliprange: float = 0.2
+    """PPO ratio clip."""
+    cliprange_value: float = 0.2
+    """Value prediction clip around the rollout's values."""
+    gamma: float = 1.0
+    """Discount."""
+    lam: float = 0.95
+    """GAE lambda."""
+    whiten_rewards: bool = True
+    """Whiten rewards (without shifting their mean) per minibatch before GAE."""
+    value_model: Literal["shared", "separate"] = "shared"
+    """shared: a zero-init value head on the policy's trunk (the original); separate: a value model of its own, a copy
+    of the initial model (with LoRA: its own adapter on the shared base) with the head, trained by its own optimizer
+    (ppo.vf_lr) and checkpointed beside the policy (the later summarization and writing-prompts work)."""
+    vf_lr: float | None = None
+    """Peak learning rate of a separate value model's own TF-style Adam (decays linearly to 0 with the policy's);
+    None = ppo.lr. Only with ppo.value_model=separate: a shared trunk has one optimizer."""
+    kl_stop: float = 50.0
+    """Andon cord: stop the run when the mean KL (nats per episode) exceeds this."""
+    score_drop_stop: float | None = 2.0
+    """Andon cord: stop when the running mean score falls this far below its best (None = never)."""
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_episodes // self.batch_size
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.nminibatches
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters on one frozen base (policy, value and reward as adapters; the reference is the bare base)."""
+
+    rank: int = 0
+    """Adapter rank; 0 = full fine-tuning (the original)."""
+    alpha: float = 16.0
+    """Adapter scale numerator (scale = alpha / rank)."""
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "c_proj")
+    """Module name suffixes that get adapters (Llama and GPT-2 names)."""
+    layers: int = 0
+    """Adapters only in the top N transformer blocks (0 = all): backward passes then stop at the lowest adapted
+    block, so training costs a forward plus N/L of a backward."""
+    merged_reward_model: bool = False
+    """With LoRA, save the reward model merged into a full sequence classifier (the base model's size, in its
+    dtype) instead of its adapter in peft's format (~1% of that; AutoModelForSequenceClassification loads either,
+    the adapter with num_labels=1). The final policy is saved merged once either way; checkpoints hold adapters."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning of the initial policy (`lmprefs train-sft`; the later work's supervised baseline)."""
+
+    data: str | None = None
+    """JSONL of prompt/response pairs: fields `prompt` and `response`, or TRL's `prompt` and `completion`."""
+    epochs: int = 1
+    """Passes over the pairs."""
+    batch_size: int = 8
+    """Pairs per optimizer step."""
+    lr: float = 5e-5
+    """Peak Adam learning rate (TF1-style Adam, as every lmprefs trainer); decays linearly to 0."""
+    max_length: int = 0
+    """Tokens per pair (prompt + response); a longer pair loses the start of its prompt, then the end of its
+    response. 0 = the model's context."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where and how a run executes."""
+
+    seed: int = 1
+    """Base seed; worker r uses seed + r * 100003 (utils/core.py:set_mpi_seed)."""
+    save_dir: str | None = None
+    """Run directory; None = runs/<command>-<preset>-<time>."""
+    log_interval: int = 10
+    """Updates between printed samples."""
+    save_interval: int = 50
+    """Updates between checkpoints (a checkpoint is also written at the end)."""
+    device: str = "auto"
+    """auto (CUDA when present, else CPU), cpu, cuda, cuda:N."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Autocast dtype for forward passes: auto = bfloat16 on CUDA with bf16 support and on CPUs with native bf16
+    (AVX512-BF16, AMX), float32 elsewhere (emulated bf16 is ~3x slower than fp32)."""
+    threads: int = 0
+    """torch CPU threads; 0 = torch's default."""
+    kv_cache: Literal["auto", "static", "dynamic"] = "auto"
+    """The sampler's KV cache, both transformers': static (preallocated for query + response, fixed shapes, what
+    torch.compile needs) or dynamic (grown per token); auto = static (as fast or faster, also on the CPU)."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """torch.compile the sampler's decode step (with CUDA graphs on a GPU) and the PPO training forward; auto = on
+    for CUDA (the training forward only without a launcher), off on the CPU, where a compile takes minutes and did
+    not pay off."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """How several ranks (torchrun, accelerate launch) share the models being trained: ddp (DistributedDataParallel:
+    a full copy on every rank, gradients averaged) or fsdp (FSDP2, torch.distributed.fsdp.fully_shard: each
+    transformer block and the rest of the model sharded over the ranks, gathered block by block for each forward
+    and backward, under run.dtype=bfloat16 gathered in bf16 with fp32 gradient reduction). fsdp is for models that do
+    not fit one device; it does not combine with LoRA (lora.rank > 0) or a compiled sampler (run.compile=on).
+    Ignored in one process."""
+    report_to: tuple[str, ...] = ("tensorboard",)
+    """Metric sinks besides metrics.jsonl: tensorboard (logs/reward, logs/policy), wandb, mlflow (each optional:
+    imported only when named, never required); comma-separated, empty for none."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One experiment: everything `train-reward`, `train-policy`, `label` and `sample` read."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    labels: LabelsConfig = field(default_factory=LabelsConfig)
+    train_reward: TrainRewardConfig = field(default_factory=TrainRewardConfig)
+    rewards: RewardsConfig = field(default_factory=RewardsConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def __post_init__(self) -> None:  # validate, never mutate
+        problems = validate(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+def _type_problems(obj, prefix: str) -> list[str]:
+    """Fields whose value is not of the declared type (a config.json can hold "lr": "fast")."""
+    out = []
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        v, t, key = getattr(obj, f.name), hints[f.name], prefix + f.name
+        if dataclasses.is_dataclass(t):
+            out += _type_problems(v, key + ".") if isinstance(v, t) else [f"{key} must be a section, not {v!r}"]
+            continue
+        args = typing.get_args(t)
+        allowed = tuple(a for a in args if a is not type(None)) if type(None) in args else (t,)
+        if v is None and type(None) in args:
+            continue
+        ok = False
+        for a in allowed:
+            if typing.get_origin(a) is Literal:
+                ok |= v in typing.get_args(a)
+            elif typing.get_origin(a) is tuple:
+                ok |= isinstance(v, tuple) and all(isinstance(x, str) for x in v)
+            elif a is float:
+                ok |= isinstance(v, int | float) and not isinstance(v, bool)
+            elif a is int:
+                ok |= isinstance(v, int) and not isinstance(v, bool)
+            else:
+                ok |= isinstance(v, a)
+        if not ok:
+            out.append(f"{key}={v!r} is not a {' or '.join(getattr(a, '__name__', str(a)) for a in allowed)}")
+    return out
+
+
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def validate(cfg: Config) -> list[str]:
+    """Every field's range and the cross-field checks (the original's HParams.validate), as messages naming the
+    offending values. Configs are built only through here (presets, overrides, config files, the Python API), so
+    no command can start with a value it would crash on or silently reinterpret."""
+    out = _type_problems(cfg, "")
+    if out:  # ranges below assume the types
+        return out
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            out.append(msg)
+
+    for sec in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, sec.name)):
+            v = getattr(getattr(cfg, sec.name), f.name)
+            need(not isinstance(v, float) or math.isfinite(v), f"{sec.name}.{f.name}={v} must be a finite number")
+    t, lab, tr, rw, p, lo, run = cfg.task, cfg.labels, cfg.train_reward, cfg.rewards, cfg.ppo, cfg.lora, cfg.run
+    need(bool(t.query_dataset), "task.query_dataset must name a dataset")
+    need(bool(t.initial_model), "task.initial_model must name a model")
+    if t.response_length <= 0 or t.query_length <= 0:
+        out.append(f"task.query_length={t.query_length} and task.response_length={t.response_length} must be positive")
+    need(t.temperature > 0, f"task.temperature={t.temperature} must be positive")
+    need(t.truncate_token is None or t.truncate_token >= 0, f"task.truncate_token={t.truncate_token} must be >= 0")
+    need(t.truncate_after >= 0, f"task.truncate_after={t.truncate_after} must be >= 0")
+      # sqlite3 and re only
+
+    try:
+        label_type_shape(lab.type)
+    except ValueError as e:
+        out.append(f"labels.type: {e}")
+    need(lab.labeler in LABELERS, f"labels.labeler={lab.labeler!r}: choose one of {', '.join(LABELERS)}")
+    need(lab.num_train > 0, f"labels.num_train={lab.num_train} must be positive")
+    need(lab.labeler_temperature >= 0, f"labels.labeler_temperature={lab.labeler_temperature} must be >= 0")
+    need(0 <= lab.labeler_random_rate <= 1, f"labels.labeler_random_rate={lab.labeler_random_rate} must be in [0, 1]")
+    need(lab.subset_seed is None or lab.subset_seed >= 0, f"labels.subset_seed={lab.subset_seed} must be >= 0")
+    need(0 <= lab.heldout_fraction < 1, f"labels.heldout_fraction={lab.heldout_fraction} must be in [0, 1)")
+    need(0 <= lab.min_gold_accuracy <= 1, f"labels.min_gold_accuracy={lab.min_gold_accuracy} must be in [0, 1]")
+    need(lab.scores_as == "rating" or lab.type == "scalar_rating",
+         f"labels.scores_as={lab.scores_as!r} compares per-response scores: it needs labels.type=scalar_rating, not "
+         f"{lab.type!r}")
+    need(lab.min_score_gap >= 0, f"labels.min_score_gap={lab.min_score_gap} must be >= 0")
+    need(not (lab.weight_by_gold and lab.type == "scalar_rating"),
+         "labels.weight_by_gold weighs labelers by their answers to gold best_of_N questions; scalar_rating labels "
+         "have none")
+    need(lab.online_questions > 0, f"labels.online_questions={lab.online_questions} must be positive")
+    need(lab.online_interval > 0, f"labels.online_interval={lab.online_interval} must be positive")
+    need(lab.online_retrains >= 0, f"labels.online_retrains={lab.online_retrains} must be >= 0")
+    need(tr.batch_size > 0, f"train_reward.batch_size={tr.batch_size} must be positive")
+    need(tr.lr > 0, f"train_reward.lr={tr.lr} must be positive")
+    need(tr.epochs > 0, f"train_reward.epochs={tr.epochs} must be positive")
+    need(tr.microbatch >= 0, f"train_reward.microbatch={tr.microbatch} must be >= 0 (0: the whole batch)")
+    need(tr.rollout_batch_size > 0, f"train_reward.rollout_batch_size={tr.rollout_batch_size} must be positive")
+    need(tr.normalize_samples > 1, f"train_reward.normalize_samples={tr.normalize_samples} must be >= 2")
+    need(rw.kl_coef >= 0, f"rewards.kl_coef={rw.kl_coef} must be >= 0")
+    need(rw.kl_target is None or rw.kl_target > 0, f"rewards.kl_target={rw.kl_target} must be positive or None")
+    need(rw.kl_horizon > 0, f"rewards.kl_horizon={rw.kl_horizon} must be positive")
+    if p.batch_size <= 0 or p.nminibatches <= 0 or p.batch_size % p.nminibatches:
+        out.append(f"ppo.batch_size={p.batch_size} must be a positive multiple of ppo.nminibatches={p.nminibatches}")
+    need(p.total_episodes >= p.batch_size,
+         f"ppo.total_episodes={p.total_episodes} must be at least ppo.batch_size={p.batch_size} (one update)")
+    need(p.noptepochs > 0, f"ppo.noptepochs={p.noptepochs} must be positive")
+    need(p.lr > 0, f"ppo.lr={p.lr} must be positive")
+    need(p.vf_coef >= 0, f"ppo.vf_coef={p.vf_coef} must be >= 0")
+    need(p.vf_lr is None or p.vf_lr > 0, f"ppo.vf_lr={p.vf_lr} must be positive or None (= ppo.lr)")
+    need(p.vf_lr is None or p.value_model == "separate",
+         f"ppo.vf_lr={p.vf_lr} sets the optimizer of a separate value model; ppo.value_model is {p.value_model!r} "
+         "(the shared trunk trains with ppo.lr)")
+    need(p.cliprange > 0, f"ppo.cliprange={p.cliprange} must be positive")
+    need(p.cliprange_value > 0, f"ppo.cliprange_value={p.cliprange_value} must be positive")
+    need(0 <= p.gamma <= 1, f"ppo.gamma={p.gamma} must be in [0, 1]")
+    need(0 <= p.lam <= 1, f"ppo.lam={p.lam} must be in [0, 1]")
+    need(p.score_drop_stop is None or p.score_drop_stop > 0,
+         f"ppo.score_drop_stop={p.score_drop_stop} must be positive or None")
+    need(lo.rank >= 0, f"lora.rank={lo.rank} must be >= 0 (0: full fine-tuning)")
+    need(lo.alpha > 0, f"lora.alpha={lo.alpha} must be positive")
+    need(lo.layers >= 0, f"lora.layers={lo.layers} must be >= 0 (0: every block)")
+    need(lo.rank == 0 or len(lo.targets) > 0, "lora.targets must name at least one module")
+    need(run.seed >= 0, f"run.seed={run.seed} must be >= 0")
+    need(run.log_interval > 0, f"run.log_interval={run.log_interval} must be positive")
+    need(run.save_interval > 0, f"run.save_interval={run.save_interval} must be positive")
+    need(run.threads >= 0, f"run.threads={run.threads} must be >= 0 (0: torch's default)")
+    need(bool(_DEVICE.fullmatch(run.device)), f"run.device={run.device!r}: choose auto, cpu, cuda, cuda:N or mps")
+    if run.parallel == "fsdp":
+        need(lo.rank == 0, f"run.parallel=fsdp does not combine with LoRA (lora.rank={lo.rank}): the adapters are "
+                           "small and the frozen base is shared, so run.parallel=ddp suits LoRA")
+        need(p.value_model == "shared", "run.parallel=fsdp does not combine with ppo.value_model=separate yet (the "
+             "value model's own optimizer state is not gathered into the checkpoint)")
+        need(run.compile != "on", "run.parallel=fsdp does not combine with run.compile=on (CUDA graphs need fixed "
+                                  "parameter addresses, and FSDP frees the gathered blocks after sampling); use auto")
+    for name in run.report_to:
+        need(name in ("tensorboard", "wandb", "mlflow"),
+             f"run.report_to: {name!r} is not tensorboard, wandb or mlflow")
+    need(cfg.sft.epochs > 0 and cfg.sft.batch_size > 0,
+         f"sft.epochs={cfg.sft.epochs} and sft.batch_size={cfg.sft.batch_size} must be positive")
+    need(cfg.sft.lr > 0, f"sft.lr={cfg.sft.lr} must be a positive number")
+    need(cfg.sft.max_length == 0 or cfg.sft.max_length >= 2,
+         f"sft.max_length={cfg.sft.max_length} must be 0 (the model's context) or at least 2")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Presets (launch.py:get_experiments / get_train_reward_experiments @cbfd210)
+
+
+def label_type_shape(label_type: str) -> tuple[str, int]:
+    """(label field, samples per item) of a label-type name, without importing torch: best_of_4 -> ("best", 4)."""
+    if label_type == "scalar_rating":
+        return "score", 1
+    if label_type == "scalar_compare":
+        return "difference", 2
+    m = re.fullmatch(r"best_of_(\d+)", label_type)
+    if m and int(m.group(1)) >= 2:
+        return "best", int(m.group(1))
+    raise ValueError(
+        f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'scalar_rating' or 'scalar_compare'"
+    )

@@ -1,0 +1,186 @@
+"""Query datasets and the query stream (language/datasets.py:tf_dataset and lm_tasks.py @cbfd210).
+
+A dataset is a list of texts: `austen` (the offline asset), `lee-news` (300 ABC news articles, an offline asset),
+`bundled` (a few KB of Austen shipped in the package), a local .txt (paragraphs split on blank lines) or .jsonl file
+(`path.jsonl` reads field "text", `path.jsonl:FIELD` another), the original's summarization data (a TL;DR .json
+list of {"content": post}, a CNN/DM .story file or a directory of them; read by `lmprefs.data.summarize`), or
+`hf:NAME[:SPLIT[:FIELD]]` through Hugging Face `datasets` when it is installed and reachable.
+Each text becomes a query as in the original: cut after the first start_text, truncated to query_length, cut after
+the last end_text, right-padded with PAD; texts with no start or end token are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from lmprefs.assets.corpora import bundled_passages, paragraphs
+from lmprefs.config import TaskConfig
+from lmprefs.data.tasks import PAD
+from lmprefs.errors import UserError
+
+
+class QueryDataError(UserError):
+    """A query dataset that cannot be read or yields no queries; the message names it and the fix."""
+
+
+
+
+def load_texts(spec: str) -> list[str]:
+    """The raw texts of a query dataset (see the module docstring for the accepted specs)."""
+    if spec == "austen":
+        from lmprefs.assets.corpora import austen_passages
+
+        return [p["text"] for p in austen_passages()]
+    if spec == "lee-news":
+        from lmprefs.assets.corpora import lee_news_articles
+
+        return lee_news_articles()
+    if spec == "bundled":
+        return bundled_passages()
+    if spec.startswith("hf:"):
+        return _load_hf(spec)
+    path, _, field = spec.partition(":") if spec.count(":") == 1 and not Path(spec).exists() else (spec, "", "")
+    p = Path(path).expanduser()
+    if p.is_dir() or p.suffix == ".story":  # CNN/DM: one .story file or a directory of them
+        from lmprefs.data.summarize import story_texts
+
+        return story_texts(p)
+    if not p.is_file():
+        raise QueryDataError(f"task.query_dataset={spec!r}: no such file (expected austen, lee-news, bundled, a "
+                             ".txt, .jsonl or TL;DR .json file, a CNN/DM .story file or directory, or "
+                             "hf:NAME)")  # fmt: skip
+    if p.suffix == ".json":  # TL;DR: the original's JSON list of {"content": post}
+        from lmprefs.data.summarize import tldr_texts
+
+        return tldr_texts(p, field or "content")
+    if p.suffix == ".jsonl":
+        field = field or "text"
+        texts = []
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                texts.append(str(json.loads(line)[field]))
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise QueryDataError(f"{p} line {i}: expected a JSON object with field {field!r} ({e})") from None
+        return texts
+    return paragraphs(p.read_text())
+
+
+def _load_hf(spec: str) -> list[str]:
+    name, split, field = (spec[3:].split(":") + ["train", "text"])[:3] if spec.count(":") < 3 else spec[3:].split(":")
+    try:
+        import datasets
+    except ImportError:
+        raise QueryDataError(f"task.query_dataset={spec!r} needs the `datasets` package (pip install datasets), or "
+                             "use austen, bundled or a local file") from None  # fmt: skip
+    try:
+        ds = datasets.load_dataset(name, split=split)
+    except Exception as e:  # the hub raises many kinds of errors when offline
+        raise QueryDataError(f"task.query_dataset={spec!r} could not be loaded ({type(e).__name__}); offline, use "
+                             "--task.query-dataset austen or a local .txt/.jsonl file") from None  # fmt: skip
+    return [str(x) for x in ds[field]]
+
+
+def encode_query(tokenizer, text: str, task: TaskConfig, start_token: int | None, end_token: int | None):
+    """A query's tokens (unpadded, <= query_length) or None if the text has no start or end token."""
+    tokens = tokenizer(text, add_special_tokens=False).input_ids
+    if start_token is not None:
+        if start_token not in tokens:
+            return None
+        first = tokens.index(start_token) + 1
+        if first < len(tokens):
+            tokens = tokens[first:]
+    tokens = tokens[: task.query_length]
+    if end_token is not None:
+        if end_token not in tokens:
+            return None
+        tokens = tokens[: len(tokens) - tokens[::-1].index(end_token)]
+    return tokens or None
+
+
+def single_token(tokenizer, text: str | None, name: str) -> int | None:
+    if text is None:
+        return None
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    if len(ids) != 1:
+        raise QueryDataError(f"task.{name}={text!r} must encode to exactly one token, got {ids}")
+    return ids[0]
+
+
+def build_queries(texts: list[str], tokenizer, task: TaskConfig, source: str = "") -> torch.Tensor:
+    """All usable queries as a [N, query_length] tensor right-padded with PAD."""
+    start = single_token(tokenizer, task.start_text, "start_text")
+    end = single_token(tokenizer, task.end_text, "end_text")
+    rows = []
+    for text in texts:
+        tokens = encode_query(tokenizer, text, task, start, end)
+        if tokens:
+            rows.append(tokens + [PAD] * (task.query_length - len(tokens)))
+    if not rows:
+        raise QueryDataError(f"task.query_dataset={source or task.query_dataset!r} yields no queries ({len(texts)} "
+                             f"texts; each needs start_text={task.start_text!r} and "
+                             f"end_text={task.end_text!r})")  # fmt: skip
+    return torch.tensor(rows, dtype=torch.long)
+
+
+class QueryStream:
+    """Batches of queries in a deterministic order per seed, sharded by rank; its state resumes exactly.
+
+    Each epoch draws a fresh permutation from (seed, epoch); rank r of `world` takes every world-th query, fixing
+    the original's bug where every rank shuffled identically (N-details blog, detail 6.1).
+    """
+
+    def __init__(self, queries: torch.Tensor, seed: int, rank: int = 0, world: int = 1):
+        self.queries, self.seed, self.rank, self.world = queries, seed, rank, world
+        self.epoch, self.pos = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return torch.randperm(len(self.queries), generator=g)[self.rank :: self.world]
+
+    def next(self, n: int) -> torch.Tensor:
+        out = []
+        while n > 0:
+            if self.pos >= len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._permutation()
+            take = self._order[self.pos : self.pos + n]
+            out.append(take)
+            self.pos += len(take)
+            n -= len(take)
+        return self.queries[torch.cat(out)]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed}
+
+    def load_state_dict(self, s: dict) -> None:
+        self.epoch, self.pos, self.seed = s["epoch"], s["pos"], s["seed"]
+        self._order = self._permutation()
+
+
+def split_heldout(queries: torch.Tensor, n_heldout: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, heldout) by a fixed permutation, so evaluation queries are never trained on."""
+    order = torch.randperm(len(queries), generator=torch.Generator().manual_seed(seed))
+    return queries[order[n_heldout:]], queries[order[:n_heldout]]
+
+
+def task_queries(task: TaskConfig, tokenizer, max_positions: int, n_heldout: int = 0):
+    """(train, heldout, prefix, suffix): the task's queries split by a fixed permutation, checked against the
+    model's context (query + prefix + suffix + response must fit)."""
+    from lmprefs.data.tasks import encode_fixed
+
+    prefix, suffix = encode_fixed(tokenizer, task.query_prefix), encode_fixed(tokenizer, task.query_suffix)
+    total = len(prefix) + task.query_length + len(suffix) + task.response_length
+    if total > max_positions:
+        raise QueryDataError(f"task.query_length={task.query_length} + prefix/suffix ({len(prefix) + len(suffix)}) + "
+                             f"task.response_length={task.response_length} = {total} tokens exceeds the model's "
+                             f"context of {max_positions}; lower task.query_length")  # fmt: skip
+    queries = build_queries(load_texts(task.query_dataset), tokenizer, task)
+    n_heldout = min(n_heldout, len(queries) // 2)
+    train, heldout = split_heldout(queries, n_heldout)
+    return train, heldout, prefix, suffix

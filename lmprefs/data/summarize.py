@@ -1,0 +1,113 @@
+"""Readers for the summarization tasks' data: the original's TL;DR JSON and CNN/DM `.story` files
+(lm_human_preferences/datasets/{tldr,cnndm}.py @cbfd210), and the comparison JSONL of the later summarization work
+(openai/summarize-from-feedback, `comparisons/*.json`), which `labels/formats.py` imports as best_of_2 labels.
+
+The texts come out cleaned as the original cleans them (ftfy when it is installed, runs of 3+ newlines squeezed to
+one blank line, the CNN/DM preamble and `@highlight` summaries dropped); cropping to query_length (cut at the last
+end_text within it) is `queries.encode_query`'s job, the same for every dataset. Every error is a `SummaryDataError`
+(a `LabelFileError` for comparisons) naming the file, the row and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lmprefs.errors import UserError
+from lmprefs.io.jsonl import JsonRowsError, json_rows
+
+
+class SummaryDataError(UserError):
+    """A summarization file that cannot be read; the message names the file, the row and the field."""
+
+
+def _fix_text(text: str) -> str:
+    try:  # the original runs ftfy.fix_text; it is optional here (not a dependency): without it text is kept as is
+        import ftfy
+    except ImportError:
+        return text
+    return ftfy.fix_text(text)
+
+
+def clean_tldr(text: str) -> str:
+    """datasets/tldr.py: ftfy, squeeze 3+ newlines to a blank line, strip."""
+    return re.sub(r"\n{3,}", "\n\n", _fix_text(text)).strip()
+
+
+def tldr_texts(path: Path, field: str = "content") -> list[str]:
+    """The posts of a TL;DR file: the original's `{train,valid}-subset.json`, one JSON list of objects with `content`
+    (also accepted: one such object per line, JSONL)."""
+    try:
+        _, rows = json_rows(path)  # [(where, row)], where = "row 3" (JSON list) or "line 4" (JSONL)
+    except JsonRowsError as e:
+        raise SummaryDataError(str(e)) from None
+    texts = []
+    for where, row in rows:
+        if not isinstance(row, dict) or field not in row:
+            raise SummaryDataError(f"{path.name} {where}: missing field {field!r} (a TL;DR post)")
+        if not isinstance(row[field], str):
+            raise SummaryDataError(f"{path.name} {where}: field {field!r} is {type(row[field]).__name__}, "
+                                   "not a string")  # fmt: skip
+        texts.append(clean_tldr(row[field]))
+    return texts
+
+
+def clean_up_start(text: str) -> str:
+    """The CNN/DM preamble stripped as datasets/cnndm.py:clean_up_start does: a 'By ...' byline (two lines), the
+    '(CNN) --' / '(CNN)' dateline, a leading 'and NAME' line, the Daily Mail's 'UPDATED: hh:mm ... 20xx' header;
+    curly single quotes become straight ones."""
+    if text[:2] == "By":
+        text = "\n".join(text.split("\n")[2:])
+    text = re.split(r"\(CNN\) +--", text)[-1]
+    text = re.split(r"\(CNN\)", text[:100])[-1] + text[100:]
+    text = re.sub(r"^and \w+\n", "", text)
+    # the original's pattern, character class and all ("[2011|2012|...]" matches one digit or '|')
+    text = re.split(r".*UPDATED:\s+[0-9]{2}:[0-9]{2}.*[2011|2012|2013|2014|2015]", text)[-1]
+    return text.replace("\u2019", "'").replace("\u2018", "'").strip()
+
+
+def story_article(path: Path) -> str:
+    """One `.story` file's article: preamble stripped, ftfy, 3+ newlines squeezed, everything from the first
+    `@highlight` on dropped (datasets/cnndm.py:cnndm_generator). A file with no `@highlight` is not a CNN/DM story."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SummaryDataError(f"{path}: cannot read ({e})") from None
+    if "@highlight" not in text:
+        raise SummaryDataError(f"{path}: no '@highlight' line: not a CNN/DM .story file (article, then @highlight "
+                               "summaries)")  # fmt: skip
+    text = re.sub(r"\n{3,}", "\n\n", _fix_text(clean_up_start(text)))
+    article = text.split("@highlight")[0].strip()
+    if not article:
+        raise SummaryDataError(f"{path}: the article before the first '@highlight' is empty")
+    return article
+
+
+def story_texts(path: Path) -> list[str]:
+    """Articles of one `.story` file or of every `.story` file under a directory (sorted by path, so the order is
+    the same on every machine; the query stream shuffles them per seed)."""
+    files = sorted(path.rglob("*.story")) if path.is_dir() else [path]
+    if not files:
+        raise SummaryDataError(f"{path}: a directory with no .story files (expected CNN/DM stories)")
+    return [story_article(f) for f in files]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# summarize-from-feedback comparisons: {"info": {...}, "summaries": [{"text": ...}, {"text": ...}], "choice": 0|1,
+# "worker": "...", "split": "train" | "valid1" | "valid2", ...}
+
+
+def comparison_query(info: dict) -> str | None:
+    """The question's text from a comparison's `info`: a news article as is; a Reddit post as 'SUBREDDIT: r/...',
+    'TITLE: ...', 'POST: ...' paragraphs (the later work's prompt, without its '\\n\\nTL;DR:' suffix, which the
+    tldr preset adds as task.query_suffix). None when `info` has neither `post` nor `article`."""
+    if isinstance(info.get("article"), str):
+        return info["article"]
+    if not isinstance(info.get("post"), str):
+        return None
+    parts = []
+    if isinstance(info.get("subreddit"), str):
+        parts.append(f"SUBREDDIT: r/{info['subreddit']}")
+    if isinstance(info.get("title"), str):
+        parts.append(f"TITLE: {info['title']}")
+    return "\n\n".join([*parts, f"POST: {info['post']}"])

@@ -1,0 +1,67 @@
+"""Task-specific text handling (lm_tasks.py @cbfd210): query formatting with prefix and suffix, response truncation
+and the filter that decides which responses get `penalty_reward_value`, and the original's print format."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lmprefs.config import TaskConfig
+
+
+def encode_fixed(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids if text else []
+
+
+def format_queries(queries: Tensor, prefix: list[int], suffix: list[int]) -> Tensor:
+    """prefix + padded query + suffix (lm_tasks.py:query_formatter); pads in the middle are skipped by position ids."""
+    B = queries.shape[0]
+    parts = [torch.tensor(p, dtype=queries.dtype, device=queries.device).expand(B, -1) for p in (prefix, suffix)]
+    return torch.cat([parts[0], queries, parts[1]], dim=1)
+
+
+def truncate_responses(responses: Tensor, truncate_token: int | None, truncate_after: int) -> Tensor:
+    """Replace every token after the first truncate_token at index >= truncate_after with PAD
+    (lm_tasks.py:postprocess_fn_from_hparams). The truncate token itself is kept."""
+    if truncate_token is None:
+        return responses
+    hit = (responses == truncate_token).long()
+    hit[:, :truncate_after] = 0
+    after = (hit.cumsum(1) - hit).bool()  # strictly after the first hit
+    return torch.where(after, torch.full_like(responses, PAD), responses)
+
+
+def passes_filter(responses: Tensor, truncate_token: int | None, truncate_after: int) -> Tensor:
+    """[B] bool: a truncate_token at index >= truncate_after (lm_tasks.py:filter_fn_from_hparams); others get
+    penalty_reward_value instead of their score."""
+    if truncate_token is None:
+        return torch.ones(responses.shape[0], dtype=torch.bool, device=responses.device)
+    return (responses[:, truncate_after:] == truncate_token).any(-1)
+
+
+def apply_penalty(scores: Tensor, postprocessed: Tensor, task: TaskConfig) -> Tensor:
+    """scores where the filter passes, penalty_reward_value elsewhere (train_policy.py:make_score_fn l.375-390);
+    scores unchanged when penalty_reward_value is None (truncation without the penalty)."""
+    if task.penalty_reward_value is None:
+        return scores
+    ok = passes_filter(postprocessed, task.truncate_token, task.truncate_after)
+    return torch.where(ok, scores, torch.full_like(scores, task.penalty_reward_value))
+
+
+def decode(tokenizer, tokens: Tensor) -> list[str]:
+    """Texts of [B, L] tokens with PAD dropped."""
+    return [tokenizer.decode([t for t in row if t != PAD]) for row in tokens.tolist()]
+
+
+def query_texts(tokenizer, formatted: Tensor, prefix: list[int], suffix: list[int]) -> list[str]:
+    """The query texts inside formatted queries (prefix + padded query + suffix, as a rollout scores them): what a
+    judge of (response, query) pairs reads, the same text the label store keeps for a question."""
+    return decode(tokenizer, formatted[:, len(prefix) : formatted.shape[1] - len(suffix)])
+
+
+def show(text: str) -> str:
+    """Newlines as a visible mark, as the original's sample.py prints them."""
+    return text.replace("\n", "⏎")
+
+
+PAD = -1

@@ -1,0 +1,57 @@
+"""The one atomic text writer, and the fault injection that the crash tests use to stop a run at an exact point.
+
+A file written with `atomic_write_text` is either its old content or its new content at every instant: the new text
+goes to a temporary sibling, is fsynced, and replaces the file with os.replace.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+CRASH_ENV = "LMPREFS_CRASH_AT"
+_hits: dict[str, int] = {}
+# In-process tests set this to stop a run by an exception at a crash point instead of ending the process.
+crash_hook: Callable[[str], None] | None = None
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for the crash tests: with LMPREFS_CRASH_AT=NAME (or NAME@K, the K-th time) the process ends
+    here at once with status 9, as after `kill -9`: nothing is cleaned up or flushed."""
+    if crash_hook is not None:
+        crash_hook(name)
+    spec = os.environ.get(CRASH_ENV)
+    if not spec:
+        return
+    target, _, nth = spec.partition("@")
+    if target != name:
+        return
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] >= int(nth or 1):
+        os._exit(9)
+
+
+def fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        crash_point(f"atomic-write:{path.name}")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,202 @@
+"""The fixed-length sampler (language/sample.py): exactly `length` tokens, no EOS stop, plain categorical sampling
+at a temperature (top_k=0, top_p=1), logits limited to the real vocabulary, with a KV cache.
+
+Queries may be padded anywhere (PAD = -1); position ids skip the pads, so a padded and an unpadded query sample
+alike. Draws use one uniform per row and step (inverse CDF), so batches that differ only in padding draw the same
+tokens under the same generator.
+
+Two caches, both transformers' own. Responses have a fixed length, so every shape is known before the first token:
+`cache="static"` preallocates transformers' StaticCache for query + response and feeds each decode step the same
+shapes (the whole 2D attention mask, the causal mask hides the slots not yet written), which is what lets
+`torch.compile` turn the decode step into one graph (CUDA graphs on a GPU: mode "reduce-overhead"). `cache="dynamic"`
+grows a DynamicCache step by step, as transformers' `generate` does by default. Both give the same tokens and
+logprobs up to float rounding (tested; a near-tie in a draw can still flip one token); `cache="auto"` takes the
+static cache, which measured as fast or faster on the CPU too (`sampler_mode`; benchmarks/gpu_throughput.py times
+both).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import Tensor
+
+from lmprefs.data.tasks import PAD
+from lmprefs.models.trunk import lm_logits, model_inputs
+
+
+def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
+    """One categorical draw per row by inverse CDF: logits [B, V'] and uniforms u [B, 1] -> (token [B, 1],
+    logprob [B, 1]) at `temperature` over the first `vocab` logits."""
+    logp = torch.log_softmax(logits[:, :vocab].float() / temperature, dim=-1)  # [B, V]
+    cdf = logp.exp().cumsum(-1)
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=vocab - 1)  # [B, 1]
+    return tok, logp.gather(-1, tok)
+
+
+def _forward_step(model, tok: Tensor, mask: Tensor, pos: Tensor, past):
+    """Feed the previous token [B, 1] at positions pos [B, 1]; ((hidden [B, d], logits [B, V']), the cache)."""
+    out = model.base_model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=past, use_cache=True)
+    h = out.last_hidden_state[:, -1]
+    return (h, lm_logits(model, h)), out.past_key_values
+
+
+def _static_forward(model, tok, mask, pos, past):
+    """The decode step's model part, the one that is compiled. The draw stays eager: on an H100 (torch 2.11)
+    inductor's split-scan codegen failed on the draw's cumsum over the vocabulary for batches of 8 and 32
+    (InductorError, "list indices must be integers or slices, not NoneType"), and the draw is a handful of kernels."""
+    return _forward_step(model, tok, mask, pos, past)[0]
+
+
+def sampler_options(run) -> dict:
+    """sample()'s cache/compile keywords from a RunConfig."""
+    # under FSDP the gathered parameters are freed and reallocated between rollouts: no CUDA graph may keep them
+    return {"cache": run.kv_cache, "compile": "off" if run.parallel == "fsdp" else run.compile}
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def compiled_step(device_type: str):
+    """The static decode step's forward under torch.compile: on CUDA with CUDA graphs ("reduce-overhead"), the
+    launch cost of a step's ~100 small kernels is paid once. Compiled lazily and once per process (dynamo guards
+    and recompiles per model, batch shape and adapter)."""
+    mode = "reduce-overhead" if device_type == "cuda" else "default"
+    if mode not in _COMPILED:
+        _COMPILED[mode] = torch.compile(_static_forward, mode=mode, dynamic=False)
+    return _COMPILED[mode]
+
+
+def _static_layer_class():
+    from transformers.cache_utils import StaticLayer
+
+    class StaticLayerOwnValueDtype(StaticLayer):
+        """transformers' StaticLayer with the values kept in their own dtype: under bf16 autocast a Llama's keys
+        leave the rotary embedding in fp32 while its values stay bf16, and the stock layer allocates both in the
+        keys' dtype, so its index_copy_ of the values fails."""
+
+        def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
+            super().lazy_initialization(key_states, value_states)
+            if self.values.dtype != value_states.dtype:
+                self.values = self.values.to(value_states.dtype)
+                torch._dynamo.mark_static_address(self.values)
+
+    return StaticLayerOwnValueDtype
+
+
+_STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, its static cache)
+
+
+def _static_cache(model, batch: int, length: int):
+    """A static cache for [batch, length] (transformers' Cache of static layers), kept per model (not on it, so a
+    deepcopy of the model does not copy it) and reset between calls: its buffers keep their addresses, so compiled
+    steps (and their CUDA graphs) are reused rather than re-recorded."""
+    device = next(model.parameters()).device
+    # the autocast state of the model's device type: the bare torch.is_autocast_enabled() is CUDA's alone, so a cache
+    # allocated in fp32 on the CPU was handed to a bf16-autocast call of the same shape (index_copy_ of bf16 into fp32)
+    on = torch.is_autocast_enabled(device.type)
+    key = (batch, length, on and torch.get_autocast_dtype(device.type), device)
+    held = _STATIC_CACHES.get(model)
+    if held is not None and held[0] == key:
+        held[1].reset()
+        return held[1]
+    cache = _new_static_cache(model, length)
+    _STATIC_CACHES[model] = (key, cache)
+    return cache
+
+
+def _new_static_cache(model, length: int):
+    from transformers import Cache
+
+    layer = _static_layer_class()
+    return Cache(layers=[layer(max_cache_len=length) for _ in range(model.config.num_hidden_layers)])
+
+
+def sampler_mode(cache: str, compile: str | bool, device: torch.device) -> tuple[bool, bool]:
+    """(static cache?, compiled step?) for run.kv_cache / run.compile on `device`. auto takes the static cache
+    everywhere: on this project's 2-core CPU it sampled SmolLM2-135M as fast as the dynamic cache in fp32 and in
+    0.64x the time under bf16 autocast (batch 16, query 64, 24 tokens; benchmarks/RESULTS.md). auto compiles on
+    CUDA only: on the CPU a compile costs one to two minutes per shape."""
+    if cache not in ("auto", "static", "dynamic"):
+        raise ValueError(f"kv_cache={cache!r}: expected auto, static or dynamic")
+    if isinstance(compile, str):
+        if compile not in ("auto", "on", "off"):
+            raise ValueError(f"compile={compile!r}: expected auto, on or off")
+        compile = (device.type == "cuda" and cache != "dynamic") if compile == "auto" else compile == "on"
+    if compile and cache == "dynamic":
+        raise ValueError("run.compile=on compiles the static-cache decode step: use run.kv_cache static or auto")
+    static = cache != "dynamic"
+    return static, compile
+
+
+def _prefill(model, queries: Tensor, repeats: int, static) -> tuple[Tensor, Tensor, object]:
+    """Run queries [B, Q] through the model: (hidden state of each row's last real token [B * k, d], the 2D mask of
+    the queries [B * k, Q], the cache holding their keys and values for B * k rows; k = repeats, row i * k + j is a
+    copy of query i). `static`: the StaticCache to fill (for B * k rows), or None for a DynamicCache.
+    With k > 1 the queries run once and the cache is copied per row: best-of-4 questions on 64-token queries spent
+    about half their sampling time in the prefill when each query ran 4 times (benchmarks/RESULTS.md)."""
+    ids, mask, positions = model_inputs(queries)
+    B, Q = queries.shape
+    if static is not None and repeats == 1:  # the whole static mask; the causal mask hides the unwritten slots
+        L = static.layers[0].max_cache_len
+        full = torch.cat([mask, mask.new_ones(B, L - Q)], dim=1)
+        out = model.base_model(input_ids=ids, attention_mask=full, position_ids=positions, past_key_values=static,
+                               use_cache=True)  # fmt: skip
+    else:  # a static cache of the queries' own size: its keys and values come out in the dtypes the decode writes
+        own = None if static is None else _new_static_cache(model, Q)
+        out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=own,
+                               use_cache=True)  # fmt: skip
+    past = out.past_key_values
+    last = (queries != PAD).long().cumsum(-1).argmax(-1)  # index of each row's last real token
+    h = out.last_hidden_state[torch.arange(B, device=queries.device), last]  # [B, d]
+    if repeats > 1:
+        h, mask = h.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0)
+        if static is None:
+            past.batch_repeat_interleave(repeats)
+        else:
+            at = {"cache_position": torch.arange(Q, device=queries.device)}  # read by older transformers' update
+            for mine, full in zip(past.layers, static.layers, strict=True):
+                full.update(mine.keys.repeat_interleave(repeats, 0), mine.values.repeat_interleave(repeats, 0), at)
+            past = static
+    return h, mask, past
+
+
+@torch.no_grad()
+def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
+           generator: torch.Generator | None = None, return_hidden: bool = False, *, repeats: int = 1,
+           cache: str = "auto", compile: str | bool = "off"):  # fmt: skip
+    """Sample responses [B, length] and their logprobs [B, length] at `temperature` given queries [B, Q].
+    With return_hidden, also the hidden states that predicted each token [B, length, d]: the value head reads
+    them, so a rollout needs no second forward pass (the original's policy.respond returns values this way).
+    repeats=k samples each query k times: rows [B * k] as for queries.repeat_interleave(k, 0), with the same draws,
+    but each query runs through the model once and its keys and values are copied k times (`_prefill`).
+    cache (run.kv_cache) and compile (run.compile): see the module doc and `sampler_mode`."""
+    B, Q = queries.shape
+    N = B * repeats
+    device = queries.device
+    static, compile = sampler_mode(cache, compile, device)
+    h, mask, past = _prefill(model, queries, repeats, _static_cache(model, N, Q + length) if static else None)
+    if static:
+        mask = torch.cat([mask, mask.new_ones(N, length)], dim=1)  # [N, Q+T], the same tensor every step
+    pos = mask[:, :Q].sum(-1, keepdim=True)  # [N, 1] position of the first response token
+    step = compiled_step(device.type) if compile else _static_forward
+    tok, logp = _draw(lm_logits(model, h), torch.rand(N, 1, generator=generator, device=device), temperature, vocab)
+    responses, logprobs, hidden = [tok], [logp], [h]
+    for t in range(1, length):
+        u = torch.rand(N, 1, generator=generator, device=device)
+        if static:
+            if compile and device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            h, logits = step(model, tok, mask, pos + (t - 1), past)
+            h = h.clone()  # a CUDA graph's outputs are overwritten by its next replay; logits are used before it
+        else:
+            mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
+            (h, logits), past = _forward_step(model, tok, mask, pos + (t - 1), past)
+        tok, logp = _draw(logits, u, temperature, vocab)
+        responses.append(tok)
+        logprobs.append(logp)
+        hidden.append(h)
+    if return_hidden:
+        return torch.cat(responses, 1), torch.cat(logprobs, 1), torch.stack(hidden, 1)
+    return torch.cat(responses, 1), torch.cat(logprobs, 1)

@@ -1,0 +1,293 @@
+"""The LM trunk shared by the policy, the value function and the reward model: inputs and masks, the frozen prefix
+below LoRA adapters, one query pass shared by a question's samples, the LM head.
+
+Token tensors use PAD = -1 (`lmprefs.data.tasks`) for padding, an id outside every vocabulary, as the original uses
+50259 for GPT-2 (language/encodings.py:56): a sampled token can never be mistaken for padding. Before a forward pass
+pads become token 0 and are masked out of attention, and position ids are the exclusive cumsum of the mask
+(language/model.py:positions_for, l.265-269), so right-padded queries followed by responses act as contiguous text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from lmprefs.data.tasks import PAD
+from lmprefs.models.loading import _trunk_names, hidden_size, trunk_blocks
+
+
+def model_inputs(tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """[B, L] tokens with PAD -> (input_ids, attention_mask, position_ids), pads masked and skipped in positions."""
+    mask = tokens != PAD
+    ids = torch.where(mask, tokens, torch.zeros_like(tokens))
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # exclusive cumsum of the mask
+    return ids, mask.long(), positions
+
+
+def attention_mask(model, mask: Tensor) -> Tensor:
+    """The mask to hand an uncached forward: for SDPA attention, the [B, 1, L, L] boolean mask (causal, pads never
+    attended; a pad attends to itself so no softmax row is empty, and its output is never read) that transformers
+    would build from the 2D one, built here because transformers first asks whether the 2D mask is all ones to skip
+    it, a device-to-host sync in every training forward on a GPU. Other attention implementations get the 2D mask."""
+    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+        return mask
+    L = mask.shape[1]
+    keys = torch.ones(L, L, dtype=torch.bool, device=mask.device).tril() & mask.bool()[:, None, None, :]
+    return keys | torch.eye(L, dtype=torch.bool, device=mask.device)  # [B, 1, L, L]
+
+
+def trunk_hidden(model, tokens: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
+    """Last hidden states [B, L, d] of the model's transformer trunk (no LM head: we apply it only where needed).
+    With a `prefix` computed on this model for these tokens, only the blocks above it run."""
+    ids, mask, positions = model_inputs(tokens)
+    mask = attention_mask(model, mask)
+    if prefix is not None and prefix.model is model:
+        with _only_blocks(model, prefix.start, None, from_hidden=True):
+            out = model.base_model(inputs_embeds=prefix.hidden, attention_mask=mask, position_ids=positions,
+                                   use_cache=False)  # fmt: skip
+        return out.last_hidden_state
+    out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    return out.last_hidden_state
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The frozen prefix. With LoRA adapters in the top N blocks only (lora.layers), the blocks below are frozen and
+# carry no adapter, so the policy, the reference (adapters off), the value and the reward adapters all compute the
+# same hidden states there. A rollout computes them once and every later forward of the batch (reference, reward,
+# 4 PPO epochs) runs the top N blocks only; reward-model training does the same over its labels for all epochs.
+
+
+@dataclass
+class FrozenPrefix:
+    """Hidden states [B, L, d] entering block `start` of `model` for a batch of token rows (the residual stream,
+    fp32). Valid for any adapter on `model`, and for rows that only differ by PAD after their last real token
+    (truncation): attention is causal and pads are masked."""
+
+    model: nn.Module
+    start: int
+    hidden: Tensor
+
+    def __getitem__(self, idx) -> FrozenPrefix:
+        return FrozenPrefix(self.model, self.start, self.hidden[idx])
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+
+
+
+
+
+def frozen_depth(model) -> int:
+    """Number of bottom blocks that hold no LoRA adapter (0 without LoRA, or with adapters in every block)."""
+    from lmprefs.models.lora import LoRALinear
+
+    for i, block in enumerate(trunk_blocks(model)):
+        if any(isinstance(m, LoRALinear) for m in block.modules()):
+            return i
+    return 0
+
+
+class _ZeroPositions(nn.Module):
+    """Stands in for GPT-2's position embedding when the input is already a residual stream (it holds them)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.d = d
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        return torch.zeros(*position_ids.shape, self.d, device=position_ids.device)
+
+
+@contextlib.contextmanager
+def _only_blocks(model, lo: int, hi: int | None, *, from_hidden: bool = False, final_norm: bool = True):
+    """Run the HF trunk over blocks lo..hi only: its block list is swapped for the slice for the duration (the HF
+    forward then does its usual masks and rotary/position handling around them). from_hidden: inputs_embeds is a
+    residual stream, so GPT-2's additive position embedding is skipped; final_norm=False returns the raw stream."""
+    trunk = model.base_model
+    blocks, norm, wpe = _trunk_names(model)
+    saved = {blocks: trunk._modules[blocks], norm: trunk._modules[norm]}
+    trunk._modules[blocks] = nn.ModuleList(list(saved[blocks])[lo:hi])
+    if not final_norm:
+        trunk._modules[norm] = nn.Identity()
+    if from_hidden and wpe is not None:
+        saved[wpe] = trunk._modules[wpe]
+        trunk._modules[wpe] = _ZeroPositions(hidden_size(model))
+    try:
+        yield
+    finally:
+        trunk._modules.update(saved)
+
+
+def frozen_prefix(model, tokens: Tensor) -> FrozenPrefix | None:
+    """The frozen prefix of `model` for token rows [B, L] (PAD allowed), or None when every block is trainable.
+    Run under the caller's autocast, like the forwards that will use it."""
+    start = frozen_depth(model)
+    if start == 0:
+        return None
+    ids, mask, positions = model_inputs(tokens)
+    mask = attention_mask(model, mask)
+    with torch.no_grad(), _only_blocks(model, 0, start, final_norm=False):
+        out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False)
+    return FrozenPrefix(model, start, out.last_hidden_state)
+
+
+def shares_queries(model) -> bool:
+    """Whether `shared_query_trunk` can run this model: it hands the HF forward ready-made 4D masks, which only the
+    SDPA attention takes as they are (others rebuild the mask from the cache's length, which a run of the top blocks
+    alone leaves at 0)."""
+    return getattr(model.config, "_attn_implementation", None) == "sdpa"
+
+
+def shared_query_trunk(model, queries: Tensor, responses: Tensor, repeats: int, *, lo: int = 0, hi: int | None = None,
+                       hidden: Tensor | None = None, final_norm: bool = True) -> Tensor:  # fmt: skip
+    """trunk_hidden(model, cat(queries.repeat_interleave(k), responses)) [B * k, Q + T, d] for queries [B, Q] and
+    responses [B * k, T] (row i * k + j answers query i), with each query run once: its keys and values are copied
+    for its k responses, which then run on their own. A best-of-4 question's samples share their query, most of each
+    row: in the summarization demo 76 of 108 tokens, so its reward model ran 47% of the tokens per epoch.
+    Blocks lo..hi only; with lo > 0, `hidden` is the frozen prefix [B * k, Q + T, d] entering block lo (rows of one
+    query alike over its first Q positions). final_norm=False returns the raw residual stream (a frozen prefix).
+    Gradients flow through the copies back into the query's single pass."""
+    B, Q = queries.shape
+    k = repeats
+    ids, mask, positions = model_inputs(torch.cat([queries.repeat_interleave(k, 0), responses], dim=1))
+    masks = attention_mask(model, mask)  # [B * k, 1, L, L]: rows Q.. are the responses' view of every key
+    if hidden is None:
+        first, rest, key = ids[::k, :Q], ids[:, Q:], "input_ids"
+    else:
+        first, rest, key = hidden[::k, :Q], hidden[:, Q:], "inputs_embeds"
+    with _only_blocks(model, lo, hi, from_hidden=hidden is not None, final_norm=final_norm):
+        out = model.base_model(**{key: first}, attention_mask=masks[::k, :, :Q, :Q], position_ids=positions[::k, :Q],
+                               use_cache=True)  # fmt: skip
+        past = out.past_key_values
+        past.batch_repeat_interleave(k)
+        tail = model.base_model(**{key: rest}, attention_mask=masks[:, :, Q:], position_ids=positions[:, Q:],
+                                past_key_values=past, use_cache=True)  # fmt: skip
+    return torch.cat([out.last_hidden_state.repeat_interleave(k, 0), tail.last_hidden_state], dim=1)
+
+
+def query_response_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
+                          repeats: int = 1) -> Tensor:  # fmt: skip
+    """trunk_hidden(model, cat(queries.repeat_interleave(k), responses), prefix) [B * k, Q + T, d] for queries [B, Q]
+    and responses [B * k, T], each query run once for its k responses where the attention allows."""
+    if repeats > 1 and shares_queries(model):
+        ours = prefix is not None and prefix.model is model
+        return shared_query_trunk(model, queries, responses, repeats, lo=prefix.start if ours else 0,
+                                  hidden=prefix.hidden if ours else None)  # fmt: skip
+    return trunk_hidden(model, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1), prefix)
+
+
+def frozen_prefix_shared(model, queries: Tensor, responses: Tensor, repeats: int) -> FrozenPrefix | None:
+    """frozen_prefix(model, cat(queries.repeat_interleave(k), responses)) with each query run once
+    (`shared_query_trunk`); falls back to the repeated rows where the model's attention cannot share."""
+    start = frozen_depth(model)
+    if start == 0:
+        return None
+    if not shares_queries(model):
+        return frozen_prefix(model, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1))
+    with torch.no_grad():
+        h = shared_query_trunk(model, queries, responses, repeats, hi=start, final_norm=False)
+    return FrozenPrefix(model, start, h)
+
+
+def lm_head(model) -> nn.Module:
+    return model.get_output_embeddings()
+
+
+def lm_logits(model, h: Tensor) -> Tensor:
+    """The LM head on hidden states [..., d] -> logits [..., V'], V' >= the vocabulary: callers slice [..., :vocab].
+
+    On CUDA a plain linear head whose row count is not a multiple of 64 (GPT-2's 50257) runs with its weight
+    zero-padded to one, because cuBLAS then picks a tensor-core kernel ~6x faster: on an H100 in bf16, 512 x 768 x
+    50257 ran at 96 TFLOP/s and 512 x 768 x 50304 at 598 (benchmarks/RESULTS.md). The padded logits lie beyond the
+    vocabulary and never reach a softmax. Elsewhere (the CPU, a wrapped head) the head runs as it is."""
+    head = lm_head(model)
+    pad = -head.weight.shape[0] % 64 if type(head) is nn.Linear else 0
+    if not pad or not h.is_cuda:
+        return head(h)
+    w, b = head.weight, head.bias
+    if torch.is_autocast_enabled("cuda"):  # cast before padding: half the bytes to copy
+        w = w.to(torch.get_autocast_dtype("cuda"))
+    b = None if b is None else nn.functional.pad(b, (0, pad))
+    return nn.functional.linear(h, nn.functional.pad(w, (0, 0, 0, pad)), b)
+
+
+
+
+def response_positions(queries: Tensor, T: int) -> Tensor:
+    """[B, T] index of the hidden state that predicts each response token in query+response: the last real query
+    token for the first, then Q+t-1. The original reads position Q-1 even when it is a pad (policy.py:121, its
+    queries are right-padded), so a pad's output leaks into the first token; here padding is invisible."""
+    B, Q = queries.shape
+    last = (queries != PAD).long().cumsum(-1).argmax(-1)  # [B] index of the last real query token
+    idx = torch.arange(Q - 1, Q + T - 1, device=queries.device).expand(B, T).clone()
+    idx[:, 0] = last
+    return idx
+
+
+def response_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
+                    repeats: int = 1) -> Tensor:  # fmt: skip
+    """The hidden states [B, T, d] that predict each response token (and carry its value). repeats=k: queries
+    [B / k, Q], each answered by k consecutive responses (`query_response_hidden`)."""
+    h = query_response_hidden(model, queries, responses, prefix, repeats)
+    idx = response_positions(queries.repeat_interleave(repeats, 0), responses.shape[1])
+    return h.gather(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+
+
+def response_logits_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
+                           repeats: int = 1) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Run query+response once; (hidden [B, T, d], logits [B, T, V]) at the positions predicting the response.
+    The LM head runs only there: most of a sequence is query, and the head is the largest matmul."""
+    h = response_hidden(model, queries, responses, prefix, repeats)
+    return h, lm_logits(model, h)
+
+
+def logprobs_and_entropy(logits: Tensor, tokens: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
+    """log pi(token) and the entropy of pi at the sampling temperature, over the real vocabulary; [B, T] each."""
+    logp = torch.log_softmax(logits[..., :vocab].float() / temperature, dim=-1)
+    lp = logp.gather(-1, tokens.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return lp, entropy
+
+
+
+
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Saving and loading: a standard HF directory plus the head as safetensors and a small JSON
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+
+

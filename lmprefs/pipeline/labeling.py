@@ -1,0 +1,110 @@
+"""Labeling: best-of-N questions sampled from the initial policy into a label store, answered by a simulated
+labeler or queued for people; label files as a store."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from lmprefs.errors import UserError
+from lmprefs.pipeline.task import Task
+from lmprefs.runtime import distributed as dist
+
+
+def open_store(path: str | Path):
+    from lmprefs.labels.store import LabelStore, check_store_path
+
+    return LabelStore(check_store_path(path, must_exist=False))
+
+
+def label_source(source: str):
+    """A label store from a .sqlite path, or a temporary store holding an imported label file."""
+    import tempfile
+
+    from lmprefs.labels.formats import LabelFileError, import_file
+
+    p = Path(source)
+    if p.suffix in (".sqlite", ".db"):
+        from lmprefs.labels.store import LabelStore, check_store_path
+
+        return LabelStore(check_store_path(p, must_exist=True))
+    if not p.is_file():
+        raise UserError(f"label source {p} does not exist")
+    store = open_store(Path(tempfile.mkdtemp(prefix="lmprefs-labels-")) / "labels.sqlite")
+    try:
+        import_file(store, p)
+    except LabelFileError as e:
+        raise UserError(str(e)) from None
+    return store
+
+
+def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source: str = "lmprefs label",
+                   batch: str | None = None, seed: int | None = None, queries: torch.Tensor | None = None,
+                   model=None, adapter: str | None = None) -> dict:  # fmt: skip
+    """Sample `n` questions of N continuations from the initial policy (or `model` with `adapter`: the current
+    policy, in online mode), put them in the store, and have the simulated labeler judge them ('none': queue them
+    for people). Returns counts and timings.
+    Under several ranks each samples a strided share of the questions with its own seed, and rank 0 alone writes
+    them all (in the order one process would) and labels them; `store` may be None on the other ranks."""
+    from lmprefs.data.tasks import decode
+    from lmprefs.labels.labelers import label_items, make_labeler, score_fn
+    from lmprefs.labels.types import get as get_label_type
+    from lmprefs.runtime.runlog import progress
+    from lmprefs.training.reward import sample_comparisons, tokenizer_id
+
+    cfg = t.cfg
+    lt = get_label_type(cfg.labels.type)
+    S = getattr(lt, "num_samples", None)
+    if S is None:
+        raise UserError(f"labels.type={cfg.labels.type!r}: simulated labeling samples best_of_N questions only")
+    seed = cfg.run.seed if seed is None else seed
+    name = labeler or cfg.labels.labeler
+    if name != "none":
+        score_fn(name)  # its assets are there before anything is sampled or stored
+    pool = t.train_queries if queries is None else queries
+    # each query once per round, in a fresh order each round: more questions than queries (300 news articles) ask
+    # about some queries again, with new samples (the original's labels also share queries)
+    g = torch.Generator().manual_seed(seed + 17)
+    pick = torch.cat([torch.randperm(len(pool), generator=g) for _ in range(-(-n // len(pool)))])[:n]
+    q = pool[pick]
+    gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
+    t0 = time.time()
+    from lmprefs.models.lora import using
+    from lmprefs.models.sampling import sampler_options
+
+    bar = progress(n, "sampling comparisons")
+    model = t.model if model is None else model
+    with using(model, adapter):
+        samples = sample_comparisons(model, t.tok, dist.shard(q), cfg.task, t.prefix, t.suffix, S,
+                                     max(1, cfg.train_reward.rollout_batch_size // dist.world()), gen, t.device,
+                                     t.dtype, lambda k: bar.update(k * dist.world()),
+                                     sampler_options(cfg.run))  # fmt: skip
+    bar.close()
+    if dist.world() > 1:
+        samples = dist.interleave(dist.all_gather_objects(samples))  # [n, S, T], question i from rank i % W
+    t_sample = time.time() - t0
+    if not dist.is_main():  # rank 0 writes and labels; the others wait for the store to be complete
+        dist.barrier()
+        return {"items": n, "labels_added": 0, "labeler": labeler or cfg.labels.labeler, "sample_seconds": t_sample,
+                "seconds": time.time() - t0}  # fmt: skip
+    tok_name = tokenizer_id(t.tok)
+    q_text = decode(t.tok, q)
+    item_ids = []
+    with store.transaction():
+        for i in range(n):
+            ids = [[x for x in s if x >= 0] for s in samples[i].tolist()]
+            item_ids.append(store.add_item(
+                q_text[i], decode(t.tok, samples[i]), source=source, label_type=lt.name,
+                query_tokens=[x for x in q[i].tolist() if x >= 0], sample_tokens=ids, tokenizer=tok_name,
+                batch=batch, key=f"{seed}:{i}",
+            ))  # fmt: skip
+    added = 0
+    if name != "none":
+        sim = make_labeler(name, cfg.labels.labeler_temperature, cfg.labels.labeler_random_rate, seed)
+        items = [store.get_item(i) for i in item_ids]
+        added = label_items(store, sim, name, items)
+    dist.barrier()
+    return {"items": n, "labels_added": added, "labeler": name, "sample_seconds": t_sample,
+            "seconds": time.time() - t0}  # fmt: skip

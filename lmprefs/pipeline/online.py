@@ -1,0 +1,159 @@
+"""Online label collection (paper section 2.2; not in the original's release): while PPO trains, batches of
+comparisons sampled from the *current* policy go to the label store's queue, judgments arrive (from the simulated
+labeler, or from people through `lmprefs serve`), and the reward model is retrained from all labels so far at evenly
+spaced updates, each time from the initial model with a fresh head (the paper retrained 19 times over a run).
+
+Resumable: the checkpoint holds the reward model scoring at that update and the list of retrains so far. A resumed
+run redoes the updates after its checkpoint as the killed one did them: a label batch already in the store is not
+asked for again (simulated labels still missing are added), and a retrain uses only the labels of batches up to its
+update, so with a simulated labeler the resumed run equals the uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from lmprefs.errors import UserError
+
+
+def retrain_points(n_updates: int, retrains: int) -> set[int]:
+    """Updates after which the reward model is retrained: `retrains` evenly spaced points inside the run."""
+    return {round(n_updates * k / (retrains + 1)) for k in range(1, retrains + 1)} - {0, n_updates}
+
+
+class OnlineRewards:
+    """The current reward model behind a stable `score` function, plus the queue and retrain schedule.
+
+    `labeler` names a simulated labeler that answers each batch at once; None leaves the batches to people.
+    """
+
+    def __init__(self, t, store, run_dir: Path, labeler: str | None, log=None):
+        self.t, self.store, self.run_dir, self.labeler, self.log = t, store, Path(run_dir), labeler, log
+        self.cfg = t.cfg
+        self.history_path = self.run_dir / "online.jsonl"
+        self._score = None
+        self.rm = None  # the reward model scoring now
+        self.retrains: list[list[int]] = []  # [update, labels] of each reward model so far
+
+    def state_dict(self) -> dict:
+        from lmprefs.pipeline.reward_model import RewardState
+
+        return {"retrains": self.retrains, "reward": RewardState(self.rm).state_dict()}
+
+    def load_state_dict(self, s: dict) -> None:
+        """Make the checkpoint's reward model the current one, and forget the history rows written after it."""
+        from lmprefs.io.jsonl import truncate_jsonl
+        from lmprefs.pipeline.reward_model import RewardState
+
+        RewardState(self.rm).load_state_dict(s["reward"])
+        self.retrains = [list(r) for r in s["retrains"]]
+        truncate_jsonl(self.history_path, self.retrains[-1][0] if self.retrains else -1, key="update")
+
+    def score(self, queries, responses, prefix=None):
+        return self._score(queries, responses, prefix)
+
+    def labels_so_far(self) -> int:
+        return len(self.store.labeled_examples(self.cfg.labels.type))
+
+    def items_after(self, update: int) -> set[int]:
+        """Items of the batches asked for after `update` (present when a resumed run redoes updates)."""
+        rows = self.store.connection().execute("SELECT id, batch FROM items WHERE batch LIKE 'online:%'").fetchall()
+        return {i for i, b in rows if int(b.split(":", 1)[1]) > update}
+
+    def labels_until(self, update: int) -> int:
+        later = self.items_after(update)
+        return sum(e.item_id not in later for e in self.store.labeled_examples(self.cfg.labels.type))
+
+    def request(self, update: int, model=None, adapter: str | None = None) -> dict:
+        """Queue a batch of questions from the current policy and, when simulated, answer it. A batch already in
+        the store (a resumed run redoing this update) is not asked for again; simulated answers it lacks are added."""
+        from lmprefs.labels.labelers import label_items, make_labeler
+        from lmprefs.pipeline.labeling import collect_labels
+
+        cfg, batch, seed = self.cfg, f"online:{update}", self.cfg.run.seed + 1000 + update
+        n = min(cfg.labels.online_questions, len(self.t.train_queries))
+        have = self.store.connection().execute("SELECT COUNT(*) FROM items WHERE batch = ?", (batch,)).fetchone()[0]
+        if have >= n:
+            added = 0
+            if self.labeler:
+                sim = make_labeler(self.labeler, cfg.labels.labeler_temperature, cfg.labels.labeler_random_rate, seed)
+                added = label_items(self.store, sim, self.labeler, batch=batch)
+            return {"items": 0, "labels_added": added, "labeler": self.labeler or "none", "repeated": True}
+        return collect_labels(self.t, self.store, n, labeler=self.labeler or "none", source=batch, batch=batch,
+                              seed=seed, model=model, adapter=adapter)  # fmt: skip
+
+    poll_seconds = 5.0
+
+    def wait_for_labels(self, minimum: int) -> None:
+        """Block until the store holds `minimum` labels (people answer through the web app)."""
+        have = self.labels_so_far()
+        while have < minimum:
+            print(f"waiting for judgments: {have}/{minimum} in {self.store.path} (lmprefs serve --db "
+                  f"{self.store.path})", flush=True)  # fmt: skip
+            time.sleep(self.poll_seconds)
+            have = self.labels_so_far()
+
+    def retrain(self, update: int) -> dict:
+        from lmprefs.pipeline.reward_model import train_reward_model
+        from lmprefs.training.policy import rm_score_fn
+
+        rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log,
+                                         self.items_after(update))  # fmt: skip
+        self.rm = rm.freeze()
+        self._score = rm_score_fn(rm)
+        row = {"update": update, "labels": summary["labels_train"] + summary["labels_heldout"],
+               "labels_train": summary["labels_train"],
+               "heldout_accuracy": summary.get("heldout/accuracy")}  # fmt: skip
+        self.retrains.append([update, row["labels"]])
+        with open(self.history_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        return row
+
+    def start(self, resume: bool) -> None:
+        """The first reward model: from the labels already in the store, after asking for a first batch from the
+        initial policy when there are too few. resume: from a checkpoint, which holds the reward model."""
+        from lmprefs.io.jsonl import truncate_jsonl
+        from lmprefs.pipeline.reward_model import reward_frame
+        from lmprefs.training.policy import rm_score_fn
+
+        if resume:  # an empty reward model of the right shape; the checkpoint's state fills it (load_state_dict)
+            self.rm = reward_frame(self.t).eval().freeze()
+            self._score = rm_score_fn(self.rm)
+            return
+        truncate_jsonl(self.history_path, -1, key="update")  # a run starting over forgets its earlier reward models
+        need = max(8, self.cfg.labels.online_questions // 2)
+        if self.labels_until(0) < need:
+            self.request(0)
+            if self.labeler is None:
+                self.wait_for_labels(need)
+        self.retrain(0)
+
+    def on_update(self, run, stats: dict) -> None:
+        u, cfg = run.update, self.cfg
+        stats["online/reward_model"] = len(self.retrains) - 1  # which reward model (online.md's row) scored update u
+        if u % cfg.labels.online_interval == 0 and u < cfg.ppo.num_updates:
+            self.request(u, run.policy.lm, run.policy.adapter)
+        if u in retrain_points(cfg.ppo.num_updates, cfg.labels.online_retrains):
+            row = self.retrain(u)
+            print(f"reward model retrained at update {u} on {row['labels_train']} labels "
+                  f"(held-out accuracy {row['heldout_accuracy']})", flush=True)  # fmt: skip
+        stats["online/labels"] = self.labels_until(u)
+        stats["online/pending"] = self.store.pending_count()
+
+
+def online_summary(run_dir: Path) -> str:
+    """How many labels each reward model of the run saw, as a markdown table (written to online.md)."""
+    path = Path(run_dir) / "online.jsonl"
+    if not path.exists():
+        raise UserError(f"{run_dir} has no online.jsonl")
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    lines = ["| reward model | after update | labels (train + held out) | trained on | held-out accuracy |",
+             "|---|---|---|---|---|"]  # fmt: skip
+    for i, r in enumerate(rows):
+        acc = r["heldout_accuracy"]
+        lines.append(f"| {i} | {r['update']} | {r['labels']} | {r['labels_train']} | "
+                     f"{'-' if acc is None else f'{acc:.3f}'} |")  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    (Path(run_dir) / "online.md").write_text("# Online reward models\n\n" + text)
+    return text

@@ -1,0 +1,191 @@
+"""A policy run: the policy and its value function (with LoRA adapters when asked), the reward it optimizes, PPO
+with checkpoints, and the checks that let a killed run resume (`run_train_policy`, behind `lmprefs train-policy`,
+`quickstart` and the experiments)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+from lmprefs.config import Config
+from lmprefs.errors import UserError
+from lmprefs.pipeline.labeling import open_store
+from lmprefs.pipeline.rewards import reward_for_policy, reward_function, track_true_reward
+from lmprefs.pipeline.task import Task, setup_task
+from lmprefs.runtime import distributed as dist
+
+
+def policy_for(t: Task):
+    from lmprefs.models.policy import Policy
+
+    cfg = t.cfg
+    separate = cfg.ppo.value_model == "separate"
+    if cfg.lora.rank > 0:  # policy (and value) adapters on the shared base
+        from lmprefs.models.lora import add_adapter
+
+        add_adapter(t.model, cfg.lora, "policy", seed=cfg.run.seed + 3)
+        if separate:
+            add_adapter(t.model, cfg.lora, "value", seed=cfg.run.seed + 4)
+        return Policy(t.model, t.tok, cfg.task.temperature, adapter="policy",
+                      value_adapter="value" if separate else None).to(t.device)  # fmt: skip
+    value_lm = copy.deepcopy(t.model) if separate else None
+    return Policy(copy.deepcopy(t.model), t.tok, cfg.task.temperature, value_lm=value_lm).to(t.device)
+
+
+def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
+    """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint. The run
+    directory is locked for the duration (one process per run). Arguments: _train_policy_locked."""
+    import contextlib
+
+    from lmprefs.io.locks import run_lock
+
+    run_dir = Path(run_dir)
+    fresh = not run_dir.exists()
+    try:
+        # rank 0 holds the lock for all ranks of a launch (they are one run)
+        with run_lock(run_dir) if dist.is_main() else contextlib.nullcontext():
+            return _train_policy_locked(cfg, run_dir, **kw)
+    except UserError:
+        if fresh and dist.is_main() and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
+            (run_dir / ".lock").unlink()  # a start refused before any work leaves no directory behind
+            run_dir.rmdir()
+        raise
+
+
+def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,
+                         resume: bool = False, t: Task | None = None, true_reward: str | None = None,
+                         online: bool = False, labeler: str | None = None, preset: str | None = None,
+                         changes: list[str] | None = None) -> dict:  # fmt: skip
+    """online: judgments are requested from the current policy during training and the reward model is retrained.
+    resume without a checkpoint starts the run over in the same directory. changes: with resume, continue a run
+    the andon cord stopped from its last good checkpoint with this changed config ('key old -> new' lines)."""
+    import json
+
+    from lmprefs.config.diff import flat_config, math_changes
+    from lmprefs.data.queries import QueryStream
+    from lmprefs.io.atomic import atomic_write_text
+    from lmprefs.runtime.runlog import open_logger
+    from lmprefs.training.policy import build_run, find_checkpoint, load_checkpoint, train_policy
+
+    meta_path = run_dir / "run.json"  # what the command line chose beyond the config, so --resume repeats it
+    found, andon = None, {}
+    if resume:
+        meta = resume_meta(run_dir, reward=reward, online=online, labeler=labeler, store_path=store_path,
+                           preset=preset)  # fmt: skip
+        reward, online, labeler, store_path = meta["reward"], meta["online"], meta.get("labeler"), meta.get("store")
+        found = find_checkpoint(run_dir)
+        andon = check_andon(run_dir, found, changes)
+        if found is not None and changes is None:
+            diff = math_changes(found[1].get("config", {}), flat_config(cfg))
+            if diff:
+                raise UserError(f"--resume: {run_dir}/config.json differs from the config its checkpoint was trained "
+                                f"with ({'; '.join(diff[:3])}); restore it, or start a new --run-dir")  # fmt: skip
+        if found is None:
+            print(f"{run_dir} has no checkpoint yet: starting the run over from update 0", flush=True)
+    else:
+        held = [n for n in ("run.json", "metrics.jsonl", "checkpoint") if (run_dir / n).exists()]
+        if held:
+            raise UserError(f"{run_dir} already holds a run ({held[0]}); pass --resume to continue it or choose "
+                            "another --run-dir")  # fmt: skip
+        meta = {}
+    dist.barrier()  # every rank has checked the run directory before rank 0 writes into it
+    t = t or setup_task(cfg)
+    hooks, extras = [], {}
+    if online and dist.world() > 1:
+        raise UserError(f"--online runs in one process for now; launch it without torchrun ({dist.world()} ranks)")
+    if online:
+        from lmprefs.pipeline.online import OnlineRewards
+
+        if reward and reward != "model":
+            raise UserError(f"--online learns a reward model from judgments; it cannot use --reward {reward}")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        store_path = str(Path(store_path or cfg.labels.source or run_dir / "labels.sqlite").resolve())
+        onl = OnlineRewards(t, open_store(store_path), run_dir, labeler)
+        onl.start(found is not None)
+        score_fn, info, reward = onl.score, {"reward": "model", "store": store_path}, "model"
+        hooks.append(onl.on_update)
+        extras["online"] = onl
+    else:
+        score_fn, info = reward_for_policy(t, run_dir, reward, store_path, found is not None)
+        if "state" in info:
+            extras["reward"] = info.pop("state")
+    if true_reward:
+        # a built-in judge or the user's module:function, as --reward takes them
+        score_fn, track = track_true_reward(score_fn, reward_function(true_reward)[1], t.tok, t.prefix, t.suffix)
+        hooks.append(track)
+    policy = policy_for(t)
+    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
+    run.extras.update(extras)
+    if found is not None:
+        load_checkpoint(run, run_dir, found)
+        if dist.is_main():
+            print(f"resuming {run_dir} at update {run.update}/{cfg.ppo.num_updates}", flush=True)
+    log = open_logger(run_dir, cfg, resume_step=run.update if resume else None)
+    if not resume and dist.is_main():
+        meta = {"reward": reward or "model", "online": online, "labeler": labeler, "preset": preset,
+                "store": str(Path(store_path).resolve()) if store_path else None}  # fmt: skip
+        atomic_write_text(meta_path, json.dumps(meta | {k: v for k, v in info.items() if isinstance(v, str)}))
+    # continuing after an andon stop: what stopped it and what was changed, for the record (rank 0 writes it)
+    if changes is not None and dist.is_main():
+        meta.setdefault("continued_after_andon", []).append({**andon, "resumed_at": run.update, "changes": changes})
+        atomic_write_text(meta_path, json.dumps(meta))
+        (run_dir / "ANDON").unlink(missing_ok=True)
+    try:
+        stats = train_policy(cfg, run, score_fn, log, run_dir, t.prefix, t.suffix, t.device, t.dtype,
+                             lambda r, st: [h(r, st) for h in hooks])  # fmt: skip
+    finally:
+        log.close()
+    if online:
+        from lmprefs.pipeline.online import online_summary
+
+        info["online_summary"] = online_summary(run_dir)
+    return {"stats": stats, **info, "run": run, "task": t}
+
+
+def resume_meta(run_dir: Path, *, reward, online, labeler, store_path, preset) -> dict:
+    """run.json of the run to resume, after refusing command-line choices that differ from what it was started
+    with (they would change what it computes); says what it ignores."""
+    import json
+
+    path = run_dir / "run.json"
+    if not path.is_file():
+        raise UserError(f"--resume: {run_dir} holds no train-policy run (no run.json); start without --resume")
+    meta = json.loads(path.read_text())
+    if meta.get("reward") == "online":  # run.json of an older lmprefs
+        meta["reward"], meta["online"] = "model", True
+    meta["online"] = bool(meta.get("online"))
+    if online and not meta["online"]:
+        raise UserError(f"--resume --online: the run in {run_dir} was not started with --online; start a new "
+                        "--run-dir")  # fmt: skip
+    given = {"--reward": reward, "preset": preset}
+    if meta["online"]:
+        given |= {"--labeler": labeler, "--db": str(Path(store_path).resolve()) if store_path else None}
+    elif store_path and str(Path(store_path).resolve()) != meta.get("store"):
+        print(f"--resume: ignoring --db {store_path} (the run's reward model is reused)", flush=True)
+    saved = {"--reward": meta.get("reward"), "preset": meta.get("preset"), "--labeler": meta.get("labeler"),
+             "--db": meta.get("store")}  # fmt: skip
+    for flag, value in given.items():
+        if value is not None and saved[flag] is not None and value != saved[flag]:
+            raise UserError(f"--resume: the run in {run_dir} was started with {flag} {saved[flag]}, not {value}; "
+                            "resuming cannot change what it computes (start a new --run-dir)")  # fmt: skip
+    return meta
+
+
+def check_andon(run_dir: Path, found, changes: list[str] | None) -> dict:
+    """The andon record of a run the cord stopped ({} if none); refuses to resume it unless told to continue
+    from the last good state with a changed config."""
+    import json
+
+    path = run_dir / "ANDON"
+    andon = json.loads(path.read_text()) if path.is_file() else {}
+    if andon and changes is None:
+        last = f"update {found[1]['update']}" if found else "none was saved"
+        raise UserError(f"--resume: the run stopped itself at update {andon.get('update')}: {andon.get('reason')}; "
+                        f"its last good checkpoint: {last}. Resuming as it was would repeat that; to continue from "
+                        "it with a change, pass --continue-after-andon and the change (e.g. --ppo.lr 5e-5)")
+    if changes is not None and not andon:
+        raise UserError(f"--continue-after-andon: the run in {run_dir} was not stopped by the andon cord (no ANDON)")
+    if changes is not None and not changes:
+        raise UserError("--continue-after-andon needs a change to the config that made the run stop "
+                        "(e.g. --ppo.lr 5e-5)")  # fmt: skip
+    return andon

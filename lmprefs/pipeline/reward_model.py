@@ -1,0 +1,205 @@
+"""Reward-model training from a label store: the labels as comparisons, the held-out split, normalization before
+and after, and the reward model a policy run uses (trained in the run, or loaded)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+
+import torch
+
+from lmprefs.config import Config
+from lmprefs.errors import UserError
+from lmprefs.models import parallel
+from lmprefs.pipeline.task import Task
+from lmprefs.runtime import distributed as dist
+
+PREFIX_CACHE_BYTES = 4 << 30  # reward-model training keeps the frozen blocks' outputs of all labels up to this size
+
+
+def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_items: set[int] = frozenset()):
+    """Every label of labels.type in the store (but those on `exclude_items`), as tensors in `tok`'s ids (the caller
+    splits off held-out labels and keeps labels.num_train); per-response scores as they are, or compared within each
+    prompt into best_of_2 questions (labels.scores_as=comparisons); without the labels of labelers under
+    labels.min_gold_accuracy. `report`, if given, receives {labeler: {"labels", "gold", "dropped", "weight"}}
+    (quality.select_labelers); with labels.weight_by_gold the comparisons carry those weights, scaled to mean 1."""
+    from lmprefs.labels.quality import describe_labelers as describe
+    from lmprefs.labels.quality import select_labelers
+    from lmprefs.training.reward import examples_to_comparisons, tokenizer_id
+
+    examples = store.labeled_examples(cfg.labels.type, tokenizer=tokenizer_id(tok))
+    examples = [e for e in examples if e.item_id not in exclude_items]
+    if not examples:
+        how = "import-labels --format scores" if cfg.labels.type == "scalar_rating" else "lmprefs label"
+        raise UserError(f"the label store holds no {cfg.labels.type} labels; run `{how}` or import a file with "
+                        "--labels")  # fmt: skip
+    examples, by_labeler = select_labelers(examples, store, cfg.labels.min_gold_accuracy)
+    if report is not None:
+        report.update(by_labeler)
+    if not examples:
+        raise UserError(f"labels.min_gold_accuracy={cfg.labels.min_gold_accuracy} drops every labeler "
+                        f"({describe(by_labeler)})")  # fmt: skip
+    data = examples_to_comparisons(examples, tok, cfg.task)
+    if cfg.labels.scores_as == "comparisons":
+        from lmprefs.training.reward import pairs_from_scores
+
+        data = pairs_from_scores(data, cfg.labels.min_score_gap)
+        if not len(data):
+            raise UserError(f"labels.scores_as=comparisons: no two responses to one prompt have scores more than "
+                            f"labels.min_score_gap={cfg.labels.min_score_gap} apart ({len(examples)} scores)")
+    if cfg.labels.weight_by_gold:
+        w = torch.tensor([by_labeler[e.labeler]["weight"] for e in examples], dtype=torch.float32)  # [N]
+        if w.sum() <= 0:
+            raise UserError(f"labels.weight_by_gold: every labeler is at chance on gold questions "
+                            f"({describe(by_labeler)})")  # fmt: skip
+        data.weights = w / w.mean()  # mean 1: the loss keeps its scale, and the learning rate its meaning
+    return data
+
+
+def train_reward_model(t: Task, store, out_dir: Path, log=None,
+                       exclude_items: set[int] = frozenset()) -> tuple[object, dict]:  # fmt: skip
+    """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
+    -> (rm, summary). Held out (`heldout_labels`): by labels.heldout_by, the items of an imported split other than
+    `train`, and the items (per-response scores: the prompts) whose hash of (run.seed, item id or prompt) falls under
+    labels.heldout_fraction; summary["heldout/split"] names which.
+    `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches')."""
+    from lmprefs.models.artifacts import save_reward_model
+    from lmprefs.models.trunk import frozen_depth
+    from lmprefs.runtime.runlog import progress
+    from lmprefs.training.reward import evaluate, normalize, prefix_bytes, reward_prefixes, train_epoch
+
+    cfg = t.cfg
+    by_labeler: dict = {}
+    data = load_examples(cfg, store, t.tok, by_labeler, exclude_items)
+    is_held, measured = heldout_labels(cfg, store, data)
+    held, train = data[is_held], data[~is_held]
+    if cfg.labels.subset_seed is not None:  # a random subset: seeds of one experiment train on different labels
+        train = train[torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.labels.subset_seed))]
+    train = train[: cfg.labels.num_train]
+    if len(train) == 0:
+        raise UserError(f"no labels left for training: all {len(data)} are held out ({measured}; labels.heldout_by="
+                        f"{cfg.labels.heldout_by}, heldout_fraction {cfg.labels.heldout_fraction})")  # fmt: skip
+    lt = training_label_type(cfg)
+    t0 = time.time()
+    rm = reward_frame(t)
+    if cfg.lora.rank > 0:
+        from lmprefs.models.lora import reset_adapter
+
+        reset_adapter(t.model, "reward", seed=cfg.run.seed)  # a retrain starts from the initial model, as the paper
+    else:
+        rm.lm.requires_grad_(True)
+    gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
+    summary = {"labels_train": len(train), "labels_heldout": len(held), "heldout/split": measured,
+               "labelers": by_labeler}  # fmt: skip
+    gap = cfg.labels.min_score_gap
+    scales = lt.target_scales(train.labels())  # scalar ratings: the scores' mean and std; None for choices
+    if cfg.train_reward.normalize_before:
+        # start at the scale of the labels (train_reward.py:target_mean_std), else at mean 0, std 1
+        target = (0.0, 1.0) if scales is None else (float(scales[0]), max(float(scales[1]), 1e-6))
+        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype, target)
+        summary["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
+    summary |= {f"initial_{k}": v
+                for k, v in evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype, min_gap=gap).items()}
+    cache = None
+    if cfg.train_reward.epochs > 1 and frozen_depth(rm.lm) > 0:
+        # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory
+        if prefix_bytes(rm, train, t.prefix, t.suffix) <= PREFIX_CACHE_BYTES:
+            bar = progress(len(train), "reward model: frozen blocks")
+            cache = reward_prefixes(rm, train, t.prefix, t.suffix, t.device, t.dtype,
+                                    cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)  # fmt: skip
+            bar.close()
+    bar = progress(len(train) * cfg.train_reward.epochs, "training reward model")
+    rm.train()
+    last = train_epoch(rm, train, lt, cfg, t.prefix, t.suffix, t.device, t.dtype, log, bar, cache)
+    del cache
+    rm.eval()
+    bar.close()
+    # a regression is evaluated in the scores' units, before normalize_after rescales its output (the correlation and
+    # the pair accuracy do not change with the scale)
+    final = evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype, min_gap=gap) if scales else None
+    if cfg.train_reward.normalize_after:
+        na = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+        summary["norm_after"] = {"mean": na["mean_before"], "std": na["std_before"]}
+    summary |= final or evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype, min_gap=gap)
+    summary |= {"final_minibatch": last, "seconds": time.time() - t0}
+    if log is not None:
+        # the wall-clock seconds under PPO's name for them (elapsed/time), which comparisons of runs leave out
+        row = {("elapsed/time" if k == "seconds" else k): v for k, v in summary.items() if isinstance(v, float)}
+        log.scalars(row, len(train) * cfg.train_reward.epochs, phase="reward")
+    task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
+    whole = rm
+    if parallel.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
+        from lmprefs.models.artifacts import plain_copy
+
+        state = parallel.full_state_dict(rm)
+        whole = plain_copy(rm, state) if dist.is_main() else None
+    extra = {"summary": summary, "label_type": lt.name, "task": task}
+    if cfg.labels.type == "scalar_rating":
+        extra["scores_as"] = cfg.labels.scores_as
+    if dist.is_main():
+        save_reward_model(whole, out_dir, extra=extra, merged=cfg.lora.merged_reward_model)
+    dist.barrier()  # every rank may read it once this returns
+    return rm, summary
+
+
+def heldout_labels(cfg: Config, store, data) -> tuple[torch.Tensor, str]:
+    """[N] bool: which of the store's labels `data` (load_examples) are held out, by labels.heldout_by, and what they
+    measure (reward.split_heldout_mask). Every rank reads the same store, so all agree."""
+    from lmprefs.training.reward import split_heldout_mask
+
+    lab = cfg.labels
+    by_item = {} if lab.heldout_by == "hash" else store.item_splits()
+    splits = [by_item.get(i) for i in data.items.tolist()]
+    if lab.heldout_by == "split" and all(s is None for s in splits):
+        raise UserError(f"labels.heldout_by=split: none of the {len(data)} {lab.type} labels in the store carries an "
+                        "imported split (import-labels --format summarize keeps one); use auto or hash")  # fmt: skip
+    return split_heldout_mask(data.split_keys(), splits, cfg.run.seed, lab.heldout_fraction)
+
+
+def training_label_type(cfg: Config):
+    """The label type whose loss trains the reward model: labels.type, except that per-response scores compared
+    within a prompt (labels.scores_as=comparisons) train as best_of_2 questions."""
+    from lmprefs.labels.types import PickBest
+    from lmprefs.labels.types import get as get_label_type
+
+    return PickBest(2) if cfg.labels.scores_as == "comparisons" else get_label_type(cfg.labels.type)
+
+
+def reward_frame(t: Task):
+    """A reward model shaped as train_reward_model makes it, before training: with LoRA the 'reward' adapter on the
+    shared base (which stays the initial policy with adapters off), else a copy of the initial model."""
+    from lmprefs.models.reward_model import RewardModel
+
+    cfg = t.cfg
+    if cfg.lora.rank > 0:
+        from lmprefs.models.lora import add_adapter
+
+        add_adapter(t.model, cfg.lora, "reward", seed=cfg.run.seed)
+        return RewardModel(t.model, t.tok, adapter="reward", seed=cfg.run.seed).to(t.device)
+    return RewardModel(copy.deepcopy(t.model), t.tok, seed=cfg.run.seed).to(t.device)
+
+
+class RewardState:
+    """A reward model's weights as checkpoint state (PolicyRun.extras): head, gain and bias, and the trunk unless
+    it is a LoRA adapter (the checkpoint's adapters.safetensors holds those weights, with the policy's). Resuming
+    from it rebuilds the very model the uninterrupted run scored with, not the merged export in reward_model/."""
+
+    def __init__(self, rm):
+        self.rm = rm
+
+    def state_dict(self) -> dict:
+        rm = self.rm
+        own = {f"head.{k}": v for k, v in rm.head.state_dict().items()} | {"gain": rm.gain, "bias": rm.bias}
+        if rm.adapter is None:
+            own |= {f"lm.{k}": v for k, v in rm.lm.state_dict().items()}
+        return {k: v.detach().cpu().clone() for k, v in own.items()}
+
+    def load_state_dict(self, s: dict) -> None:
+        rm = self.rm
+        with torch.no_grad():
+            rm.head.load_state_dict({k[5:]: v for k, v in s.items() if k.startswith("head.")})
+            rm.gain.copy_(s["gain"])
+            rm.bias.copy_(s["bias"])
+            if rm.adapter is None:
+                rm.lm.load_state_dict({k[3:]: v for k, v in s.items() if k.startswith("lm.")})

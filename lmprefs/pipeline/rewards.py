@@ -1,0 +1,149 @@
+"""The reward a policy run optimizes: a reward model, a built-in scorer or a user's function, normalized and
+checked; and the true reward tracked beside it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lmprefs.errors import UserError
+from lmprefs.models import parallel
+from lmprefs.pipeline.labeling import label_source
+from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
+from lmprefs.pipeline.task import Task
+from lmprefs.runtime import distributed as dist
+
+
+def reward_function(reward) -> tuple[str, object]:
+    """(name, fn) for a reward on response texts, fn(list[str]) -> list[float]: a callable (the Python API), a
+    built-in name (vader, descriptiveness), or `module:function` naming one of the user's own."""
+    import importlib
+
+    from lmprefs.labels.labelers import SCORE_FNS, score_fn
+
+    if callable(reward):
+        mod, name = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
+        return (f"{mod}:{name}" if mod and "<" not in name else "callable"), reward
+    if reward in SCORE_FNS:
+        return reward, score_fn(reward)
+    if ":" not in reward:
+        raise UserError(f"--reward {reward!r}: choose model, {', '.join(sorted(SCORE_FNS))}, or module:function "
+                        "(a function of a list of response texts returning a list of floats)")  # fmt: skip
+    mod_name, _, fn_name = reward.partition(":")
+    try:
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+    except ImportError as e:
+        raise UserError(f"--reward {reward}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+    except AttributeError:
+        raise UserError(f"--reward {reward}: module {mod_name!r} has no {fn_name!r}") from None
+    if not callable(fn):
+        raise UserError(f"--reward {reward}: {fn_name!r} is not a function")
+    return reward, fn
+
+
+def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, resume: bool, log=None):
+    """The score function PPO optimizes: a reward function (`--reward vader`, `--reward module:function`, a
+    callable), a trained reward model (rewards.trained_model, or this run's reward_model/ when resuming), or a new
+    one trained from the store. With LoRA a reward model trained in this run is an adapter on the policy's base;
+    info["state"] is its RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the
+    checkpoint fills."""
+    from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
+    from lmprefs.training.policy import rm_score_fn, text_score_fn
+
+    cfg = t.cfg
+    if reward is not None and reward != "model":
+        reward, fn = reward_function(reward)
+        # normalized like a reward model (mean 0, std 1 on initial-policy samples), so that kl_coef and the KL
+        # target weigh it as they weigh a learned reward. VADER's std on those samples is 0.39 (quickstart preset),
+        # and in `experiment mock-sentiment` raw VADER took the true reward from 0.166 to 0.308, normalized to 0.490
+        # (a 1000-label reward model: 0.603; 2026-11-21)
+        from lmprefs.data.tasks import decode
+        from lmprefs.training.reward import normalization_samples
+
+        gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
+        q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+        raw = dist.gather_rows(_checked_scores(fn, decode(t.tok, r), reward, decode(t.tok, q)))
+        mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
+        if dist.is_main():
+            print(f"reward {reward}: normalized with mean {mean:+.4f}, std {std:.4f} of {len(raw)} initial-policy "
+                  "samples", flush=True)  # fmt: skip
+        return text_score_fn(lambda texts, queries: _checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
+                             std, t.prefix, t.suffix), {"reward": reward}  # fmt: skip
+    rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
+    if cfg.rewards.trained_model and not is_reward_model_dir(rm_dir):
+        raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (a sequence classifier "
+                        "with num_labels=1, as train-reward or TRL's RewardTrainer save)")  # fmt: skip
+    info = {"reward": "model", "reward_model": str(rm_dir)}
+    if resume and cfg.lora.rank > 0 and not cfg.rewards.trained_model:
+        rm = reward_frame(t).eval().freeze()
+        return rm_score_fn(rm), info | {"state": RewardState(rm)}
+    if is_reward_model_dir(rm_dir) and (cfg.rewards.trained_model or resume):
+        check_same_tokenizer(rm_dir, t.tok, f"rewards.trained_model={rm_dir}")
+        rm = load_reward_model(rm_dir, t.device).eval().requires_grad_(False)
+        if cfg.run.parallel == "fsdp":  # scored through its forward: FSDP gathers a block at a time
+            rm = parallel.wrap(rm, "fsdp", t.dtype)
+        return rm_score_fn(rm), info
+    store = label_source(store_path or cfg.labels.source or "labels.sqlite")
+    from lmprefs.runtime.runlog import open_logger
+
+    # a reward model trained here logs into the run directory (phase "reward"), as PPO does after it; rank 0 only
+    own_log = log is None
+    log = open_logger(run_dir, cfg) if own_log else log
+    try:
+        rm, summary = train_reward_model(t, store, rm_dir, log)
+    finally:
+        if own_log:
+            log.close()
+    rm.freeze()
+    info["reward_training"] = summary
+    return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
+
+
+def _checked_scores(fn, texts: list[str], name: str, queries: list[str] | None = None) -> torch.Tensor:
+    """fn(texts) (or fn(texts, queries) for a judge that reads the query) as float64 [len(texts)], or a UserError
+    saying what the reward function returned instead."""
+    from lmprefs.labels.labelers import score_texts
+
+    try:
+        out = torch.tensor([float(x) for x in score_texts(fn, texts, queries)], dtype=torch.float64)
+    except (TypeError, ValueError) as e:
+        raise UserError(f"reward {name}: must return a list of floats, one per text ({e})") from None
+    if out.shape != (len(texts),) or not torch.isfinite(out).all():
+        raise UserError(f"reward {name}: returned {tuple(out.shape)} values for {len(texts)} texts, or non-finite "
+                        "ones")  # fmt: skip
+    return out
+
+
+def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:
+    """A reward model reads the policy's token ids as they are, so it must share the policy's vocabulary: another
+    tokenizer's ids would index the wrong embeddings (or past the end of them, an IndexError deep in torch)."""
+    from transformers import AutoTokenizer
+
+    try:
+        other = AutoTokenizer.from_pretrained(str(model_dir))
+    except (OSError, ValueError) as e:
+        why = str(e).splitlines()[0][:100]
+        raise UserError(f"{what}: no tokenizer to compare with the policy's ({why})") from None
+    if other.get_vocab() != tok.get_vocab():
+        raise UserError(f"{what}: its tokenizer ({len(other)} tokens) differs from the policy's "
+                        f"({len(tok)} tokens, task.initial_model); train the reward model on the same base model")
+
+
+def track_true_reward(score_fn, true_fn, tok, prefix: list[int] = (), suffix: list[int] = ()):
+    """(score_fn, on_update): the same scores, plus objective/true_reward (the true reward of each rollout's
+    truncated responses) added to every update's metrics, for curves of what the reward model stands in for.
+    `prefix`/`suffix`: the task's, around the rollout's queries (a judge that reads the query gets the query alone)."""
+    from lmprefs.data.tasks import decode, query_texts
+    from lmprefs.labels.labelers import score_texts
+
+    last: dict[str, float] = {}
+
+    def score(q, r, frozen=None):
+        last["v"] = sum(score_texts(true_fn, decode(tok, r), query_texts(tok, q, prefix, suffix))) / len(r)
+        return score_fn(q, r, frozen)
+
+    def on_update(_, stats):
+        stats["objective/true_reward"] = last.get("v", float("nan"))
+
+    return score, on_update

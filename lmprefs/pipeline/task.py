@@ -1,0 +1,36 @@
+"""A task's model, tokenizer and queries, loaded once for a command (`setup_task`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lmprefs.config import Config
+from lmprefs.runtime.device import setup_torch
+
+HELDOUT_QUERIES = 512  # queries set aside (a fixed permutation) for evaluation; never trained on
+
+
+@dataclass
+class Task:
+    cfg: Config
+    device: torch.device
+    dtype: torch.dtype
+    model: object  # the initial policy LM (fp32, eval, dropout off)
+    tok: object
+    train_queries: torch.Tensor  # [N, Q] PAD right
+    heldout_queries: torch.Tensor
+    prefix: list[int]
+    suffix: list[int]
+
+
+def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
+    from lmprefs.data.queries import task_queries
+    from lmprefs.models.loading import load_lm, max_positions
+
+    device, dtype = setup_torch(cfg.run)
+    torch.manual_seed(cfg.run.seed)
+    model, tok = load_lm(cfg.task.initial_model, device)
+    train, heldout, prefix, suffix = task_queries(cfg.task, tok, max_positions(model), n_heldout)
+    return Task(cfg, device, dtype, model, tok, train, heldout, prefix, suffix)

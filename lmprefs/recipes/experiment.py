@@ -1,0 +1,335 @@
+"""`lmprefs experiment`: the paper's controlled experiment (section 3.1.1, mock sentiment) at small scale.
+
+mock-sentiment (Figure 2): policies trained against reward models learned from different numbers of simulated
+labels, and one with direct access to the true reward, all with the same KL target, over `seeds` seeds (the reward
+model's init, the label subset, the held-out label split and PPO's sampling vary with the seed), compared by the
+true reward over episodes and on held-out queries, each arm with its KL from the initial policy on those queries.
+
+kl-frontier (Figure 3): KL(pi, rho) against true reward for PPO runs with direct access to the true reward at
+several KL settings, beside the optimal frontier pi* ~ rho exp(r/beta) estimated from samples of rho
+(lmprefs.training.frontier), optionally with the arms of a mock-sentiment experiment as further points.
+
+Every stage leaves its result in the run directory's results.json, so an interrupted experiment picks up where it
+stopped: the label store and the frontier's samples are made once, each arm is a train-policy run that resumes from
+its checkpoint, and finished arms are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+from lmprefs.config import Config
+from lmprefs.errors import UserError
+from lmprefs.io.atomic import atomic_write_text
+
+R = dataclasses.replace
+POOL_FACTOR = 1.5  # with several seeds the store holds 1.5x the largest label count, so its arms' subsets differ
+
+
+class Results:
+    """results.json of an experiment, rewritten atomically after every stage."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "results.json"
+        self.data = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def save(self, key: str, value) -> None:
+        self.data[key] = value
+        atomic_write_text(self.path, json.dumps(self.data, indent=1))
+
+
+def true_reward_fn(name: str):
+    """The true reward by name (vader, descriptiveness or module:function), or one line naming the bad value."""
+    from lmprefs.pipeline.rewards import reward_function
+
+    try:
+        return reward_function(name)[1]
+    except UserError as e:
+        raise UserError(str(e).replace("--reward", "--true-reward", 1)) from None
+
+
+def evaluate_arm(t, policy, queries, true_fn, samples: int, seed: int, desc: str) -> dict:
+    """True reward (mean +/- s.e. over queries) and KL(pi, rho) on policy samples (sum over the response of log pi -
+    log rho at the task temperature, mean +/- s.e. over samples) of a trained policy (None: the initial one)."""
+    from lmprefs.pipeline.task import Task
+    from lmprefs.recipes.quickstart import evaluate_policy
+
+    adapter = policy.adapter if policy is not None else None
+    task = t if policy is None or adapter else Task(**{**t.__dict__, "model": policy.lm})
+    e = evaluate_policy(task, queries, true_fn, adapter, samples, seed, desc=desc,
+                        ref_model=None if policy is None else t.model)  # fmt: skip
+    out = {k: e[k] for k in ("mean", "stderr", "n_queries", "samples_per_query")}
+    return out | ({"kl": e["kl"], "kl_stderr": e["kl_stderr"]} if "kl" in e else {"kl": 0.0, "kl_stderr": 0.0})
+
+
+def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, samples: int, true_name: str,
+              reward: str | None = None, store_path: Path | None = None) -> dict:  # fmt: skip
+    """One arm: a train-policy run in arm_dir (resumed if begun before), evaluated on the first n_eval held-out
+    queries with the true reward and its KL from the initial policy."""
+    from lmprefs.pipeline.policy import run_train_policy
+    from lmprefs.pipeline.task import setup_task
+
+    resume = (arm_dir / "run.json").is_file()  # begun before: resume (from its checkpoint, or over)
+    print(f"[{name}] {'resuming' if resume else 'training'} ({what})", flush=True)
+    t = setup_task(cfg, n_eval)  # a fresh model per arm: adapters must not carry over between arms
+    out = run_train_policy(cfg, arm_dir, reward=reward, store_path=str(store_path) if store_path else None,
+                           resume=resume, t=t, true_reward=true_name)  # fmt: skip
+    ev = evaluate_arm(t, out["run"].policy, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
+                      cfg.run.seed + 5, name)  # fmt: skip
+    print(f"[{name}] true reward {ev['mean']:+.4f} +/- {ev['stderr']:.4f}, KL {ev['kl']:.2f} +/- "
+          f"{ev['kl_stderr']:.2f} nats", flush=True)  # fmt: skip
+    return ev
+
+
+def check_heldout(t, n: int, flag: str) -> None:
+    if len(t.heldout_queries) < n:
+        raise UserError(f"{flag} {n}: task.query_dataset={t.cfg.task.query_dataset!r} sets aside only "
+                        f"{len(t.heldout_queries)} held-out queries")  # fmt: skip
+
+
+# --- Figure 2 ----------------------------------------------------------------------------------------------------
+
+
+def seed_key(name: str, s: int) -> str:
+    """results.json key and directory of an arm's seed s (seed 0 keeps the single-seed layout)."""
+    return name if s == 0 else f"{name}-seed{s}"
+
+
+def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int], n_eval: int, samples: int,
+                       seeds: int = 1, on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
+    """Figure 2 over `seeds` seeds. on_start runs once every input has been checked, before anything is written."""
+    from lmprefs.pipeline.labeling import collect_labels, open_store
+    from lmprefs.pipeline.task import setup_task
+
+    true_name = cfg.labels.labeler
+    hf = cfg.labels.heldout_fraction
+    n_questions = math.ceil(max(label_counts) * (POOL_FACTOR if seeds > 1 else 1) / (1 - hf))
+    t = setup_task(cfg, n_eval)
+    check_heldout(t, n_eval, "--eval-queries")
+    if n_questions > len(t.train_queries):
+        most = int(len(t.train_queries) * (1 - hf) / (POOL_FACTOR if seeds > 1 else 1))
+        raise UserError(f"--labels {max(label_counts)}: the label store can provide at most {most} labels "
+                        f"({len(t.train_queries)} training queries in task.query_dataset={cfg.task.query_dataset!r}, "
+                        f"labels.heldout_fraction {hf}" + (f", {POOL_FACTOR}x the largest count for --seeds {seeds}"
+                                                           if seeds > 1 else "") + ")")  # fmt: skip
+    res = Results(run_dir)
+    held = res.data.get("labels", {}).get("questions", n_questions)
+    if held < n_questions:
+        raise UserError(f"--labels {max(label_counts)}" + (f" --seeds {seeds}" if seeds > 1 else "") + f": the label "
+                        f"store of {run_dir} holds {held} questions, not the {n_questions} these need; keep the "
+                        "experiment's --labels and --seeds, or start another --run-dir")  # fmt: skip
+    if on_start:
+        on_start()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store_path = run_dir / "labels.sqlite"
+    if "labels" not in res.data:
+        print(f"[labels] sampling and labeling {n_questions} questions with {true_name}", flush=True)
+        out = collect_labels(t, open_store(store_path), n_questions, source="experiment")
+        res.save("labels", {"questions": n_questions, "seconds": out["seconds"]})
+    if "initial" not in res.data:
+        print("[initial] evaluating the initial policy", flush=True)
+        res.save("initial", evaluate_arm(t, None, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
+                                         cfg.run.seed + 5, "initial policy"))  # fmt: skip
+    del t
+    arms = [(f"rm-{n}", n) for n in label_counts] + [("direct", None)]
+    for s in range(seeds):
+        seed = cfg.run.seed + s
+        for name, n in arms:
+            key = seed_key(name, s)
+            if key in res.data:
+                print(f"[{key}] done: {res.data[key]['mean']:+.4f}", flush=True)
+                continue
+            arm_cfg = R(cfg, run=R(cfg.run, seed=seed))
+            if n is not None:  # a random n of the store's labels, drawn with the seed
+                arm_cfg = R(arm_cfg, labels=R(cfg.labels, num_train=n, subset_seed=seed))
+            ev = train_arm(arm_cfg, run_dir / key, key, f"{n} labels" if n else "true reward", n_eval, samples,
+                           true_name, reward=None if n else true_name, store_path=store_path)  # fmt: skip
+            res.save(key, ev | {"labels": n, "reward": "model" if n else true_name, "seed": seed})
+    names = [a[0] for a in arms]
+    res.save("summary", summarize_seeds(res.data, names, seeds))
+    fig = plot_figure2(run_dir, names, seeds, res.data, cfg.ppo.batch_size)
+    return {"results": res.data, "figure": fig}
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, float("nan")
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def summarize_seeds(data: dict, names: list[str], seeds: int) -> dict:
+    """Per arm: held-out true reward and KL as mean +/- s.e. across seeds (one seed: the s.e. within the run)."""
+    out = {}
+    for name in names:
+        runs = [data[seed_key(name, s)] for s in range(seeds) if seed_key(name, s) in data]
+        if not runs:
+            continue
+        # runs of an lmprefs before the held-out KL have none: nan
+        kls = [r.get("kl", math.nan) for r in runs]
+        (m, se), (k, kse) = mean_se([r["mean"] for r in runs]), mean_se(kls)
+        if len(runs) == 1:
+            se, kse = runs[0]["stderr"], runs[0].get("kl_stderr", math.nan)
+        out[name] = {"mean": m, "stderr": se, "kl": k, "kl_stderr": kse, "seeds": len(runs),
+                     "n_queries": runs[0]["n_queries"], "labels": runs[0]["labels"]}  # fmt: skip
+    return out
+
+
+def plot_figure2(run_dir: Path, names: list[str], seeds: int, data: dict, batch_size: int) -> Path:
+    """Left: the rollouts' true reward over episodes per arm, mean +/- s.e. across seeds (the paper's axes); right:
+    the held-out true reward per arm, mean +/- s.e."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from lmprefs.runtime.runlog import read_metrics
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in names:
+        curves = []
+        for s in range(seeds):
+            path = run_dir / seed_key(name, s) / "metrics.jsonl"
+            rows = read_metrics(path, "policy") if path.exists() else []
+            curves.append({r.get("elapsed/episodes", r["step"] * batch_size): r.get("objective/true_reward",
+                                                                                     math.nan) for r in rows})
+        steps = sorted(set().union(*curves))
+        if not steps:
+            continue
+        y = np.array([[c.get(x, math.nan) for x in steps] for c in curves])  # [seeds, episodes]
+        n = np.sum(~np.isnan(y), 0)
+        with warnings.catch_warnings():  # episodes only some seeds reached: the mean of those, no s.e. from one
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean = np.nanmean(y, 0)
+            se = np.where(n > 1, np.nanstd(y, 0, ddof=1) / np.sqrt(np.maximum(n, 1)), 0.0)
+        line = ax.plot(steps, mean, label=f"{name} ({int(n.max())} seed{'s' if n.max() > 1 else ''})")[0]
+        ax.fill_between(steps, mean - np.nan_to_num(se), mean + np.nan_to_num(se), color=line.get_color(), alpha=0.2)
+    ax.set_title("true reward of rollouts (mean +/- s.e. across seeds)")
+    ax.set_xlabel("episodes")
+    ax.set_ylabel("true reward")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    summary = {"initial": data["initial"], **summarize_seeds(data, names, seeds)} if "initial" in data else {}
+    bars = [n for n in ["initial", *names] if n in summary]
+    bx.bar(bars, [summary[n]["mean"] for n in bars], yerr=[summary[n]["stderr"] for n in bars], capsize=4)
+    bx.set_title("true reward on held-out queries (mean +/- s.e." + (" across seeds)" if seeds > 1 else ")"))
+    bx.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path = run_dir / "figure2.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+# --- Figure 3 ----------------------------------------------------------------------------------------------------
+
+
+def run_kl_frontier(cfg: Config, run_dir: Path, *, queries: int, samples: int, betas: list[float],
+                    kl_targets: list[float], kl_coefs: list[float], eval_samples: int, true_reward: str,
+                    min_ess: float = 10.0, figure2: Path | None = None,
+                    on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
+    """Figure 3: the optimal frontier from `samples` samples of the initial policy on each of `queries` held-out
+    queries, and PPO arms with direct access to the true reward (one per KL target, one per fixed KL coefficient),
+    evaluated on the same queries. figure2: a mock-sentiment run directory whose arms are added as points."""
+    import torch
+
+    from lmprefs.pipeline.task import setup_task
+    from lmprefs.recipes.quickstart import evaluate_policy
+    from lmprefs.training.frontier import frontier
+
+    true_fn = true_reward_fn(true_reward)
+    extra = _figure2_points(figure2) if figure2 is not None else {}
+    t = setup_task(cfg, queries)
+    check_heldout(t, queries, "--queries")
+    if on_start:
+        on_start()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    res = Results(run_dir)
+    heldout = t.heldout_queries[:queries]
+    scores_path = run_dir / "frontier_scores.json"  # [queries][samples] true rewards of the initial policy's samples
+    if not scores_path.exists():
+        print(f"[frontier] sampling {samples} responses of the initial policy for each of {queries} held-out queries",
+              flush=True)  # fmt: skip
+        e = evaluate_policy(t, heldout, true_fn, None, samples, cfg.run.seed + 7, desc="frontier: sampling rho")
+        atomic_write_text(scores_path, json.dumps(e["scores"]))
+    scores = torch.tensor(json.loads(scores_path.read_text()), dtype=torch.float64)  # [Q, M]
+    if tuple(scores.shape) != (queries, samples):
+        raise UserError(f"{run_dir} holds the frontier of {scores.shape[0]} queries x {scores.shape[1]} samples, not "
+                        f"--queries {queries} --samples {samples}; pass those or choose another --run-dir")
+    rows = frontier(scores, betas, min_ess)
+    per_query = scores.mean(1)
+    res.save("initial", {"mean": per_query.mean().item(), "stderr": (per_query.std() / math.sqrt(queries)).item(),
+                         "kl": 0.0, "kl_stderr": 0.0, "n_queries": queries, "samples_per_query": samples})
+    res.save("frontier", {"samples_per_query": samples, "queries": queries, "min_ess": min_ess, "points": rows})
+    del t
+    arms = [(f"kl-target-{x:g}", R(cfg, rewards=R(cfg.rewards, kl_target=x)), f"KL target {x:g}") for x in kl_targets]
+    arms += [(f"kl-coef-{x:g}", R(cfg, rewards=R(cfg.rewards, kl_coef=x, kl_target=None)), f"fixed beta {x:g}")
+             for x in kl_coefs]  # fmt: skip
+    for name, arm_cfg, what in arms:
+        if name in res.data:
+            print(f"[{name}] done: {res.data[name]['mean']:+.4f} at KL {res.data[name]['kl']:.2f}", flush=True)
+            continue
+        ev = train_arm(arm_cfg, run_dir / name, name, f"true reward, {what}", queries, eval_samples, true_reward,
+                       reward=true_reward)  # fmt: skip
+        res.save(name, ev | {"reward": true_reward, "kl_target": arm_cfg.rewards.kl_target,
+                             "kl_coef": arm_cfg.rewards.kl_coef})  # fmt: skip
+    if extra:
+        res.save("figure2", extra)
+    fig = plot_figure3(run_dir, res.data, [a[0] for a in arms])
+    return {"results": res.data, "figure": fig}
+
+
+def _figure2_points(path: Path) -> dict:
+    p = Path(path) / "results.json"
+    if not p.is_file():
+        raise UserError(f"--figure2 {path}: no results.json of an `experiment mock-sentiment` run there")
+    data = json.loads(p.read_text())
+    names = sorted({k.split("-seed")[0] for k in data if k.startswith(("rm-", "direct")) and "kl" in data[k]})
+    if not names:
+        raise UserError(f"--figure2 {path}: none of its arms has a held-out KL (finish the run, or rerun it with "
+                        "this version of lmprefs)")  # fmt: skip
+    seeds = 1 + max((int(k.split("-seed")[1]) for k in data if "-seed" in k), default=0)
+    return summarize_seeds(data, names, seeds)
+
+
+def plot_figure3(run_dir: Path, data: dict, arms: list[str]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fr = data["frontier"]
+    pts = fr["points"]
+    good = [p for p in pts if p["trusted"]]
+    ax.plot([p["kl"] for p in pts], [p["reward"] for p in pts], ls=":", color="k", alpha=0.5,
+            label=f"optimal pi* (ESS < {fr['min_ess']:g}: not trusted)")  # fmt: skip
+    ax.plot([p["kl"] for p in good], [p["reward"] for p in good], "-", color="k",
+            label=f"optimal pi* ({fr['queries']} queries x {fr['samples_per_query']} samples)")  # fmt: skip
+    ax.axvline(math.log(fr["samples_per_query"]), color="grey", lw=0.8, ls="--")
+    ax.errorbar([0], [data["initial"]["mean"]], yerr=[data["initial"]["stderr"]], fmt="s", color="grey",
+                capsize=3, label="initial policy")  # fmt: skip
+    for name in arms:
+        if name in data:
+            d = data[name]
+            ax.errorbar(d["kl"], d["mean"], xerr=d["kl_stderr"], yerr=d["stderr"], fmt="o", capsize=3,
+                        label=f"PPO, true reward: {name}")  # fmt: skip
+    for name, d in data.get("figure2", {}).items():
+        ax.errorbar(d["kl"], d["mean"], xerr=d["kl_stderr"], yerr=d["stderr"], fmt="^", capsize=3,
+                    label=f"Figure 2 arm {name} ({d['seeds']} seeds, {d['n_queries']} queries)")  # fmt: skip
+    ax.set_xlabel("KL(pi, rho), nats")
+    ax.set_ylabel("true reward on held-out queries")
+    ax.set_title("KL vs true reward (dashed: log M, the most KL M samples can show)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = run_dir / "figure3.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path

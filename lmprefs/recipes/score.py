@@ -1,0 +1,62 @@
+"""`lmprefs score`: rewards of texts under a trained reward model. Each input line is a response, or a query and a
+response separated by a tab; the query is formatted as in training (the task saved beside the model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from lmprefs.errors import UserError
+
+
+def score_texts(rm, task: dict, pairs: list[tuple[str, str]], device, batch_size: int = 32,
+                truncate: bool = False) -> tuple[list[float], dict[str, int]]:  # fmt: skip
+    """Rewards of (query, response) texts -> (scores, counts). Whole texts are scored (padded to the longest in
+    each batch) unless `truncate`, which cuts queries and responses to the task's query_length / response_length
+    as in training. Texts longer than the model's context keep their last tokens. counts: "longer" (texts beyond
+    the trained lengths), "cut" (texts that were cut)."""
+    from lmprefs.data.tasks import PAD, encode_fixed, format_queries
+    from lmprefs.models.loading import max_positions
+
+    tok = rm.tokenizer
+    prefix, suffix = encode_fixed(tok, task["query_prefix"]), encode_fixed(tok, task["query_suffix"])
+    Q, T = task["query_length"], task["response_length"]
+    context = max_positions(rm.lm) - len(prefix) - len(suffix)
+    counts = {"longer": 0, "cut": 0}
+
+    def pad(rows, n):
+        return [ids + [PAD] * (n - len(ids)) for ids in rows]
+
+    out = []
+    for i in range(0, len(pairs), batch_size):
+        chunk = pairs[i : i + batch_size]
+        qs, rs = [encode_fixed(tok, a) for a, _ in chunk], [encode_fixed(tok, b) for _, b in chunk]
+        for j, (q, r) in enumerate(zip(qs, rs, strict=True)):
+            if not r:
+                raise UserError(f"line {i + j + 1}: empty response")
+            longer = len(q) > Q or len(r) > T
+            counts["longer"] += longer
+            if truncate:
+                q, r = q[:Q], r[:T]
+            if len(q) + len(r) > context:  # keep the response and the end of the query
+                r = r[:context]
+                q = q[len(q) - (context - len(r)) :] if context > len(r) else []
+            counts["cut"] += truncate and longer or len(q) + len(r) < len(qs[j]) + len(rs[j])
+            qs[j], rs[j] = q, r
+        q = torch.tensor(pad(qs, max(map(len, qs))), device=device, dtype=torch.long).reshape(len(chunk), -1)
+        r = torch.tensor(pad(rs, max(map(len, rs))), device=device, dtype=torch.long)
+        with torch.no_grad():
+            out += rm(format_queries(q, prefix, suffix), r).float().tolist()
+    return out, counts
+
+
+def reward_model_task(path: Path) -> dict:
+    """The query format and lengths the reward model in `path` was trained with (lmprefs.json). A reward model
+    from elsewhere (e.g. TRL) has none: texts are scored as given, with no trained lengths to warn about."""
+    meta = json.loads((path / "lmprefs.json").read_text()) if (path / "lmprefs.json").is_file() else {}
+    return meta.get("task") or {"query_prefix": "", "query_suffix": "", "query_length": 1 << 30,
+                                "response_length": 1 << 30}  # fmt: skip
+
+
