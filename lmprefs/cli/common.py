@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 from lmprefs.errors import UserError
-from lmprefs.runtime.resolve import resolve_config
 
 COMMANDS = {
     "experiment": "mock-sentiment: Figure 2 (reward models from N labels vs direct access, over seeds); kl-frontier: "
@@ -61,6 +60,8 @@ def run_dir_for(given: str | None, cfg, command: str, preset: str) -> Path:
 def help_with_config(parser: argparse.ArgumentParser, argv: list[str], default_preset: str, pairs=()) -> None:
     """--help: the command's flags, then every config key with its value in the preset this command line names
     (`--preset NAME`, the positional preset or `--config FILE`) after its overrides."""
+    from lmprefs.runtime.resolve import resolve_config
+
     if "-h" not in argv and "--help" not in argv:
         return
     rest = [x for x in argv if x not in ("-h", "--help")]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from lmprefs.cli.common import command_parser
 from lmprefs.errors import UserError
-from lmprefs.runtime.resolve import resolve_config
 
 
 def cmd_presets(argv: list[str]) -> int:
@@ -12,6 +11,7 @@ def cmd_presets(argv: list[str]) -> int:
 
     from lmprefs.config import PRESETS
     from lmprefs.config.overrides import split_overrides, to_dict
+    from lmprefs.runtime.resolve import resolve_config
 
     argv, pairs = split_overrides(argv)
     p = command_parser("presets", "lmprefs presets [NAME [--config FILE] [--section.key VALUE ...]]")

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from lmprefs.cli.common import ArgumentParser, command_parser, help_with_config, parse_numbers, run_dir_for
 from lmprefs.errors import UserError
-from lmprefs.runtime.resolve import resolve_config
 
 
 def cmd_experiment(argv: list[str]) -> int:
     from lmprefs.config.overrides import split_overrides
+    from lmprefs.runtime.resolve import resolve_config
 
     if argv[:1] == ["writing-prompts"]:
         return _writing_prompts(argv[1:])
@@ -126,6 +126,7 @@ def cmd_experiment(argv: list[str]) -> int:
 def _writing_prompts(argv: list[str]) -> int:
     from lmprefs.config.overrides import split_overrides
     from lmprefs.io.config_file import save_config
+    from lmprefs.runtime.resolve import resolve_config
 
     argv, pairs = split_overrides(argv)
     p = ArgumentParser(prog="lmprefs experiment writing-prompts",

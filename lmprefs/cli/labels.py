@@ -6,11 +6,11 @@ from pathlib import Path
 
 from lmprefs.cli.common import command_parser, help_with_config, preset_parser
 from lmprefs.errors import UserError
-from lmprefs.runtime.resolve import resolve_config
 
 
 def cmd_label(argv: list[str]) -> int:
     from lmprefs.config import LABELERS
+    from lmprefs.runtime.resolve import resolve_config
 
     p, argv, pairs, name = preset_parser("label", argv)
     p.add_argument("--db", default="labels.sqlite", help="label store (SQLite file; created if missing)")

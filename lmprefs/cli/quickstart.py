@@ -6,11 +6,11 @@ import sys
 
 from lmprefs.cli.common import command_parser, help_with_config, main_rank, run_dir_for
 from lmprefs.errors import UserError
-from lmprefs.runtime.resolve import resolve_config
 
 
 def cmd_quickstart(argv: list[str]) -> int:
     from lmprefs.config.overrides import split_overrides
+    from lmprefs.runtime.resolve import resolve_config
 
     argv, pairs = split_overrides(argv)
     p = command_parser("quickstart", "lmprefs quickstart [--preset NAME] [--run-dir DIR] [--section.key VALUE ...]")

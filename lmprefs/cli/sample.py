@@ -7,12 +7,12 @@ from pathlib import Path
 
 from lmprefs.cli.common import command_parser, help_with_config
 from lmprefs.errors import UserError
-from lmprefs.recipes.sample import sample_texts
-from lmprefs.runtime.resolve import resolve_config
 
 
 def sample_cli(a: argparse.Namespace, pairs) -> int:
     from lmprefs.data.tasks import show
+    from lmprefs.recipes.sample import sample_texts
+    from lmprefs.runtime.resolve import resolve_config
 
     if a.n <= 0:
         raise UserError(f"--n {a.n}: must be positive")

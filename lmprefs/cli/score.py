@@ -7,11 +7,11 @@ from pathlib import Path
 
 from lmprefs.cli.common import command_parser
 from lmprefs.errors import UserError
-from lmprefs.recipes.score import reward_model_task, score_texts
 
 
 def score_cli(a) -> int:
     from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
+    from lmprefs.recipes.score import reward_model_task, score_texts
     from lmprefs.runtime.device import pick_device
 
     path = Path(a.reward_model)

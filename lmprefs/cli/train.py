@@ -7,10 +7,11 @@ from pathlib import Path
 
 from lmprefs.cli.common import help_with_config, main_rank, preset_parser, resume_config, run_dir_for
 from lmprefs.errors import UserError
-from lmprefs.runtime.resolve import resolve_config
 
 
 def cmd_train_reward(argv: list[str]) -> int:
+    from lmprefs.runtime.resolve import resolve_config
+
     p, argv, pairs, name = preset_parser("train-reward", argv)
     p.add_argument("--db", default=None, help="label store to train from (default labels.source, else labels.sqlite)")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-reward-PRESET-TIME)")
@@ -45,6 +46,8 @@ def cmd_train_reward(argv: list[str]) -> int:
 
 
 def cmd_train_sft(argv: list[str]) -> int:
+    from lmprefs.runtime.resolve import resolve_config
+
     p, argv, pairs, name = preset_parser("train-sft", argv)
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-sft-PRESET-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
@@ -87,6 +90,8 @@ def cmd_train_sft(argv: list[str]) -> int:
 
 
 def cmd_train_policy(argv: list[str]) -> int:
+    from lmprefs.runtime.resolve import resolve_config
+
     p, argv, pairs, name = preset_parser("train-policy", argv)
     p.add_argument("--reward", default=None,
                    help="model (default: a reward model), or a reward on response texts: vader, descriptiveness, "

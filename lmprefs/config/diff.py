@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 
+from lmprefs.config.overrides import to_dict
+
 # keys that change how often things are written or how many threads run, never the numbers a run computes
 NOT_MATH = ("run.log_interval", "run.save_interval", "run.threads", "run.save_dir", "lora.merged_reward_model")
 
 
 def flat_config(cfg) -> dict:
     """{"section.key": value} of a Config, as JSON has it (tuples are lists), so it compares with a saved one."""
-    from lmprefs.config.overrides import to_dict
 
     return json.loads(json.dumps({f"{s}.{k}": v for s, sub in to_dict(cfg).items() for k, v in sub.items()}))
 

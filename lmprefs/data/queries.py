@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from lmprefs.assets.corpora import bundled_passages, paragraphs
+from lmprefs.assets.corpora import austen_passages, bundled_passages, lee_news_articles, paragraphs
 from lmprefs.config import TaskConfig
-from lmprefs.data.tasks import PAD
+from lmprefs.data.summarize import story_texts, tldr_texts
+from lmprefs.data.tasks import PAD, encode_fixed
 from lmprefs.errors import UserError
 
 
@@ -31,12 +32,8 @@ class QueryDataError(UserError):
 def load_texts(spec: str) -> list[str]:
     """The raw texts of a query dataset (see the module docstring for the accepted specs)."""
     if spec == "austen":
-        from lmprefs.assets.corpora import austen_passages
-
         return [p["text"] for p in austen_passages()]
     if spec == "lee-news":
-        from lmprefs.assets.corpora import lee_news_articles
-
         return lee_news_articles()
     if spec == "bundled":
         return bundled_passages()
@@ -45,7 +42,6 @@ def load_texts(spec: str) -> list[str]:
     path, _, field = spec.partition(":") if spec.count(":") == 1 and not Path(spec).exists() else (spec, "", "")
     p = Path(path).expanduser()
     if p.is_dir() or p.suffix == ".story":  # CNN/DM: one .story file or a directory of them
-        from lmprefs.data.summarize import story_texts
 
         return story_texts(p)
     if not p.is_file():
@@ -53,7 +49,6 @@ def load_texts(spec: str) -> list[str]:
                              ".txt, .jsonl or TL;DR .json file, a CNN/DM .story file or directory, or "
                              "hf:NAME)")  # fmt: skip
     if p.suffix == ".json":  # TL;DR: the original's JSON list of {"content": post}
-        from lmprefs.data.summarize import tldr_texts
 
         return tldr_texts(p, field or "content")
     if p.suffix == ".jsonl":
@@ -172,7 +167,6 @@ def split_heldout(queries: torch.Tensor, n_heldout: int, seed: int = 0) -> tuple
 def task_queries(task: TaskConfig, tokenizer, max_positions: int, n_heldout: int = 0):
     """(train, heldout, prefix, suffix): the task's queries split by a fixed permutation, checked against the
     model's context (query + prefix + suffix + response must fit)."""
-    from lmprefs.data.tasks import encode_fixed
 
     prefix, suffix = encode_fixed(tokenizer, task.query_prefix), encode_fixed(tokenizer, task.query_suffix)
     total = len(prefix) + task.query_length + len(suffix) + task.response_length

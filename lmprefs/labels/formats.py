@@ -44,7 +44,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from lmprefs.assets.tokenizers import gpt2_tokenizer
 from lmprefs.config.schema import label_type_shape
+from lmprefs.data.summarize import comparison_query
 from lmprefs.io.jsonl import JsonRowsError, json_rows
 from lmprefs.labels.store import SPLIT_NAME, ImportRow, LabelStore
 
@@ -220,8 +222,6 @@ def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
 
 
 def _summarize_rows(name, rows, label_type) -> list[dict]:
-    from lmprefs.data.summarize import comparison_query
-
     if label_type not in (None, "best_of_2"):
         raise LabelFileError(f"{name}: summarize comparisons are best_of_2 questions, not label_type={label_type!r}")
     out = []
@@ -296,8 +296,6 @@ def import_file(
         raise LabelFileError(f"{path.name}: has {len(rows)} rows, fewer than limit={limit}")
     if fmt == "openai":
         if tokenizer is None:
-            from lmprefs.assets.tokenizers import gpt2_tokenizer  # transformers loads only when a token file is read
-
             tokenizer, tokenizer_name = gpt2_tokenizer(), tokenizer_name or "gpt2"
         parsed = _openai_rows(path.name, rows, label_type, labeler, tokenizer, tokenizer_name or "gpt2")
     else:
@@ -402,8 +400,6 @@ def export_file(
             else:
                 if ex.query_tokens is None:
                     if tokenizer is None:
-                        from lmprefs.assets.tokenizers import gpt2_tokenizer
-
                         tokenizer = gpt2_tokenizer()
                     enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in [ex.query, *ex.samples]]
                 else:

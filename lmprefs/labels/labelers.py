@@ -18,6 +18,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 
+from lmprefs.assets.models import minilm_dir
 from lmprefs.config.schema import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, Item, LabelStore
 
@@ -198,8 +199,6 @@ def embed(texts: list[str]):
         if _encoder is None:
             from transformers import AutoModel, AutoTokenizer
 
-            from lmprefs.assets.models import minilm_dir
-
             d = str(minilm_dir())
             _encoder = (AutoTokenizer.from_pretrained(d), AutoModel.from_pretrained(d).eval())
     tok, enc = _encoder
@@ -214,8 +213,6 @@ def embed(texts: list[str]):
 
 
 def _need_minilm() -> None:
-    from lmprefs.assets.models import minilm_dir
-
     minilm_dir()  # an AssetError naming the package to install, before any work
 
 

@@ -35,6 +35,7 @@ from itertools import combinations
 from pathlib import Path
 
 from lmprefs.config.schema import label_type_shape
+from lmprefs.errors import UserError
 
 SCHEMA_VERSION = 2
 KINDS = ("label", "skip", "flag")
@@ -665,7 +666,6 @@ def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") 
     """The label-store path a command was given, or a UserError naming what is wrong with it: a directory, a
     missing folder, a missing store (when `must_exist`), or a file that is not SQLite (opening one would fail deep
     inside sqlite3, or, for an empty file, turn it into a store)."""
-    from lmprefs.errors import UserError
 
     p = Path(path)
     if p.is_dir():

@@ -8,7 +8,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from lmprefs.assets.models import resolve_model
+from lmprefs.io.publish import MANIFEST, publish_dir, verify
 from lmprefs.models.loading import _trunk_names, load_lm
+from lmprefs.models.lora import merged_copy, save_peft_adapter
 from lmprefs.models.policy import Policy
 from lmprefs.models.reward_model import RewardModel
 
@@ -40,14 +43,12 @@ def plain_copy(module: Policy | RewardModel, state: dict) -> Policy | RewardMode
 def atomic_dir(out: Path, meta: dict | None = None, keep: int = 0):
     """Yield a temporary sibling to write into; on success it becomes `out` with a manifest, so readers never see
     half a model nor no model (lmprefs.io.publish.publish_dir: `out` is a symlink to a versioned directory)."""
-    from lmprefs.io.publish import publish_dir
 
     return publish_dir(out, meta, keep)
 
 
 def verified(path: Path) -> Path:
     """`path` after checking its manifest (directories written before manifests existed load unchecked)."""
-    from lmprefs.io.publish import MANIFEST, verify
 
     path = Path(path)
     if (path / MANIFEST).is_file():
@@ -69,8 +70,6 @@ def _save_policy(policy: Policy, out: Path, merged: bool = False) -> None:
     import json
 
     from safetensors.torch import save_file
-
-    from lmprefs.models.lora import merged_copy, save_peft_adapter
 
     if policy.adapter:
         save_peft_adapter(policy.lm, policy.adapter, out / "adapter")
@@ -149,8 +148,6 @@ def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None, merged: b
     folded constant, the final norm as modules_to_save): AutoModelForSequenceClassification.from_pretrained(DIR,
     num_labels=1) loads the base model and the adapter and gives the same rewards, at ~1% of the size."""
     import json
-
-    from lmprefs.models.lora import merged_copy, save_peft_adapter
 
     meta = {"kind": "reward_model", **(extra or {})}
     if rm.adapter and not merged:
@@ -281,8 +278,6 @@ def _load_classifier_adapter(path: Path):
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
-
-    from lmprefs.assets.models import resolve_model
 
     base = resolve_model(json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"])
     hf_logging.set_verbosity_error()  # the base's score head is reported missing: the adapter brings it

@@ -6,6 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from lmprefs.assets.cache import AssetError
+from lmprefs.assets.models import MODEL_ASSETS as MODEL_NAMES
+from lmprefs.assets.models import resolve_model
+
 
 def load_lm(name: str, device: torch.device | str = "cpu"):
     """(model, tokenizer) for an asset name, a local HF directory or a hub name; dropout off, eval mode, fp32.
@@ -15,10 +19,6 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
-
-    from lmprefs.assets.cache import AssetError
-    from lmprefs.assets.models import MODEL_ASSETS as MODEL_NAMES
-    from lmprefs.assets.models import resolve_model
 
     path = resolve_model(name)
     hf_logging.disable_progress_bar()  # "Loading weights" bars on every load drown the run's own progress

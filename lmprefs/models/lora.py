@@ -17,6 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from lmprefs.config import LoraConfig
+from lmprefs.errors import UserError
+from lmprefs.models.loading import trunk_blocks
 
 
 class LoRALinear(nn.Module):
@@ -64,8 +66,6 @@ def add_adapter(model: nn.Module, cfg: LoraConfig, name: str, seed: int = 0) -> 
                    if n.split(".")[-1] in cfg.targets and type(m).__name__ in ("Linear", "Conv1D")
                    and (allowed is None or id(m) in allowed)]  # fmt: skip
         if not targets:
-            from lmprefs.errors import UserError
-
             raise UserError(f"lora.targets={','.join(cfg.targets)} match no Linear layer of {type(model).__name__}")
         for n, m in targets:
             parent = model.get_submodule(n.rsplit(".", 1)[0]) if "." in n else model
@@ -91,7 +91,6 @@ def reset_adapter(model: nn.Module, name: str, seed: int = 0) -> None:
 
 def _top_block_modules(model: nn.Module, top: int) -> set[int] | None:
     """ids of the modules inside the top `top` transformer blocks, or None (no restriction) when top <= 0."""
-    from lmprefs.models.loading import trunk_blocks
 
     if top <= 0:
         return None

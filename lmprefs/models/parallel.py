@@ -9,6 +9,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.distributed as dist
 
+from lmprefs.models.loading import trunk_blocks
 from lmprefs.runtime.distributed import active, is_main, world
 
 
@@ -59,8 +60,6 @@ def fsdp_shard(module: torch.nn.Module, dtype: torch.dtype = torch.float32) -> t
     parameters are replaced by sharded DTensors. Idempotent."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
     from transformers import PreTrainedModel
-
-    from lmprefs.models.loading import trunk_blocks
 
     if is_sharded(module):
         return module

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor, nn
 
 from lmprefs.models.loading import hidden_size, vocab_size
+from lmprefs.models.lora import lora_modules, using
 from lmprefs.models.trunk import FrozenPrefix, logprobs_and_entropy, response_hidden, response_logits_hidden
 
 
@@ -43,7 +44,6 @@ class Policy(nn.Module):
     def forward(self, queries: Tensor, responses: Tensor,
                 prefix: FrozenPrefix | None = None) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
         """(logprobs, values, entropy), each [B, T], for responses given queries."""
-        from lmprefs.models.lora import using
 
         with using(self.lm, self.adapter):
             h, logits = response_logits_hidden(self.lm, queries, responses, prefix)
@@ -59,7 +59,6 @@ class Policy(nn.Module):
                     prefix: FrozenPrefix | None = None) -> Tensor:  # fmt: skip
         """Values [B, T] given the policy trunk's hidden states at the response positions (from the sampler);
         a separate value trunk runs its own forward."""
-        from lmprefs.models.lora import using
 
         if self.value_adapter is not None:
             with using(self.lm, self.value_adapter):
@@ -70,7 +69,6 @@ class Policy(nn.Module):
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         """The value head and the trunk, or only this policy's adapters when the trunk is a shared LoRA base."""
-        from lmprefs.models.lora import lora_modules
 
         if self.adapter is None:
             return [p for p in self.parameters() if p.requires_grad]
@@ -81,7 +79,6 @@ class Policy(nn.Module):
     def value_parameters(self) -> list[nn.Parameter]:
         """What the value model alone trains: its head and, when separate, its trunk or adapter (these take no
         gradient from the policy loss, and a separate value model has an optimizer of its own)."""
-        from lmprefs.models.lora import lora_modules
 
         head = list(self.value_head.parameters())
         if self.value_adapter is not None:

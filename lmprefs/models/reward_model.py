@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from lmprefs.data.tasks import PAD
 from lmprefs.models.loading import hidden_size
+from lmprefs.models.lora import lora_modules, using
 from lmprefs.models.policy import ScalarHead
 from lmprefs.models.trunk import FrozenPrefix, query_response_hidden
 
@@ -28,7 +29,6 @@ class RewardModel(nn.Module):
         """Rewards [B] of query+response; responses may end in PAD after truncation. repeats=k: queries [B / k, Q]
         each answered by k consecutive responses (a best-of-k question), run once per query where the attention
         allows (`shared_query_trunk`)."""
-        from lmprefs.models.lora import using
 
         tokens = torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1)
         with using(self.lm, self.adapter):
@@ -38,8 +38,6 @@ class RewardModel(nn.Module):
         return self.gain * r + self.bias
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        from lmprefs.models.lora import lora_modules
-
         extra = [self.gain, self.bias, *self.head.parameters()]
         if self.adapter is None:
             return [p for p in self.lm.parameters() if p.requires_grad] + extra

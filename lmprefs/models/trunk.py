@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from lmprefs.data.tasks import PAD
 from lmprefs.models.loading import _trunk_names, hidden_size, trunk_blocks
+from lmprefs.models.lora import LoRALinear
 
 
 def model_inputs(tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -83,7 +84,6 @@ class FrozenPrefix:
 
 def frozen_depth(model) -> int:
     """Number of bottom blocks that hold no LoRA adapter (0 without LoRA, or with adapters in every block)."""
-    from lmprefs.models.lora import LoRALinear
 
     for i, block in enumerate(trunk_blocks(model)):
         if any(isinstance(m, LoRALinear) for m in block.modules()):

@@ -8,14 +8,21 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.data.tasks import decode
 from lmprefs.errors import UserError
+from lmprefs.labels.formats import LabelFileError, import_file
+from lmprefs.labels.labelers import label_items, make_labeler, score_fn
+from lmprefs.labels.store import LabelStore, check_store_path
+from lmprefs.labels.types import get as get_label_type
+from lmprefs.models.lora import using
+from lmprefs.models.sampling import sampler_options
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.runlog import progress
+from lmprefs.training.reward import sample_comparisons, tokenizer_id
 
 
 def open_store(path: str | Path):
-    from lmprefs.labels.store import LabelStore, check_store_path
-
     return LabelStore(check_store_path(path, must_exist=False))
 
 
@@ -23,12 +30,8 @@ def label_source(source: str):
     """A label store from a .sqlite path, or a temporary store holding an imported label file."""
     import tempfile
 
-    from lmprefs.labels.formats import LabelFileError, import_file
-
     p = Path(source)
     if p.suffix in (".sqlite", ".db"):
-        from lmprefs.labels.store import LabelStore, check_store_path
-
         return LabelStore(check_store_path(p, must_exist=True))
     if not p.is_file():
         raise UserError(f"label source {p} does not exist")
@@ -48,11 +51,6 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     for people). Returns counts and timings.
     Under several ranks each samples a strided share of the questions with its own seed, and rank 0 alone writes
     them all (in the order one process would) and labels them; `store` may be None on the other ranks."""
-    from lmprefs.data.tasks import decode
-    from lmprefs.labels.labelers import label_items, make_labeler, score_fn
-    from lmprefs.labels.types import get as get_label_type
-    from lmprefs.runtime.runlog import progress
-    from lmprefs.training.reward import sample_comparisons, tokenizer_id
 
     cfg = t.cfg
     lt = get_label_type(cfg.labels.type)
@@ -71,8 +69,6 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     q = pool[pick]
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
     t0 = time.time()
-    from lmprefs.models.lora import using
-    from lmprefs.models.sampling import sampler_options
 
     bar = progress(n, "sampling comparisons")
     model = t.model if model is None else model

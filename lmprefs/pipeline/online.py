@@ -15,6 +15,11 @@ import time
 from pathlib import Path
 
 from lmprefs.errors import UserError
+from lmprefs.io.jsonl import truncate_jsonl
+from lmprefs.labels.labelers import label_items, make_labeler
+from lmprefs.pipeline.labeling import collect_labels
+from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
+from lmprefs.training.policy import rm_score_fn
 
 
 def retrain_points(n_updates: int, retrains: int) -> set[int]:
@@ -37,14 +42,10 @@ class OnlineRewards:
         self.retrains: list[list[int]] = []  # [update, labels] of each reward model so far
 
     def state_dict(self) -> dict:
-        from lmprefs.pipeline.reward_model import RewardState
-
         return {"retrains": self.retrains, "reward": RewardState(self.rm).state_dict()}
 
     def load_state_dict(self, s: dict) -> None:
         """Make the checkpoint's reward model the current one, and forget the history rows written after it."""
-        from lmprefs.io.jsonl import truncate_jsonl
-        from lmprefs.pipeline.reward_model import RewardState
 
         RewardState(self.rm).load_state_dict(s["reward"])
         self.retrains = [list(r) for r in s["retrains"]]
@@ -68,8 +69,6 @@ class OnlineRewards:
     def request(self, update: int, model=None, adapter: str | None = None) -> dict:
         """Queue a batch of questions from the current policy and, when simulated, answer it. A batch already in
         the store (a resumed run redoing this update) is not asked for again; simulated answers it lacks are added."""
-        from lmprefs.labels.labelers import label_items, make_labeler
-        from lmprefs.pipeline.labeling import collect_labels
 
         cfg, batch, seed = self.cfg, f"online:{update}", self.cfg.run.seed + 1000 + update
         n = min(cfg.labels.online_questions, len(self.t.train_queries))
@@ -95,9 +94,6 @@ class OnlineRewards:
             have = self.labels_so_far()
 
     def retrain(self, update: int) -> dict:
-        from lmprefs.pipeline.reward_model import train_reward_model
-        from lmprefs.training.policy import rm_score_fn
-
         rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log,
                                          self.items_after(update))  # fmt: skip
         self.rm = rm.freeze()
@@ -113,9 +109,6 @@ class OnlineRewards:
     def start(self, resume: bool) -> None:
         """The first reward model: from the labels already in the store, after asking for a first batch from the
         initial policy when there are too few. resume: from a checkpoint, which holds the reward model."""
-        from lmprefs.io.jsonl import truncate_jsonl
-        from lmprefs.pipeline.reward_model import reward_frame
-        from lmprefs.training.policy import rm_score_fn
 
         if resume:  # an empty reward model of the right shape; the checkpoint's state fills it (load_state_dict)
             self.rm = reward_frame(self.t).eval().freeze()

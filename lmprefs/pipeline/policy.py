@@ -8,20 +8,26 @@ import copy
 from pathlib import Path
 
 from lmprefs.config import Config
+from lmprefs.config.diff import flat_config, math_changes
+from lmprefs.data.queries import QueryStream
 from lmprefs.errors import UserError
+from lmprefs.io.atomic import atomic_write_text
+from lmprefs.io.locks import run_lock
+from lmprefs.models.lora import add_adapter
+from lmprefs.models.policy import Policy
 from lmprefs.pipeline.labeling import open_store
+from lmprefs.pipeline.online import OnlineRewards, online_summary
 from lmprefs.pipeline.rewards import reward_for_policy, reward_function, track_true_reward
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.runlog import open_logger
+from lmprefs.training.policy import build_run, find_checkpoint, load_checkpoint, train_policy
 
 
 def policy_for(t: Task):
-    from lmprefs.models.policy import Policy
-
     cfg = t.cfg
     separate = cfg.ppo.value_model == "separate"
     if cfg.lora.rank > 0:  # policy (and value) adapters on the shared base
-        from lmprefs.models.lora import add_adapter
 
         add_adapter(t.model, cfg.lora, "policy", seed=cfg.run.seed + 3)
         if separate:
@@ -36,8 +42,6 @@ def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
     """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint. The run
     directory is locked for the duration (one process per run). Arguments: _train_policy_locked."""
     import contextlib
-
-    from lmprefs.io.locks import run_lock
 
     run_dir = Path(run_dir)
     fresh = not run_dir.exists()
@@ -60,12 +64,6 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     resume without a checkpoint starts the run over in the same directory. changes: with resume, continue a run
     the andon cord stopped from its last good checkpoint with this changed config ('key old -> new' lines)."""
     import json
-
-    from lmprefs.config.diff import flat_config, math_changes
-    from lmprefs.data.queries import QueryStream
-    from lmprefs.io.atomic import atomic_write_text
-    from lmprefs.runtime.runlog import open_logger
-    from lmprefs.training.policy import build_run, find_checkpoint, load_checkpoint, train_policy
 
     meta_path = run_dir / "run.json"  # what the command line chose beyond the config, so --resume repeats it
     found, andon = None, {}
@@ -94,8 +92,6 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     if online and dist.world() > 1:
         raise UserError(f"--online runs in one process for now; launch it without torchrun ({dist.world()} ranks)")
     if online:
-        from lmprefs.pipeline.online import OnlineRewards
-
         if reward and reward != "model":
             raise UserError(f"--online learns a reward model from judgments; it cannot use --reward {reward}")
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -136,8 +132,6 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     finally:
         log.close()
     if online:
-        from lmprefs.pipeline.online import online_summary
-
         info["online_summary"] = online_summary(run_dir)
     return {"stats": stats, **info, "run": run, "task": t}
 

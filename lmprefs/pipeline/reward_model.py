@@ -11,9 +11,29 @@ import torch
 
 from lmprefs.config import Config
 from lmprefs.errors import UserError
+from lmprefs.labels.quality import describe_labelers as describe
+from lmprefs.labels.quality import select_labelers
+from lmprefs.labels.types import PickBest
+from lmprefs.labels.types import get as get_label_type
 from lmprefs.models import parallel
+from lmprefs.models.artifacts import plain_copy, save_reward_model
+from lmprefs.models.lora import add_adapter, reset_adapter
+from lmprefs.models.reward_model import RewardModel
+from lmprefs.models.trunk import frozen_depth
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.runlog import progress
+from lmprefs.training.reward import (
+    evaluate,
+    examples_to_comparisons,
+    normalize,
+    pairs_from_scores,
+    prefix_bytes,
+    reward_prefixes,
+    split_heldout_mask,
+    tokenizer_id,
+    train_epoch,
+)
 
 PREFIX_CACHE_BYTES = 4 << 30  # reward-model training keeps the frozen blocks' outputs of all labels up to this size
 
@@ -24,9 +44,6 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
     prompt into best_of_2 questions (labels.scores_as=comparisons); without the labels of labelers under
     labels.min_gold_accuracy. `report`, if given, receives {labeler: {"labels", "gold", "dropped", "weight"}}
     (quality.select_labelers); with labels.weight_by_gold the comparisons carry those weights, scaled to mean 1."""
-    from lmprefs.labels.quality import describe_labelers as describe
-    from lmprefs.labels.quality import select_labelers
-    from lmprefs.training.reward import examples_to_comparisons, tokenizer_id
 
     examples = store.labeled_examples(cfg.labels.type, tokenizer=tokenizer_id(tok))
     examples = [e for e in examples if e.item_id not in exclude_items]
@@ -42,8 +59,6 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
                         f"({describe(by_labeler)})")  # fmt: skip
     data = examples_to_comparisons(examples, tok, cfg.task)
     if cfg.labels.scores_as == "comparisons":
-        from lmprefs.training.reward import pairs_from_scores
-
         data = pairs_from_scores(data, cfg.labels.min_score_gap)
         if not len(data):
             raise UserError(f"labels.scores_as=comparisons: no two responses to one prompt have scores more than "
@@ -64,10 +79,6 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     `train`, and the items (per-response scores: the prompts) whose hash of (run.seed, item id or prompt) falls under
     labels.heldout_fraction; summary["heldout/split"] names which.
     `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches')."""
-    from lmprefs.models.artifacts import save_reward_model
-    from lmprefs.models.trunk import frozen_depth
-    from lmprefs.runtime.runlog import progress
-    from lmprefs.training.reward import evaluate, normalize, prefix_bytes, reward_prefixes, train_epoch
 
     cfg = t.cfg
     by_labeler: dict = {}
@@ -84,8 +95,6 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     t0 = time.time()
     rm = reward_frame(t)
     if cfg.lora.rank > 0:
-        from lmprefs.models.lora import reset_adapter
-
         reset_adapter(t.model, "reward", seed=cfg.run.seed)  # a retrain starts from the initial model, as the paper
     else:
         rm.lm.requires_grad_(True)
@@ -130,7 +139,6 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
     whole = rm
     if parallel.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
-        from lmprefs.models.artifacts import plain_copy
 
         state = parallel.full_state_dict(rm)
         whole = plain_copy(rm, state) if dist.is_main() else None
@@ -146,7 +154,6 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
 def heldout_labels(cfg: Config, store, data) -> tuple[torch.Tensor, str]:
     """[N] bool: which of the store's labels `data` (load_examples) are held out, by labels.heldout_by, and what they
     measure (reward.split_heldout_mask). Every rank reads the same store, so all agree."""
-    from lmprefs.training.reward import split_heldout_mask
 
     lab = cfg.labels
     by_item = {} if lab.heldout_by == "hash" else store.item_splits()
@@ -160,8 +167,6 @@ def heldout_labels(cfg: Config, store, data) -> tuple[torch.Tensor, str]:
 def training_label_type(cfg: Config):
     """The label type whose loss trains the reward model: labels.type, except that per-response scores compared
     within a prompt (labels.scores_as=comparisons) train as best_of_2 questions."""
-    from lmprefs.labels.types import PickBest
-    from lmprefs.labels.types import get as get_label_type
 
     return PickBest(2) if cfg.labels.scores_as == "comparisons" else get_label_type(cfg.labels.type)
 
@@ -169,12 +174,9 @@ def training_label_type(cfg: Config):
 def reward_frame(t: Task):
     """A reward model shaped as train_reward_model makes it, before training: with LoRA the 'reward' adapter on the
     shared base (which stays the initial policy with adapters off), else a copy of the initial model."""
-    from lmprefs.models.reward_model import RewardModel
 
     cfg = t.cfg
     if cfg.lora.rank > 0:
-        from lmprefs.models.lora import add_adapter
-
         add_adapter(t.model, cfg.lora, "reward", seed=cfg.run.seed)
         return RewardModel(t.model, t.tok, adapter="reward", seed=cfg.run.seed).to(t.device)
     return RewardModel(copy.deepcopy(t.model), t.tok, seed=cfg.run.seed).to(t.device)

@@ -7,20 +7,24 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.data.tasks import decode, query_texts
 from lmprefs.errors import UserError
+from lmprefs.labels.labelers import SCORE_FNS, score_fn, score_texts
 from lmprefs.models import parallel
+from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
 from lmprefs.pipeline.labeling import label_source
 from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.runlog import open_logger
+from lmprefs.training.policy import rm_score_fn, text_score_fn
+from lmprefs.training.reward import normalization_samples
 
 
 def reward_function(reward) -> tuple[str, object]:
     """(name, fn) for a reward on response texts, fn(list[str]) -> list[float]: a callable (the Python API), a
     built-in name (vader, descriptiveness), or `module:function` naming one of the user's own."""
     import importlib
-
-    from lmprefs.labels.labelers import SCORE_FNS, score_fn
 
     if callable(reward):
         mod, name = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
@@ -48,8 +52,6 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
     one trained from the store. With LoRA a reward model trained in this run is an adapter on the policy's base;
     info["state"] is its RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the
     checkpoint fills."""
-    from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
-    from lmprefs.training.policy import rm_score_fn, text_score_fn
 
     cfg = t.cfg
     if reward is not None and reward != "model":
@@ -58,8 +60,6 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
         # target weigh it as they weigh a learned reward. VADER's std on those samples is 0.39 (quickstart preset),
         # and in `experiment mock-sentiment` raw VADER took the true reward from 0.166 to 0.308, normalized to 0.490
         # (a 1000-label reward model: 0.603; 2026-11-21)
-        from lmprefs.data.tasks import decode
-        from lmprefs.training.reward import normalization_samples
 
         gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
         q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
@@ -85,7 +85,6 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
             rm = parallel.wrap(rm, "fsdp", t.dtype)
         return rm_score_fn(rm), info
     store = label_source(store_path or cfg.labels.source or "labels.sqlite")
-    from lmprefs.runtime.runlog import open_logger
 
     # a reward model trained here logs into the run directory (phase "reward"), as PPO does after it; rank 0 only
     own_log = log is None
@@ -103,7 +102,6 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
 def _checked_scores(fn, texts: list[str], name: str, queries: list[str] | None = None) -> torch.Tensor:
     """fn(texts) (or fn(texts, queries) for a judge that reads the query) as float64 [len(texts)], or a UserError
     saying what the reward function returned instead."""
-    from lmprefs.labels.labelers import score_texts
 
     try:
         out = torch.tensor([float(x) for x in score_texts(fn, texts, queries)], dtype=torch.float64)
@@ -134,8 +132,6 @@ def track_true_reward(score_fn, true_fn, tok, prefix: list[int] = (), suffix: li
     """(score_fn, on_update): the same scores, plus objective/true_reward (the true reward of each rollout's
     truncated responses) added to every update's metrics, for curves of what the reward model stands in for.
     `prefix`/`suffix`: the task's, around the rollout's queries (a judge that reads the query gets the query alone)."""
-    from lmprefs.data.tasks import decode, query_texts
-    from lmprefs.labels.labelers import score_texts
 
     last: dict[str, float] = {}
 

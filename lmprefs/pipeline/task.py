@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from lmprefs.config import Config
+from lmprefs.data.queries import task_queries
+from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.runtime.device import setup_torch
 
 HELDOUT_QUERIES = 512  # queries set aside (a fixed permutation) for evaluation; never trained on
@@ -26,9 +28,6 @@ class Task:
 
 
 def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
-    from lmprefs.data.queries import task_queries
-    from lmprefs.models.loading import load_lm, max_positions
-
     device, dtype = setup_torch(cfg.run)
     torch.manual_seed(cfg.run.seed)
     model, tok = load_lm(cfg.task.initial_model, device)

@@ -26,6 +26,13 @@ from pathlib import Path
 from lmprefs.config import Config
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
+from lmprefs.pipeline.labeling import collect_labels, open_store
+from lmprefs.pipeline.policy import run_train_policy
+from lmprefs.pipeline.rewards import reward_function
+from lmprefs.pipeline.task import Task, setup_task
+from lmprefs.recipes.quickstart import evaluate_policy
+from lmprefs.runtime.runlog import read_metrics
+from lmprefs.training.frontier import frontier
 
 R = dataclasses.replace
 POOL_FACTOR = 1.5  # with several seeds the store holds 1.5x the largest label count, so its arms' subsets differ
@@ -45,7 +52,6 @@ class Results:
 
 def true_reward_fn(name: str):
     """The true reward by name (vader, descriptiveness or module:function), or one line naming the bad value."""
-    from lmprefs.pipeline.rewards import reward_function
 
     try:
         return reward_function(name)[1]
@@ -56,8 +62,6 @@ def true_reward_fn(name: str):
 def evaluate_arm(t, policy, queries, true_fn, samples: int, seed: int, desc: str) -> dict:
     """True reward (mean +/- s.e. over queries) and KL(pi, rho) on policy samples (sum over the response of log pi -
     log rho at the task temperature, mean +/- s.e. over samples) of a trained policy (None: the initial one)."""
-    from lmprefs.pipeline.task import Task
-    from lmprefs.recipes.quickstart import evaluate_policy
 
     adapter = policy.adapter if policy is not None else None
     task = t if policy is None or adapter else Task(**{**t.__dict__, "model": policy.lm})
@@ -71,8 +75,6 @@ def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, sam
               reward: str | None = None, store_path: Path | None = None) -> dict:  # fmt: skip
     """One arm: a train-policy run in arm_dir (resumed if begun before), evaluated on the first n_eval held-out
     queries with the true reward and its KL from the initial policy."""
-    from lmprefs.pipeline.policy import run_train_policy
-    from lmprefs.pipeline.task import setup_task
 
     resume = (arm_dir / "run.json").is_file()  # begun before: resume (from its checkpoint, or over)
     print(f"[{name}] {'resuming' if resume else 'training'} ({what})", flush=True)
@@ -103,8 +105,6 @@ def seed_key(name: str, s: int) -> str:
 def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int], n_eval: int, samples: int,
                        seeds: int = 1, on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
     """Figure 2 over `seeds` seeds. on_start runs once every input has been checked, before anything is written."""
-    from lmprefs.pipeline.labeling import collect_labels, open_store
-    from lmprefs.pipeline.task import setup_task
 
     true_name = cfg.labels.labeler
     hf = cfg.labels.heldout_fraction
@@ -189,8 +189,6 @@ def plot_figure2(run_dir: Path, names: list[str], seeds: int, data: dict, batch_
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from lmprefs.runtime.runlog import read_metrics
-
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name in names:
         curves = []
@@ -238,10 +236,6 @@ def run_kl_frontier(cfg: Config, run_dir: Path, *, queries: int, samples: int, b
     queries, and PPO arms with direct access to the true reward (one per KL target, one per fixed KL coefficient),
     evaluated on the same queries. figure2: a mock-sentiment run directory whose arms are added as points."""
     import torch
-
-    from lmprefs.pipeline.task import setup_task
-    from lmprefs.recipes.quickstart import evaluate_policy
-    from lmprefs.training.frontier import frontier
 
     true_fn = true_reward_fn(true_reward)
     extra = _figure2_points(figure2) if figure2 is not None else {}

@@ -17,7 +17,22 @@ from pathlib import Path
 import torch
 
 from lmprefs.config import Config
-from lmprefs.pipeline.task import Task
+from lmprefs.config.schema import label_type_shape
+from lmprefs.data.queries import QueryStream
+from lmprefs.data.tasks import decode, format_queries, show, truncate_responses
+from lmprefs.labels.labelers import score_fn, score_texts
+from lmprefs.models import parallel
+from lmprefs.models.lora import using
+from lmprefs.models.sampling import sample, sampler_options
+from lmprefs.pipeline.labeling import collect_labels, open_store
+from lmprefs.pipeline.policy import policy_for
+from lmprefs.pipeline.reward_model import train_reward_model
+from lmprefs.pipeline.rewards import track_true_reward
+from lmprefs.pipeline.task import Task, setup_task
+from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.device import autocast
+from lmprefs.runtime.runlog import open_logger, progress, read_metrics
+from lmprefs.training.policy import build_run, ref_logprobs, rm_score_fn, train_policy
 
 # what each simulated labeler stands for, in reports and plots
 TRUE_REWARD_NAMES = {"vader": "mock sentiment (VADER)", "descriptiveness": "mock descriptiveness",
@@ -30,7 +45,6 @@ def true_reward_name(labeler: str) -> str:
 
 def chance(cfg: Config) -> float:
     """A reward model's held-out accuracy by chance: 1/N for best_of_N."""
-    from lmprefs.config.schema import label_type_shape
 
     return 1 / label_type_shape(cfg.labels.type)[1]
 
@@ -46,13 +60,6 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     Under several ranks each rank evaluates its strided share of the queries with its own seed (seed + rank *
     100003) and the shares are gathered, so every rank returns the same figures over all queries in 1/N of the
     time; a collective, every rank calls it."""
-    from lmprefs.data.tasks import decode, format_queries, truncate_responses
-    from lmprefs.labels.labelers import score_texts
-    from lmprefs.models.lora import using
-    from lmprefs.models.sampling import sample, sampler_options
-    from lmprefs.runtime import distributed as dist
-    from lmprefs.runtime.device import autocast
-    from lmprefs.runtime.runlog import progress
 
     task = t.cfg.task
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
@@ -66,8 +73,6 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
             r, logp = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen,
                              repeats=samples_per_query, **sampler_options(t.cfg.run))
         if ref_model is not None:
-            from lmprefs.training.policy import ref_logprobs
-
             with autocast(t.device, t.dtype), using(ref_model, None):
                 ref = ref_logprobs(ref_model, formatted, r, task.temperature, len(t.tok), repeats=samples_per_query)
             kls += (logp.float() - ref.float()).sum(1).tolist()
@@ -129,7 +134,6 @@ def plot_curves(metrics: list[dict], out: Path, labeler: str = "vader") -> list[
 
 def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before: dict, after: dict, queries,
                  tok) -> Path:  # fmt: skip
-    from lmprefs.data.tasks import decode, show
 
     gain = after["mean"] - before["mean"]
     se = math.sqrt(before["stderr"] ** 2 + after["stderr"] ** 2)
@@ -170,18 +174,6 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 
 
 def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -> dict:
-    from lmprefs.data.queries import QueryStream
-    from lmprefs.labels.labelers import score_fn
-    from lmprefs.models import parallel
-    from lmprefs.pipeline.labeling import collect_labels, open_store
-    from lmprefs.pipeline.policy import policy_for
-    from lmprefs.pipeline.reward_model import train_reward_model
-    from lmprefs.pipeline.rewards import track_true_reward
-    from lmprefs.pipeline.task import setup_task
-    from lmprefs.runtime import distributed as dist
-    from lmprefs.runtime.runlog import open_logger, read_metrics
-    from lmprefs.training.policy import build_run, rm_score_fn, train_policy
-
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
     # shares of each global batch, the held-out queries are evaluated in shares and gathered; rank 0 writes
     say = print if dist.is_main() else (lambda *_, **__: None)

@@ -7,19 +7,19 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.data.queries import task_queries
+from lmprefs.data.tasks import decode, format_queries
 from lmprefs.errors import UserError
+from lmprefs.models.artifacts import load_policy
+from lmprefs.models.loading import load_lm, max_positions
+from lmprefs.models.sampling import sample, sampler_options
+from lmprefs.pipeline.task import HELDOUT_QUERIES
+from lmprefs.runtime.device import autocast, setup_torch
 
 
 def sample_texts(cfg, n: int, policy_dir: Path | None = None, temperature: float | None = None,
                  seed: int | None = None, split: str = "heldout") -> list[tuple[str, str]]:  # fmt: skip
     """(query, response) texts: n queries of the split continued by a saved policy, or by cfg's initial model."""
-    from lmprefs.data.queries import task_queries
-    from lmprefs.data.tasks import decode, format_queries
-    from lmprefs.models.artifacts import load_policy
-    from lmprefs.models.loading import load_lm, max_positions
-    from lmprefs.models.sampling import sample, sampler_options
-    from lmprefs.pipeline.task import HELDOUT_QUERIES
-    from lmprefs.runtime.device import autocast, setup_torch
 
     device, dtype = setup_torch(cfg.run)
     temperature = temperature if temperature is not None else cfg.task.temperature

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.data.tasks import PAD, encode_fixed, format_queries
 from lmprefs.errors import UserError
+from lmprefs.models.loading import max_positions
 
 
 def score_texts(rm, task: dict, pairs: list[tuple[str, str]], device, batch_size: int = 32,
@@ -17,8 +19,6 @@ def score_texts(rm, task: dict, pairs: list[tuple[str, str]], device, batch_size
     each batch) unless `truncate`, which cuts queries and responses to the task's query_length / response_length
     as in training. Texts longer than the model's context keep their last tokens. counts: "longer" (texts beyond
     the trained lengths), "cut" (texts that were cut)."""
-    from lmprefs.data.tasks import PAD, encode_fixed, format_queries
-    from lmprefs.models.loading import max_positions
 
     tok = rm.tokenizer
     prefix, suffix = encode_fixed(tok, task["query_prefix"]), encode_fixed(tok, task["query_suffix"])

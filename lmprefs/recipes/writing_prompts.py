@@ -29,8 +29,22 @@ import time
 from pathlib import Path
 
 from lmprefs.config import Config
+from lmprefs.data.tasks import decode, show
 from lmprefs.errors import UserError
-from lmprefs.io.atomic import atomic_write_text
+from lmprefs.io.atomic import atomic_write_text, crash_point
+from lmprefs.labels.formats import LabelFileError, import_file
+from lmprefs.labels.labelers import SCORE_FNS
+from lmprefs.models.artifacts import load_policy
+from lmprefs.models.sampling import sampler_options
+from lmprefs.pipeline.labeling import open_store
+from lmprefs.pipeline.policy import run_train_policy
+from lmprefs.pipeline.reward_model import train_reward_model
+from lmprefs.pipeline.rewards import reward_function
+from lmprefs.pipeline.task import Task, setup_task
+from lmprefs.recipes.quickstart import evaluate_policy
+from lmprefs.runtime.runlog import RunLogger, open_logger, progress
+from lmprefs.training.reward import sample_comparisons
+from lmprefs.training.sft import checkpoint_step, train_sft
 
 R = dataclasses.replace
 STAGES = ("data", "sft", "reward", "ppo", "evaluate")
@@ -41,12 +55,6 @@ def demo_data(cfg: Config, out: Path, n_prompts: int, per_prompt: int, true_fn) 
     task.query_length tokens), `per_prompt` continuations of each sampled from task.initial_model at temperature 1,
     each scored by `true_fn` (VADER)."""
     import torch
-
-    from lmprefs.data.tasks import decode
-    from lmprefs.models.sampling import sampler_options
-    from lmprefs.pipeline.task import setup_task
-    from lmprefs.runtime.runlog import progress
-    from lmprefs.training.reward import sample_comparisons
 
     task = R(cfg.task, query_dataset="austen", start_text=".", end_text=".", temperature=1.0)
     t = setup_task(R(cfg, task=task), n_heldout=0)
@@ -71,7 +79,6 @@ def demo_data(cfg: Config, out: Path, n_prompts: int, per_prompt: int, true_fn) 
 
 def prepare_data(store, data: Path, run_dir: Path) -> dict:
     """Import the scores (atomically: a bad row refuses the whole file) and write prompts.jsonl and sft.jsonl."""
-    from lmprefs.labels.formats import LabelFileError, import_file
 
     try:
         import_file(store, data, format="scores")
@@ -97,15 +104,6 @@ def run_writing_prompts(cfg: Config, run_dir: Path, *, data: str | None = None, 
     """The whole pipeline in `run_dir` (module docstring); an existing run_dir resumes. `data`: the scores JSONL
     (None: the offline demo, whose true reward is VADER); `true_reward`: a reward on response texts to evaluate
     with (vader, descriptiveness, module:function), if any. -> {"results", "report"}."""
-    from lmprefs.io.atomic import crash_point
-    from lmprefs.labels.labelers import SCORE_FNS
-    from lmprefs.pipeline.labeling import open_store
-    from lmprefs.pipeline.policy import run_train_policy
-    from lmprefs.pipeline.reward_model import train_reward_model
-    from lmprefs.pipeline.rewards import reward_function
-    from lmprefs.pipeline.task import setup_task
-    from lmprefs.runtime.runlog import RunLogger, open_logger
-    from lmprefs.training.sft import checkpoint_step, train_sft
 
     run_dir.mkdir(parents=True, exist_ok=True)
     results_path = run_dir / "results.json"
@@ -204,10 +202,6 @@ def run_writing_prompts(cfg: Config, run_dir: Path, *, data: str | None = None, 
 def evaluate_both(cfg: Config, ppo_dir: Path, t, n_eval: int, samples: int, true_fn) -> dict:
     """The true reward (if any) and the KL from the SFT model of the SFT and the PPO policy, on the same held-out
     prompts with the same seed; the first sample of each prompt for the report."""
-    from lmprefs.data.tasks import decode
-    from lmprefs.models.artifacts import load_policy
-    from lmprefs.pipeline.task import Task, setup_task
-    from lmprefs.recipes.quickstart import evaluate_policy
 
     t = t or setup_task(cfg, n_eval)
     heldout = t.heldout_queries[:n_eval]
@@ -232,8 +226,6 @@ def evaluate_both(cfg: Config, ppo_dir: Path, t, n_eval: int, samples: int, true
 
 
 def write_report(run_dir: Path, cfg: Config, results: dict, true_name: str | None, base: str) -> Path:
-    from lmprefs.data.tasks import show
-
     d, sft, rm, ppo, ev = (results[k] for k in STAGES)
     corr = f", score correlation {rm['heldout/corr']:.3f}" if "heldout/corr" in rm else ""
     lines = ["# lmprefs writing-prompts", "",

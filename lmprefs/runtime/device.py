@@ -10,13 +10,14 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.errors import UserError
+from lmprefs.runtime.distributed import device_for
+
 
 def pick_device(name: str = "auto") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        from lmprefs.errors import UserError
-
         raise UserError(f"device {name!r}: CUDA is not available here (torch {torch.__version__}); use cpu or auto")
     return torch.device(name)
 
@@ -39,8 +40,6 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto" and os.environ.get("LMPREFS_AUTO_DTYPE"):
         name = os.environ["LMPREFS_AUTO_DTYPE"]
         if name not in ("float32", "bfloat16"):
-            from lmprefs.errors import UserError
-
             raise UserError(f"LMPREFS_AUTO_DTYPE={name!r} (environment): expected float32 or bfloat16")
     if name == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
@@ -60,7 +59,6 @@ def autocast(device: torch.device, dtype: torch.dtype):
 
 def setup_torch(run) -> tuple[torch.device, torch.dtype]:
     """Device, autocast dtype and threads from RunConfig."""
-    from lmprefs.runtime.distributed import device_for
 
     if run.threads:
         torch.set_num_threads(run.threads)

@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lmprefs.config import Config
+from lmprefs.config import PRESETS, Config, preset
 from lmprefs.config.overrides import ConfigError, all_keys, apply_overrides, set_value
 from lmprefs.io.config_file import load_config
+from lmprefs.runtime.device import pick_device
+from lmprefs.runtime.runlog import check_trackers
 
 
 def resolve_config(preset_name: str, pairs=(), config_file: str | Path | None = None,
@@ -18,7 +20,6 @@ def resolve_config(preset_name: str, pairs=(), config_file: str | Path | None = 
     values, or strings parsed as on the command line) applied and validated, and checked against this machine
     (the trackers of run.report_to installed, CUDA present when run.device asks for it), so that a bad value is one
     line before any file is opened or model loaded."""
-    from lmprefs.config import PRESETS, preset
 
     if config_file:
         cfg = load_config(Path(config_file))
@@ -41,10 +42,7 @@ def resolve_config(preset_name: str, pairs=(), config_file: str | Path | None = 
 def check_runnable(cfg: Config) -> None:
     """A UserError when this machine cannot run cfg: a tracker of run.report_to not installed, or a CUDA device
     asked for where there is none (checked before any work, so an hour of training never ends in it)."""
-    from lmprefs.runtime.runlog import check_trackers
 
     check_trackers(cfg.run.report_to)
     if cfg.run.device.startswith("cuda"):
-        from lmprefs.runtime.device import pick_device
-
         pick_device(cfg.run.device)

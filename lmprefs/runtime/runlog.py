@@ -13,23 +13,22 @@ from pathlib import Path
 
 from lmprefs.config import Config
 from lmprefs.config.overrides import to_dict
+from lmprefs.errors import UserError
 from lmprefs.io.config_file import save_config
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
+from lmprefs.runtime.distributed import broadcast_object, is_main
 
 
 def default_run_dir(command: str, preset: str) -> Path:
     """runs/COMMAND-PRESET-TIME; under several ranks, rank 0's clock names it for all."""
     name = f"{command}-{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     if "WORLD_SIZE" in os.environ:
-        from lmprefs.runtime.distributed import broadcast_object
-
         name = broadcast_object(name)
     return Path("runs") / name
 
 
 def open_logger(run_dir: Path, cfg: Config, resume_step: int | None = None):
     """A RunLogger on rank 0; on the other ranks one that writes nothing (they log the same reduced metrics)."""
-    from lmprefs.runtime.distributed import is_main
 
     return RunLogger(run_dir, cfg, resume_step) if is_main() else NullLogger()
 
@@ -54,8 +53,6 @@ PHASES = ("reward", "policy", "sft")
 def check_trackers(names: tuple[str, ...]) -> None:
     """A UserError naming the first tracker of run.report_to whose package is missing (checked before any work)."""
     import importlib.util
-
-    from lmprefs.errors import UserError
 
     for name in names:
         if name in ("wandb", "mlflow") and importlib.util.find_spec(name) is None:

@@ -23,14 +23,20 @@ import torch
 from torch import Tensor
 
 from lmprefs.config import Config
+from lmprefs.config.diff import config_meta
 from lmprefs.data.tasks import apply_penalty, decode, format_queries, query_texts, show, truncate_responses
 from lmprefs.errors import UserError
+from lmprefs.io.atomic import atomic_write_text, crash_point
+from lmprefs.io.publish import latest_good
 from lmprefs.models import parallel
+from lmprefs.models.artifacts import _save_policy, atomic_dir, plain_copy, save_policy
+from lmprefs.models.lora import adapter_state, using
 from lmprefs.models.policy import Policy
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, logprobs_and_entropy, response_logits_hidden
 from lmprefs.runtime import distributed as dist
-from lmprefs.runtime.device import autocast
+from lmprefs.runtime.device import autocast, pick_dtype
+from lmprefs.runtime.runlog import progress
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards, make_kl_controller, ppo_update
 
@@ -132,7 +138,6 @@ def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float,
 @torch.no_grad()
 def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config, prefix, suffix, device, dtype):
     """Steps 1-4 of an update: (Rollout, stats, texts for printing)."""
-    from lmprefs.models.lora import using
 
     policy, task = run.policy, cfg.task
     q = format_queries(queries.to(device), prefix, suffix)
@@ -178,7 +183,6 @@ def build_run(cfg: Config, policy: Policy, stream, device) -> PolicyRun:
     # the frozen initial model; with LoRA it is the shared base itself (adapters off), no copy needed
     ref_lm = None if policy.adapter else copy.deepcopy(policy.lm).requires_grad_(False).eval()
     if cfg.run.parallel == "fsdp" and dist.active():  # sharded before the optimizer sees the parameters
-        from lmprefs.runtime.device import pick_dtype
 
         dtype = pick_dtype(cfg.run.dtype, device)
         parallel.fsdp_shard(policy, dtype)
@@ -273,10 +277,6 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
     fallback. Every rank calls it (their own states are gathered). Non-finite parameters are never saved."""
     from safetensors.torch import save_file
 
-    from lmprefs.config.diff import config_meta
-    from lmprefs.models.artifacts import _save_policy, atomic_dir
-    from lmprefs.models.lora import adapter_state
-
     bad = nonfinite_parameters(run)
     if bad:
         raise AndonStop(f"refusing to save a checkpoint: {bad}")
@@ -284,7 +284,6 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
     ranks = rank_states(run)
     policy, optimizer = run.policy, None
     if parallel.is_sharded(run.policy):  # FSDP: the whole model and optimizer state gathered on rank 0 (collectives)
-        from lmprefs.models.artifacts import plain_copy
 
         model_state = parallel.full_state_dict(run.policy)
         optimizer = parallel.full_optimizer_state(run.policy, run.optimizer)
@@ -306,7 +305,6 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
 
 def find_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
     """(newest checkpoint version that verifies, its manifest), or None when the run never saved one."""
-    from lmprefs.io.publish import latest_good
 
     return latest_good(Path(run_dir) / "checkpoint")
 
@@ -379,9 +377,6 @@ def _whole(model, src: dict, prefix: str) -> dict:
 def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: Path, prefix, suffix, device, dtype,
                  on_update: Callable[[PolicyRun, dict], None] | None = None) -> dict:  # fmt: skip
     """The outer loop, from run.update to ppo.num_updates. Returns the last update's stats."""
-    from lmprefs.io.atomic import crash_point
-    from lmprefs.models.artifacts import save_policy
-    from lmprefs.runtime.runlog import progress
 
     n_updates, B = cfg.ppo.num_updates, cfg.ppo.batch_size
     if n_updates <= 0:
@@ -438,8 +433,6 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
     bar.close()
     policy = run.policy
     if parallel.is_sharded(policy):
-        from lmprefs.models.artifacts import plain_copy
-
         state = parallel.full_state_dict(policy)  # a collective
         policy = plain_copy(policy, state) if dist.is_main() else None
     if dist.is_main():
@@ -451,8 +444,6 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
 def andon_stop(run: PolicyRun, run_dir: Path, reason: str) -> AndonStop:
     """Record why the run stopped in RUN_DIR/ANDON (which `--resume` reads) and build the exception to raise."""
     import json
-
-    from lmprefs.io.atomic import atomic_write_text
 
     last = run.saved_update
     if dist.is_main():

@@ -21,6 +21,7 @@ from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix_shared
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import autocast
+from lmprefs.training.optim import TFAdam
 
 
 @dataclass
@@ -276,7 +277,6 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     memory). `cache`: reward_prefixes(data), so the frozen bottom blocks are not run again.
     Under several ranks every rank draws the same permutation and takes a strided share of each global batch; DDP
     averages the gradients, with each rank's loss weighted so that the average is the global batch's mean."""
-    from lmprefs.training.optim import TFAdam
 
     params = rm.trainable_parameters()
     for p in params:  # a retrain after freeze(): these are the parameters this epoch trains

@@ -19,11 +19,19 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from lmprefs.assets.models import resolve_model
 from lmprefs.config import Config
+from lmprefs.config.diff import config_meta, math_changes
 from lmprefs.data.tasks import PAD
 from lmprefs.errors import UserError
+from lmprefs.io.publish import latest_good
+from lmprefs.models.artifacts import atomic_dir
+from lmprefs.models.loading import load_lm, max_positions, vocab_size
+from lmprefs.models.lora import add_adapter, merged_copy, using
 from lmprefs.models.trunk import model_inputs
-from lmprefs.runtime.device import autocast
+from lmprefs.runtime.device import autocast, setup_torch
+from lmprefs.runtime.runlog import progress
+from lmprefs.training.optim import TFAdam
 
 
 class SFTDataError(UserError):
@@ -123,16 +131,12 @@ def epoch_order(seed: int, epoch: int, n: int) -> Tensor:
 
 def checkpoint_step(run_dir: Path) -> int | None:
     """The step of the run's last good SFT checkpoint (None: no checkpoint)."""
-    from lmprefs.io.publish import latest_good
 
     found = latest_good(Path(run_dir) / "checkpoint")
     return None if found is None else int(found[1]["step"])
 
 
 def _save_checkpoint(run_dir: Path, cfg: Config, step: int, params, opt, before: float) -> None:
-    from lmprefs.config.diff import config_meta
-    from lmprefs.models.artifacts import atomic_dir
-
     state = {"step": step, "params": [p.detach().cpu() for p in params], "optimizer": opt.state_dict(),
              "initial_loss": before}  # fmt: skip
     with atomic_dir(Path(run_dir) / "checkpoint", {"step": step, **config_meta(cfg)}, keep=1) as tmp:
@@ -140,9 +144,6 @@ def _save_checkpoint(run_dir: Path, cfg: Config, step: int, params, opt, before:
 
 
 def _load_checkpoint(run_dir: Path, cfg: Config, params, opt) -> tuple[int, float]:
-    from lmprefs.config.diff import config_meta, math_changes
-    from lmprefs.io.publish import latest_good
-
     found = latest_good(Path(run_dir) / "checkpoint")
     if found is None:
         raise UserError(f"{run_dir} has no SFT checkpoint to resume")
@@ -163,13 +164,6 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
     """Fine-tune cfg.task.initial_model on cfg.sft.data (or `data`); saves the model to out_dir; returns a summary.
     run_dir: where a checkpoint is written every run.save_interval steps (None: no checkpoints); resume: continue
     from it, with the same result as a run that never stopped."""
-    from lmprefs.assets.models import resolve_model
-    from lmprefs.models.artifacts import atomic_dir
-    from lmprefs.models.loading import load_lm, max_positions, vocab_size
-    from lmprefs.models.lora import add_adapter, merged_copy, using
-    from lmprefs.runtime.device import setup_torch
-    from lmprefs.runtime.runlog import progress
-    from lmprefs.training.optim import TFAdam
 
     s = cfg.sft
     data = data or s.data
