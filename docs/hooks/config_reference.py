@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import html
+import operator
 import re
 import sys
 import types
@@ -109,19 +110,11 @@ def reference_markdown(lc) -> str:
 
 
 def presets_markdown(lc) -> str:
-    base = dict(_flat(lc.Config()))
+    defaults = {key: default for name, cls in sections(lc) for key, *_, default in leaves(cls, f"{name}.")}
     out = []
     for name, (desc, cfg) in lc.PRESETS.items():
-        changed = [f"`{k}={v!r}`" for k, v in _flat(cfg) if base[k] != v]
+        values = {key: operator.attrgetter(key)(cfg) for key in defaults}
+        changed = [f"`{key}={v!r}`" for key, v in values.items() if v != defaults[key]]
         out.append(f"`{name}`\n:   {cell(desc)}\n\n    Changes from the defaults: "
                    + (cell(", ".join(changed)) if changed else "none") + ".")  # fmt: skip
     return "\n\n".join(out)
-
-
-def _flat(obj, prefix: str = ""):
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
-            yield from _flat(v, f"{prefix}{f.name}.")
-        else:
-            yield prefix + f.name, v
