@@ -162,8 +162,9 @@ def test_summarize_quickstart_end_to_end_on_the_tiny_model(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_summarize_demo_learns(tmp_path):
-    """The real demo as the README runs it: SmolLM2, the 300 news articles, the faithfulness judge; the true reward
-    on held-out articles must rise by more than 3 standard errors (18.5 min on 2 cores of an Intel Xeon; README)."""
+    """The real demo as `lmprefs quickstart --preset summarize` runs it: SmolLM2, the 300 news articles, the
+    faithfulness judge; the true reward on held-out articles must rise by more than 3 standard errors (18.5 min on 2
+    cores of an Intel Xeon; docs/results.md)."""
     run_dir = tmp_path / "demo"
     assert main(["quickstart", "--preset", "summarize", "--run-dir", str(run_dir)]) == 0
     rep = json.loads((run_dir / "report.json").read_text())

@@ -182,7 +182,7 @@ SUMMARY_FREE_WORDS = 10
 LENGTH_PENALTY = 0.03
 """The judge's penalty per word beyond SUMMARY_FREE_WORDS. 0.03 beyond 10 (was 0.01 beyond 20): with 0.01 the four
 summaries of a question differed by a median 0.053 (best minus second) and a reward model trained on 244 such labels
-picked the judge's best 0.206 of the time (chance 0.25); see the README's summarization demo."""
+picked the judge's best 0.206 of the time (chance 0.25); docs/results.md, "Summarization demo"."""
 _END_OF_TEXT = re.compile(r"<\|(?:im_end|endoftext)\|>")  # SmolLM2's and GPT-2's end-of-text tokens, decoded
 _encoder = None
 _encoder_lock = threading.Lock()

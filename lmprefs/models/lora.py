@@ -3,8 +3,8 @@ adapters on the same weights, and the reference policy is the base with adapters
 serves all four roles. Written here (about 100 lines) rather than taken from peft to keep several named adapters
 on one module switchable by a context manager (policy, value, reward; the reference is the base with none active),
 and GPT-2's Conv1D handled alongside nn.Linear. peft's layers were not faster on the same top-block forward +
-backward (benchmarks/lora_vs_peft.py; three noisy runs on a shared 2-core CPU, README). Saved adapters use peft's
-format (save_peft_adapter), so PeftModel.from_pretrained loads them.
+backward (benchmarks/lora_vs_peft.py; three noisy runs on a shared 2-core CPU, docs/results.md). Saved adapters use
+peft's format (save_peft_adapter), so PeftModel.from_pretrained loads them.
 """
 
 from __future__ import annotations

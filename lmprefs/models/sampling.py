@@ -116,7 +116,7 @@ def _new_static_cache(model, length: int):
 def sampler_mode(cache: str, compile: str | bool, device: torch.device) -> tuple[bool, bool]:
     """(static cache?, compiled step?) for run.kv_cache / run.compile on `device`. auto takes the static cache
     everywhere: on this project's 2-core CPU it sampled SmolLM2-135M as fast as the dynamic cache in fp32 and in
-    0.64x the time under bf16 autocast (batch 16, query 64, 24 tokens; benchmarks/RESULTS.md). auto compiles on
+    0.64x the time under bf16 autocast (batch 16, query 64, 24 tokens; docs/results.md). auto compiles on
     CUDA only: on the CPU a compile costs one to two minutes per shape."""
     if cache not in ("auto", "static", "dynamic"):
         raise ValueError(f"kv_cache={cache!r}: expected auto, static or dynamic")
@@ -135,7 +135,7 @@ def _prefill(model, queries: Tensor, repeats: int, static) -> tuple[Tensor, Tens
     the queries [B * k, Q], the cache holding their keys and values for B * k rows; k = repeats, row i * k + j is a
     copy of query i). `static`: the StaticCache to fill (for B * k rows), or None for a DynamicCache.
     With k > 1 the queries run once and the cache is copied per row: best-of-4 questions on 64-token queries spent
-    about half their sampling time in the prefill when each query ran 4 times (benchmarks/RESULTS.md)."""
+    about half their sampling time in the prefill when each query ran 4 times (docs/results.md)."""
     ids, mask, positions = model_inputs(queries)
     B, Q = queries.shape
     if static is not None and repeats == 1:  # the whole static mask; the causal mask hides the unwritten slots

@@ -202,7 +202,7 @@ def lm_logits(model, h: Tensor) -> Tensor:
 
     On CUDA a plain linear head whose row count is not a multiple of 64 (GPT-2's 50257) runs with its weight
     zero-padded to one, because cuBLAS then picks a tensor-core kernel ~6x faster: on an H100 in bf16, 512 x 768 x
-    50257 ran at 96 TFLOP/s and 512 x 768 x 50304 at 598 (benchmarks/RESULTS.md). The padded logits lie beyond the
+    50257 ran at 96 TFLOP/s and 512 x 768 x 50304 at 598 (docs/results.md). The padded logits lie beyond the
     vocabulary and never reach a softmax. Elsewhere (the CPU, a wrapped head) the head runs as it is."""
     head = lm_head(model)
     pad = -head.weight.shape[0] % 64 if type(head) is nn.Linear else 0

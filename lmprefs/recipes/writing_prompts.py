@@ -2,7 +2,7 @@
 r/WritingPrompts: a supervised baseline, a reward model learned from people's scores of the stories, then PPO from
 the supervised model with a separate value model), end to end on a JSONL of `{prompt, response, score}`.
 
-Without `--data` it runs an offline demo in which everything stands in for Reddit (README, "Writing prompts"):
+Without `--data` it runs an offline demo in which everything stands in for Reddit (docs/tasks.md):
 passages of Jane Austen's novels are the prompts, continuations sampled from the initial model (SmolLM2-135M) at
 temperature 1 are the stories people wrote for them, and VADER's compound sentiment of each continuation is its
 score. The same VADER is the true reward of the final evaluation.
