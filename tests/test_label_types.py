@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmprefs.config.schema import label_type_shape
+from lmprefs.config import label_type_shape
 from lmprefs.labels import types
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmprefs.assets.tokenizers import gpt2_tokenizer
-from lmprefs.config.schema import label_type_shape
+from lmprefs.config import label_type_shape
 from lmprefs.data.summarize import comparison_query
 from lmprefs.io.jsonl import JsonRowsError, json_rows
 from lmprefs.labels.store import SPLIT_NAME, ImportRow, LabelStore

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from lmprefs.assets.models import minilm_dir
-from lmprefs.config.schema import label_type_shape
+from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, Item, LabelStore
 
 ScoreFn = Callable[[list[str]], list[float]]

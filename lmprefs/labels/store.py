@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
 
-from lmprefs.config.schema import label_type_shape
+from lmprefs.config import label_type_shape
 from lmprefs.errors import UserError
 
 SCHEMA_VERSION = 2

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import torch
 
-from lmprefs.config import Config
-from lmprefs.config.schema import label_type_shape
+from lmprefs.config import Config, label_type_shape
 from lmprefs.data.queries import QueryStream
 from lmprefs.data.tasks import decode, format_queries, show, truncate_responses
 from lmprefs.labels.labelers import score_fn, score_texts

@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Reques
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from lmprefs.config.schema import label_type_shape
+from lmprefs.config import label_type_shape
 from lmprefs.labels.quality import quality as quality_of
 from lmprefs.labels.store import Item
 from lmprefs.server.security import User, client_of

@@ -40,7 +40,7 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from lmprefs.config.schema import label_type_shape
+from lmprefs.config import label_type_shape
 from lmprefs.errors import UserError
 from lmprefs.labels.formats import FORMATS, export_file
 from lmprefs.labels.quality import quality

@@ -15,7 +15,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from lmprefs.config.schema import label_type_shape
+from lmprefs.config import label_type_shape
 from lmprefs.labels.store import LabelStore
 
 IDLE_GAP = 30 * 60  # seconds; a longer pause between two answers is a break

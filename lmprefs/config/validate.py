@@ -1,0 +1,216 @@
+"""The checks every config passes when it is built: each field's type and range, and the cross-field checks (the
+original's HParams.validate). Configs are built only through here (presets, overrides, config files, the Python API),
+so no command can start with a value it would crash on or silently reinterpret. Messages name the offending values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from typing import Literal
+
+# simulated labelers (labels/labelers.py:SCORE_FNS) and 'none'
+LABELERS = ("vader", "descriptiveness", "faithfulness", "none")
+_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+class _Problems(list):
+    def need(self, ok: bool, msg: str) -> None:
+        if not ok:
+            self.append(msg)
+
+
+def validate(cfg) -> list[str]:
+    """Every problem of a Config (empty when it is fine)."""
+    out = _type_problems(cfg, "")
+    if out:  # ranges below assume the types
+        return out
+    for sec in dataclasses.fields(cfg):
+        for f in dataclasses.fields(getattr(cfg, sec.name)):
+            v = getattr(getattr(cfg, sec.name), f.name)
+            if isinstance(v, float) and not math.isfinite(v):
+                out.append(f"{sec.name}.{f.name}={v} must be a finite number")
+    return [*out, *_task(cfg.task), *_labels(cfg.labels), *_train_reward(cfg.train_reward), *_rewards(cfg.rewards),
+            *_ppo(cfg.ppo), *_lora(cfg.lora), *_run(cfg), *_sft(cfg)]
+
+
+def _type_problems(obj, prefix: str) -> list[str]:
+    """Fields whose value is not of the declared type (a config.json can hold "lr": "fast")."""
+    out = []
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        v, t, key = getattr(obj, f.name), hints[f.name], prefix + f.name
+        if dataclasses.is_dataclass(t):
+            out += _type_problems(v, key + ".") if isinstance(v, t) else [f"{key} must be a section, not {v!r}"]
+            continue
+        args = typing.get_args(t)
+        allowed = tuple(a for a in args if a is not type(None)) if type(None) in args else (t,)
+        if v is None and type(None) in args:
+            continue
+        ok = False
+        for a in allowed:
+            if typing.get_origin(a) is Literal:
+                ok |= v in typing.get_args(a)
+            elif typing.get_origin(a) is tuple:
+                ok |= isinstance(v, tuple) and all(isinstance(x, str) for x in v)
+            elif a is float:
+                ok |= isinstance(v, int | float) and not isinstance(v, bool)
+            elif a is int:
+                ok |= isinstance(v, int) and not isinstance(v, bool)
+            else:
+                ok |= isinstance(v, a)
+        if not ok:
+            out.append(f"{key}={v!r} is not a {' or '.join(getattr(a, '__name__', str(a)) for a in allowed)}")
+    return out
+
+
+
+def _task(t) -> list[str]:
+    """What the policy continues."""
+    out = _Problems()
+    need = out.need
+    need(bool(t.query_dataset), "task.query_dataset must name a dataset")
+    need(bool(t.initial_model), "task.initial_model must name a model")
+    if t.response_length <= 0 or t.query_length <= 0:
+        out.append(f"task.query_length={t.query_length} and task.response_length={t.response_length} must be positive")
+    need(t.temperature > 0, f"task.temperature={t.temperature} must be positive")
+    need(t.truncate_token is None or t.truncate_token >= 0, f"task.truncate_token={t.truncate_token} must be >= 0")
+    need(t.truncate_after >= 0, f"task.truncate_after={t.truncate_after} must be >= 0")
+    return out
+
+
+def _labels(lab) -> list[str]:
+    """Labels and labelers."""
+    out = _Problems()
+    need = out.need
+    try:
+        label_type_shape(lab.type)
+    except ValueError as e:
+        out.append(f"labels.type: {e}")
+    need(lab.labeler in LABELERS, f"labels.labeler={lab.labeler!r}: choose one of {', '.join(LABELERS)}")
+    need(lab.num_train > 0, f"labels.num_train={lab.num_train} must be positive")
+    need(lab.labeler_temperature >= 0, f"labels.labeler_temperature={lab.labeler_temperature} must be >= 0")
+    need(0 <= lab.labeler_random_rate <= 1, f"labels.labeler_random_rate={lab.labeler_random_rate} must be in [0, 1]")
+    need(lab.subset_seed is None or lab.subset_seed >= 0, f"labels.subset_seed={lab.subset_seed} must be >= 0")
+    need(0 <= lab.heldout_fraction < 1, f"labels.heldout_fraction={lab.heldout_fraction} must be in [0, 1)")
+    need(0 <= lab.min_gold_accuracy <= 1, f"labels.min_gold_accuracy={lab.min_gold_accuracy} must be in [0, 1]")
+    need(lab.scores_as == "rating" or lab.type == "scalar_rating",
+         f"labels.scores_as={lab.scores_as!r} compares per-response scores: it needs labels.type=scalar_rating, not "
+         f"{lab.type!r}")
+    need(lab.min_score_gap >= 0, f"labels.min_score_gap={lab.min_score_gap} must be >= 0")
+    need(not (lab.weight_by_gold and lab.type == "scalar_rating"),
+         "labels.weight_by_gold weighs labelers by their answers to gold best_of_N questions; scalar_rating labels "
+         "have none")
+    need(lab.online_questions > 0, f"labels.online_questions={lab.online_questions} must be positive")
+    need(lab.online_interval > 0, f"labels.online_interval={lab.online_interval} must be positive")
+    need(lab.online_retrains >= 0, f"labels.online_retrains={lab.online_retrains} must be >= 0")
+    return out
+
+
+def _train_reward(tr) -> list[str]:
+    """Reward-model training."""
+    out = _Problems()
+    need = out.need
+    need(tr.batch_size > 0, f"train_reward.batch_size={tr.batch_size} must be positive")
+    need(tr.lr > 0, f"train_reward.lr={tr.lr} must be positive")
+    need(tr.epochs > 0, f"train_reward.epochs={tr.epochs} must be positive")
+    need(tr.microbatch >= 0, f"train_reward.microbatch={tr.microbatch} must be >= 0 (0: the whole batch)")
+    need(tr.rollout_batch_size > 0, f"train_reward.rollout_batch_size={tr.rollout_batch_size} must be positive")
+    need(tr.normalize_samples > 1, f"train_reward.normalize_samples={tr.normalize_samples} must be >= 2")
+    return out
+
+
+def _rewards(rw) -> list[str]:
+    """The KL penalty and its controller."""
+    out = _Problems()
+    need = out.need
+    need(rw.kl_coef >= 0, f"rewards.kl_coef={rw.kl_coef} must be >= 0")
+    need(rw.kl_target is None or rw.kl_target > 0, f"rewards.kl_target={rw.kl_target} must be positive or None")
+    need(rw.kl_horizon > 0, f"rewards.kl_horizon={rw.kl_horizon} must be positive")
+    return out
+
+
+def _ppo(p) -> list[str]:
+    """PPO."""
+    out = _Problems()
+    need = out.need
+    if p.batch_size <= 0 or p.nminibatches <= 0 or p.batch_size % p.nminibatches:
+        out.append(f"ppo.batch_size={p.batch_size} must be a positive multiple of ppo.nminibatches={p.nminibatches}")
+    need(p.total_episodes >= p.batch_size,
+         f"ppo.total_episodes={p.total_episodes} must be at least ppo.batch_size={p.batch_size} (one update)")
+    need(p.noptepochs > 0, f"ppo.noptepochs={p.noptepochs} must be positive")
+    need(p.lr > 0, f"ppo.lr={p.lr} must be positive")
+    need(p.vf_coef >= 0, f"ppo.vf_coef={p.vf_coef} must be >= 0")
+    need(p.vf_lr is None or p.vf_lr > 0, f"ppo.vf_lr={p.vf_lr} must be positive or None (= ppo.lr)")
+    need(p.vf_lr is None or p.value_model == "separate",
+         f"ppo.vf_lr={p.vf_lr} sets the optimizer of a separate value model; ppo.value_model is {p.value_model!r} "
+         "(the shared trunk trains with ppo.lr)")
+    need(p.cliprange > 0, f"ppo.cliprange={p.cliprange} must be positive")
+    need(p.cliprange_value > 0, f"ppo.cliprange_value={p.cliprange_value} must be positive")
+    need(0 <= p.gamma <= 1, f"ppo.gamma={p.gamma} must be in [0, 1]")
+    need(0 <= p.lam <= 1, f"ppo.lam={p.lam} must be in [0, 1]")
+    need(p.score_drop_stop is None or p.score_drop_stop > 0,
+         f"ppo.score_drop_stop={p.score_drop_stop} must be positive or None")
+    return out
+
+
+def _lora(lo) -> list[str]:
+    """LoRA adapters."""
+    out = _Problems()
+    need = out.need
+    need(lo.rank >= 0, f"lora.rank={lo.rank} must be >= 0 (0: full fine-tuning)")
+    need(lo.alpha > 0, f"lora.alpha={lo.alpha} must be positive")
+    need(lo.layers >= 0, f"lora.layers={lo.layers} must be >= 0 (0: every block)")
+    need(lo.rank == 0 or len(lo.targets) > 0, "lora.targets must name at least one module")
+    return out
+
+
+def _run(cfg) -> list[str]:
+    """The run, and what run.parallel does not combine with."""
+    out = _Problems()
+    run, lo, p = cfg.run, cfg.lora, cfg.ppo
+    need = out.need
+    need(run.seed >= 0, f"run.seed={run.seed} must be >= 0")
+    need(run.log_interval > 0, f"run.log_interval={run.log_interval} must be positive")
+    need(run.save_interval > 0, f"run.save_interval={run.save_interval} must be positive")
+    need(run.threads >= 0, f"run.threads={run.threads} must be >= 0 (0: torch's default)")
+    need(bool(_DEVICE.fullmatch(run.device)), f"run.device={run.device!r}: choose auto, cpu, cuda, cuda:N or mps")
+    if run.parallel == "fsdp":
+        need(lo.rank == 0, f"run.parallel=fsdp does not combine with LoRA (lora.rank={lo.rank}): the adapters are "
+                           "small and the frozen base is shared, so run.parallel=ddp suits LoRA")
+        need(p.value_model == "shared", "run.parallel=fsdp does not combine with ppo.value_model=separate yet (the "
+             "value model's own optimizer state is not gathered into the checkpoint)")
+        need(run.compile != "on", "run.parallel=fsdp does not combine with run.compile=on (CUDA graphs need fixed "
+                                  "parameter addresses, and FSDP frees the gathered blocks after sampling); use auto")
+    for name in run.report_to:
+        need(name in ("tensorboard", "wandb", "mlflow"),
+             f"run.report_to: {name!r} is not tensorboard, wandb or mlflow")
+    return out
+
+
+def _sft(cfg) -> list[str]:
+    """Supervised fine-tuning."""
+    out = _Problems()
+    need = out.need
+    need(cfg.sft.epochs > 0 and cfg.sft.batch_size > 0,
+         f"sft.epochs={cfg.sft.epochs} and sft.batch_size={cfg.sft.batch_size} must be positive")
+    need(cfg.sft.lr > 0, f"sft.lr={cfg.sft.lr} must be a positive number")
+    need(cfg.sft.max_length == 0 or cfg.sft.max_length >= 2,
+         f"sft.max_length={cfg.sft.max_length} must be 0 (the model's context) or at least 2")
+    return out
+
+
+def label_type_shape(label_type: str) -> tuple[str, int]:
+    """(label field, samples per item) of a label-type name, without importing torch: best_of_4 -> ("best", 4)."""
+    if label_type == "scalar_rating":
+        return "score", 1
+    if label_type == "scalar_compare":
+        return "difference", 2
+    m = re.fullmatch(r"best_of_(\d+)", label_type)
+    if m and int(m.group(1)) >= 2:
+        return "best", int(m.group(1))
+    raise ValueError(
+        f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'scalar_rating' or 'scalar_compare'"
+    )
