@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import lmprefs
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config.overrides import ConfigError
 from lmprefs.errors import UserError
 

@@ -121,7 +121,7 @@ def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path):
     lmprefs and drives train-policy as rewards.trained_model."""
     from transformers import GPT2ForSequenceClassification
 
-    from lmprefs.cli import main
+    from lmprefs.cli.dispatch import main
 
     base_dir = load_lm("tiny-gpt2")[0].config.name_or_path
     seq = GPT2ForSequenceClassification.from_pretrained(base_dir, num_labels=1, pad_token_id=50256).eval()

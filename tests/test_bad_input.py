@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 
 
 def _tree(root: Path) -> dict[str, float]:

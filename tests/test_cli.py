@@ -1,7 +1,7 @@
 import subprocess
 import sys
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 
 
 def test_help_lists_the_commands():

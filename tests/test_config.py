@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config import PRESETS, Config, preset
 from lmprefs.config.overrides import ConfigError, all_keys, apply_overrides
 from lmprefs.io.config_file import load_config, save_config

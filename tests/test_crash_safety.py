@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
 
 # no truncation filter: with the tiny model nearly every response would get the penalty score instead of the reward

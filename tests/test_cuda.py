@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.io.jsonl import read_jsonl
 from lmprefs.pipeline.policy import policy_for

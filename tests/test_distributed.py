@@ -18,7 +18,7 @@ import psutil
 import pytest
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,7 +218,7 @@ def test_optimizer_state_converts_between_positions_and_names():
     from lmprefs.models.loading import load_lm
     from lmprefs.models.policy import Policy
     from lmprefs.training.optim import TFAdam
-    from lmprefs.training.policy import _optimizer_keys
+    from lmprefs.training.policy_checkpoint import _optimizer_keys
 
     lm, tok = load_lm("tiny-gpt2")
     policy = Policy(lm, tok, 0.7)

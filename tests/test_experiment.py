@@ -11,7 +11,7 @@ import types
 import pytest
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.training.frontier import exact_point, frontier, optimal_point
 
 V, T = 5, 2  # a 5-token vocabulary and 2-token responses: 25 responses per query
@@ -52,7 +52,7 @@ def enumerable_task(seed: int):
 
 def exact_logprobs(model, query):
     """log rho(y|x) [V**T] of every response, in itertools.product order, by the package's own scoring pass."""
-    from lmprefs.training.policy import ref_logprobs
+    from lmprefs.training.rollout import ref_logprobs
 
     ys = torch.tensor(list(itertools.product(range(V), repeat=T)))
     with torch.no_grad():
@@ -150,6 +150,17 @@ def test_kl_frontier_runs_resumes_and_writes_its_figure(tmp_path, capsys):
     assert "[frontier] sampling" not in out and "[kl-target-3] done" in out and "[kl-coef-0.5] resuming" in out
     # a resumed run cannot silently change the frontier's sample size
     assert main(args[:-8] + ["--samples", "8"]) == 2
+    # rerunning the very first command line (its overrides included) resumes, and so does the bare command: a
+    # finished run's flags are its own (256 samples, the default, would be another frontier)
+    capsys.readouterr()
+    assert main(args + ["--ppo.total-episodes", "16"]) == 0
+    assert "[kl-target-3] done" in capsys.readouterr().out
+    assert main(["experiment", "kl-frontier", *TINY, "--run-dir", str(run_dir)]) == 0
+    assert "[kl-coef-0.5] done" in capsys.readouterr().out
+    assert json.loads((run_dir / "results.json").read_text())["frontier"]["samples_per_query"] == 16
+    # an override that changes what the experiment computes is refused, naming it
+    assert main(args + ["--ppo.total-episodes", "32"]) == 2
+    assert "ppo.total_episodes 16 -> 32 would change what it computes" in capsys.readouterr().err
 
 
 def test_mock_sentiment_seeds_give_error_bars_and_kl(tmp_path, capsys):

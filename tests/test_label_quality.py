@@ -100,7 +100,7 @@ def test_weighted_loss_ignores_weight_zero_labels():
 
 
 def test_train_reward_drops_and_weights_labelers_by_gold(tmp_path, capsys):
-    from lmprefs.cli import main
+    from lmprefs.cli.dispatch import main
 
     db = tmp_path / "l.sqlite"
     assert main(["label", "tiny", "--db", str(db), "--n", "24", "--labeler", "vader"]) == 0

@@ -10,8 +10,10 @@ from lmprefs.models.policy import Policy
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.trunk import response_logits_hidden
 from lmprefs.pipeline.task import setup_task
-from lmprefs.training.policy import build_run, load_checkpoint, make_rollout, save_checkpoint
+from lmprefs.training.policy_checkpoint import load_checkpoint, save_checkpoint
+from lmprefs.training.policy_run import build_run
 from lmprefs.training.ppo import ppo_update
+from lmprefs.training.rollout import make_rollout
 
 R = dataclasses.replace
 
@@ -180,7 +182,7 @@ def test_reward_model_runs_a_questions_query_once_for_its_samples(tiny_lm):
 
 def test_lora_rollout_with_the_frozen_prefix_matches_full_forwards():
     from lmprefs.data.tasks import apply_penalty, truncate_responses
-    from lmprefs.training.policy import ref_logprobs, rm_score_fn
+    from lmprefs.training.rollout import ref_logprobs, rm_score_fn
 
     cfg = preset("tiny")
     cfg = R(cfg, lora=R(cfg.lora, rank=4, layers=1))

@@ -1,7 +1,7 @@
 import json
 import threading
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
 from lmprefs.labels.store import LabelStore
 from lmprefs.pipeline import online

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 
 
 def test_quickstart_pipeline_end_to_end_on_tiny(tmp_path, capsys):

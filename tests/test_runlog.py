@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.io.jsonl import read_jsonl
 from lmprefs.runtime.runlog import RunLogger, read_metrics

@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.labels.formats import import_file
 from lmprefs.labels.store import LabelStore

@@ -12,7 +12,7 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.labels.formats import import_file
 from lmprefs.labels.store import LabelStore
 from lmprefs.server.app import create_app

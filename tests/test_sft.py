@@ -7,7 +7,7 @@ from dataclasses import replace as R
 import pytest
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.io.jsonl import read_jsonl
 from lmprefs.training.sft import encode_pairs, mean_response_loss, read_pairs
@@ -99,7 +99,7 @@ def test_train_policy_starts_from_the_sft_model_as_its_reference(sft_run, tmp_pa
     from lmprefs.data.queries import QueryStream
     from lmprefs.pipeline.policy import policy_for
     from lmprefs.pipeline.task import setup_task
-    from lmprefs.training.policy import build_run
+    from lmprefs.training.policy_run import build_run
 
     sft = str(sft_run / "run" / "sft_model")
     cfg = preset("tiny")

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.data.queries import build_queries, load_texts, task_queries
 from lmprefs.data.summarize import SummaryDataError, story_article

@@ -9,7 +9,7 @@ import zipfile
 import pytest
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.labels.labelers import SCORE_FNS, ScoreLabeler, faithfulness_score, reads_query, score_texts
 
 ARTICLE = ("Hundreds of people have been forced to leave their homes in the Southern Highlands of New South Wales as "
@@ -54,7 +54,7 @@ def test_judges_that_read_the_query_get_it_everywhere():
 def test_rollout_scores_give_the_judge_the_query_without_prefix_and_suffix(tiny_lm):
     from lmprefs.data.tasks import encode_fixed, format_queries
     from lmprefs.pipeline.rewards import track_true_reward
-    from lmprefs.training.policy import text_score_fn
+    from lmprefs.training.rollout import text_score_fn
 
     _, tok = tiny_lm
     prefix, suffix = encode_fixed(tok, "Article:\n\n"), encode_fixed(tok, "\n\nTL;DR:")

@@ -9,15 +9,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.data.queries import QueryStream
 from lmprefs.io.jsonl import read_jsonl
 from lmprefs.models.policy import Policy
 from lmprefs.pipeline.task import setup_task
 from lmprefs.runtime.runlog import RunLogger, read_metrics
-from lmprefs.training.policy import build_run, make_rollout, train_policy
+from lmprefs.training.policy import train_policy
+from lmprefs.training.policy_run import build_run
 from lmprefs.training.ppo import ppo_update
+from lmprefs.training.rollout import make_rollout
 
 R = dataclasses.replace
 ORIGINAL_METRICS = [

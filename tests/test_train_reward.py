@@ -3,7 +3,7 @@ import dataclasses
 
 import torch
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.data.tasks import PAD
 from lmprefs.labels.types import get as get_label_type

@@ -8,14 +8,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.data.queries import QueryStream
 from lmprefs.io.jsonl import read_jsonl
 from lmprefs.pipeline.policy import policy_for
 from lmprefs.pipeline.task import setup_task
-from lmprefs.training.policy import build_run, make_rollout
+from lmprefs.training.policy_run import build_run
 from lmprefs.training.ppo import ppo_update
+from lmprefs.training.rollout import make_rollout
 
 R = dataclasses.replace
 

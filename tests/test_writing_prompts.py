@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_scores import score_rows, write
 
-from lmprefs.cli import main
+from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
 
 # the tiny preset with the writing-prompts settings: whole prompts, scores compared within a prompt, separate value

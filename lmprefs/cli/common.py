@@ -130,3 +130,51 @@ def parse_numbers(text: str, flag: str, kind=float) -> list:
 def main_rank() -> bool:
     """Whether this process prints the summary: rank 0 of a launch, or the only process."""
     return os.environ.get("RANK", "0") == "0"
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The dests of the options that argv gives (`--flag V` or `--flag=V`), as opposed to their defaults."""
+    return {act.dest for act in parser._actions for opt in act.option_strings
+            if any(x == opt or x.startswith(opt + "=") for x in argv)}  # fmt: skip
+
+
+def experiment_setup(run_dir: Path, preset_name: str, pairs, flags: dict, given: set[str], fixed: bool = False):
+    """(config, flags, on_start) of an experiment in run_dir. A new one runs with the preset, the overrides and its
+    flags as given; on_start writes them (experiment-config.json, experiment-args.json) once every input has been
+    checked. An existing one resumes: its command line may be given again (overrides that leave its math as it is,
+    as `train-policy --resume` allows), flags not given keep their saved values, and flags given anew replace them
+    unless `fixed` (then a flag given with another value is refused)."""
+    import json
+
+    from lmprefs.config.diff import flat_config, math_changes
+    from lmprefs.config.overrides import apply_overrides
+    from lmprefs.io.atomic import atomic_write_text
+    from lmprefs.io.config_file import load_config, save_config
+    from lmprefs.runtime.resolve import check_runnable, resolve_config
+
+    cfg_file, args_file = run_dir / "experiment-config.json", run_dir / "experiment-args.json"
+    if not cfg_file.exists():
+        cfg = resolve_config(preset_name, pairs)
+
+        def on_start() -> None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, cfg_file)
+            atomic_write_text(args_file, json.dumps(flags))
+
+        return cfg, flags, on_start
+    saved_cfg = load_config(cfg_file)
+    cfg = apply_overrides(saved_cfg, list(pairs))
+    diff = math_changes(flat_config(saved_cfg), flat_config(cfg))
+    if diff:
+        raise UserError(f"{run_dir} is an existing experiment: {diff[0]} would change what it computes; rerun it "
+                        "with its own command line, or choose another --run-dir")  # fmt: skip
+    check_runnable(cfg)
+    saved = json.loads(args_file.read_text()) if args_file.exists() else {}
+    changed = [k for k in flags if k in given and k in saved and flags[k] != saved[k]]
+    if fixed and changed:
+        k = changed[0]
+        raise UserError(f"{run_dir} is an existing experiment started with --{k.replace('_', '-')} {saved[k]}, not "
+                        f"{flags[k]}; rerun it with its own command line, or choose another --run-dir")  # fmt: skip
+    flags = {k: flags[k] if k in given or k not in saved else saved[k] for k in flags}
+    print(f"resuming {run_dir}", flush=True)
+    return cfg, flags, lambda: None

@@ -21,7 +21,7 @@ def cmd_quickstart(argv: list[str]) -> int:
     help_with_config(p, argv, "quickstart", pairs)
     a = p.parse_args(argv)
     from lmprefs.recipes.quickstart import chance, run_quickstart, true_reward_name
-    from lmprefs.training.policy import AndonStop
+    from lmprefs.training.policy_run import AndonStop
 
     if a.eval_queries < 2 or a.eval_samples < 1:
         raise UserError("--eval-queries must be >= 2 and --eval-samples >= 1")

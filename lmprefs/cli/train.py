@@ -111,7 +111,7 @@ def cmd_train_policy(argv: list[str]) -> int:
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
     from lmprefs.pipeline.policy import run_train_policy
-    from lmprefs.training.policy import AndonStop
+    from lmprefs.training.policy_run import AndonStop
 
     changes = None
     if a.resume:

@@ -8,15 +8,15 @@ The schema, the checks and the presets are re-exported here: `from lmprefs.confi
 
 from lmprefs.config.presets import PRESETS, R, preset
 from lmprefs.config.schema import (
-    Config,
-    LabelsConfig,
-    LoraConfig,
-    PPOConfig,
-    RewardsConfig,
-    RunConfig,
-    SFTConfig,
-    TaskConfig,
-    TrainRewardConfig,
+           Config,
+           LabelsConfig,
+           LoraConfig,
+           PPOConfig,
+           RewardsConfig,
+           RunConfig,
+           SFTConfig,
+           TaskConfig,
+           TrainRewardConfig,
 )
 from lmprefs.config.validate import LABELERS, label_type_shape, validate
 

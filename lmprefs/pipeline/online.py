@@ -19,7 +19,7 @@ from lmprefs.io.jsonl import truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
-from lmprefs.training.policy import rm_score_fn
+from lmprefs.training.rollout import rm_score_fn
 
 
 def retrain_points(n_updates: int, retrains: int) -> set[int]:

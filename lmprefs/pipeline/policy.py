@@ -21,7 +21,9 @@ from lmprefs.pipeline.rewards import reward_for_policy, reward_function, track_t
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger
-from lmprefs.training.policy import build_run, find_checkpoint, load_checkpoint, train_policy
+from lmprefs.training.policy import train_policy
+from lmprefs.training.policy_checkpoint import find_checkpoint, load_checkpoint
+from lmprefs.training.policy_run import build_run
 
 
 def policy_for(t: Task):

@@ -17,8 +17,8 @@ from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_rewar
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger
-from lmprefs.training.policy import rm_score_fn, text_score_fn
 from lmprefs.training.reward import normalization_samples
+from lmprefs.training.rollout import rm_score_fn, text_score_fn
 
 
 def reward_function(reward) -> tuple[str, object]:

@@ -31,7 +31,9 @@ from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import autocast
 from lmprefs.runtime.runlog import open_logger, progress, read_metrics
-from lmprefs.training.policy import build_run, ref_logprobs, rm_score_fn, train_policy
+from lmprefs.training.policy import train_policy
+from lmprefs.training.policy_run import build_run
+from lmprefs.training.rollout import ref_logprobs, rm_score_fn
 
 # what each simulated labeler stands for, in reports and plots
 TRUE_REWARD_NAMES = {"vader": "mock sentiment (VADER)", "descriptiveness": "mock descriptiveness",

@@ -98,27 +98,57 @@ def prepare_data(store, data: Path, run_dir: Path) -> dict:
             "score_std": math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores))}  # fmt: skip
 
 
+class _Stages:
+    """results.json of a run: each stage's figures, written atomically when the stage ends, so a rerun skips the
+    stages that are done."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "results.json"
+        self.results = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def todo(self, stage: str) -> bool:
+        return stage not in self.results
+
+    def done(self, stage: str, value: dict, start: float) -> None:
+        self.results[stage] = {**value, "seconds": round(time.time() - start, 1)}
+        atomic_write_text(self.path, json.dumps(self.results, indent=1))
+        crash_point(f"writing:{stage}")
+
+
 def run_writing_prompts(cfg: Config, run_dir: Path, *, data: str | None = None, true_reward: str | None = None,
                         n_eval: int = 64, eval_samples: int = 2, demo_prompts: int = 256,
                         demo_per_prompt: int = 4) -> dict:  # fmt: skip
     """The whole pipeline in `run_dir` (module docstring); an existing run_dir resumes. `data`: the scores JSONL
     (None: the offline demo, whose true reward is VADER); `true_reward`: a reward on response texts to evaluate
     with (vader, descriptiveness, module:function), if any. -> {"results", "report"}."""
-
     run_dir.mkdir(parents=True, exist_ok=True)
-    results_path = run_dir / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    stages = _Stages(run_dir)
     if data is None and true_reward is None:
         true_reward = "vader"  # the demo's scores are VADER's: it is also the true reward
     true_name, true_fn = reward_function(true_reward) if true_reward else (None, None)
-
-    def done(stage: str, value: dict, seconds: float) -> None:
-        results[stage] = {**value, "seconds": round(seconds, 1)}
-        atomic_write_text(results_path, json.dumps(results, indent=1))
-        crash_point(f"writing:{stage}")
-
     store = open_store(run_dir / "labels.sqlite")
-    if "data" not in results:
+    _data_stage(stages, cfg, store, run_dir, data, demo_prompts, demo_per_prompt)
+    sft_model = _sft_stage(stages, cfg, run_dir)
+    # from here on the SFT model is the initial model: of the reward model, of the policy and its reference
+    base = cfg.task.initial_model
+    cfg = R(cfg, task=R(cfg.task, query_dataset=str(run_dir / "prompts.jsonl"), initial_model=str(sft_model)))
+    rm_dir = _reward_stage(stages, cfg, store, run_dir, n_eval)
+    ppo_cfg = R(cfg, rewards=R(cfg.rewards, trained_model=str(rm_dir)))
+    ppo_dir = run_dir / "ppo"
+    t = _ppo_stage(stages, ppo_cfg, ppo_dir, n_eval, true_name)
+    if stages.todo("evaluate"):
+        s = time.time()
+        print(f"[5/5] evaluating the SFT and the PPO policy on {n_eval} held-out prompts", flush=True)
+        ev = evaluate_both(ppo_cfg, ppo_dir, t, n_eval, eval_samples, true_fn)
+        atomic_write_text(run_dir / "samples.json", json.dumps(ev.pop("samples"), indent=1, ensure_ascii=False))
+        stages.done("evaluate", ev, s)
+    report = write_report(run_dir, ppo_cfg, stages.results, true_name, base)
+    return {"results": stages.results, "report": report}
+
+
+def _data_stage(stages: _Stages, cfg: Config, store, run_dir: Path, data: str | None, demo_prompts: int,
+                demo_per_prompt: int) -> None:  # fmt: skip
+    if stages.todo("data"):
         s = time.time()
         if data is None:
             print(f"[1/5] demo data: {demo_prompts} Austen passages x {demo_per_prompt} sampled continuations, "
@@ -127,14 +157,17 @@ def run_writing_prompts(cfg: Config, run_dir: Path, *, data: str | None = None, 
             data = str(run_dir / "data.jsonl")
         else:
             print(f"[1/5] importing the scores of {data}", flush=True)
-        done("data", prepare_data(store, Path(data), run_dir), time.time() - s)
-    d = results["data"]
+        stages.done("data", prepare_data(store, Path(data), run_dir), s)
+    d = stages.results["data"]
     print(f"      {d['responses']} scored responses to {d['prompts']} prompts (score {d['score_mean']:+.3f} +/- "
           f"{d['score_std']:.3f})", flush=True)  # fmt: skip
 
+
+def _sft_stage(stages: _Stages, cfg: Config, run_dir: Path) -> Path:
+    """The supervised baseline, trained (or resumed) into RUN/sft/sft_model."""
     sft_run = run_dir / "sft"
     sft_model = sft_run / "sft_model"
-    if "sft" not in results:
+    if stages.todo("sft"):
         s = time.time()
         sft_cfg = R(cfg, sft=R(cfg.sft, data=str(run_dir / "sft.jsonl")))
         resume = checkpoint_step(sft_run) is not None
@@ -147,15 +180,16 @@ def run_writing_prompts(cfg: Config, run_dir: Path, *, data: str | None = None, 
             summary = train_sft(sft_cfg, sft_model, log, run_dir=sft_run, resume=resume)
         finally:
             log.close()
-        done("sft", {k.removeprefix("sft/"): v for k, v in summary.items()}, time.time() - s)
-    print(f"      SFT response loss {results['sft']['initial_loss']:.3f} -> {results['sft']['final_loss']:.3f} "
-          "nats/token", flush=True)  # fmt: skip
+        stages.done("sft", {k.removeprefix("sft/"): v for k, v in summary.items()}, s)
+    sft = stages.results["sft"]
+    print(f"      SFT response loss {sft['initial_loss']:.3f} -> {sft['final_loss']:.3f} nats/token", flush=True)
+    return sft_model
 
-    # from here on the SFT model is the initial model: of the reward model, of the policy and its reference
-    base = cfg.task.initial_model
-    cfg = R(cfg, task=R(cfg.task, query_dataset=str(run_dir / "prompts.jsonl"), initial_model=str(sft_model)))
+
+def _reward_stage(stages: _Stages, cfg: Config, store, run_dir: Path, n_eval: int) -> Path:
+    """The reward model from the scores, into RUN/reward_model."""
     rm_dir = run_dir / "reward_model"
-    if "reward" not in results:
+    if stages.todo("reward"):
         s = time.time()
         print(f"[3/5] reward model from the scores (labels.scores_as={cfg.labels.scores_as})", flush=True)
         log = open_logger(run_dir, cfg)
@@ -165,16 +199,18 @@ def run_writing_prompts(cfg: Config, run_dir: Path, *, data: str | None = None, 
             log.close()
         keep = ("labels_train", "labels_heldout", "heldout/accuracy", "heldout/pairs", "heldout/loss", "heldout/corr",
                 "initial_heldout/accuracy", "initial_heldout/loss")  # fmt: skip
-        done("reward", {k: summary[k] for k in keep if k in summary}, time.time() - s)
-    r = results["reward"]
+        stages.done("reward", {k: summary[k] for k in keep if k in summary}, s)
+    r = stages.results["reward"]
     print(f"      held-out pair accuracy {r.get('heldout/accuracy', float('nan')):.3f} (before training "
           f"{r.get('initial_heldout/accuracy', float('nan')):.3f}; {r.get('heldout/pairs', r['labels_heldout'])} "
           "held-out pairs)", flush=True)  # fmt: skip
+    return rm_dir
 
-    ppo_cfg = R(cfg, rewards=R(cfg.rewards, trained_model=str(rm_dir)))
-    ppo_dir = run_dir / "ppo"
+
+def _ppo_stage(stages: _Stages, ppo_cfg: Config, ppo_dir: Path, n_eval: int, true_name: str | None):
+    """PPO from the SFT model against the reward model; the task it set up (None when the stage was done before)."""
     t = None
-    if "ppo" not in results:
+    if stages.todo("ppo"):
         s = time.time()
         resume = (ppo_dir / "run.json").is_file()
         print(f"[4/5] PPO from the SFT model ({'resuming, ' if resume else ''}{ppo_cfg.ppo.num_updates} updates of "
@@ -184,19 +220,11 @@ def run_writing_prompts(cfg: Config, run_dir: Path, *, data: str | None = None, 
                                if true_name in SCORE_FNS else None)  # fmt: skip
         st = out["stats"]
         keep = ("objective/score", "objective/kl", "objective/kl_coef", "ppo/val/var_explained")
-        done("ppo", {k: st[k] for k in keep if k in st}, time.time() - s)
-    p = results["ppo"]
+        stages.done("ppo", {k: st[k] for k in keep if k in st}, s)
+    p = stages.results["ppo"]
     print(f"      last batch: score {p['objective/score']:+.3f}, KL {p['objective/kl']:.2f} nats, beta "
           f"{p['objective/kl_coef']:.3f}", flush=True)  # fmt: skip
-
-    if "evaluate" not in results:
-        s = time.time()
-        print(f"[5/5] evaluating the SFT and the PPO policy on {n_eval} held-out prompts", flush=True)
-        ev = evaluate_both(ppo_cfg, ppo_dir, t, n_eval, eval_samples, true_fn)
-        atomic_write_text(run_dir / "samples.json", json.dumps(ev.pop("samples"), indent=1, ensure_ascii=False))
-        done("evaluate", ev, time.time() - s)
-    report = write_report(run_dir, ppo_cfg, results, true_name, base)
-    return {"results": results, "report": report}
+    return t
 
 
 def evaluate_both(cfg: Config, ppo_dir: Path, t, n_eval: int, samples: int, true_fn) -> dict:

@@ -3,7 +3,6 @@
 The original trains everything with `tf.train.AdamOptimizer(lr, epsilon=1e-5)` (utils/core.py#L621-L629 @cbfd210).
 TF1 folds Adam's bias correction into the step size and adds epsilon to the *uncorrected* sqrt(v) (the paper's
 "epsilon hat", the formula just before its section 2.1):
-
     lr_t = lr * sqrt(1 - b2^t) / (1 - b1^t)
     m    = b1 * m + (1 - b1) * g
     v    = b2 * v + (1 - b2) * g^2

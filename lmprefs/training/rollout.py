@@ -1,0 +1,92 @@
+"""Steps 1-4 of a PPO update (train_policy.py @cbfd210): sample responses, score the policy's and the reference's
+logprobs and values, truncate and score the responses, and form the KL-penalized per-token rewards."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from lmprefs.config import Config
+from lmprefs.data.tasks import apply_penalty, decode, format_queries, query_texts, truncate_responses
+from lmprefs.models import parallel
+from lmprefs.models.lora import using
+from lmprefs.models.sampling import sample, sampler_options
+from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, logprobs_and_entropy, response_logits_hidden
+from lmprefs.runtime.device import autocast
+from lmprefs.training.policy_run import PolicyRun, ScoreFn
+from lmprefs.training.ppo import Rollout, kl_penalized_rewards
+
+
+def rm_score_fn(rm) -> ScoreFn:
+    """Scores from a reward model; a reward adapter on the policy's base reuses the rollout's frozen prefix."""
+
+    def score(queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
+        with torch.no_grad():
+            return rm(queries, responses, prefix).float()
+
+    return score
+
+
+def text_score_fn(fn: Callable[[list[str], list[str]], list[float]], tok, mean: float = 0.0, std: float = 1.0,
+                  prefix: list[int] = (), suffix: list[int] = ()) -> ScoreFn:  # fmt: skip
+    """A reward on the response text (e.g. VADER): the paper's 'direct access to the true reward', as
+    (fn(responses, queries) - mean) / std; the queries are the query texts without the task's prefix and suffix."""
+
+    def score(queries: Tensor, responses: Tensor, frozen: FrozenPrefix | None = None) -> Tensor:
+        texts = fn(decode(tok, responses), query_texts(tok, queries, prefix, suffix))
+        raw = torch.tensor(texts, dtype=torch.float32, device=responses.device)
+        return (raw - mean) / std
+
+    return score
+
+
+def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float, vocab: int,
+                 prefix: FrozenPrefix | None = None, repeats: int = 1) -> Tensor:  # fmt: skip
+    _, logits = response_logits_hidden(ref_lm, queries, responses, prefix, repeats)
+    return logprobs_and_entropy(logits, responses, temperature, vocab)[0]
+
+
+@torch.no_grad()
+def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config, prefix, suffix, device, dtype):
+    """Steps 1-4 of an update: (Rollout, stats, texts for printing)."""
+
+    policy, task = run.policy, cfg.task
+    q = format_queries(queries.to(device), prefix, suffix)
+
+    def policy_pass():
+        # logprobs and values come from the sampling pass itself (policy.respond in the original): no extra forward
+        with using(policy.lm, policy.adapter):
+            responses, logprobs, hidden = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab,
+                                                 run.gen_sample, return_hidden=True,
+                                                 **sampler_options(cfg.run))  # fmt: skip
+        # with LoRA in the top blocks, the frozen blocks below run once here for the reference, the reward model
+        # and every PPO epoch of this batch (None when all blocks train)
+        prefix = frozen_prefix(policy.lm, torch.cat([q, responses], dim=1))
+        values = policy.values_from(q, responses, hidden, prefix)
+        return responses, logprobs, values, prefix
+
+    def ref_pass():
+        with using(policy.lm, None):  # with LoRA the reference is the shared base, adapters off
+            return ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab, prefix)
+
+    with autocast(device, dtype):  # under FSDP each pass gathers its model's shards first (a collective)
+        responses, logprobs, values, prefix = parallel.gathered(policy, policy_pass)
+        ref = parallel.gathered(run.ref_lm, ref_pass) if run.ref_lm is not None else ref_pass()
+    logprobs, values, ref = logprobs.float(), values.float(), ref.float()
+    post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
+    with autocast(device, dtype):
+        raw = score_fn(q, post, prefix).float()
+    scores = apply_penalty(raw, post, task)
+    rewards, non_score, kl = kl_penalized_rewards(logprobs, ref, scores, run.kl_ctl.value)  # 4.
+    stats = {  # record_step_stats (train_policy.py#L241)
+        "objective/kl": kl.sum(1).mean().item(),
+        "objective/kl_coef": run.kl_ctl.value,
+        "objective/entropy": (-logprobs).sum(1).mean().item(),
+        "objective/score": scores.mean().item(),
+        "objective/score_total": (non_score.sum(1) + scores).mean().item(),
+        "objective/penalized_fraction": (scores != raw).float().mean().item(),
+    }
+    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards, prefix)
+    return rollout, stats, {"responses": post, "kl": kl.sum(1)}
