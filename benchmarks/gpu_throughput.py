@@ -120,6 +120,7 @@ def main(argv=None) -> int:
     import lmprefs
     from lmprefs.config import RunConfig, preset
     from lmprefs.data.queries import QueryStream
+    from lmprefs.data.tasks import TaskContext
     from lmprefs.models.loading import load_lm
     from lmprefs.models.reward_model import RewardModel
     from lmprefs.models.sampling import sampler_mode
@@ -127,6 +128,8 @@ def main(argv=None) -> int:
     from lmprefs.pipeline.task import Task
     from lmprefs.runtime.device import setup_torch
     from lmprefs.training import policy as P
+    from lmprefs.training import rollout as RO
+    from lmprefs.training.policy_run import build_run
 
     cfg0 = preset("sentiment")
     run_cfg = RunConfig(device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
@@ -164,7 +167,7 @@ def main(argv=None) -> int:
     t = Task(cfg, device, dtype, model, tok, queries, queries[:0], [], [])
     policy = policy_for(t)
     rm = RewardModel(copy.deepcopy(model), tok, seed=args.seed).to(device).freeze().eval()  # the original's RM
-    run = P.build_run(cfg, policy, QueryStream(queries, args.seed), device)
+    run = build_run(cfg, policy, QueryStream(queries, args.seed), device)
 
     # ---- phase timers around what the loop calls (synchronising on CUDA so each phase owns its kernels) ----
     cur: dict[str, float] = defaultdict(float)
@@ -181,11 +184,11 @@ def main(argv=None) -> int:
 
         return wrapper
 
-    P.sample = timed("generation", P.sample)
-    P.ref_logprobs = timed("rollout_forward", P.ref_logprobs)
-    P.frozen_prefix = timed("rollout_forward", P.frozen_prefix)
+    RO.sample = timed("generation", RO.sample)
+    RO.ref_logprobs = timed("rollout_forward", RO.ref_logprobs)
+    RO.frozen_prefix = timed("rollout_forward", RO.frozen_prefix)
     policy.values_from = timed("rollout_forward", policy.values_from)
-    score_fn = timed("scoring", P.rm_score_fn(rm))
+    score_fn = timed("scoring", RO.rm_score_fn(rm))
     records: list[dict] = []
     mark = {"t": 0.0}
     prof = {"p": None}
@@ -217,7 +220,7 @@ def main(argv=None) -> int:
 
     sync()
     mark["t"] = time.perf_counter()
-    P.train_policy(cfg, run, score_fn, NullLog(), run_dir, [], [], device, dtype, on_update=on_update)
+    P.train_policy(cfg, run, score_fn, NullLog(), run_dir, TaskContext([], [], device, dtype), on_update=on_update)
     timed_recs = records[args.warmup : args.warmup + updates]
     phases = ["generation", "rollout_forward", "scoring", "optimization", "total"]
     per_update = {k: statistics.median(r.get(k, 0.0) for r in timed_recs) for k in phases}

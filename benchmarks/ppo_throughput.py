@@ -160,10 +160,13 @@ def lmprefs_worker(args) -> dict:
     import lmprefs
     from lmprefs.config import Config, PPOConfig, RewardsConfig, RunConfig, TaskConfig
     from lmprefs.data.queries import QueryStream
+    from lmprefs.data.tasks import TaskContext
     from lmprefs.models.loading import load_lm
     from lmprefs.pipeline.policy import policy_for
     from lmprefs.pipeline.task import Task
     from lmprefs.training import policy as P
+    from lmprefs.training import rollout as RO
+    from lmprefs.training.policy_run import build_run
 
     src = source_fingerprint()
     steps = args.steps + (1 if args.profile_update else 0)
@@ -205,8 +208,8 @@ def lmprefs_worker(args) -> dict:
     queries = torch.tensor(common.make_queries(tok, args.steps * B + B, args.query_len, seed=args.seed))[: steps * B]
     t = Task(cfg, device, dtype, model, tok, queries, queries[:0], [], [])
     policy = policy_for(t)
-    run = P.build_run(cfg, policy, QueryStream(queries, cfg.run.seed), device)
-    score_fn = P.text_score_fn(char_frac("e"), tok)
+    run = build_run(cfg, policy, QueryStream(queries, cfg.run.seed), device)
+    score_fn = RO.text_score_fn(char_frac("e"), tok)
     setup_s = time.perf_counter() - t_setup
 
     # ---- phase timers: wrap what the loop calls, as the anchor wraps TRL's helpers ----
@@ -225,8 +228,8 @@ def lmprefs_worker(args) -> dict:
 
         return wrapper
 
-    P.sample = timed(lambda *a, **k: "sample", P.sample)
-    P.ref_logprobs = timed(lambda *a, **k: "rollout_ref_fwd", P.ref_logprobs)
+    RO.sample = timed(lambda *a, **k: "sample", RO.sample)
+    RO.ref_logprobs = timed(lambda *a, **k: "rollout_ref_fwd", RO.ref_logprobs)
     P.ppo_update = timed(lambda *a, **k: "ppo_update", P.ppo_update)
     score_fn = timed(lambda *a, **k: "score", score_fn)
     policy.forward = timed(
@@ -268,7 +271,7 @@ def lmprefs_worker(args) -> dict:
     mon = common.CpuMonitor().start()
     mark["t"] = time.perf_counter()
     t0 = time.perf_counter()
-    P.train_policy(cfg, run, score_fn, _NullLog(), run_dir, [], [], device, dtype, on_update=on_update)
+    P.train_policy(cfg, run, score_fn, _NullLog(), run_dir, TaskContext([], [], device, dtype), on_update=on_update)
     train_s = time.perf_counter() - t0
     cpu = mon.stop()
     torch.Tensor.backward = orig_backward

@@ -10,7 +10,7 @@ What is measured
   ranks elapsed/time is the mean of the ranks' clocks.
 
   --device cpu (default): 1 process x 2 threads (and x 1 thread) against `torchrun --nproc-per-node 2` x 1 thread
-    each (gloo), with each --parallel (ddp, fsdp). The target of issue 10: 2 x 1 at least 0.85x of 1 x 2.
+    each (gloo), with each --parallel (ddp, fsdp). The target: 2 x 1 at least 0.85x of 1 x 2.
   --device cuda: one GPU without a launcher against `torchrun --nproc-per-node 1` (NCCL, world size 1), with each
     --parallel: what the engine costs on one GPU. run.compile=auto compiles the sampler on CUDA, except under FSDP
     (refused there); --compile off compares the three without it.

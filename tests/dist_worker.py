@@ -13,7 +13,7 @@ import sys
 import torch
 
 from lmprefs.config import preset
-from lmprefs.data.tasks import format_queries
+from lmprefs.data.tasks import TaskContext, format_queries
 from lmprefs.labels.types import get as get_label_type
 from lmprefs.models import parallel
 from lmprefs.models.loading import load_lm
@@ -48,7 +48,8 @@ def reward_epoch(cfg, model, tok):
     rm = RewardModel(copy.deepcopy(model), tok, seed=1)
     rm.lm.requires_grad_(True)
     before = {k: v.detach().clone() for k, v in rm.state_dict().items()}
-    stats = train_epoch(rm, data, get_label_type("best_of_4"), cfg, [], [], torch.device("cpu"), torch.float32)
+    ctx = TaskContext([], [], torch.device("cpu"), torch.float32)
+    stats = train_epoch(rm, data, get_label_type("best_of_4"), cfg, ctx)
     after = whole(rm)
     return after, stats | {"moved": moved(before, after)}
 
@@ -84,13 +85,12 @@ def ppo_step(cfg, model, tok):
 
 def heldout_eval(cfg, model, tok) -> dict:
     """The quickstart's evaluation of 7 held-out queries (an odd number: the ranks hold unequal shares)."""
-    from types import SimpleNamespace
-
     from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.pipeline.task import Task
     from lmprefs.recipes.quickstart import evaluate_policy
 
-    t = SimpleNamespace(cfg=cfg, device=torch.device("cpu"), dtype=torch.float32, prefix=[], suffix=[], model=model,
-                        tok=tok)  # fmt: skip
+    none = torch.empty(0, 0, dtype=torch.long)
+    t = Task(cfg, torch.device("cpu"), torch.float32, model, tok, none, none, [], [])
     queries = torch.randint(0, 1000, (7, cfg.task.query_length), generator=torch.Generator().manual_seed(3))
     out = evaluate_policy(t, queries, SCORE_FNS["vader"], None, 2, seed=4, ref_model=model)
     return {k: out[k] for k in ("mean", "stderr", "n_queries", "texts", "kl")}

@@ -1,4 +1,4 @@
-"""The Python API (issue 14, convention 4): `import lmprefs` is cheap, configs take dotted overrides, and a reward
+"""The Python API: `import lmprefs` is cheap, configs take dotted overrides, and a reward
 is a callable (API) or module:function (CLI)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Saved models are standard artifacts (issue 14, conventions 1-3 and defect 5): LoRA adapters in peft's format, a
+"""Saved models are standard artifacts: LoRA adapters in peft's format, a
 reward model that AutoModelForSequenceClassification loads with lmprefs' scores, a generation_config.json with the
 training temperature, and reward models from elsewhere (TRL's layout) loadable as rewards.trained_model."""
 
@@ -74,8 +74,8 @@ def test_lora_policy_saves_peft_adapters_and_a_merged_model_once(lora_policy, tm
 
 @pytest.mark.parametrize("lora", [False, "merged", "adapter"])
 def test_reward_model_loads_as_a_sequence_classifier_with_lmprefs_scores(lora, tmp_path):
-    """Full fine-tuning and a merged LoRA reward model: a whole classifier; a LoRA one by default (issue 14, defect
-    5): its adapter and head in peft's format, ~1% of the size, loaded by the same call with num_labels=1."""
+    """Full fine-tuning and a merged LoRA reward model: a whole classifier; a LoRA one by default: its adapter and
+    head in peft's format, ~1% of the size, loaded by the same call with num_labels=1."""
     from transformers import AutoModelForSequenceClassification
 
     lm, tok = load_lm("tiny-gpt2")
@@ -138,7 +138,7 @@ def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path):
 
 
 def test_lora_exports_keep_the_base_models_dtype(tmp_path):
-    """Issue 14, defect 5: lmprefs trains in fp32, but a merged export of a bf16 base (the merged policy, a merged
+    """lmprefs trains in fp32, but a merged export of a bf16 base (the merged policy, a merged
     reward model) is written in bf16, not as an fp32 copy twice the size; the adapters stay fp32 as trained."""
     from safetensors import safe_open
 

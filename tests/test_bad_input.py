@@ -1,5 +1,5 @@
 """Every command, a table of bad inputs: exit code 2, exactly one line on stderr naming the value, no traceback, and
-nothing written (issue 14, defect 2). Runs in-process through `lmprefs.cli.main`."""
+nothing written. Runs in-process through `lmprefs.cli.main`."""
 
 from __future__ import annotations
 

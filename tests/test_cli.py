@@ -49,7 +49,7 @@ def test_assets_gpt2_tokenizer_is_exact_and_missing_packages_say_how_to_install(
 
 
 def test_export_without_format_and_one_human_or_json_line_per_transfer(tmp_path, capsys):
-    """Issue 14, defect 1: export-labels without --format crashed; import printed a Python repr."""
+    """export-labels works without --format (comparisons); each import and export prints one human or JSON line."""
     import json
 
     src, db = tmp_path / "in.jsonl", str(tmp_path / "l.sqlite")
@@ -71,7 +71,7 @@ def test_export_without_format_and_one_human_or_json_line_per_transfer(tmp_path,
 
 
 def test_help_shows_the_named_presets_values_with_overrides_and_config_prints_them(capsys):
-    """Issue 14, defect 3: `sample --preset tiny --help` showed austen-sentiment's values and no overrides."""
+    """`--help` shows the config values of the preset the command line names, with its overrides."""
     import json
 
     import pytest
@@ -96,7 +96,7 @@ def test_help_shows_the_named_presets_values_with_overrides_and_config_prints_th
 
 
 def test_every_flag_of_every_command_has_help():
-    """Issue 14, defect 3: each command's parser is built with its --help and every action needs a help text."""
+    """Every flag of every command has a help text."""
     import argparse
 
     from lmprefs.cli import dispatch as cli

@@ -1,4 +1,4 @@
-"""Crash safety of train-policy runs (issue 13): each test stops the run at an exact point by injecting the failure,
+"""Crash safety of train-policy runs: each test stops the run at an exact point by injecting the failure,
 never by timing: LMPREFS_CRASH_AT=POINT[@K] ends a child process with status 9 there, as kill -9 would, or (faster,
 in this process) the same hook raises Killed, which no lmprefs code catches."""
 

@@ -1,4 +1,4 @@
-"""GPU correctness (issue 11). Tests marked `cuda` skip without CUDA, so the CPU suite passes; on a GPU machine run
+"""GPU correctness. Tests marked `cuda` skip without CUDA, so the CPU suite passes; on a GPU machine run
 `python3 -m pytest -q -m cuda`. The one CPU test here pins the bf16 tolerance the CUDA comparison uses: bf16
 autocast against fp32 on the CPU must stay inside it too.
 

@@ -5,6 +5,7 @@ import torch
 
 from lmprefs.config import LoraConfig, preset
 from lmprefs.data.queries import QueryStream
+from lmprefs.data.tasks import TaskContext
 from lmprefs.models.lora import add_adapter, lora_modules, merged_copy, using
 from lmprefs.models.policy import Policy
 from lmprefs.models.reward_model import RewardModel
@@ -62,8 +63,8 @@ def test_lora_ppo_trains_only_adapters_and_checkpoints_exactly(tmp_path):
     policy = Policy(t.model, t.tok, cfg.task.temperature, adapter="policy", value_adapter="value")
     run = build_run(cfg, policy, QueryStream(t.train_queries, 1), t.device)
     assert run.ref_lm is None  # the reference is the base with adapters off: no second copy
-    rollout, _, _ = make_rollout(run, lambda q, r, _: (r < 25000).float().mean(1), run.stream.next(16), cfg, [], [],
-                                 t.device, t.dtype)  # fmt: skip
+    rollout, _, _ = make_rollout(run, lambda q, r, _: (r < 25000).float().mean(1), run.stream.next(16), cfg,
+                                 TaskContext([], [], t.device, t.dtype))  # fmt: skip
     ppo_update(lambda mb: policy(mb.queries, mb.responses), run.optimizers, rollout, cfg.ppo, run.gen_ppo)
     after = {k.replace(".base.", "."): v for k, v in t.model.state_dict().items()}
     assert all(torch.equal(after[k], v) for k, v in base_before.items())  # base weights untouched
@@ -195,7 +196,7 @@ def test_lora_rollout_with_the_frozen_prefix_matches_full_forwards():
     policy = Policy(t.model, t.tok, cfg.task.temperature, adapter="policy")
     rm = RewardModel(t.model, t.tok, adapter="reward", seed=3)
     run = build_run(cfg, policy, QueryStream(t.train_queries, 1), t.device)
-    rollout, _, _ = make_rollout(run, rm_score_fn(rm), run.stream.next(8), cfg, [], [], t.device, t.dtype)
+    rollout, _, _ = make_rollout(run, rm_score_fn(rm), run.stream.next(8), cfg, t.ctx)
     assert rollout.prefix is not None and rollout[2:5].prefix.hidden.shape[0] == 3
     q, r = rollout.queries, rollout.responses
     with torch.no_grad(), using(t.model, None):
@@ -231,7 +232,7 @@ def test_ppo_update_on_the_frozen_prefix_equals_the_full_forward():
         policy = Policy(t.model, t.tok, cfg.task.temperature, adapter="policy")
         run = build_run(cfg, policy, QueryStream(t.train_queries, 1), t.device)
         rollout, _, _ = make_rollout(run, lambda q, r, _: (r < 25000).float().mean(1), run.stream.next(16), cfg,
-                                     [], [], t.device, t.dtype)  # fmt: skip
+                                     TaskContext([], [], t.device, t.dtype))  # fmt: skip
         stats = ppo_update(lambda mb: policy(mb.queries, mb.responses, mb.prefix if use_prefix else None),
                            run.optimizer, rollout, cfg.ppo, run.gen_ppo)  # fmt: skip
         return {"stats": stats, "adapters": {k: v.clone() for k, v in t.model.state_dict().items() if ".B." in k}}

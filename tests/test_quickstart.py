@@ -24,7 +24,7 @@ def test_quickstart_pipeline_end_to_end_on_tiny(tmp_path, capsys):
     assert rep["kl_after"]["kl"] > 0 and rep["kl_after"]["kl_stderr"] > 0 and rep["figures"]["kl_heldout"] > 0
     text = (run_dir / "report.md").read_text()
     assert "true reward, final policy" in text and "before (" in text and "after (" in text
-    # one layout for both phases (issue 14, defect 6): tagged rows, one TensorBoard folder (step axis) per phase
+    # one layout for both phases: tagged rows, one TensorBoard folder (step axis) per phase
     from lmprefs.io.jsonl import read_jsonl
 
     phases = [r["phase"] for r in read_jsonl(run_dir / "metrics.jsonl")]

@@ -1,4 +1,4 @@
-"""One run-directory layout for every command (issue 14, defect 6) and the optional trackers (run.report_to)."""
+"""One run-directory layout for every command and the optional trackers (run.report_to)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reward models from per-response scores (issue 12, item 4): `import-labels --format scores` stores scalar_rating
+"""Reward models from per-response scores: `import-labels --format scores` stores scalar_rating
 labels; train-reward regresses them (labels.scores_as=rating) or compares the responses to each prompt
 (labels.scores_as=comparisons); bad files are one line naming the file, the line and the field."""
 

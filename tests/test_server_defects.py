@@ -1,6 +1,5 @@
-"""Defects found when the labeling app was tried as an attacker and as a labeler would (issue 15), one test each.
-These use only the HTTP surface (the session cookie is found by its name's stem), so they also run against the code
-from before the fixes, where each of them failed."""
+"""The labeling app under an attacker's and a careless labeler's hands, one behaviour a test. These use only the
+HTTP surface (the session cookie is found by its name's stem)."""
 
 from __future__ import annotations
 

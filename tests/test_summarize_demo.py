@@ -1,4 +1,4 @@
-"""The offline summarization demo (issue 12, item 2): the news-article asset, the mock faithfulness judge, a judge
+"""The offline summarization demo: the news-article asset, the mock faithfulness judge, a judge
 that reads the query through every place a true reward is scored, and `quickstart --preset summarize` end to end
 (fixture-sized on the tiny model here; the real demo under -m slow)."""
 

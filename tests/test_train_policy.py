@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.data.queries import QueryStream
+from lmprefs.data.tasks import TaskContext
 from lmprefs.io.jsonl import read_jsonl
 from lmprefs.models.policy import Policy
 from lmprefs.pipeline.task import setup_task
@@ -55,8 +56,7 @@ def _run(t, cfg):
 def test_first_minibatch_of_first_epoch_has_ratio_one(tiny_task):
     cfg = R(tiny_task.cfg, ppo=R(tiny_task.cfg.ppo, nminibatches=1, noptepochs=1))
     run = _run(tiny_task, cfg)
-    rollout, stats, _ = make_rollout(run, low_ids_score, run.stream.next(16), cfg, tiny_task.prefix, tiny_task.suffix,
-                                     tiny_task.device, tiny_task.dtype)  # fmt: skip
+    rollout, stats, _ = make_rollout(run, low_ids_score, run.stream.next(16), cfg, tiny_task.ctx)
     # the rollout's logprobs come from the KV-cache sampler, the update's from a full forward: equal up to fp32 noise
     assert rollout.responses.shape == (16, cfg.task.response_length) and abs(stats["objective/kl"]) < 1e-5
     out = ppo_update(lambda mb: run.policy(mb.queries, mb.responses), run.optimizer, rollout, cfg.ppo, run.gen_ppo)
@@ -93,8 +93,8 @@ def test_learning_raises_the_score_while_kl_stays_bounded(tmp_path):
                     QueryStream(torch.randint(0, 64, (256, 8)), 1), torch.device("cpu"))  # fmt: skip
     hist = []
     log = RunLogger(tmp_path, cfg)
-    train_policy(cfg, run, lambda q, r, _: (r == 7).float().mean(1), log, tmp_path, [], [], torch.device("cpu"),
-                 torch.float32,
+    train_policy(cfg, run, lambda q, r, _: (r == 7).float().mean(1), log, tmp_path,
+                 TaskContext([], [], torch.device("cpu"), torch.float32),
                  on_update=lambda r, s: hist.append((s["objective/score"], s["objective/kl"])))  # fmt: skip
     log.close()
     first, last = sum(s for s, _ in hist[:5]) / 5, sum(s for s, _ in hist[-10:]) / 10
@@ -184,14 +184,14 @@ def test_direct_reward_is_normalized_on_initial_policy_samples(tmp_path):
     score, info = reward_for_policy(t, tmp_path, "vader", None, False)
     assert info == {"reward": "vader"}
     gen = torch.Generator().manual_seed(cfg.run.seed + 2)  # the samples it normalized on
-    q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+    q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
     s = score(format_queries(q, t.prefix, t.suffix), r).double()
     assert abs(s.mean().item()) < 1e-5 and abs(s.std(unbiased=False).item() - 1) < 1e-4
 
 
 def test_tiny_preset_rollouts_score_the_reward_not_the_penalty(tiny_task, tiny_lm):
-    """Issue 14, defect 7: with truncate_token 13 after index 4, the tiny preset's near-uniform random model almost
-    never sampled '.', so every rollout scored the constant penalty and PPO had nothing to learn from."""
+    """The tiny preset's rollouts are not all scored by the constant truncation penalty (a near-uniform random model
+    almost never samples the truncation token, which would leave PPO nothing to learn from)."""
     from lmprefs.data.tasks import apply_penalty, format_queries, truncate_responses
     from lmprefs.models.sampling import sample
 
@@ -219,7 +219,7 @@ LEARNING_ARGS = ["--reward", "vader", "--ppo.batch-size", "64", "--ppo.nminibatc
 
 
 def test_tiny_preset_learns_from_vader(tmp_path):
-    """Issue 14, defect 7: PPO on the tiny preset (its model trained for seconds on the bundled passages, lr 3e-3)
+    """PPO on the tiny preset (its model trained for seconds on the bundled passages, lr 3e-3)
     raises the reward it optimizes within 8 updates of 64 episodes, by several times the noise."""
     assert main(["train-policy", "tiny", *LEARNING_ARGS, "--run-dir", str(tmp_path)]) == 0
     score = [r["objective/score"] for r in read_metrics(tmp_path / "metrics.jsonl", "policy")]

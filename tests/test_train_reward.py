@@ -5,7 +5,7 @@ import torch
 
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
-from lmprefs.data.tasks import PAD
+from lmprefs.data.tasks import PAD, TaskContext
 from lmprefs.labels.types import get as get_label_type
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.task import setup_task
@@ -29,9 +29,8 @@ def test_normalization_reaches_mean_0_std_1_on_the_sampled_set(tiny_lm):
     with torch.no_grad():
         rm.gain.fill_(3.0)
         rm.bias.fill_(-2.0)  # start from a non-trivial gain/bias: set_norm must account for them
-    out = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, torch.Generator().manual_seed(0),
-                    t.device, t.dtype)  # fmt: skip
-    r = rm_rewards(rm, out["queries"], out["responses"], t.prefix, t.suffix, t.device, t.dtype).double()
+    out = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, torch.Generator().manual_seed(0))
+    r = rm_rewards(rm, out["queries"], out["responses"], t.ctx).double()
     assert len(r) == cfg.train_reward.normalize_samples
     assert abs(r.mean().item()) < 1e-3 and abs(r.std(unbiased=False).item() - 1) < 1e-3
 
@@ -55,10 +54,10 @@ def test_tiny_reward_model_learns_a_scripted_preference(tiny_lm):
     cfg = R(cfg, train_reward=R(cfg.train_reward, batch_size=8, lr=2e-3))
     rm = RewardModel(copy.deepcopy(model), tok)
     lt = get_label_type("best_of_4")
-    before = evaluate(rm, held, lt, [], [], torch.device("cpu"), torch.float32)
+    before = evaluate(rm, held, lt, TaskContext([], [], torch.device("cpu"), torch.float32))
     rm.train()
-    train_epoch(rm, train, lt, cfg, [], [], torch.device("cpu"), torch.float32)
-    after = evaluate(rm.eval(), held, lt, [], [], torch.device("cpu"), torch.float32)
+    train_epoch(rm, train, lt, cfg, TaskContext([], [], torch.device("cpu"), torch.float32))
+    after = evaluate(rm.eval(), held, lt, TaskContext([], [], torch.device("cpu"), torch.float32))
     assert after["heldout/accuracy"] > 0.7 > before["heldout/accuracy"] + 0.2, (before, after)
     assert after["heldout/loss"] < before["heldout/loss"]
 
@@ -76,10 +75,10 @@ def test_cached_frozen_blocks_and_microbatches_train_the_same_reward_model(tiny_
         lm = copy.deepcopy(model)
         add_adapter(lm, LoraConfig(rank=2, layers=1), "reward")
         rm = RewardModel(lm, tok, adapter="reward", seed=0)
-        cache = reward_prefixes(rm, train, [], [], cpu, torch.float32, 16) if cached else None
+        cache = reward_prefixes(rm, train, TaskContext([], [], cpu, torch.float32), 16) if cached else None
         assert (cache is not None) == cached
         tr = R(cfg.train_reward, batch_size=8, lr=2e-3, epochs=2, microbatch=microbatch)
-        train_epoch(rm, train, lt, R(cfg, train_reward=tr), [], [], cpu, torch.float32, cache=cache)
+        train_epoch(rm, train, lt, R(cfg, train_reward=tr), TaskContext([], [], cpu, torch.float32), cache=cache)
         return [p.detach().clone() for p in rm.trainable_parameters()]
 
     plain = trained(0, False)
@@ -107,7 +106,7 @@ def test_label_train_reward_and_score_commands(tmp_path, capsys):
     assert main(["score", "--reward-model", str(tmp_path / "r" / "reward_model"), str(tmp_path / "texts.txt")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 2 and all(float(x.split("\t")[0]) == float(x.split("\t")[0]) for x in lines)
-    # issue 14, defect 4: a text longer than the trained response (8 tokens) is scored whole, with a warning;
+    # a text longer than the trained response (8 tokens) is scored whole, with a warning;
     # --truncate cuts it to the trained lengths, as a text of its first 8 tokens scores
     rm_dir = str(tmp_path / "r" / "reward_model")
     long = "She smiled and laughed and danced all night long in the garden with her friends."

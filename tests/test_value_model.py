@@ -37,7 +37,7 @@ def one_update(t, value_model: str, vf_coef: float, vf_lr: float | None = None):
     policy = policy_for(R(t, cfg=cfg, model=copy.deepcopy(t.model)))
     run = build_run(cfg, policy, QueryStream(t.train_queries, 1), t.device)
     torch.manual_seed(0)
-    rollout, _, _ = make_rollout(run, low_ids_score, run.stream.next(16), cfg, [], [], t.device, t.dtype)
+    rollout, _, _ = make_rollout(run, low_ids_score, run.stream.next(16), cfg, t.ctx)
     ppo_update(lambda mb: policy(mb.queries, mb.responses), run.optimizers, rollout, cfg.ppo, run.gen_ppo)
     value = {id(p) for p in policy.value_parameters()}
     return ([p.detach().clone() for p in policy.trainable_parameters() if id(p) not in value],

@@ -1,4 +1,4 @@
-"""The writing-prompts pipeline (issue 12, item 5) at fixture size: `lmprefs experiment writing-prompts --data`
+"""The writing-prompts pipeline at fixture size: `lmprefs experiment writing-prompts --data`
 runs SFT, a reward model from the scores, PPO from the SFT model with a separate value model and the evaluation, in
 one command that resumes where it stopped."""
 

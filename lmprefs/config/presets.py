@@ -110,15 +110,14 @@ SUMMARIZE_DEMO = Config(
                     query_suffix="\n\nTL;DR:", start_text=None, end_text=".", response_length=32,
                     truncate_token=198, truncate_after=2, penalty_reward_value=None, temperature=0.5,
                     initial_model="smollm2-135m"),
-    # 360 labels (400 questions), 3 epochs as the quickstart: with the judge's first-line cut and its length penalty
-    # of 0.03 beyond 10 words, held-out best-of-4 accuracy 0.521 (48 labels; 0.229 before training); 244 labels,
-    # 2 epochs, the judge's 0.01 beyond 20 on whole responses gave 0.206 (2026-11-23, README)
+    # 360 labels (400 questions), 3 epochs as the quickstart: with the judge reading the first line and its length
+    # penalty beyond 10 words, the reward model learns the judge well above chance; fewer labels and epochs, or the
+    # judge reading whole responses, left it at chance (docs/results.md)
     labels=LabelsConfig(num_train=360, labeler="faithfulness"),
     train_reward=TrainRewardConfig(batch_size=16, lr=2e-3, epochs=3, rollout_batch_size=64, normalize_samples=64),
     rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
-    # 10 updates (20 before, which took the true reward +0.338 -> +0.464, +6.0 s.e., but the whole demo 39 min on 2
-    # cores): the rollouts' true reward had risen most of its way by updates 5-9. With 10: +0.337 -> +0.467, +6.2
-    # s.e., 18m29s on 2 cores (2026-11-23, README)
+    # 10 updates: the rollouts' true reward has risen most of its way by updates 5-9, and 10 keep the whole demo
+    # near 20 minutes on 2 cores with the same gain as 20 (docs/results.md)
     ppo=PPOConfig(total_episodes=32 * 10, batch_size=32, nminibatches=2, noptepochs=4, lr=1.5e-3,
                   whiten_rewards=False),
     lora=LoraConfig(rank=8, alpha=16.0, layers=8),
@@ -162,26 +161,24 @@ PRESETS: dict[str, tuple[str, Config]] = {
         _labeler(AUSTEN_SENTIMENT, "descriptiveness"),
     ),
     "quickstart": (
-        "The README's first command: austen-sentiment sized for a 2-core CPU: LoRA adapters in the top 8 blocks of "
-        "one "
-        "bf16-autocast base.",
+        "The main job (`lmprefs quickstart`): austen-sentiment sized for a 2-core CPU: LoRA adapters in the top 8 "
+        "blocks of one bf16-autocast base.",
         R(
             AUSTEN_SENTIMENT,
             # No truncation penalty: SmolLM2 seldom emits the bare '.' token (30) at positions 16-23, so with it most
-            # rollouts scored -1 and PPO learned to place periods instead of sentiment (true reward -0.2 s.e., KL 0.5
-            # after 20 updates); without it, +10.1 s.e. at KL 4.8 (2026-11-21, see the README).
+            # rollouts scored -1 and PPO learned to place periods instead of sentiment; without it PPO raises the
+            # true reward (docs/results.md).
             task=R(AUSTEN_SENTIMENT.task, truncate_token=None),
-            # 800 labels: the reward model reached 45.7% held-out best-of-4 accuracy (105 held out) where 400 gave
-            # 35.3% (51 held out); the benchmark's 1000 give 57.2% (benchmarks/RESULTS.md). 3 epochs at lr 2e-3:
-            # more epochs overfit.
+            # 800 labels: held-out best-of-4 accuracy grows with the labels (400 learn markedly less; the figures are
+            # in docs/results.md). 3 epochs at lr 2e-3: more epochs overfit.
             labels=R(AUSTEN_SENTIMENT.labels, num_train=800),
             train_reward=R(AUSTEN_SENTIMENT.train_reward, lr=2e-3, epochs=3, normalize_samples=64),
-            # lr 1.5e-3: with the 800-label reward model, 2e-3 ended at KL 6.40 (over the target of 6) and 1.5e-3 at
-            # 5.16, +13.1 standard errors of true reward (2026-11-21, README)
+            # lr 1.5e-3: with the 800-label reward model, 2e-3 overshot the KL target of 6 and 1.5e-3 stayed under it
+            # (docs/results.md)
             ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=1.5e-3),
             lora=LoraConfig(rank=8, alpha=16.0, layers=8),
-            # dtype auto: bf16 autocast where the CPU has native bf16 (how the figures in the README were measured),
-            # fp32 where bf16 would be emulated (the SmolLM2 quickstart test took 14 min in emulated bf16)
+            # dtype auto: bf16 autocast where the CPU has native bf16, fp32 where bf16 would be emulated (several
+            # times slower)
             run=R(AUSTEN_SENTIMENT.run, dtype="auto"),
         ),
     ),
@@ -225,8 +222,8 @@ PRESETS: dict[str, tuple[str, Config]] = {
                 truncate_after=4,
                 temperature=0.7,
                 # not the random tiny-gpt2: it samples nearly uniformly from 50,257 tokens (2,001 distinct ones in
-                # 256 responses), which spreads VADER's signal too thin for short runs to learn anything (issue 14,
-                # defect 7); this one samples Austen's frequent words (286 distinct in the same 256)
+                # 256 responses), which spreads VADER's signal too thin for short runs to learn anything; this one
+                # samples Austen's frequent words (286 distinct in the same 256)
                 initial_model="tiny-gpt2-austen",
             ),
             labels=LabelsConfig(num_train=48, labeler="vader"),

@@ -3,10 +3,13 @@ and the filter that decides which responses get `penalty_reward_value`, and the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from lmprefs.config import TaskConfig
+from lmprefs.runtime.device import autocast
 
 
 def encode_fixed(tokenizer, text: str) -> list[int]:
@@ -18,6 +21,24 @@ def format_queries(queries: Tensor, prefix: list[int], suffix: list[int]) -> Ten
     B = queries.shape[0]
     parts = [torch.tensor(p, dtype=queries.dtype, device=queries.device).expand(B, -1) for p in (prefix, suffix)]
     return torch.cat([parts[0], queries, parts[1]], dim=1)
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """How a task's queries are framed and where its models compute: the token ids put before and after every
+    query (task.query_prefix, task.query_suffix), and the device and autocast dtype of the forward passes."""
+
+    prefix: list[int]
+    suffix: list[int]
+    device: torch.device
+    dtype: torch.dtype
+
+    def format(self, queries: Tensor) -> Tensor:
+        """queries [B, Q] framed and on the device: [B, len(prefix) + Q + len(suffix)]."""
+        return format_queries(queries.to(self.device), self.prefix, self.suffix)
+
+    def autocast(self):
+        return autocast(self.device, self.dtype)
 
 
 def truncate_responses(responses: Tensor, truncate_token: int | None, truncate_after: int) -> Tensor:

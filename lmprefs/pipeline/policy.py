@@ -129,7 +129,7 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
         atomic_write_text(meta_path, json.dumps(meta))
         (run_dir / "ANDON").unlink(missing_ok=True)
     try:
-        stats = train_policy(cfg, run, score_fn, log, run_dir, t.prefix, t.suffix, t.device, t.dtype,
+        stats = train_policy(cfg, run, score_fn, log, run_dir, t.ctx,
                              lambda r, st: [h(r, st) for h in hooks])  # fmt: skip
     finally:
         log.close()

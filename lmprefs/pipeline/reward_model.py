@@ -106,31 +106,31 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     if cfg.train_reward.normalize_before:
         # start at the scale of the labels (train_reward.py:target_mean_std), else at mean 0, std 1
         target = (0.0, 1.0) if scales is None else (float(scales[0]), max(float(scales[1]), 1e-6))
-        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype, target)
+        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen, target)
         summary["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
     summary |= {f"initial_{k}": v
-                for k, v in evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype, min_gap=gap).items()}
+                for k, v in evaluate(rm, held, lt, t.ctx, min_gap=gap).items()}
     cache = None
     if cfg.train_reward.epochs > 1 and frozen_depth(rm.lm) > 0:
         # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory
-        if prefix_bytes(rm, train, t.prefix, t.suffix) <= PREFIX_CACHE_BYTES:
+        if prefix_bytes(rm, train, t.ctx) <= PREFIX_CACHE_BYTES:
             bar = progress(len(train), "reward model: frozen blocks")
-            cache = reward_prefixes(rm, train, t.prefix, t.suffix, t.device, t.dtype,
+            cache = reward_prefixes(rm, train, t.ctx,
                                     cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)  # fmt: skip
             bar.close()
     bar = progress(len(train) * cfg.train_reward.epochs, "training reward model")
     rm.train()
-    last = train_epoch(rm, train, lt, cfg, t.prefix, t.suffix, t.device, t.dtype, log, bar, cache)
+    last = train_epoch(rm, train, lt, cfg, t.ctx, log, bar, cache)
     del cache
     rm.eval()
     bar.close()
     # a regression is evaluated in the scores' units, before normalize_after rescales its output (the correlation and
     # the pair accuracy do not change with the scale)
-    final = evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype, min_gap=gap) if scales else None
+    final = evaluate(rm, held, lt, t.ctx, min_gap=gap) if scales else None
     if cfg.train_reward.normalize_after:
-        na = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+        na = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
         summary["norm_after"] = {"mean": na["mean_before"], "std": na["std_before"]}
-    summary |= final or evaluate(rm, held, lt, t.prefix, t.suffix, t.device, t.dtype, min_gap=gap)
+    summary |= final or evaluate(rm, held, lt, t.ctx, min_gap=gap)
     summary |= {"final_minibatch": last, "seconds": time.time() - t0}
     if log is not None:
         # the wall-clock seconds under PPO's name for them (elapsed/time), which comparisons of runs leave out

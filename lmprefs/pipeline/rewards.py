@@ -57,12 +57,11 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
     if reward is not None and reward != "model":
         reward, fn = reward_function(reward)
         # normalized like a reward model (mean 0, std 1 on initial-policy samples), so that kl_coef and the KL
-        # target weigh it as they weigh a learned reward. VADER's std on those samples is 0.39 (quickstart preset),
-        # and in `experiment mock-sentiment` raw VADER took the true reward from 0.166 to 0.308, normalized to 0.490
-        # (a 1000-label reward model: 0.603; 2026-11-21)
-
+        # target weigh it as they weigh a learned reward: unnormalized, VADER's small spread on those samples makes
+        # the KL penalty dominate and the direct arm of `experiment mock-sentiment` learns far less
+        # (docs/results.md).
         gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
-        q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.prefix, t.suffix, gen, t.device, t.dtype)
+        q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
         raw = dist.gather_rows(_checked_scores(fn, decode(t.tok, r), reward, decode(t.tok, q)))
         mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
         if dist.is_main():

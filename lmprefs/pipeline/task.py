@@ -8,6 +8,7 @@ import torch
 
 from lmprefs.config import Config
 from lmprefs.data.queries import task_queries
+from lmprefs.data.tasks import TaskContext
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.runtime.device import setup_torch
 
@@ -25,6 +26,10 @@ class Task:
     heldout_queries: torch.Tensor
     prefix: list[int]
     suffix: list[int]
+
+    @property
+    def ctx(self) -> TaskContext:
+        return TaskContext(self.prefix, self.suffix, self.device, self.dtype)
 
 
 def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:

@@ -18,7 +18,7 @@ import torch
 
 from lmprefs.config import Config, label_type_shape
 from lmprefs.data.queries import QueryStream
-from lmprefs.data.tasks import decode, format_queries, show, truncate_responses
+from lmprefs.data.tasks import decode, show, truncate_responses
 from lmprefs.labels.labelers import score_fn, score_texts
 from lmprefs.models import parallel
 from lmprefs.models.lora import using
@@ -29,7 +29,6 @@ from lmprefs.pipeline.reward_model import train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
-from lmprefs.runtime.device import autocast
 from lmprefs.runtime.runlog import open_logger, progress, read_metrics
 from lmprefs.training.policy import train_policy
 from lmprefs.training.policy_run import build_run
@@ -69,12 +68,12 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     mine = dist.shard(queries)
     for i in range(0, len(mine), max(1, batch_size // samples_per_query)):
         q = mine[i : i + max(1, batch_size // samples_per_query)].to(t.device)
-        formatted = format_queries(q, t.prefix, t.suffix)
-        with autocast(t.device, t.dtype), using(t.model, adapter):
+        formatted = t.ctx.format(q)
+        with t.ctx.autocast(), using(t.model, adapter):
             r, logp = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen,
                              repeats=samples_per_query, **sampler_options(t.cfg.run))
         if ref_model is not None:
-            with autocast(t.device, t.dtype), using(ref_model, None):
+            with t.ctx.autocast(), using(ref_model, None):
                 ref = ref_logprobs(ref_model, formatted, r, task.temperature, len(t.tok), repeats=samples_per_query)
             kls += (logp.float() - ref.float()).sum(1).tolist()
         post = truncate_responses(r, task.truncate_token, task.truncate_after)
@@ -215,7 +214,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
     score, on_update = track_true_reward(rm_score_fn(rm), true_fn, t.tok, t.prefix, t.suffix)
-    stats = train_policy(cfg, run, score, log, run_dir, t.prefix, t.suffix, t.device, t.dtype, on_update)
+    stats = train_policy(cfg, run, score, log, run_dir, t.ctx, on_update)
     log.close()
     stages["PPO"] = time.time() - s
 

@@ -24,9 +24,8 @@ def pick_device(name: str = "auto") -> torch.device:
 
 @functools.cache
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX). Without it bf16 is emulated: on this
-    project's Intel Xeon @ 2.80GHz (AVX-512, no BF16) a 1024^3 bf16 matmul ran at 61 GFLOP/s against 184 in fp32
-    (2 threads, 2026-11-22), while on an AMD EPYC with AVX512-BF16 bf16 autocast made PPO 1.7x faster (2026-11-21)."""
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16 or AMX). Without it bf16 is emulated and slower
+    than fp32; with it bf16 autocast makes PPO faster (both measured in docs/results.md)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:

@@ -21,13 +21,12 @@ from pathlib import Path
 import torch
 
 from lmprefs.config import Config
-from lmprefs.data.tasks import decode, show
+from lmprefs.data.tasks import TaskContext, decode, show
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text, crash_point
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import plain_copy, save_policy
 from lmprefs.runtime import distributed as dist
-from lmprefs.runtime.device import autocast
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.policy_checkpoint import save_checkpoint
 from lmprefs.training.policy_run import AndonStop, PolicyRun, ScoreFn, nonfinite_parameters
@@ -86,7 +85,7 @@ def training_forward(model, compile: str, device: torch.device) -> Callable:
 
 
 
-def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: Path, prefix, suffix, device, dtype,
+def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: Path, ctx: TaskContext,
                  on_update: Callable[[PolicyRun, dict], None] | None = None) -> dict:  # fmt: skip
     """The outer loop, from run.update to ppo.num_updates. Returns the last update's stats."""
 
@@ -96,7 +95,7 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
     # each rank samples and updates on its share of the global batch, in nminibatches minibatches of its own
     B_rank = dist.split_global(B, "ppo.batch_size", cfg.ppo.nminibatches)
     model = parallel.wrap(run.policy, cfg.run.parallel)  # DDP (or FSDP, sharded in build_run) averages the gradients
-    forward = training_forward(model, cfg.run.compile, device)
+    forward = training_forward(model, cfg.run.compile, ctx.device)
     bar = progress(n_updates, "PPO updates", initial=run.update)
     stats: dict = {}
     while run.update < n_updates:
@@ -107,13 +106,12 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         vf_lr = (cfg.ppo.vf_lr or cfg.ppo.lr) * (1 - run.update / n_updates)
         for g in run.value_optimizer.param_groups if run.value_optimizer is not None else []:
             g["lr"] = vf_lr
-        rollout, stats, extra = make_rollout(run, score_fn, run.stream.next(B_rank), cfg, prefix, suffix, device,
-                                             dtype)  # fmt: skip
+        rollout, stats, extra = make_rollout(run, score_fn, run.stream.next(B_rank), cfg, ctx)
         stats = dist.all_reduce_mean(stats)  # the KL controller, the andon cord and the logs see all ranks' batch
         run.policy.train()
         opt = run.optimizer if run.value_optimizer is None else run.optimizers  # a separate value model's own too
         stats |= ppo_update(forward, opt, rollout, cfg.ppo, run.gen_ppo,
-                            autocast=lambda: autocast(device, dtype), reduce=dist.all_reduce_mean)
+                            autocast=ctx.autocast, reduce=dist.all_reduce_mean)
         run.policy.eval()
         run.kl_ctl.update(stats["objective/kl"], B)  # 6.
         run.update += 1

@@ -13,14 +13,13 @@ import torch
 from torch import Tensor
 
 from lmprefs.config import Config, TaskConfig
-from lmprefs.data.tasks import PAD, format_queries, truncate_responses
+from lmprefs.data.tasks import PAD, TaskContext, truncate_responses
 from lmprefs.models import parallel
 from lmprefs.models.loading import hidden_size
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix_shared
 from lmprefs.runtime import distributed as dist
-from lmprefs.runtime.device import autocast
 from lmprefs.training.optim import TFAdam
 
 
@@ -156,19 +155,18 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
 
 
 @torch.no_grad()
-def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, prefix, suffix, n_samples: int,
-                       batch_size: int, gen: torch.Generator, device, dtype, on_batch=None,
-                       sampler: dict | None = None) -> Tensor:  # fmt: skip
+def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, ctx: TaskContext, n_samples: int,
+                       batch_size: int, gen: torch.Generator, on_batch=None, sampler: dict | None = None) -> Tensor:
     """n_samples truncated responses per query from the initial policy: [N, n_samples, T] (PAD after truncation).
     `sampler`: the sampler's cache/compile options (`sampler_options(cfg.run)`).
     The samples of one question come from one batch, in which its query runs through the model once."""
     out = []
     per = max(1, batch_size // n_samples)
     for start in range(0, len(queries), per):
-        q = queries[start : start + per].to(device)
-        with autocast(device, dtype):
-            r, _ = sample(model, format_queries(q, prefix, suffix), task.response_length, task.temperature,
-                          len(tok), gen, repeats=n_samples, **(sampler or {}))  # fmt: skip
+        q = queries[start : start + per]
+        with ctx.autocast():
+            r, _ = sample(model, ctx.format(q), task.response_length, task.temperature, len(tok), gen,
+                          repeats=n_samples, **(sampler or {}))  # fmt: skip
         r = truncate_responses(r, task.truncate_token, task.truncate_after)
         out.append(r.view(len(q), n_samples, -1).cpu())
         if on_batch:
@@ -176,21 +174,21 @@ def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, prefix, su
     return torch.cat(out)
 
 
-def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, prefix, suffix, device, dtype,
-               batch_size: int = 64, repeats: int = 1) -> Tensor:  # fmt: skip
+def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, ctx: TaskContext, batch_size: int = 64,
+               repeats: int = 1) -> Tensor:  # fmt: skip
     """Rewards [B * k] of queries [B, Q] each answered by k = repeats consecutive responses [B * k, T], in batches
     of about `batch_size` rows, without gradients."""
     out, per = [], max(1, batch_size // repeats)
     with torch.no_grad():
         for i in range(0, len(queries), per):
-            q = format_queries(queries[i : i + per].to(device), prefix, suffix)
-            with autocast(device, dtype):
-                r = responses[i * repeats : (i + per) * repeats].to(device)
+            q = ctx.format(queries[i : i + per])
+            with ctx.autocast():
+                r = responses[i * repeats : (i + per) * repeats].to(ctx.device)
                 out.append(rm(q, r, None, repeats).float().cpu())
     return torch.cat(out)
 
 
-def normalization_samples(model, tok, queries: Tensor, cfg: Config, prefix, suffix, gen, device, dtype):
+def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen):
     """(queries [n, Q], responses [n, T]): train_reward.normalize_samples untruncated samples of the initial policy,
     as the original's normalization draws them (train_reward.py:normalize). Under several ranks, this rank's strided
     share of them (both sizes are global totals), sampled with `gen`, the rank's own generator."""
@@ -199,28 +197,27 @@ def normalization_samples(model, tok, queries: Tensor, cfg: Config, prefix, suff
     responses = []
     with torch.no_grad():
         for i in range(0, len(q), per):
-            qb = q[i : i + per].to(device)
-            with autocast(device, dtype):
-                r, _ = sample(model, format_queries(qb, prefix, suffix), cfg.task.response_length,
-                              cfg.task.temperature, len(tok), gen, **sampler_options(cfg.run))  # fmt: skip
+            with ctx.autocast():
+                r, _ = sample(model, ctx.format(q[i : i + per]), cfg.task.response_length, cfg.task.temperature,
+                              len(tok), gen, **sampler_options(cfg.run))  # fmt: skip
             responses.append(r.cpu())
     return q, torch.cat(responses)
 
 
-def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, prefix, suffix, gen, device, dtype,
+def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen,
               target: tuple[float, float] = (0.0, 1.0)) -> dict:  # fmt: skip
     """Set gain and bias so rewards of initial-policy samples have mean and std `target`: (0, 1), or before training
     the scale of the labels when the label type has one (train_reward.py:normalize and target_mean_std;
     rewards.py:set_reward_norm). The samples are untruncated, as the original's normalization samples are."""
-    q, responses = normalization_samples(model, tok, queries, cfg, prefix, suffix, gen, device, dtype)
+    q, responses = normalization_samples(model, tok, queries, cfg, ctx, gen)
     # the moments of every rank's samples together (the original averages them over MPI ranks)
-    r = dist.gather_rows(rm_rewards(rm, q, responses, prefix, suffix, device, dtype).double())
+    r = dist.gather_rows(rm_rewards(rm, q, responses, ctx).double())
     mean, std = r.mean().item(), r.std(unbiased=False).item()  # np.mean / np.std of the original
     rm.set_norm(mean, std, *target)
     return {"mean_before": mean, "std_before": std, "queries": q, "responses": responses}
 
 
-def evaluate(rm: RewardModel, data: Comparisons, label_type, prefix, suffix, device, dtype, batch_size=32,
+def evaluate(rm: RewardModel, data: Comparisons, label_type, ctx: TaskContext, batch_size=32,
              min_gap: float = 0.0) -> dict:  # fmt: skip
     """Held-out loss and accuracy of the reward model on labeled questions. Accuracy: how often the chosen sample gets
     the highest reward; for scalar ratings, how often the reward orders two responses to one prompt as their scores
@@ -229,7 +226,7 @@ def evaluate(rm: RewardModel, data: Comparisons, label_type, prefix, suffix, dev
     if len(data) == 0:
         return {}
     S = data.samples.shape[1]
-    rewards = rm_rewards(rm, data.queries, data.samples.flatten(0, 1), prefix, suffix, device, dtype, batch_size * S,
+    rewards = rm_rewards(rm, data.queries, data.samples.flatten(0, 1), ctx, batch_size * S,
                          repeats=S).view(len(data), S)  # fmt: skip
     out = label_type.loss(rewards, data.labels())
     summary = {"heldout/loss": float(out["loss"]), "heldout/n": len(data)}
@@ -244,7 +241,7 @@ def evaluate(rm: RewardModel, data: Comparisons, label_type, prefix, suffix, dev
     return summary
 
 
-def reward_prefixes(rm: RewardModel, data: Comparisons, prefix, suffix, device, dtype, batch_size: int,
+def reward_prefixes(rm: RewardModel, data: Comparisons, ctx: TaskContext, batch_size: int,
                     bar=None) -> FrozenPrefix | None:  # fmt: skip
     """The frozen prefix of every (question, sample) row, [N * S, L, d], computed once so that each epoch runs only
     the adapted top blocks (None when every block trains). Row i * S + j is sample j of question i."""
@@ -254,23 +251,23 @@ def reward_prefixes(rm: RewardModel, data: Comparisons, prefix, suffix, device, 
     with torch.no_grad():
         for i in range(0, len(data), batch_size):
             mb = data[i : i + batch_size]
-            q = format_queries(mb.queries.to(device), prefix, suffix)
-            with autocast(device, dtype):  # each question's query runs once for its S samples
-                parts.append(frozen_prefix_shared(rm.lm, q, mb.samples.flatten(0, 1).to(device), S))
+            q = ctx.format(mb.queries)
+            with ctx.autocast():  # each question's query runs once for its S samples
+                parts.append(frozen_prefix_shared(rm.lm, q, mb.samples.flatten(0, 1).to(ctx.device), S))
             if bar is not None:
                 bar.update(len(mb))
     return FrozenPrefix(rm.lm, parts[0].start, torch.cat([p.hidden for p in parts]))
 
 
-def prefix_bytes(rm: RewardModel, data: Comparisons, prefix, suffix) -> int:
+def prefix_bytes(rm: RewardModel, data: Comparisons, ctx: TaskContext) -> int:
     """What reward_prefixes would hold in memory (fp32 residual stream of every row)."""
     S = data.samples.shape[1]
-    L = data.queries.shape[1] + len(prefix) + len(suffix) + data.samples.shape[2]
+    L = data.queries.shape[1] + len(ctx.prefix) + len(ctx.suffix) + data.samples.shape[2]
     return len(data) * S * L * hidden_size(rm.lm) * 4
 
 
-def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, prefix, suffix, device, dtype,
-                log=None, bar=None, cache: FrozenPrefix | None = None) -> dict:  # fmt: skip
+def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx: TaskContext, log=None, bar=None,
+                cache: FrozenPrefix | None = None) -> dict:  # fmt: skip
     """train_reward.epochs passes over `data`, each in a fresh random permutation, the LR decaying linearly to 0
     over all of them (train_reward.py:train l.241-249, which makes one pass). A minibatch of train_reward.batch_size
     questions runs as forwards of train_reward.microbatch questions whose gradients add up (the same step, less
@@ -281,7 +278,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
     params = rm.trainable_parameters()
     for p in params:  # a retrain after freeze(): these are the parameters this epoch trains
         p.requires_grad_(True)
-    model = parallel.wrap(rm, cfg.run.parallel, dtype)  # under FSDP sharded in place, before the optimizer sees it
+    model = parallel.wrap(rm, cfg.run.parallel, ctx.dtype)  # under FSDP sharded in place, before the optimizer sees it
     opt = TFAdam(rm.trainable_parameters(), lr=cfg.train_reward.lr)
     W = dist.world()
     g = torch.Generator().manual_seed(cfg.run.seed)
@@ -308,7 +305,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
             for m0 in range(0, len(mine), micro):
                 sub = mine[m0 : m0 + micro]
                 mb = data[sub]
-                q = format_queries(mb.queries.to(device), prefix, suffix)  # [b, Q']
+                q = ctx.format(mb.queries)  # [b, Q']
                 if shared == 1:
                     q = q.repeat_interleave(S, 0)  # [b*S, Q']
                 rows = (sub.unsqueeze(1) * S + torch.arange(S)).flatten()  # this microbatch's rows of the cache
@@ -317,9 +314,9 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, pre
                 share = 0.0 if empty else len(sub) * W / len(idx)
                 # gradients of all but the last microbatch stay local; the last backward averages the sum
                 with parallel.no_sync(model, m0 + micro < len(mine)):
-                    with autocast(device, dtype):
-                        rewards = model(q, mb.samples.flatten(0, 1).to(device), pre, shared).float().view(len(mb), S)
-                    out = label_type.loss(rewards, mb.labels(device))
+                    with ctx.autocast():
+                        rewards = model(q, mb.samples.flatten(0, 1).to(ctx.device), pre, shared).float()
+                    out = label_type.loss(rewards.view(len(mb), S), mb.labels(ctx.device))
                     (out["loss"] * share).backward()
                 for k in sums:
                     sums[k] += float(out[k].detach()) * share / W

@@ -9,12 +9,11 @@ import torch
 from torch import Tensor
 
 from lmprefs.config import Config
-from lmprefs.data.tasks import apply_penalty, decode, format_queries, query_texts, truncate_responses
+from lmprefs.data.tasks import TaskContext, apply_penalty, decode, query_texts, truncate_responses
 from lmprefs.models import parallel
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, logprobs_and_entropy, response_logits_hidden
-from lmprefs.runtime.device import autocast
 from lmprefs.training.policy_run import PolicyRun, ScoreFn
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards
 
@@ -49,11 +48,11 @@ def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float,
 
 
 @torch.no_grad()
-def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config, prefix, suffix, device, dtype):
+def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config, ctx: TaskContext):
     """Steps 1-4 of an update: (Rollout, stats, texts for printing)."""
 
     policy, task = run.policy, cfg.task
-    q = format_queries(queries.to(device), prefix, suffix)
+    q = ctx.format(queries)
 
     def policy_pass():
         # logprobs and values come from the sampling pass itself (policy.respond in the original): no extra forward
@@ -71,12 +70,12 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         with using(policy.lm, None):  # with LoRA the reference is the shared base, adapters off
             return ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab, prefix)
 
-    with autocast(device, dtype):  # under FSDP each pass gathers its model's shards first (a collective)
+    with ctx.autocast():  # under FSDP each pass gathers its model's shards first (a collective)
         responses, logprobs, values, prefix = parallel.gathered(policy, policy_pass)
         ref = parallel.gathered(run.ref_lm, ref_pass) if run.ref_lm is not None else ref_pass()
     logprobs, values, ref = logprobs.float(), values.float(), ref.float()
     post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
-    with autocast(device, dtype):
+    with ctx.autocast():
         raw = score_fn(q, post, prefix).float()
     scores = apply_penalty(raw, post, task)
     rewards, non_score, kl = kl_penalized_rewards(logprobs, ref, scores, run.kl_ctl.value)  # 4.
