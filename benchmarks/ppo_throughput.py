@@ -124,9 +124,10 @@ def loadavg() -> str:
 
 
 def char_frac(target: str):
-    """The anchor's default reward: fraction of `target` characters in each decoded response."""
+    """The anchor's default reward: fraction of `target` characters in each decoded response. lmprefs' text rewards
+    take the query texts too (text_score_fn calls fn(responses, queries)); this one ignores them, as the anchor's."""
 
-    def fn(texts: list[str]) -> list[float]:
+    def fn(texts: list[str], queries: list[str]) -> list[float]:
         return [t.count(target) / max(len(t), 1) for t in texts]
 
     return fn
