@@ -1,10 +1,21 @@
-"""Pieces both benchmark scripts use (they run as `python benchmarks/NAME.py`, so this folder is on sys.path)."""
+"""Pieces the benchmark scripts share (they run as `python benchmarks/NAME.py`, so this folder is on sys.path)."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import sys
 import time
 from pathlib import Path
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one line on stderr and exit 2, like lmprefs' own commands (argparse itself prints
+    the usage block first)."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
 
 
 def source_fingerprint() -> dict:
@@ -17,3 +28,22 @@ def source_fingerprint() -> dict:
         h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
         newest = max(newest, f.stat().st_mtime)
     return {"sha1": h.hexdigest()[:12], "newest_mtime": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(newest))}
+
+
+def int_at_least(lo: int):
+    """An argparse type: an integer >= lo, so that a bad value is a one-line error and exit 2."""
+
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {s!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be at least {lo}, not {v}")
+        return v
+
+    parse.__name__ = f"int >= {lo}"
+    return parse
+
+
+positive_int, nonnegative_int = int_at_least(1), int_at_least(0)

@@ -1,20 +1,32 @@
-"""The benchmark scripts are not tests, but they must keep running: each runs here once at toy sizes."""
+"""The benchmark scripts are not tests, but they must keep running: each runs here once, end to end, at toy sizes
+(a script that cannot run is a failing test), and its bad flags are one line and exit 2."""
 
 import json
+import math
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+def run_script(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python benchmarks/NAME args` with this checkout's lmprefs first on the path: a script's own folder is on
+    sys.path, the checkout is not, and an installed lmprefs (another checkout) would answer instead."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    r = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True, cwd=ROOT,
+                       env=env, timeout=timeout)  # fmt: skip
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    return r
 
 
 def test_gpu_throughput_runs_on_cpu_at_toy_sizes(tmp_path):
     out = tmp_path / "r.json"
-    args = ["--device", "cpu", "--model", "tiny-gpt2", "--batch", "4", "--query-len", "8", "--response-len", "4",
-            "--noptepochs", "1", "--updates", "1", "--warmup", "0", "--sampler-reps", "1", "--threads", "1",
-            "--json", str(out)]  # fmt: skip
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"), *args], capture_output=True,
-                       text=True, cwd=ROOT)  # fmt: skip
+    r = run_script("gpu_throughput.py", "--device", "cpu", "--model", "tiny-gpt2", "--batch", "4", "--query-len", "8",
+                   "--response-len", "4", "--noptepochs", "1", "--updates", "1", "--warmup", "0", "--sampler-reps",
+                   "1", "--threads", "1", "--json", str(out))  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert res["device"] == "cpu" and res["batch"] == 4 and res["updates_timed"] == 1
@@ -24,3 +36,47 @@ def test_gpu_throughput_runs_on_cpu_at_toy_sizes(tmp_path):
     assert res["model_tflop_per_update"]["total"] > 0 and res["projected_1M_episodes_min"] > 0
     assert set(res["sampler_alone"]) == {"dynamic", "static", "hf_generate", "hf_generate_static"}
     assert "episodes/s" in r.stdout and "HF generate" in r.stdout
+
+
+def test_ppo_throughput_runs_both_value_models_against_an_anchor_result_from_a_file(tmp_path):
+    """TRL's side read from a file in the anchor's result format (TRL is not installed here); lmprefs' side runs
+    for real: its reward function, both value models, the ratios and the FLOP model."""
+    from lmprefs.assets import resolve_model
+
+    cfg = json.loads((Path(resolve_model("tiny-gpt2")) / "config.json").read_text())
+    anchor = {
+        "bench": "trl_ppo", "ppo_trainer": "made-up.PPOTrainer", "versions": {"trl": "none"},
+        "model": {k: cfg[k] for k in ("n_layer", "n_head", "n_embd", "vocab_size")},
+        "config": {"batch_size": 4, "query_len": 8, "response_len": 4, "ppo_epochs": 1, "minibatches": 1,
+                   "temperature": 0.7},
+        "episodes_per_sec": 2.0,
+        "sec_per_step_mean": {"total_s": 2.0, "generation_s": 0.5, "rollout_forward_s": 0.5, "scoring_s": 0.0,
+                              "optimization_s": 1.0},
+        "per_step": [], "cpu_during_train": {"other_cores_avg": 0.0},
+    }  # fmt: skip
+    (tmp_path / "anchor.json").write_text(json.dumps(anchor))
+    out = tmp_path / "out"
+    r = run_script("ppo_throughput.py", "--model-dir", "tiny-gpt2", "--anchor-result", str(tmp_path / "anchor.json"),
+                   "--out-dir", str(out), "--batch-size", "4", "--query-len", "8", "--response-len", "4", "--steps",
+                   "2", "--ppo-epochs", "1", "--minibatches", "1", "--threads", "1", "--reps", "1", "--max-wait",
+                   "0", "--max-other", "99", "--retries", "0")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "FAILED" not in r.stderr, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["systems"]["trl"]["episodes_per_sec_median"] == 2.0
+    for mode in ("shared", "separate"):
+        (run,) = res["runs"][mode]
+        assert run["bench"] == f"lmprefs_ppo[{mode}]" and run["model"]["value_model"] == mode
+        assert run["model"]["n_layer"] == cfg["n_layer"] and len(run["per_step_total_s"]) == 2
+        sec = run["sec_per_step_mean"]
+        phases = ("generation_s", "rollout_forward_s", "scoring_s", "optimization_s")
+        assert sec["total_s"] > 0 and all(sec[k] >= 0 for k in phases)
+        assert math.isclose(sum(sec[k] for k in phases), sec["total_s"], abs_tol=1e-3)
+        eps = run["episodes_per_sec"]  # one timed update of 4 episodes
+        assert eps > 0 and math.isclose(eps, 4 / run["per_step_total_s"][1], rel_tol=0.01)
+        assert 0 <= run["last_metrics"]["objective/score"] <= 1  # the fraction of 'e's: the reward ran
+        assert res["systems"][mode]["episodes_per_sec_median"] == eps
+        assert math.isclose(res["ratios"][mode]["ratio_of_medians"], eps / 2.0, rel_tol=1e-9)
+    fm = res["flop_model_gflop"]
+    assert fm["trl"] > 0 and 0 < fm["lmprefs shared"] < fm["lmprefs separate"]
+    assert "TRL side read from" in r.stdout and "ratio" in r.stdout
