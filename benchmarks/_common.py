@@ -47,3 +47,15 @@ def int_at_least(lo: int):
 
 
 positive_int, nonnegative_int = int_at_least(1), int_at_least(0)
+
+
+def run_main(main) -> int:
+    """main()'s exit code, with lmprefs' UserError (a bad value found past the flags: a missing asset, no CUDA) as
+    one line and exit 2, as lmprefs' own commands do, instead of a traceback."""
+    from lmprefs.errors import UserError
+
+    try:
+        return main()
+    except UserError as e:
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        return 2
