@@ -4,6 +4,7 @@
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,21 @@ def test_ppo_throughput_runs_both_value_models_against_an_anchor_result_from_a_f
     fm = res["flop_model_gflop"]
     assert fm["trl"] > 0 and 0 < fm["lmprefs shared"] < fm["lmprefs separate"]
     assert "TRL side read from" in r.stdout and "ratio" in r.stdout
+
+
+def test_gpu_kernels_measures_on_cuda_and_says_in_one_line_where_it_cannot():
+    import importlib.util
+
+    import torch
+
+    r = run_script("gpu_kernels.py")
+    if not (torch.cuda.is_available() and importlib.util.find_spec("triton")):
+        assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith("gpu_kernels.py: needs ") and "nothing measured" in line
+        return
+    assert r.returncode == 0, r.stderr[-3000:]
+    attn = re.findall(r"^decode attention (.+?)\s+([\d.]+) us", r.stdout, re.M)
+    heads = re.findall(r"^LM head\s+(\d+) x \d+ x (\d+):\s+([\d.]+) us\s+([\d.]+) TFLOP/s", r.stdout, re.M)
+    assert attn and all(float(t) > 0 for _, t in attn), r.stdout
+    assert len(heads) == 6 and all(float(t) > 0 and float(f) > 0 for *_, t, f in heads), r.stdout
