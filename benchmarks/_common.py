@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
 import sys
 import time
 from pathlib import Path
+
+# The benchmarks run offline (models are lmprefs assets or local directories): a name that is neither fails at once
+# instead of retrying the hub for half a minute. Set before the scripts import transformers.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 class ArgumentParser(argparse.ArgumentParser):

@@ -99,3 +99,19 @@ def test_gpu_kernels_measures_on_cuda_and_says_in_one_line_where_it_cannot():
     heads = re.findall(r"^LM head\s+(\d+) x \d+ x (\d+):\s+([\d.]+) us\s+([\d.]+) TFLOP/s", r.stdout, re.M)
     assert attn and all(float(t) > 0 for _, t in attn), r.stdout
     assert len(heads) == 6 and all(float(t) > 0 and float(f) > 0 for *_, t, f in heads), r.stdout
+
+
+def test_best_of_n_sampling_runs_at_toy_size(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_script("best_of_n_sampling.py", "--model", "tiny-gpt2", "--questions", "2", "--n", "3", "--query-len", "8",
+                   "--response-len", "4", "--reps", "2", "--threads", "1", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert (res["questions"], res["n"], res["reps"], res["threads"]) == (2, 3, 2, 1)
+    plain, shared = res["seconds_repeated_queries"], res["seconds_shared_prefill"]
+    assert plain > 0 and shared > 0 and math.isclose(res["time_ratio"], shared / plain)
+    assert all(len(v) == 2 for v in res["seconds_all"].values())  # the warm-up call of each way left out
+    assert res["rows"] == 3 * 2 * 3  # every call (warm-up too) compares 2 queries x 3 samples
+    # both ways draw the same tokens up to float rounding: in fp32 on a tiny model, nearly every row
+    assert res["identical_rows"] >= res["rows"] // 2
+    assert f"{res['identical_rows']} of {res['rows']} rows" in r.stdout and "one prefill per query" in r.stdout
