@@ -115,3 +115,18 @@ def test_best_of_n_sampling_runs_at_toy_size(tmp_path):
     # both ways draw the same tokens up to float rounding: in fp32 on a tiny model, nearly every row
     assert res["identical_rows"] >= res["rows"] // 2
     assert f"{res['identical_rows']} of {res['rows']} rows" in r.stdout and "one prefill per query" in r.stdout
+
+
+def test_lora_vs_peft_runs_at_toy_size(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_script("lora_vs_peft.py", "--model", "tiny-gpt2", "--layers", "1", "--batch", "2", "--seq-len", "8",
+                   "--reps", "2", "--threads", "1", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["targets"] == ["c_attn", "c_proj"] and (res["blocks"], res["layers"]) == (2, 1)  # GPT-2's Conv1D
+    # the same adapters: as many trainable parameters, and both start as the base model (B = 0)
+    assert res["trainable_params"]["hand-written"] == res["trainable_params"]["peft"] > 0
+    assert res["max_abs_diff_from_base"] < 1e-5
+    for name in ("hand-written", "peft"):
+        assert len(res["seconds_all"][name]) == 2 and res["seconds_median"][name] > 0
+    assert "top-1-block forward+backward, batch 2x8, median of 2" in r.stdout
