@@ -130,3 +130,24 @@ def test_lora_vs_peft_runs_at_toy_size(tmp_path):
     for name in ("hand-written", "peft"):
         assert len(res["seconds_all"][name]) == 2 and res["seconds_median"][name] > 0
     assert "top-1-block forward+backward, batch 2x8, median of 2" in r.stdout
+
+
+def test_reward_accuracy_runs_on_the_tiny_preset(tmp_path):
+    out = tmp_path / "out"
+    r = run_script("reward_accuracy.py", "--preset", "tiny", "--labels", "4,8", "--heldout", "8", "--epochs", "1",
+                   "--threads", "1", "--dtype", "float32", "--out-dir", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["collect"]["labels_added"] == res["collect"]["labels_in_store"] == 8 + 8
+    rows = res["rows"]
+    assert [row["labels"] for row in rows] == [4, 8] and [row["labels_train"] for row in rows] == [4, 8]
+    # one held-out set for every N (the script's own check), so the same accuracy before training too
+    assert len({row["heldout_fingerprint"] for row in rows}) == 1 and rows[0]["labels_heldout"] > 0
+    assert rows[0]["labels_heldout"] == rows[1]["labels_heldout"]
+    assert rows[0]["initial_heldout_accuracy"] == rows[1]["initial_heldout_accuracy"]
+    for row in rows:
+        lo, hi = row["heldout_accuracy_95ci"]
+        assert 0 <= lo <= row["heldout_accuracy"] <= hi <= 1 and row["heldout_loss"] > 0
+        assert 0 < row["train_real_tokens_per_s"] <= row["train_positions_per_s"] and row["train_epoch_s"] > 0
+    assert 0.25 <= res["label_ceiling"] <= 1  # noiseless labels: the labeled best is always among the tied top
+    assert "held-out set identical for every N: yes" in r.stdout
