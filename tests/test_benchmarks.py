@@ -151,3 +151,19 @@ def test_reward_accuracy_runs_on_the_tiny_preset(tmp_path):
         assert 0 < row["train_real_tokens_per_s"] <= row["train_positions_per_s"] and row["train_epoch_s"] > 0
     assert 0.25 <= res["label_ceiling"] <= 1  # noiseless labels: the labeled best is always among the tied top
     assert "held-out set identical for every N: yes" in r.stdout
+
+
+def test_scaling_runs_without_a_launcher_and_under_torchrun_with_two_processes(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_script("scaling.py", "--models", "tiny", "--parallel", "ddp", "--no-launcher-threads", "1", "--batch", "8",
+                   "--updates", "2", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["device"] == "cpu" and res["updates"] == 2 and list(res["models"]) == ["tiny"]
+    tiny = res["models"]["tiny"]
+    (figures,) = tiny["reps"]
+    assert tiny["batch"] == 8 and [(f["processes"], f["launcher"], f["threads"]) for f in figures] == [
+        (1, False, 1), (2, True, 1)]  # fmt: skip
+    assert all(f["episodes_per_s"] > 0 for f in figures) and figures[0]["ratio"] == 1.0
+    assert math.isclose(figures[1]["ratio"], figures[1]["episodes_per_s"] / figures[0]["episodes_per_s"])
+    assert re.search(r"2 processes x 1 thread ddp +[\d.]+ episodes/s \([\d.]+x\)", r.stdout), r.stdout
