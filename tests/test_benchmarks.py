@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 
@@ -167,3 +170,69 @@ def test_scaling_runs_without_a_launcher_and_under_torchrun_with_two_processes(t
     assert all(f["episodes_per_s"] > 0 for f in figures) and figures[0]["ratio"] == 1.0
     assert math.isclose(figures[1]["ratio"], figures[1]["episodes_per_s"] / figures[0]["episodes_per_s"])
     assert re.search(r"2 processes x 1 thread ddp +[\d.]+ episodes/s \([\d.]+x\)", r.stdout), r.stdout
+
+
+def _script(name: str, monkeypatch):
+    """A benchmark script imported as a module (its folder on sys.path, for _common), to call main(argv)."""
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA these flags are good: the script would run")
+BAD_FLAGS = [
+    # (script, argv, text the one line must contain)
+    ("ppo_throughput", ["--steps", "1"], "--steps must be at least 2"),
+    ("ppo_throughput", ["--steps", "two"], "argument --steps: not an integer: 'two'"),
+    ("ppo_throughput", ["--batch-size", "6", "--minibatches", "4"], "--batch-size 6 is not a multiple of --minibatches"),
+    ("ppo_throughput", ["--modes", "shared,both"], "--modes: a comma-separated list of shared, separate"),
+    ("ppo_throughput", ["--lr", "-1"], "--lr must be positive"),
+    ("ppo_throughput", ["--anchor-result", "{anchor}"], "was measured with batch_size 4, this run uses 64"),
+    ("ppo_throughput", ["--anchor-result", "{tmp}/missing.json"], "cannot read"),
+    ("ppo_throughput", ["--anchor-python", "{tmp}/no-venv/python"], "not found: create the TRL venv"),
+    ("gpu_throughput", ["--device", "tpu"], "--device 'tpu': choose auto, cpu, cuda or cuda:N"),
+    ("gpu_throughput", ["--batch", "6", "--nminibatches", "4"], "--batch 6 is not a multiple of --nminibatches 4"),
+    ("gpu_throughput", ["--updates", "0"], "argument --updates: must be at least 1, not 0"),
+    pytest.param("gpu_throughput", ["--device", "cuda"], "CUDA is not available", marks=NO_CUDA),
+    ("gpu_kernels", ["--reps", "3"], "unrecognized arguments: --reps 3"),
+    ("best_of_n_sampling", ["--n", "0"], "argument --n: must be at least 1, not 0"),
+    ("best_of_n_sampling", ["--device", "gpu"], "--device 'gpu': choose cpu, cuda or cuda:N"),
+    pytest.param("best_of_n_sampling", ["--device", "cuda"], "CUDA is not available", marks=NO_CUDA),
+    ("lora_vs_peft", ["--reps", "0"], "argument --reps: must be at least 1, not 0"),
+    ("reward_accuracy", ["--labels", "4,x"], "--labels '4,x': comma-separated positive integers"),
+    ("reward_accuracy", ["--labeler", "faithfulness"], "argument --labeler: invalid choice: 'faithfulness'"),
+    ("reward_accuracy", ["--store", "{tmp}/labels.sqlite"], "no such file"),
+    ("reward_accuracy", ["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
+    ("scaling", ["--updates", "1"], "argument --updates: must be at least 2, not 1"),
+    ("scaling", ["--models", "tiny,huge"], "--models: unknown model 'huge'"),
+    ("scaling", ["--parallel", "zero"], "--parallel: unknown value 'zero'"),
+    ("scaling", ["--batch", "6", "--models", "tiny"], "--batch 6: tiny runs 4 minibatches"),
+    ("scaling", ["--no-launcher-threads", "0"], "--no-launcher-threads '0'"),
+    pytest.param("scaling", ["--device", "cuda"], "CUDA is not available", marks=NO_CUDA),
+]
+
+
+@pytest.mark.parametrize(("script", "argv", "needle"), BAD_FLAGS)
+def test_bad_flags_are_one_line_and_exit_2(script, argv, needle, tmp_path, capsys, monkeypatch):
+    anchor = {"episodes_per_sec": 8.0, "sec_per_step_mean": {"total_s": 8.0}, "per_step": [],
+              "config": {"batch_size": 4, "query_len": 32, "response_len": 24, "ppo_epochs": 4, "minibatches": 4,
+                         "temperature": 0.7}}  # fmt: skip
+    (tmp_path / "anchor.json").write_text(json.dumps(anchor))
+    argv = [a.format(tmp=tmp_path, anchor=tmp_path / "anchor.json") for a in argv]
+    if script == "ppo_throughput":
+        argv += ["--out-dir", str(tmp_path / "out")]
+    mod = _script(script, monkeypatch)
+    try:
+        code = mod.run_main(lambda: mod.main(argv)) if hasattr(mod, "run_main") else mod.main(argv)
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    assert code == 2, f"exit {code}; stderr: {err}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err and out == "", (out, err)
+    assert "error:" in lines[0] and needle in lines[0], lines[0]
+    assert not (tmp_path / "out").exists(), "a refused run wrote its output folder"
