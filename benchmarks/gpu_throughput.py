@@ -69,13 +69,15 @@ def parse_args(argv=None):
     p.add_argument("--model", default=None,
                    help="gpt2-124m or gpt2-mini (random weights, the exact GPT-2 tokenizer), an lmprefs asset such as "
                         "smollm2-135m, or a local HF directory; default gpt2-124m on CUDA, gpt2-mini on the CPU")
-    p.add_argument("--batch", type=positive_int, default=None, help="episodes per update; default 512 (CUDA) / 32 (CPU)")
+    p.add_argument("--batch", type=positive_int, default=None,
+                   help="episodes per update; default 512 (CUDA) / 32 (CPU)")  # fmt: skip
     p.add_argument("--query-len", type=positive_int, default=64)
     p.add_argument("--response-len", type=positive_int, default=24)
     p.add_argument("--noptepochs", type=positive_int, default=4)
     p.add_argument("--nminibatches", type=positive_int, default=1)
     p.add_argument("--updates", type=positive_int, default=None, help="timed PPO updates; default 5 (CUDA) / 2 (CPU)")
-    p.add_argument("--warmup", type=nonnegative_int, default=1, help="untimed updates first (compilation happens there)")
+    p.add_argument("--warmup", type=nonnegative_int, default=1,
+                   help="untimed updates first (compilation happens there)")  # fmt: skip
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="run.compile for the sampler")
     p.add_argument("--kv-cache", default="auto", choices=["auto", "static", "dynamic"], help="run.kv_cache")

@@ -105,7 +105,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--skip-trl", action="store_true", help="time lmprefs only (no ratios)")
     p.add_argument("--profile", action="store_true", help="also print a profile of one lmprefs update per mode")
     p.add_argument("--profile-top", type=positive_int, default=15, help="operators listed per profile")
-    p.add_argument("--steps", type=positive_int, default=5, help="PPO updates per run (at least 2); the first is warm-up")
+    p.add_argument(
+        "--steps", type=positive_int, default=5, help="PPO updates per run (at least 2); the first is warm-up"
+    )
     p.add_argument("--batch-size", type=positive_int, default=64)
     p.add_argument("--query-len", type=positive_int, default=32)
     p.add_argument("--response-len", type=positive_int, default=24)
@@ -467,8 +469,10 @@ def load_anchor_result(path: str, args) -> tuple[dict | None, str | None]:
         r = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         return None, f"cannot read {path}: {e}"
-    if not isinstance(r, dict) or not all(k in r for k in ("episodes_per_sec", "config", "sec_per_step_mean")) or (
-        not isinstance(r["config"], dict)
+    if (
+        not isinstance(r, dict)
+        or not all(k in r for k in ("episodes_per_sec", "config", "sec_per_step_mean"))
+        or (not isinstance(r["config"], dict))
     ):
         return None, f"{path} is not a trl_ppo_bench.py result (episodes_per_sec, config, sec_per_step_mean)"
     if not isinstance(r["episodes_per_sec"], (int, float)) or not r["episodes_per_sec"] > 0:
@@ -716,8 +720,10 @@ def main(argv=None) -> int:
     if trl_first:
         print(f"TRL side: {trl_first.get('ppo_trainer')} versions {json.dumps(trl_first.get('versions'))}")
     if anchor is not None:
-        print(f"TRL side read from {args.anchor_result} (not measured in this invocation: its ratios compare runs made "
-              "at different times)")
+        print(
+            f"TRL side read from {args.anchor_result} (not measured in this invocation: its ratios compare runs made "
+            "at different times)"
+        )
     if first and "lmprefs" in first.get("versions", {}):
         print(f"lmprefs side: versions {json.dumps(first['versions'])}")
     if first:

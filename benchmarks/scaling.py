@@ -175,9 +175,9 @@ def main(argv=None) -> int:
                     f"{label} {eps:7.2f} episodes/s ({eps / base:.2f}x)" for label, eps in figures) +
                     f"  ({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
                 results["models"][m]["reps"].append([
-                    {"label": label, "processes": procs or 1, "launcher": procs is not None, "parallel": parallel,
+                    {"label": label, "processes": n or 1, "launcher": n is not None, "parallel": parallel,
                      "threads": threads, "episodes_per_s": eps, "ratio": eps / base}
-                    for (label, eps), (_, procs, parallel, threads) in zip(figures, configs, strict=True)])  # fmt: skip
+                    for (label, eps), (_, n, parallel, threads) in zip(figures, configs, strict=True)])  # fmt: skip
             results["models"][m]["load_after"] = os.getloadavg()
             print(f"load average after {m}: {os.getloadavg()}", flush=True)
     if a.json:

@@ -188,7 +188,11 @@ BAD_FLAGS = [
     # (script, argv, text the one line must contain)
     ("ppo_throughput", ["--steps", "1"], "--steps must be at least 2"),
     ("ppo_throughput", ["--steps", "two"], "argument --steps: not an integer: 'two'"),
-    ("ppo_throughput", ["--batch-size", "6", "--minibatches", "4"], "--batch-size 6 is not a multiple of --minibatches"),
+    (
+        "ppo_throughput",
+        ["--batch-size", "6", "--minibatches", "4"],
+        "--batch-size 6 is not a multiple of --minibatches",
+    ),
     ("ppo_throughput", ["--modes", "shared,both"], "--modes: a comma-separated list of shared, separate"),
     ("ppo_throughput", ["--lr", "-1"], "--lr must be positive"),
     ("ppo_throughput", ["--anchor-result", "{anchor}"], "was measured with batch_size 4, this run uses 64"),
