@@ -102,11 +102,11 @@ def parse_args(argv=None):
     return a
 
 
-def build_model_dir(arch: str, seed: int) -> str:
+def build_model_dir(arch: str, seed: int, parent: Path | None = None) -> str:
     """A random-weight GPT-2 of `arch` saved with the exact GPT-2 tokenizer, so it loads like any model."""
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    out = Path(tempfile.mkdtemp(prefix=f"lmprefs-{arch}-"))
+    out = Path(tempfile.mkdtemp(prefix=f"lmprefs-{arch}-", dir=parent))
     torch.manual_seed(seed)
     GPT2LMHeadModel(GPT2Config(vocab_size=50257, **ARCHS[arch])).save_pretrained(out)
     AutoTokenizer.from_pretrained(resolve_model("tiny-gpt2")).save_pretrained(out)  # GPT-2's own BPE
@@ -134,6 +134,12 @@ def model_flops(model, B: int, Q: int, T: int, noptepochs: int, vocab: int) -> d
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # the random model and the run's checkpoint (500 MB each for GPT-2 124M) go when the benchmark ends
+    with tempfile.TemporaryDirectory(prefix="lmprefs-gpu-bench-") as tmp:
+        return bench(args, Path(tmp))
+
+
+def bench(args, tmp: Path) -> int:
     cfg0 = preset("sentiment")
     run_cfg = RunConfig(device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
                         compile=args.compile, kv_cache=args.kv_cache, log_interval=10**9,
@@ -144,7 +150,7 @@ def main(argv=None) -> int:
     B = args.batch or (512 if cuda else 32)
     updates = args.updates or (5 if cuda else 2)
     Q, T = args.query_len, args.response_len
-    model_dir = build_model_dir(name, args.seed) if name in ARCHS else name
+    model_dir = build_model_dir(name, args.seed, tmp) if name in ARCHS else name
     cfg = replace(
         cfg0,
         task=replace(cfg0.task, initial_model=model_dir, query_dataset="bundled", query_length=Q, response_length=T),
@@ -212,7 +218,7 @@ def main(argv=None) -> int:
             prof["p"].start()
         mark["t"] = time.perf_counter()
 
-    run_dir = Path(tempfile.mkdtemp(prefix="lmprefs-gpu-bench-"))
+    run_dir = tmp / "run"
 
     class NullLog:
         def scalars(self, stats, step):

@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                 sys.path.insert(0, str(Path(__file__).parent))
                 from gpu_throughput import build_model_dir
 
-                m_extra += ["--task.initial-model", build_model_dir("gpt2-124m", seed=0)]
+                m_extra += ["--task.initial-model", build_model_dir("gpt2-124m", seed=0, parent=Path(tmp))]
             batch = a.batch or MODELS[m][1][a.device]
             results["models"][m] = {"batch": batch, "load_before": os.getloadavg(), "reps": []}
             print(f"load average before {m}: {os.getloadavg()}", flush=True)
