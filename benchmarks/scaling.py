@@ -82,8 +82,10 @@ def run(model: str, device: str, procs: int | None, parallel: str, threads: int,
     if procs is None:
         cmd = [sys.executable, "-m", "lmprefs", *args]
     else:
+        # --log-dir: the launcher's logs beside the run (otherwise a torchelastic_* folder per launch stays in /tmp)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-addr",
-               "127.0.0.1", "--master-port", str(_port()), "-m", "lmprefs", *args]  # fmt: skip
+               "127.0.0.1", "--master-port", str(_port()), "--log-dir", str(out.with_name(out.name + "-launcher")),
+               "-m", "lmprefs", *args]  # fmt: skip
     # this checkout first, then the machine's own PYTHONPATH (a GPU machine may keep packages there)
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
