@@ -18,11 +18,19 @@ BENCH = ROOT / "benchmarks"
 
 def run_script(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python benchmarks/NAME args` with this checkout's lmprefs first on the path: a script's own folder is on
-    sys.path, the checkout is not, and an installed lmprefs (another checkout) would answer instead."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    r = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True, cwd=ROOT,
-                       env=env, timeout=timeout)  # fmt: skip
+    sys.path, the checkout is not, and an installed lmprefs (another checkout) would answer instead. Its temporary
+    files go to a folder of their own, which must be empty when it ends: a benchmark cleans up after itself."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench-tmp-") as tmp:
+        path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+        env = {**os.environ, "PYTHONPATH": path, "TMPDIR": tmp}
+        r = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True, cwd=ROOT,
+                           env=env, timeout=timeout)  # fmt: skip
+        # torch's compile cache (torchinductor_USER) is a cache, not a leftover
+        left = sorted(p.name for p in Path(tmp).iterdir() if not p.name.startswith("torchinductor_"))
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert not left, f"{name} left {left} in its temporary folder"
     return r
 
 
