@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,6 @@ def run_script(name: str, *args: str, timeout: float = 300) -> subprocess.Comple
     """`python benchmarks/NAME args` with this checkout's lmprefs first on the path: a script's own folder is on
     sys.path, the checkout is not, and an installed lmprefs (another checkout) would answer instead. Its temporary
     files go to a folder of their own, which must be empty when it ends: a benchmark cleans up after itself."""
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="bench-tmp-") as tmp:
         path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         env = {**os.environ, "PYTHONPATH": path, "TMPDIR": tmp}
