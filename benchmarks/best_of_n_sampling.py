@@ -14,19 +14,28 @@ What is measured
   temperature 0.5, SmolLM2-135M (`lmprefs assets prepare smollm2-135m`); `--model tiny-gpt2` for a quick check.
 
     python benchmarks/best_of_n_sampling.py [--model smollm2-135m] [--questions 16] [--n 4] [--query-len 76]
-        [--response-len 32] [--reps 4] [--threads 2] [--dtype float32|bfloat16] [--device cpu|cuda]
+        [--response-len 32] [--reps 4] [--threads 2] [--dtype float32|bfloat16] [--device cpu|cuda] [--json FILE]
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
 import platform
+import re
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
-from _common import source_fingerprint
+from _common import ArgumentParser, nonnegative_int, positive_int, run_main, source_fingerprint
+
+from lmprefs.models.loading import load_lm
+from lmprefs.models.sampling import sample
+
+# lmprefs internals this script uses, all in this block
+from lmprefs.runtime.device import autocast, pick_device
 
 
 def cpu_name() -> str:
@@ -40,27 +49,24 @@ def cpu_name() -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m", help="an lmprefs model asset or a local HF directory")
-    p.add_argument("--questions", type=int, default=16, help="distinct queries per call")
-    p.add_argument("--n", type=int, default=4, help="samples per query")
-    p.add_argument("--query-len", type=int, default=76)
-    p.add_argument("--response-len", type=int, default=32)
-    p.add_argument("--reps", type=int, default=4, help="timed calls per way (after one warm-up call each)")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--questions", type=positive_int, default=16, help="distinct queries per call")
+    p.add_argument("--n", type=positive_int, default=4, help="samples per query")
+    p.add_argument("--query-len", type=positive_int, default=76)
+    p.add_argument("--response-len", type=positive_int, default=32)
+    p.add_argument("--reps", type=positive_int, default=4, help="timed calls per way (after one warm-up call each)")
+    p.add_argument("--threads", type=nonnegative_int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="autocast dtype")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--json", default=None, help="also write the figures here as one JSON object")
     a = p.parse_args(argv)
-    if min(a.questions, a.n, a.query_len, a.response_len, a.reps) < 1:
-        p.error("--questions, --n, --query-len, --response-len and --reps must be at least 1")
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", a.device):
+        p.error(f"--device {a.device!r}: choose cpu, cuda or cuda:N")
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    from lmprefs.models.loading import load_lm
-    from lmprefs.models.sampling import sample
-    from lmprefs.runtime.device import autocast
-
-    device = torch.device(a.device)
+    device = pick_device(a.device)  # no CUDA: lmprefs' one-line error
     model, tok = load_lm(a.model, device)
     model.eval()
     g = torch.Generator().manual_seed(0)
@@ -100,8 +106,16 @@ def main(argv=None) -> int:
     print(f"  queries repeated ({a.questions * a.n} prefills): {plain:.2f} s")
     print(f"  repeats={a.n} (one prefill per query):  {shared:.2f} s  ({shared / plain:.2f}x the time)")
     print(f"  identical responses: {same} of {rows} rows (the rest differ from a near-tie draw on)")
+    if a.json:
+        res = {"model": a.model, "device": a.device, "dtype": a.dtype, "threads": torch.get_num_threads(),
+               "questions": a.questions, "n": a.n, "query_len": a.query_len, "response_len": a.response_len,
+               "reps": a.reps, "seconds_repeated_queries": plain, "seconds_shared_prefill": shared,
+               "time_ratio": shared / plain, "identical_rows": same, "rows": rows,
+               "seconds_all": {"repeated_queries": times[False], "shared_prefill": times[True]},
+               "lmprefs_source": source_fingerprint()["sha1"], "torch": torch.__version__}  # fmt: skip
+        Path(a.json).write_text(json.dumps(res) + "\n")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(run_main(main))

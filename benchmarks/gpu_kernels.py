@@ -8,11 +8,16 @@
   under bf16 autocast plain and padded, forward and forward + backward.
 
     python benchmarks/gpu_kernels.py
+
+Without CUDA (or without triton) it says so in one line and exits 2, as gpu_throughput.py --device cuda does.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+
+from _common import ArgumentParser
 
 
 def attention(dev: str = "cuda") -> None:
@@ -76,11 +81,18 @@ def lm_head(dev: str = "cuda") -> None:
                   f"forward + backward {tb * 1000:8.1f} us")
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    p = ArgumentParser(description=__doc__.split("\n")[0])
+    p.parse_args(argv)
     import torch
 
+    missing = None
     if not torch.cuda.is_available():
-        print("benchmarks/gpu_kernels.py needs CUDA", file=sys.stderr)
+        missing = f"CUDA, which torch {torch.__version__} does not see here"
+    elif importlib.util.find_spec("triton") is None:
+        missing = "triton (for triton.testing.do_bench), which is not installed"
+    if missing:
+        print(f"{p.prog}: needs {missing}; nothing measured", file=sys.stderr)
         return 2
     print(torch.cuda.get_device_name(0), torch.__version__)
     attention()

@@ -28,6 +28,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -38,6 +39,28 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from _common import ArgumentParser, nonnegative_int, positive_int, run_main  # noqa: E402
+
+# lmprefs internals this script uses, all in this block
+import lmprefs  # noqa: E402
+from lmprefs.assets.models import resolve_model  # noqa: E402
+from lmprefs.config import RunConfig, preset  # noqa: E402
+from lmprefs.data.queries import QueryStream  # noqa: E402
+from lmprefs.data.tasks import TaskContext  # noqa: E402
+from lmprefs.models.loading import load_lm, trunk_blocks  # noqa: E402
+from lmprefs.models.reward_model import RewardModel  # noqa: E402
+from lmprefs.models.sampling import sample, sampler_mode  # noqa: E402
+from lmprefs.pipeline.policy import policy_for  # noqa: E402
+from lmprefs.pipeline.task import Task  # noqa: E402
+from lmprefs.runtime.device import (
+    autocast,  # noqa: E402
+    setup_torch,  # noqa: E402
+)
+from lmprefs.training import policy as P  # noqa: E402
+from lmprefs.training import rollout as RO  # noqa: E402 (sample, ref_logprobs, frozen_prefix are timed there)
+from lmprefs.training.policy_run import build_run  # noqa: E402
 
 # bf16 dense tensor-core peaks (TFLOP/s, no sparsity) by GPU name, for the utilisation figure
 BF16_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0,
@@ -50,42 +73,49 @@ ARCHS = {  # random-weight GPT-2s: the original's 124M, and a small one for CPUs
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:N")
     p.add_argument("--model", default=None,
                    help="gpt2-124m or gpt2-mini (random weights, the exact GPT-2 tokenizer), an lmprefs asset such as "
                         "smollm2-135m, or a local HF directory; default gpt2-124m on CUDA, gpt2-mini on the CPU")
-    p.add_argument("--batch", type=int, default=None, help="episodes per update; default 512 (CUDA) / 32 (CPU)")
-    p.add_argument("--query-len", type=int, default=64)
-    p.add_argument("--response-len", type=int, default=24)
-    p.add_argument("--noptepochs", type=int, default=4)
-    p.add_argument("--nminibatches", type=int, default=1)
-    p.add_argument("--updates", type=int, default=None, help="timed PPO updates; default 5 (CUDA) / 2 (CPU)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed updates first (compilation happens there)")
+    p.add_argument("--batch", type=positive_int, default=None,
+                   help="episodes per update; default 512 (CUDA) / 32 (CPU)")  # fmt: skip
+    p.add_argument("--query-len", type=positive_int, default=64)
+    p.add_argument("--response-len", type=positive_int, default=24)
+    p.add_argument("--noptepochs", type=positive_int, default=4)
+    p.add_argument("--nminibatches", type=positive_int, default=1)
+    p.add_argument("--updates", type=positive_int, default=None, help="timed PPO updates; default 5 (CUDA) / 2 (CPU)")
+    p.add_argument("--warmup", type=nonnegative_int, default=1,
+                   help="untimed updates first (compilation happens there)")  # fmt: skip
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="run.compile for the sampler")
     p.add_argument("--kv-cache", default="auto", choices=["auto", "static", "dynamic"], help="run.kv_cache")
-    p.add_argument("--sampler-reps", type=int, default=3, help="timed calls per sampler mode and for HF generate")
+    p.add_argument("--sampler-reps", type=positive_int, default=3,
+                   help="timed calls per sampler mode and for HF generate")  # fmt: skip
     p.add_argument("--no-generate", action="store_true", help="skip the sampler-alone and HF generate comparison")
     p.add_argument("--peak-tflops", type=float, default=None, help="bf16 peak for the utilisation figure")
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=nonnegative_int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--profile", action="store_true",
                    help="print a torch.profiler table of one extra update (two more updates run)")
     p.add_argument("--profile-sampler", action="store_true",
                    help="print a torch.profiler table of one sampler call (static cache, compiled on CUDA)")
     p.add_argument("--json", default=None, help="also write the result JSON here")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", a.device):
+        p.error(f"--device {a.device!r}: choose auto, cpu, cuda or cuda:N")
+    if a.batch is not None and a.batch % a.nminibatches:
+        p.error(f"--batch {a.batch} is not a multiple of --nminibatches {a.nminibatches}")
+    if a.peak_tflops is not None and not a.peak_tflops > 0:
+        p.error(f"--peak-tflops must be positive, not {a.peak_tflops}")
+    return a
 
 
-def build_model_dir(arch: str, seed: int) -> str:
+def build_model_dir(arch: str, seed: int, parent: Path | None = None) -> str:
     """A random-weight GPT-2 of `arch` saved with the exact GPT-2 tokenizer, so it loads like any model."""
-    import torch
     from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-    from lmprefs.assets.models import resolve_model
-
-    out = Path(tempfile.mkdtemp(prefix=f"lmprefs-{arch}-"))
+    out = Path(tempfile.mkdtemp(prefix=f"lmprefs-{arch}-", dir=parent))
     torch.manual_seed(seed)
     GPT2LMHeadModel(GPT2Config(vocab_size=50257, **ARCHS[arch])).save_pretrained(out)
     AutoTokenizer.from_pretrained(resolve_model("tiny-gpt2")).save_pretrained(out)  # GPT-2's own BPE
@@ -96,8 +126,6 @@ def model_flops(model, B: int, Q: int, T: int, noptepochs: int, vocab: int) -> d
     """Analytic model FLOPs of one update: a forward costs 2 x (block parameters) per token, attention
     2 x 2 x d x (context) per token and layer, the LM head 2 x d x V where logits are needed (response positions);
     a backward twice the forward."""
-    from lmprefs.models.loading import trunk_blocks
-
     blocks = trunk_blocks(model)
     n_block = sum(p.numel() for p in blocks.parameters())
     d, L, n_layer = model.config.hidden_size, Q + T, len(blocks)
@@ -115,22 +143,12 @@ def model_flops(model, B: int, Q: int, T: int, noptepochs: int, vocab: int) -> d
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    import torch
+    # the random model and the run's checkpoint (500 MB each for GPT-2 124M) go when the benchmark ends
+    with tempfile.TemporaryDirectory(prefix="lmprefs-gpu-bench-") as tmp:
+        return bench(args, Path(tmp))
 
-    import lmprefs
-    from lmprefs.config import RunConfig, preset
-    from lmprefs.data.queries import QueryStream
-    from lmprefs.data.tasks import TaskContext
-    from lmprefs.models.loading import load_lm
-    from lmprefs.models.reward_model import RewardModel
-    from lmprefs.models.sampling import sampler_mode
-    from lmprefs.pipeline.policy import policy_for
-    from lmprefs.pipeline.task import Task
-    from lmprefs.runtime.device import setup_torch
-    from lmprefs.training import policy as P
-    from lmprefs.training import rollout as RO
-    from lmprefs.training.policy_run import build_run
 
+def bench(args, tmp: Path) -> int:
     cfg0 = preset("sentiment")
     run_cfg = RunConfig(device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
                         compile=args.compile, kv_cache=args.kv_cache, log_interval=10**9,
@@ -141,7 +159,7 @@ def main(argv=None) -> int:
     B = args.batch or (512 if cuda else 32)
     updates = args.updates or (5 if cuda else 2)
     Q, T = args.query_len, args.response_len
-    model_dir = build_model_dir(name, args.seed) if name in ARCHS else name
+    model_dir = build_model_dir(name, args.seed, tmp) if name in ARCHS else name
     cfg = replace(
         cfg0,
         task=replace(cfg0.task, initial_model=model_dir, query_dataset="bundled", query_length=Q, response_length=T),
@@ -209,7 +227,7 @@ def main(argv=None) -> int:
             prof["p"].start()
         mark["t"] = time.perf_counter()
 
-    run_dir = Path(tempfile.mkdtemp(prefix="lmprefs-gpu-bench-"))
+    run_dir = tmp / "run"
 
     class NullLog:
         def scalars(self, stats, step):
@@ -262,11 +280,6 @@ def main(argv=None) -> int:
 
 def sampler_comparison(args, model, tok, q, cfg, device, dtype) -> dict:
     """The sampler alone in each mode, and Hugging Face generate on the same model and batch: sequences/s."""
-    import torch
-
-    from lmprefs.models.sampling import sample
-    from lmprefs.runtime.device import autocast
-
     cuda = device.type == "cuda"
     B, T, temp = q.shape[0], cfg.task.response_length, cfg.task.temperature
 
@@ -307,11 +320,6 @@ def sampler_comparison(args, model, tok, q, cfg, device, dtype) -> dict:
 def sampler_profile(model, tok, q, cfg, device, dtype) -> None:
     """One sampler call under torch.profiler: the kernels' summed time beside the call's wall time tells whether
     the decode loop is bound by the GPU or by launching work on it."""
-    import torch
-
-    from lmprefs.models.sampling import sample
-    from lmprefs.runtime.device import autocast
-
     cuda = device.type == "cuda"
     T, temp = cfg.task.response_length, cfg.task.temperature
     gen = torch.Generator(device=device).manual_seed(0)
@@ -338,4 +346,4 @@ def sampler_profile(model, tok, q, cfg, device, dtype) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -2,41 +2,61 @@
 alpha 16, q/k/v/o in the top 8 of 30 blocks), one forward + backward of the top blocks only (the frozen prefix
 computed once, as lmprefs does in PPO and reward training), batch 32 x 56 tokens, fp32, 2 threads.
 
-    python3 benchmarks/lora_vs_peft.py [--reps 5] [--peft-first]
+The adapters sit on the layers of lmprefs' default lora.targets that the model has (SmolLM2: q/k/v/o_proj; GPT-2:
+c_attn and c_proj, as Conv1D). Both start as the identity (B = 0), so both must give the base model's hidden
+states: the script checks that before timing and reports the largest difference.
+
+    python3 benchmarks/lora_vs_peft.py [--reps 5] [--peft-first] [--json FILE]
+    python3 benchmarks/lora_vs_peft.py --model tiny-gpt2 --layers 1 --batch 2 --seq-len 8 --reps 1   # seconds
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
+import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
-from peft import LoraConfig as PeftLoraConfig
-from peft import get_peft_model
+from _common import ArgumentParser, positive_int, run_main
 
+# lmprefs internals this script uses, all in this block
 from lmprefs.config import LoraConfig
 from lmprefs.models.loading import load_lm, trunk_blocks
 from lmprefs.models.lora import add_adapter, using
 from lmprefs.models.trunk import _only_blocks, attention_mask, frozen_prefix, model_inputs, trunk_hidden
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=5, help="timed repetitions (the median is printed)")
+def main(argv=None) -> int:
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="an lmprefs model asset or a local HF directory")
+    ap.add_argument("--layers", type=positive_int, default=8, help="top blocks with adapters (lora.layers)")
+    ap.add_argument("--rank", type=positive_int, default=8, help="LoRA rank (alpha = 2 x rank)")
+    ap.add_argument("--batch", type=positive_int, default=32, help="token rows per step")
+    ap.add_argument("--seq-len", type=positive_int, default=56, help="tokens per row")
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--reps", type=positive_int, default=5, help="timed repetitions (the median is printed)")
     ap.add_argument("--peft-first", action="store_true", help="time peft first (to see order effects)")
-    args = ap.parse_args()
-    torch.set_num_threads(2)
+    ap.add_argument("--json", default=None, help="also write the figures here as one JSON object")
+    args = ap.parse_args(argv)
+    from peft import LoraConfig as PeftLoraConfig  # seconds to import: after the flags are checked
+    from peft import get_peft_model
+
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    base, tok = load_lm("smollm2-135m")
-    n_blocks, top = len(trunk_blocks(base)), 8
-    tokens = torch.randint(0, len(tok), (32, 56))
+    base, tok = load_lm(args.model)
+    n_blocks, top = len(trunk_blocks(base)), args.layers
+    if top > n_blocks:
+        ap.error(f"--layers {top}: {args.model} has {n_blocks} blocks")
+    names = {n.split(".")[-1]: type(m).__name__ for n, m in base.named_modules()}
+    targets = tuple(t for t in LoraConfig().targets if names.get(t) in ("Linear", "Conv1D"))
+    tokens = torch.randint(0, len(tok), (args.batch, args.seq_len))
 
     mine = copy.deepcopy(base)
-    add_adapter(mine, LoraConfig(rank=8, alpha=16.0, layers=top, targets=TARGETS), "policy")
+    lcfg = LoraConfig(rank=args.rank, alpha=2.0 * args.rank, layers=top, targets=targets)
+    add_adapter(mine, lcfg, "policy")
     with using(mine, "policy"):
         pre = frozen_prefix(mine, tokens)
 
@@ -45,8 +65,9 @@ def main() -> None:
             h = trunk_hidden(mine, tokens, pre)
         h.float().pow(2).mean().backward()
 
-    peft_cfg = PeftLoraConfig(r=8, lora_alpha=16, target_modules=list(TARGETS), lora_dropout=0.0,
-                              layers_to_transform=list(range(n_blocks - top, n_blocks)))  # fmt: skip
+    peft_cfg = PeftLoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=list(targets), lora_dropout=0.0,
+                              layers_to_transform=list(range(n_blocks - top, n_blocks)),
+                              fan_in_fan_out=any(names[t] == "Conv1D" for t in targets))  # fmt: skip
     inner = get_peft_model(copy.deepcopy(base), peft_cfg).base_model.model  # the causal LM holding peft's layers
     ids, mask, pos = model_inputs(tokens)
     mask = attention_mask(inner, mask)
@@ -58,20 +79,44 @@ def main() -> None:
             out = inner.base_model(inputs_embeds=hp, attention_mask=mask, position_ids=pos, use_cache=False)
         out.last_hidden_state.float().pow(2).mean().backward()
 
-    def timed(fn) -> float:
+    # both adapters start as the identity: the same hidden states as the base model's, or the race is not fair
+    with torch.no_grad():
+        with using(mine, "policy"):
+            h_mine = trunk_hidden(mine, tokens, pre)
+        with _only_blocks(inner, n_blocks - top, None, from_hidden=True):
+            h_peft = inner.base_model(inputs_embeds=hp, attention_mask=mask, position_ids=pos,
+                                      use_cache=False).last_hidden_state  # fmt: skip
+        h_base = trunk_hidden(base, tokens)
+    diff = max((h_mine - h_base).abs().max().item(), (h_peft - h_base).abs().max().item())
+    n_lora = {"hand-written": sum(p.numel() for p in mine.parameters() if p.requires_grad),
+              "peft": sum(p.numel() for p in inner.parameters() if p.requires_grad)}  # fmt: skip
+    if diff > 1e-3 or n_lora["hand-written"] != n_lora["peft"]:
+        print(f"the two adapters differ: largest hidden-state difference from the base {diff:.2e}, trainable "
+              f"parameters {n_lora}", file=sys.stderr)  # fmt: skip
+        return 1
+
+    def timed(fn) -> list[float]:
         fn()  # warm-up
         ts = []
         for _ in range(args.reps):
             t0 = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - t0)
-        return statistics.median(ts)
+        return ts
 
     order = [("peft", step_peft), ("hand-written", step_mine)]
-    res = {name: timed(fn) for name, fn in (order if args.peft_first else order[::-1])}
-    print(f"top-{top}-block forward+backward, batch 32x56, median of {args.reps}: "
+    times = {name: timed(fn) for name, fn in (order if args.peft_first else order[::-1])}
+    res = {name: statistics.median(ts) for name, ts in times.items()}
+    print(f"top-{top}-block forward+backward, batch {args.batch}x{args.seq_len}, median of {args.reps}: "
           f"hand-written {res['hand-written'] * 1000:.0f} ms, peft {res['peft'] * 1000:.0f} ms")  # fmt: skip
+    if args.json:
+        out = {"model": args.model, "blocks": n_blocks, "layers": top, "rank": args.rank, "targets": list(targets),
+               "batch": args.batch, "seq_len": args.seq_len, "threads": torch.get_num_threads(), "reps": args.reps,
+               "seconds_median": res, "seconds_all": times, "trainable_params": n_lora,
+               "max_abs_diff_from_base": diff}  # fmt: skip
+        Path(args.json).write_text(json.dumps(out) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))

@@ -34,14 +34,22 @@ How
 Writes only under --out-dir (default: a new temporary directory): the model directory (unless --model-dir is given),
 lmprefs' run directories, TRL's output (its subprocess gets TMPDIR=<out-dir>/tmp) and results.json.
 
+  --anchor-result FILE takes TRL's side from a result the anchor printed earlier (e.g. run_anchors.py's
+  ppo_repN.json) instead of running TRL: the settings and model shape must match; its ratios are then against a run
+  made at another time.
+
 Example
   export LMPREFS_CACHE=/tmp/lmcache
   python benchmarks/ppo_throughput.py --reps 3 --profile
+  # the script itself in seconds (as tests/test_benchmarks.py runs it): lmprefs' tiny-gpt2 asset, a saved anchor
+  python benchmarks/ppo_throughput.py --model-dir tiny-gpt2 --anchor-result anchor.json --batch-size 4 \
+      --query-len 8 --response-len 4 --steps 2 --ppo-epochs 1 --minibatches 1 --threads 1 --reps 1 --max-wait 0
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -56,59 +64,113 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ANCHOR_DIR = REPO.parent / "shared" / "bench"
 DEFAULT_ANCHOR_PYTHON = REPO / ".venv-anchor" / "bin" / "python"
 MODES = ("shared", "separate")
+# what an anchor result must have been measured with for a ratio against it to mean anything
+ANCHOR_SETTINGS = ("batch_size", "query_len", "response_len", "ppo_epochs", "minibatches", "temperature")
+ANCHOR_SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size")
+
+from _common import ArgumentParser, nonnegative_int, positive_int, source_fingerprint  # noqa: E402
+
+# lmprefs internals this script uses, all in this block
+import lmprefs  # noqa: E402
+from lmprefs.assets.models import MODEL_ASSETS, resolve_model  # noqa: E402
+from lmprefs.config import Config, PPOConfig, RewardsConfig, RunConfig, TaskConfig  # noqa: E402
+from lmprefs.data.queries import QueryStream  # noqa: E402
+from lmprefs.data.tasks import TaskContext  # noqa: E402
+from lmprefs.models.loading import load_lm  # noqa: E402
+from lmprefs.pipeline.policy import policy_for  # noqa: E402
+from lmprefs.pipeline.task import Task  # noqa: E402
+from lmprefs.runtime.device import setup_torch  # noqa: E402
+from lmprefs.training import policy as P  # noqa: E402
+from lmprefs.training import rollout as RO  # noqa: E402 (sample, ref_logprobs, frozen_prefix are timed there)
+from lmprefs.training.policy_run import build_run  # noqa: E402
 
 
-from _common import source_fingerprint  # noqa: E402
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default=None, help="where everything is written (default: a new temp dir)")
     p.add_argument(
         "--model-dir",
         default=None,
-        help="anchor model directory to use (created if absent; default <out-dir>/anchor-model)",
+        help="anchor model directory to use (created if absent; default <out-dir>/anchor-model), or an lmprefs "
+        f"model asset ({', '.join(MODEL_ASSETS)}; tiny-gpt2 for a quick check of the script itself)",
     )
     p.add_argument("--anchor-dir", default=str(DEFAULT_ANCHOR_DIR), help="folder of trl_ppo_bench.py")
     p.add_argument("--anchor-python", default=str(DEFAULT_ANCHOR_PYTHON), help="python of the TRL venv")
-    p.add_argument("--reps", type=int, default=3, help="rounds of [TRL, lmprefs modes], order rotated per round")
+    p.add_argument(
+        "--anchor-result",
+        default=None,
+        metavar="JSON",
+        help="take TRL's side from this file (one JSON object as trl_ppo_bench.py prints it, e.g. run_anchors.py's "
+        "ppo_repN.json) instead of running TRL; it must have been measured with the same settings and model shape. "
+        "Its ratios compare against a run made at another time, not in the same round",
+    )
+    p.add_argument("--reps", type=nonnegative_int, default=3,
+                   help="rounds of [TRL, lmprefs modes], order rotated per round")  # fmt: skip
     p.add_argument("--modes", default="shared,separate", help="lmprefs value-model modes to time")
     p.add_argument("--skip-trl", action="store_true", help="time lmprefs only (no ratios)")
     p.add_argument("--profile", action="store_true", help="also print a profile of one lmprefs update per mode")
-    p.add_argument("--profile-top", type=int, default=15, help="operators listed per profile")
-    p.add_argument("--steps", type=int, default=5, help="PPO updates per run; the first is warm-up")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--query-len", type=int, default=32)
-    p.add_argument("--response-len", type=int, default=24)
-    p.add_argument("--ppo-epochs", type=int, default=4)
-    p.add_argument("--minibatches", type=int, default=4)
+    p.add_argument("--profile-top", type=positive_int, default=15, help="operators listed per profile")
+    p.add_argument(
+        "--steps", type=positive_int, default=5, help="PPO updates per run (at least 2); the first is warm-up"
+    )
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--query-len", type=positive_int, default=32)
+    p.add_argument("--response-len", type=positive_int, default=24)
+    p.add_argument("--ppo-epochs", type=positive_int, default=4)
+    p.add_argument("--minibatches", type=positive_int, default=4)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="lmprefs' autocast dtype (run.dtype); TRL stays fp32. The issue's targets are for float32; "
                    "bfloat16 is the flag that says otherwise")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=int, default=1800, help="seconds allowed per subprocess")
+    p.add_argument("--timeout", type=positive_int, default=1800, help="seconds allowed per subprocess")
     p.add_argument(
         "--idle-threshold",
         type=float,
         default=0.5,
         help="before each run, wait until fewer than this many cores are busy (measured over 3 s)",
     )
-    p.add_argument("--max-wait", type=float, default=240, help="seconds to wait for that before running anyway")
+    p.add_argument("--max-wait", type=float, default=240,
+                   help="seconds to wait for that before running anyway; 0: run at once (busy cores measured over "
+                   "0.5 s)")  # fmt: skip
     p.add_argument(
         "--max-other",
         type=float,
         default=0.15,
         help="a run during whose timed region other processes used more cores than this is redone",
     )
-    p.add_argument("--retries", type=int, default=3, help="redo a contaminated run at most this often")
+    p.add_argument("--retries", type=nonnegative_int, default=3, help="redo a contaminated run at most this often")
     # internal: one lmprefs measurement in this process, JSON on stdout
     p.add_argument("--worker", choices=("lmprefs",), help=argparse.SUPPRESS)
     p.add_argument("--value-model", choices=MODES, default="shared", help=argparse.SUPPRESS)
     p.add_argument("--profile-update", action="store_true", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None, p: ArgumentParser | None = None):
+    p = p or build_parser()
+    args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error("--steps must be at least 2 (the first update is warm-up, left out of the timing)")
+    if args.batch_size % args.minibatches:
+        p.error(f"--batch-size {args.batch_size} is not a multiple of --minibatches {args.minibatches}")
+    for flag in ("temperature", "lr"):
+        if not getattr(args, flag) > 0:
+            p.error(f"--{flag} must be positive, not {getattr(args, flag)}")
+    if any(m not in MODES for m in args.modes.split(",") if m) or not args.modes.strip(","):
+        p.error(f"--modes: a comma-separated list of {', '.join(MODES)}")
+    if args.skip_trl and args.anchor_result:
+        p.error("--skip-trl and --anchor-result contradict each other")
+    args.anchor = None
+    if args.anchor_result:
+        args.anchor, why = load_anchor_result(args.anchor_result, args)
+        if why:
+            p.error(f"--anchor-result {why}")
+    if args.model_dir in MODEL_ASSETS:  # an asset is built into lmprefs' cache once, offline
+        args.model_dir = resolve_model(args.model_dir)
+    return args
 
 
 def log(msg: str) -> None:
@@ -124,9 +186,10 @@ def loadavg() -> str:
 
 
 def char_frac(target: str):
-    """The anchor's default reward: fraction of `target` characters in each decoded response."""
+    """The anchor's default reward: fraction of `target` characters in each decoded response. lmprefs' text rewards
+    take the query texts too (text_score_fn calls fn(responses, queries)); this one ignores them, as the anchor's."""
 
-    def fn(texts: list[str]) -> list[float]:
+    def fn(texts: list[str], queries: list[str]) -> list[float]:
         return [t.count(target) / max(len(t), 1) for t in texts]
 
     return fn
@@ -142,13 +205,19 @@ class _NullLog:
         pass
 
 
-def _setup_torch(run):
-    """lmprefs' own device/dtype/threads set-up (it moved from lmprefs.generate to lmprefs.pipeline)."""
-    try:
-        from lmprefs.runtime.device import setup_torch
-    except ImportError:
-        from lmprefs.runtime.device import setup_torch
-    return setup_torch(run)
+def anchor_queries(common, tok, args) -> list[list[int]]:
+    """The anchor's queries (_anchor_common.make_queries: the same seed, so the same as TRL's), kept in --out-dir:
+    they tokenize 2 MB of text, seconds with a slow tokenizer, once per invocation instead of once per run."""
+    n = args.steps * args.batch_size + args.batch_size
+    key = f"{Path(args.model_dir).resolve()}|{n}|{args.query_len}|{args.seed}".encode()
+    path = Path(args.out_dir) / f"queries-{hashlib.sha1(key).hexdigest()[:12]}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    q = common.make_queries(tok, n, args.query_len, seed=args.seed)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(q))
+    tmp.replace(path)
+    return q
 
 
 def lmprefs_worker(args) -> dict:
@@ -156,17 +225,6 @@ def lmprefs_worker(args) -> dict:
 
     sys.path.insert(0, args.anchor_dir)
     import _anchor_common as common
-
-    import lmprefs
-    from lmprefs.config import Config, PPOConfig, RewardsConfig, RunConfig, TaskConfig
-    from lmprefs.data.queries import QueryStream
-    from lmprefs.data.tasks import TaskContext
-    from lmprefs.models.loading import load_lm
-    from lmprefs.pipeline.policy import policy_for
-    from lmprefs.pipeline.task import Task
-    from lmprefs.training import policy as P
-    from lmprefs.training import rollout as RO
-    from lmprefs.training.policy_run import build_run
 
     src = source_fingerprint()
     steps = args.steps + (1 if args.profile_update else 0)
@@ -202,10 +260,10 @@ def lmprefs_worker(args) -> dict:
         ),
     )
     t_setup = time.perf_counter()
-    device, dtype = _setup_torch(cfg.run)
+    device, dtype = setup_torch(cfg.run)
     torch.manual_seed(args.seed)
     model, tok = load_lm(args.model_dir, device)
-    queries = torch.tensor(common.make_queries(tok, args.steps * B + B, args.query_len, seed=args.seed))[: steps * B]
+    queries = torch.tensor(anchor_queries(common, tok, args))[: steps * B]
     t = Task(cfg, device, dtype, model, tok, queries, queries[:0], [], [])
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(queries, cfg.run.seed), device)
@@ -359,6 +417,8 @@ def busy_cores(window: float = 3.0) -> float:
 
 
 def wait_idle(threshold: float, max_wait: float) -> float:
+    if max_wait <= 0:  # run at once; still say how busy the machine was
+        return busy_cores(0.5)
     t0 = time.time()
     while True:
         busy = busy_cores()
@@ -401,8 +461,39 @@ def run_json(
     return res
 
 
+def model_shape(model_dir: Path) -> dict:
+    """n_layer, n_head, n_embd, vocab_size of a model directory (GPT-2's names; others' mapped), as far as known."""
+    c = json.loads((model_dir / "config.json").read_text())
+    names = {"n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "n_embd": "hidden_size"}
+    return {k: c.get(k, c.get(names.get(k, k))) for k in ANCHOR_SHAPE}
+
+
+def load_anchor_result(path: str, args) -> tuple[dict | None, str | None]:
+    """TRL's result read from a file, or (None, why it cannot stand beside this run's settings)."""
+    try:
+        r = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        return None, f"cannot read {path}: {e}"
+    if (
+        not isinstance(r, dict)
+        or not all(k in r for k in ("episodes_per_sec", "config", "sec_per_step_mean"))
+        or (not isinstance(r["config"], dict))
+    ):
+        return None, f"{path} is not a trl_ppo_bench.py result (episodes_per_sec, config, sec_per_step_mean)"
+    if not isinstance(r["episodes_per_sec"], (int, float)) or not r["episodes_per_sec"] > 0:
+        return None, f"{path}: episodes_per_sec {r['episodes_per_sec']!r} is not a positive number"
+    for k in ANCHOR_SETTINGS:
+        if r["config"].get(k) != getattr(args, k):
+            return None, f"{path} was measured with {k} {r['config'].get(k)}, this run uses {getattr(args, k)}"
+    r.setdefault("per_step", [])
+    r.setdefault("cpu_during_train", {})
+    r["from_file"] = str(path)
+    return r, None
+
+
 def flop_model(args, n_layer: int = 4, d: int = 256, V: int = 8192) -> dict:
-    """Matmul GFLOP per update of TRL's PPO and of lmprefs' (current code), for the anchor model's shape."""
+    """Matmul GFLOP per update of TRL's PPO and of lmprefs' (current code), for a GPT-2 of this shape (by default the
+    anchor model's)."""
     B, Q, T, E = args.batch_size, args.query_len, args.response_len, args.ppo_epochs
     Ft, Fh = 24 * n_layer * d * d, 2 * d * V
     L = Q + T
@@ -501,7 +592,8 @@ def report_throughput(args, systems, modes, results, summary) -> None:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    parser = build_parser()
+    args = parse_args(argv, parser)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -513,16 +605,18 @@ def main(argv=None) -> int:
         print(json.dumps(res, indent=1))
         return 0
 
+    modes = [m for m in args.modes.split(",") if m]
+    anchor_py = Path(args.anchor_python)
+    if not args.skip_trl and not args.anchor_result and not anchor_py.exists():
+        parser.error(f"{anchor_py} not found: create the TRL venv as ../shared/bench/README.md says, or pass "
+                     "--anchor-result or --skip-trl")  # fmt: skip
+    if not (Path(args.anchor_dir) / "_anchor_common.py").exists():
+        parser.error(f"--anchor-dir {args.anchor_dir}: no _anchor_common.py there (the queries and the anchor model "
+                     "come from it)")  # fmt: skip
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="ppo-throughput-"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "tmp").mkdir(exist_ok=True)
     model_dir = Path(args.model_dir or out / "anchor-model")
-    modes = [m for m in args.modes.split(",") if m]
-    if any(m not in MODES for m in modes):
-        sys.exit(f"--modes: choose from {MODES}")
-    anchor_py = Path(args.anchor_python)
-    if not args.skip_trl and not anchor_py.exists():
-        sys.exit(f"{anchor_py} not found: create the TRL venv as ../shared/bench/README.md says, or pass --skip-trl")
 
     import platform
 
@@ -542,6 +636,12 @@ def main(argv=None) -> int:
 
     log(f"model dir {model_dir} (built once if absent)")
     common.ensure_model(str(model_dir))
+    shape, anchor = model_shape(model_dir), args.anchor
+    for k in ANCHOR_SHAPE if anchor is not None else ():
+        theirs = (anchor.get("model") or {}).get(k)
+        if theirs is not None and theirs != shape.get(k):
+            parser.error(f"--anchor-result {args.anchor_result} was measured on a model with {k} {theirs}; "
+                         f"{model_dir} has {shape.get(k)}")  # fmt: skip
 
     env = dict(os.environ, TMPDIR=str(out / "tmp"))
     shared_flags = [
@@ -601,6 +701,9 @@ def main(argv=None) -> int:
         k = rep % len(systems)
         order = systems[k:] + systems[:k]
         for s in order:
+            if s == "trl" and anchor is not None:
+                results[s].append(anchor)
+                continue
             cmd = trl_cmd if s == "trl" else lm_cmd(s)
             results[s].append(
                 run_json(cmd, env, args.timeout, f"rep {rep + 1}/{args.reps} {s}", idle, args.max_other, args.retries)
@@ -620,7 +723,12 @@ def main(argv=None) -> int:
     first = next((r for s in systems for r in results[s] if r), None)
     trl_first = next((r for r in results.get("trl", []) if r), None)
     if trl_first:
-        print(f"TRL side: {trl_first['ppo_trainer']} versions {json.dumps(trl_first['versions'])}")
+        print(f"TRL side: {trl_first.get('ppo_trainer')} versions {json.dumps(trl_first.get('versions'))}")
+    if anchor is not None:
+        print(
+            f"TRL side read from {args.anchor_result} (not measured in this invocation: its ratios compare runs made "
+            "at different times)"
+        )
     if first and "lmprefs" in first.get("versions", {}):
         print(f"lmprefs side: versions {json.dumps(first['versions'])}")
     if first:
@@ -649,19 +757,23 @@ def main(argv=None) -> int:
         report_throughput(args, systems, modes, results, summary)
     else:
         print("(--reps 0: no throughput rounds)")
-    fm = flop_model(args)
-    print()
-    print(
-        "FLOP model per update (matmuls only; per token Ft = 24*n_layer*d^2, LM head Fh = 2*d*V per position; "
-        "training = 3x forward):"
-    )
-    for k, v in fm.items():
-        ceiling = f", TRL/this = {fm['trl'] / v:.2f}x" if k != "trl" else ""
-        print(f"  {k:>18}: {v:6.0f} GFLOP{ceiling}")
-    print(
-        "  (TRL: full-sequence logits and a separate critic trunk in every train forward, reference logits over the "
-        "whole sequence; lmprefs: LM head only at the response positions, values from the sampler's hidden states)"
-    )
+    fm = None
+    if all(isinstance(shape.get(k), int) for k in ("n_layer", "n_embd", "vocab_size")):  # a GPT-2-like config
+        fm = flop_model(args, shape["n_layer"], shape["n_embd"], shape["vocab_size"])
+        print()
+        print(
+            "FLOP model per update (matmuls only; per token Ft = 24*n_layer*d^2, LM head Fh = 2*d*V per position; "
+            "training = 3x forward):"
+        )
+        for k, v in fm.items():
+            ceiling = f", TRL/this = {fm['trl'] / v:.2f}x" if k != "trl" else ""
+            print(f"  {k:>18}: {v:8.2f} GFLOP{ceiling}")
+        print(
+            "  (TRL: full-sequence logits and a separate critic trunk in every train forward, reference logits over "
+            "the whole sequence; lmprefs: LM head only at the response positions, values from the sampler's hidden "
+            "states)"
+        )
+    summary["flop_model_gflop"] = fm
 
     if profiles:
         print()
@@ -677,14 +789,15 @@ def main(argv=None) -> int:
                 f"unprofiled in the same run) =="
             )
             opt_parts = ("ppo_train_fwd", "ppo_backward", "ppo_optimizer_step")
+            n_opt = args.ppo_epochs * args.minibatches
             rows = [
-                ("sampling (KV-cache, 24 tokens)", ph.get("sample", 0)),
+                (f"sampling (KV-cache, {args.response_len} tokens)", ph.get("sample", 0)),
                 ("rollout forward: policy/value", ph.get("rollout_policy_fwd", 0)),
                 ("rollout forward: reference", ph.get("rollout_ref_fwd", 0)),
                 ("scoring (decode + char-frac)", ph.get("score", 0)),
-                ("PPO: train forwards (16)", ph.get("ppo_train_fwd", 0)),
-                ("PPO: backward (16)", ph.get("ppo_backward", 0)),
-                ("PPO: optimizer steps (16)", ph.get("ppo_optimizer_step", 0)),
+                (f"PPO: train forwards ({n_opt})", ph.get("ppo_train_fwd", 0)),
+                (f"PPO: backward ({n_opt})", ph.get("ppo_backward", 0)),
+                (f"PPO: optimizer steps ({n_opt})", ph.get("ppo_optimizer_step", 0)),
                 ("PPO: rest (GAE, whitening, losses)", ph.get("ppo_update", 0) - sum(ph.get(k, 0) for k in opt_parts)),
             ]
             accounted = sum(v for _, v in rows)

@@ -4,7 +4,7 @@
 What is measured
   The `austen-sentiment` preset (SmolLM2-135M continuing Jane Austen passages; VADER plays the human labeler) through
   the package pipeline:
-    1. `lmprefs.pipeline.setup_task(cfg)` loads the model and queries;
+    1. `lmprefs.pipeline.task.setup_task(cfg)` loads the model and queries;
     2. `collect_labels(t, store, M, labeler="vader")` samples M = max(--labels) + --heldout best-of-4 questions from
        the initial policy into a fresh LabelStore and has the simulated VADER labeler answer them (noiseless:
        labels.labeler_temperature 0, random rate 0; ties broken uniformly at random);
@@ -34,6 +34,8 @@ Example
   export LMPREFS_CACHE=/tmp/lmcache
   python benchmarks/reward_accuracy.py --labels 100,200 --heldout 100        # a quick check (~4 min idle)
   python benchmarks/reward_accuracy.py --labels 250,500,1000 --heldout 400
+  python benchmarks/reward_accuracy.py --preset tiny --labels 4,8 --heldout 8 --epochs 1 --dtype float32 \
+      --threads 1     # seconds: a check that the script runs (tests/test_benchmarks.py)
 """
 
 from __future__ import annotations
@@ -50,25 +52,42 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import source_fingerprint  # noqa: E402
+from _common import ArgumentParser, nonnegative_int, positive_int, run_main, source_fingerprint  # noqa: E402
+
+# lmprefs internals this script uses, all in this block
+import lmprefs  # noqa: E402
+import lmprefs.pipeline.reward_model as R  # noqa: E402  (train_epoch, normalize, evaluate, reward_prefixes are timed)
+from lmprefs.config import PRESETS, preset  # noqa: E402
+from lmprefs.data.tasks import decode  # noqa: E402
+from lmprefs.labels.labelers import SCORE_FNS  # noqa: E402
+from lmprefs.pipeline.labeling import collect_labels, open_store  # noqa: E402
+from lmprefs.pipeline.reward_model import load_examples, train_reward_model  # noqa: E402
+from lmprefs.pipeline.task import setup_task  # noqa: E402
+
+# the label ceiling scores a held-out question's samples alone: labelers that read the query are not covered
+LABELERS = ("vader", "descriptiveness")
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--labels", default="250,500,1000", help="comma-separated training-label counts N")
-    p.add_argument("--heldout", type=int, default=400, help="held-out labels H (the same set for every N)")
+    p.add_argument("--heldout", type=positive_int, default=400, help="held-out labels H (the same set for every N)")
     p.add_argument("--out-dir", default=None, help="where everything is written (default: a new temp dir)")
-    p.add_argument("--preset", default="austen-sentiment")
-    p.add_argument("--labeler", default="vader", help="simulated labeler (vader or descriptiveness)")
+    p.add_argument("--preset", default="austen-sentiment", choices=list(PRESETS),
+                   help="lmprefs preset (`--preset tiny`: its tiny GPT-2, seconds, for a check of the script)")
+    p.add_argument("--labeler", default="vader", choices=LABELERS, help="simulated labeler")
     p.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"), help="autocast dtype (run.dtype)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=positive_int, default=2)
     p.add_argument("--seed", type=int, default=1, help="run.seed (sampling, split, training order)")
-    p.add_argument("--batch-size", type=int, default=None, help="train_reward.batch_size (default: the preset's)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="train_reward.batch_size (default: the preset's)")  # fmt: skip
     p.add_argument("--lr", type=float, default=None, help="train_reward.lr (default: the preset's)")
-    p.add_argument("--epochs", type=int, default=None, help="train_reward.epochs (default: the preset's)")
-    p.add_argument("--microbatch", type=int, default=None, help="train_reward.microbatch (default: the preset's)")
-    p.add_argument("--lora-rank", type=int, default=None, help="lora.rank, 0 = full fine-tuning (default: preset)")
-    p.add_argument("--lora-layers", type=int, default=None, help="lora.layers (default: the preset's)")
+    p.add_argument("--epochs", type=positive_int, default=None, help="train_reward.epochs (default: the preset's)")
+    p.add_argument("--microbatch", type=nonnegative_int, default=None,
+                   help="train_reward.microbatch (default: the preset's)")  # fmt: skip
+    p.add_argument("--lora-rank", type=nonnegative_int, default=None,
+                   help="lora.rank, 0 = full fine-tuning (default: preset)")  # fmt: skip
+    p.add_argument("--lora-layers", type=nonnegative_int, default=None, help="lora.layers (default: the preset's)")
     p.add_argument("--keep-models", action="store_true", help="keep each trained reward model in --out-dir")
     p.add_argument(
         "--store",
@@ -77,7 +96,20 @@ def parse_args(argv=None):
         "collecting; the held-out set is then H labels of ALL its labels, the same set as that run's "
         "when it used the same --heldout and --seed",
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    try:
+        args.ns = sorted({int(x) for x in args.labels.split(",") if x.strip()})
+    except ValueError:
+        args.ns = []
+    if not args.ns or args.ns[0] <= 0:
+        p.error(f"--labels {args.labels!r}: comma-separated positive integers")
+    if args.lr is not None and not args.lr > 0:
+        p.error(f"--lr must be positive, not {args.lr}")
+    if args.store and not Path(args.store).is_file():
+        p.error(f"--store {args.store}: no such file")
+    if args.out_dir and (Path(args.out_dir) / "labels.sqlite").exists():
+        p.error(f"--out-dir {args.out_dir} holds a labels.sqlite already; give a fresh one")
+    return args
 
 
 def given(**kw) -> dict:
@@ -100,12 +132,7 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    ns = sorted({int(x) for x in args.labels.split(",") if x.strip()})
-    if not ns or ns[0] <= 0 or args.heldout <= 0:
-        sys.exit("--labels must be positive integers and --heldout positive")
+    ns = args.ns
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="reward-accuracy-"))
     out.mkdir(parents=True, exist_ok=True)
 
@@ -113,13 +140,6 @@ def main(argv=None) -> int:
 
     import torch
     import transformers
-
-    import lmprefs
-    import lmprefs.training.reward as R
-    from lmprefs import pipeline
-    from lmprefs.config import preset
-    from lmprefs.data.tasks import decode
-    from lmprefs.labels.labelers import SCORE_FNS
 
     R_ = dataclasses.replace
     cfg = preset(args.preset)
@@ -152,33 +172,35 @@ def main(argv=None) -> int:
 
     # ---- 1. task + labels (once) ----
     t0 = time.time()
-    t = pipeline.setup_task(cfg)
+    t = setup_task(cfg)
     setup_s = time.time() - t0
     log(f"task ready in {setup_s:.1f}s: {len(t.train_queries)} training queries, dtype {t.dtype}")
     store_path = out / "labels.sqlite"
-    if store_path.exists():
+    if store_path.exists():  # made since the flags were checked
         sys.exit(f"{store_path} exists; give a fresh --out-dir")
     if args.store:
         shutil.copyfile(args.store, store_path)
         for ext in ("-wal", "-shm"):  # an unclosed store's write-ahead log, if any
             if Path(args.store + ext).exists():
                 shutil.copyfile(args.store + ext, str(store_path) + ext)
-        store = pipeline.open_store(store_path)
+        store = open_store(store_path)
         col = {"reused_store": str(args.store)}
         log(f"reusing the labels in {args.store}")
     else:
-        store = pipeline.open_store(store_path)
+        store = open_store(store_path)
         log(f"collecting {M} best-of-4 questions and {args.labeler} labels ...")
-        col = pipeline.collect_labels(t, store, M, labeler=args.labeler)
+        col = collect_labels(t, store, M, labeler=args.labeler)
         log(f"collected: {col}")
         print(
             f"labels: {col['labels_added']} in {col['seconds']:.0f}s (sampling {col['sample_seconds']:.0f}s, "
             f"{col['sample_seconds'] / M:.2f} s per question of 4 samples)"
         )
     # train_reward_model holds out int(total * heldout_fraction) of ALL labels in the store
-    total = len(pipeline.load_examples(cfg, store, t.tok))
+    total = len(load_examples(cfg, store, t.tok))
     if total < M:
-        sys.exit(f"the store holds {total} labels; {M} needed (max(--labels) + --heldout)")
+        print(f"reward_accuracy.py: error: --store {args.store} holds {total} labels; {M} needed (max(--labels) + "
+              "--heldout)", file=sys.stderr)  # fmt: skip
+        return 2
     col["labels_in_store"] = total
 
     # ---- instrumentation: time train_epoch / normalize / evaluate, capture the held-out set ----
@@ -226,7 +248,7 @@ def main(argv=None) -> int:
         captured.clear()
         log(f"training a reward model on N={n} labels ({loadavg()})")
         s = time.time()
-        rm, summary = pipeline.train_reward_model(t_n, store, out / f"rm-{n}")
+        rm, summary = train_reward_model(t_n, store, out / f"rm-{n}")
         wall = time.time() - s
         del rm
         if not args.keep_models:
@@ -383,4 +405,4 @@ def loadavg() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -10,7 +10,7 @@ What is measured
   ranks elapsed/time is the mean of the ranks' clocks.
 
   --device cpu (default): 1 process x 2 threads (and x 1 thread) against `torchrun --nproc-per-node 2` x 1 thread
-    each (gloo), with each --parallel (ddp, fsdp). The target: 2 x 1 at least 0.85x of 1 x 2.
+    each (gloo), with each --parallel (ddp, fsdp). The target of issue 10: 2 x 1 at least 0.85x of 1 x 2.
   --device cuda: one GPU without a launcher against `torchrun --nproc-per-node 1` (NCCL, world size 1), with each
     --parallel: what the engine costs on one GPU. run.compile=auto compiles the sampler on CUDA, except under FSDP
     (refused there); --compile off compares the three without it.
@@ -22,11 +22,13 @@ original's shapes: query 64 / response 24; built in a temporary directory, for G
 before and after each model, and the CPU model: on a shared machine the figures move with other jobs.
 
     python benchmarks/scaling.py [--device cpu|cuda] [--models tiny,smollm2] [--parallel ddp,fsdp] [--updates 6]
+        [--batch N] [--no-launcher-threads 2,1] [--json FILE]
+    python benchmarks/scaling.py --models tiny --parallel ddp --no-launcher-threads 1 --batch 8 --updates 2
+        # seconds: a check that the script runs (tests/test_benchmarks.py)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -35,6 +37,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _common import ArgumentParser, int_at_least, positive_int, run_main
+
+# lmprefs internals this script uses, all in this block (the runs themselves go through the `lmprefs` command)
+from lmprefs.assets.registry import asset_status
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,10 +72,9 @@ def _cpu_name() -> str:
 
 
 def run(model: str, device: str, procs: int | None, parallel: str, threads: int, updates: int, out: Path,
-        extra: list[str]) -> float:  # fmt: skip
+        extra: list[str], batch: int) -> float:  # fmt: skip
     """Episodes/s of one run; procs None = no launcher."""
-    preset, batches, overrides = MODELS[model]
-    batch = batches[device]
+    preset, _, overrides = MODELS[model]
     args = ["train-policy", preset, "--reward", "vader", "--ppo.total-episodes", str(batch * updates),
             "--ppo.batch-size", str(batch), "--run.threads", str(threads), "--run.log-interval", "1000",
             "--run.save-interval", "1000", "--run.device", device, "--run.parallel", parallel, "--run-dir", str(out),
@@ -76,8 +82,10 @@ def run(model: str, device: str, procs: int | None, parallel: str, threads: int,
     if procs is None:
         cmd = [sys.executable, "-m", "lmprefs", *args]
     else:
+        # --log-dir: the launcher's logs beside the run (otherwise a torchelastic_* folder per launch stays in /tmp)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-addr",
-               "127.0.0.1", "--master-port", str(_port()), "-m", "lmprefs", *args]  # fmt: skip
+               "127.0.0.1", "--master-port", str(_port()), "--log-dir", str(out.with_name(out.name + "-launcher")),
+               "-m", "lmprefs", *args]  # fmt: skip
     # this checkout first, then the machine's own PYTHONPATH (a GPU machine may keep packages there)
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "PYTHONPATH": path, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
@@ -88,25 +96,45 @@ def run(model: str, device: str, procs: int | None, parallel: str, threads: int,
     return batch * (len(rows) - 1) / (rows[-1]["elapsed/time"] - rows[0]["elapsed/time"])
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv=None) -> int:
+    p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--models", default=None, help="comma-separated; default tiny,smollm2 (cpu), tiny,gpt2-124m (cuda)")
     p.add_argument("--parallel", default="ddp,fsdp", help="run.parallel values to launch (ddp, fsdp)")
-    p.add_argument("--updates", type=int, default=6)
-    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--updates", type=int_at_least(2), default=6,
+                   help="PPO updates per run (the first, warm-up, is left out of episodes/s)")  # fmt: skip
+    p.add_argument("--reps", type=positive_int, default=1)
+    p.add_argument("--batch", type=positive_int, default=None,
+                   help="global batch of every run (default: per model, " +
+                   "; ".join(f"{m} {b['cpu']} on cpu / {b['cuda']} on cuda" for m, (_, b, _) in MODELS.items()) +
+                   ")")  # fmt: skip
+    p.add_argument("--no-launcher-threads", default="2,1",
+                   help="--device cpu: thread counts of the runs without a launcher, the first the baseline of the "
+                   "ratios (each torchrun process has 1 thread)")  # fmt: skip
     p.add_argument("--compile", choices=("auto", "off"), default="auto", help="run.compile of every run")
-    a = p.parse_args()
-    from lmprefs.assets.registry import asset_status
+    p.add_argument("--json", default=None, help="also write every figure here as one JSON object")
+    a = p.parse_args(argv)
 
     models = [m for m in (a.models or ("tiny,smollm2" if a.device == "cpu" else "tiny,gpt2-124m")).split(",") if m]
     modes = [m for m in a.parallel.split(",") if m]
     for m in models:
         if m not in MODELS:
-            raise SystemExit(f"--models: unknown model {m!r}; choose from {', '.join(MODELS)}")
+            p.error(f"--models: unknown model {m!r}; choose from {', '.join(MODELS)}")
     for m in modes:
         if m not in ("ddp", "fsdp"):
-            raise SystemExit(f"--parallel: unknown value {m!r}; choose ddp, fsdp")
+            p.error(f"--parallel: unknown value {m!r}; choose ddp, fsdp")
+    try:
+        solo_threads = [int(x) for x in a.no_launcher_threads.split(",") if x.strip()]
+    except ValueError:
+        solo_threads = []
+    if not solo_threads or min(solo_threads) < 1:
+        p.error(f"--no-launcher-threads {a.no_launcher_threads!r}: comma-separated thread counts >= 1")
+    procs_max = 2 if a.device == "cpu" else 1
+    for m in models:  # each rank splits its share of the batch into the model's minibatches
+        nmb = int(MODELS[m][2][MODELS[m][2].index("--ppo.nminibatches") + 1])
+        if a.batch is not None and a.batch % (procs_max * nmb):
+            p.error(f"--batch {a.batch}: {m} runs {nmb} minibatches on each of up to {procs_max} processes; give a "
+                    f"multiple of {procs_max * nmb}")  # fmt: skip
     if "smollm2" in models and asset_status("smollm2-135m") != "ready":
         print("smollm2: not in the cache (lmprefs assets prepare smollm2-135m); skipped")
         models.remove("smollm2")
@@ -114,16 +142,19 @@ def main() -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise SystemExit("--device cuda: CUDA is not available here")
+            print(f"{p.prog}: error: --device cuda: CUDA is not available here", file=sys.stderr)
+            return 2
         print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {_cpu_name()}")
         # (label, processes (None: no launcher), run.parallel, threads)
         configs = [("no launcher", None, "ddp", 0)] + [(f"torchrun x1 NCCL {m}", 1, m, 0) for m in modes]
     else:
         print(f"CPU: {_cpu_name()}, {os.cpu_count()} cores")
         # 1 x 1 as well: on a loaded machine two threads of one process can lose more than they gain
-        configs = [("1 process x 2 threads", None, "ddp", 2), ("1 process x 1 thread", None, "ddp", 1)]
+        configs = [(f"1 process x {t} thread{'s' * (t > 1)}", None, "ddp", t) for t in solo_threads]
         configs += [(f"2 processes x 1 thread {m}", 2, m, 1) for m in modes]
     extra = ["--run.compile", a.compile]
+    results = {"device": a.device, "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "updates": a.updates,
+               "models": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for m in models:
             m_extra = list(extra)
@@ -131,19 +162,30 @@ def main() -> None:
                 sys.path.insert(0, str(Path(__file__).parent))
                 from gpu_throughput import build_model_dir
 
-                m_extra += ["--task.initial-model", build_model_dir("gpt2-124m", seed=0)]
+                m_extra += ["--task.initial-model", build_model_dir("gpt2-124m", seed=0, parent=Path(tmp))]
+            batch = a.batch or MODELS[m][1][a.device]
+            results["models"][m] = {"batch": batch, "load_before": os.getloadavg(), "reps": []}
             print(f"load average before {m}: {os.getloadavg()}", flush=True)
             for rep in range(a.reps):
                 t0, figures = time.time(), []
                 for label, procs, parallel, threads in configs:
                     out = Path(tmp) / f"{m}-{label.replace(' ', '_')}-{rep}"
-                    figures.append((label, run(m, a.device, procs, parallel, threads, a.updates, out, m_extra)))
+                    figures.append((label, run(m, a.device, procs, parallel, threads, a.updates, out, m_extra,
+                                               batch)))  # fmt: skip
                 base = figures[0][1]
-                print(f"{m:9s} batch {MODELS[m][1][a.device]:3d}: " + "; ".join(
+                print(f"{m:9s} batch {batch:3d}: " + "; ".join(
                     f"{label} {eps:7.2f} episodes/s ({eps / base:.2f}x)" for label, eps in figures) +
                     f"  ({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
+                results["models"][m]["reps"].append([
+                    {"label": label, "processes": n or 1, "launcher": n is not None, "parallel": parallel,
+                     "threads": threads, "episodes_per_s": eps, "ratio": eps / base}
+                    for (label, eps), (_, n, parallel, threads) in zip(figures, configs, strict=True)])  # fmt: skip
+            results["models"][m]["load_after"] = os.getloadavg()
             print(f"load average after {m}: {os.getloadavg()}", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(results) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_main(main))
