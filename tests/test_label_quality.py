@@ -8,9 +8,8 @@ import sqlite3
 
 import pytest
 
-from lmprefs.labels import store as store_module
 from lmprefs.labels.quality import cohen_kappa, fleiss_kappa, select_labelers, wilson
-from lmprefs.labels.store import LabelStore
+from lmprefs.labels.store import LabelStore, schema
 
 
 def test_wilson_and_kappas_match_known_values():
@@ -35,7 +34,7 @@ def test_wilson_and_kappas_match_known_values():
 def test_a_version_1_store_is_migrated_and_keeps_its_labels(tmp_path):
     path = tmp_path / "v1.sqlite"
     conn = sqlite3.connect(path)  # what the code before quality control wrote: the version-1 schema
-    conn.executescript(store_module._SCHEMA)
+    conn.executescript(schema.SCHEMA)
     conn.executescript(
         "INSERT INTO meta VALUES ('schema_version', '1');"
         "INSERT INTO queries VALUES (1, 'q', 'h', 0);"
@@ -51,7 +50,7 @@ def test_a_version_1_store_is_migrated_and_keeps_its_labels(tmp_path):
     conn.close()
     with LabelStore(path) as store:
         version = store.connection().execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        assert version == (str(store_module.SCHEMA_VERSION),) and len(store.store_id) == 32
+        assert version == (str(schema.SCHEMA_VERSION),) and len(store.store_id) == 32
         assert [(e.item_id, e.best, e.labeler) for e in store.labeled_examples()] == [(1, 2, "old")]
         assert store.get_item(2).hold == "flagged"  # flagged before: held now
         store.add_label(1, "new", best=0, shown=[3, 2, 1, 0], seconds=4.5)

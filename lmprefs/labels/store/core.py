@@ -1,0 +1,123 @@
+"""`LabelStore`: one SQLite file, its connections and transactions, and the methods every other module asks it by.
+
+SQLite in WAL mode lets readers run beside one writer; each thread gets its own connection, every write is one
+`BEGIN IMMEDIATE` transaction (nested calls become savepoints) and waits up to `busy_timeout` for the write lock, so
+threads and processes can share a store. The methods are plain functions of the store kept in the modules named
+after what they touch (`items`, `labels`, `labelers`), bound here so callers write `store.add_item(...)`.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from lmprefs.labels.store import items, labelers, labels, schema
+
+
+class LabelStore:
+    """A SQLite label store at `path` (created if missing). Safe to share between threads and processes."""
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        schema.create(self.connection())
+        with self._tx() as c:  # one transaction: two processes opening an old store upgrade it once
+            self.store_id = schema.upgrade(c, self.path)
+
+    # -- connections and transactions ------------------------------------------------------------------------
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (WAL, foreign keys on), for the store's own modules and for tests that look at
+        the file itself. Writes go through `_tx()`; multi-statement reads through `snapshot()`."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = schema.connect(self.path, self.busy_timeout)
+            self._local.conn, self._local.depth = conn, 0
+            with self._conns_lock:
+                self._conns.append(conn)
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        conn = self.connection()
+        depth = self._local.depth
+        self._local.depth = depth + 1
+        try:
+            if depth == 0:
+                with conn:  # commits on success, rolls back on any exception
+                    conn.execute("BEGIN IMMEDIATE")
+                    yield conn
+            else:  # nested: a savepoint, so a caught inner failure undoes only the inner writes
+                conn.execute(f"SAVEPOINT sp{depth}")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute(f"ROLLBACK TO sp{depth}")
+                    conn.execute(f"RELEASE sp{depth}")
+                    raise
+                conn.execute(f"RELEASE sp{depth}")
+        finally:
+            self._local.depth = depth
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """One consistent snapshot for a multi-statement read (inside a write transaction, that one)."""
+        conn = self.connection()
+        if self._local.depth:
+            yield conn
+            return
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    @contextmanager
+    def transaction(self) -> Iterator[LabelStore]:
+        """Group calls into one all-or-nothing transaction: `with store.transaction(): store.add_item(...); ...`."""
+        with self._tx():
+            yield self
+
+    def close(self) -> None:
+        with self._conns_lock:
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()
+        self._local = threading.local()
+
+    def __enter__(self) -> LabelStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- items (items.py) ------------------------------------------------------------------------------------
+
+    add_item = items.add_item
+    get_item = items.get_item
+    next_item = items.next_item
+    pending_count = items.pending_count
+    item_splits = items.item_splits
+    label_types = items.label_types
+    table_counts = items.table_counts
+    set_gold = items.set_gold
+    set_hold = items.set_hold
+
+    # -- labels (labels.py) ----------------------------------------------------------------------------------
+
+    add_label = labels.add_label
+    import_batch = labels.import_batch
+    labeled_examples = labels.labeled_examples
+    counts_by_labeler = labels.counts_by_labeler
+    agreement = labels.agreement
+
+    # -- labelers (labelers.py) ------------------------------------------------------------------------------
+
+    add_labeler = labelers.add_labeler
+    labeler_for_token = labelers.labeler_for_token

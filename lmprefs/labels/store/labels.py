@@ -1,0 +1,221 @@
+"""Judgements: recording a labeler's label, skip or flag on an item, importing labeled rows in one transaction, and
+reading labels back for training and agreement. Methods of `LabelStore` (each takes the store first)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from itertools import combinations
+from typing import TYPE_CHECKING
+
+from lmprefs.config import label_type_shape
+from lmprefs.labels.store.labelers import labeler_id
+from lmprefs.labels.store.records import (
+    KINDS,
+    Agreement,
+    DuplicateLabelError,
+    Example,
+    ImportCounts,
+    ImportRow,
+    check_label_value,
+)
+
+if TYPE_CHECKING:
+    from lmprefs.labels.store.core import LabelStore
+
+
+def add_label(
+    store: LabelStore,
+    item_id: int,
+    labeler: str,
+    *,
+    best: int | None = None,
+    score: float | None = None,
+    difference: float | None = None,
+    kind: str = "label",
+    source: str = "",
+    note: str | None = None,
+    shown: list[int] | None = None,
+    seconds: float | None = None,
+    replace: bool = False,
+) -> int:
+    """Record one judgement and return its id. `kind="skip"`/`"flag"` carry no value (a note, perhaps); a flag
+    holds the item (it is no longer served) until an admin restores or retires it. `shown`: the order the
+    options were displayed in (displayed position p showed sample shown[p]); `seconds`: time on task.
+    Raises DuplicateLabelError if `labeler` already answered this item, ValueError on an invalid value.
+    `replace=True` (undo in the web app) overwrites this labeler's answer to the item instead, in the same
+    transaction and the same row, so the item never holds two answers from one labeler."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} must be one of {KINDS}")
+    if seconds is not None and not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0):
+        raise ValueError(f"seconds={seconds!r} must be a finite number >= 0")
+    with store._tx() as c:
+        row = c.execute("SELECT label_type, want_labels FROM items WHERE id = ?", (item_id,)).fetchone()
+        if row is None:
+            raise ValueError(f"no item with id {item_id}")
+        label_type, want = row
+        if kind == "label":
+            check_label_value(label_type, best, score, difference, f"item {item_id}")
+        elif (best, score, difference) != (None, None, None):
+            raise ValueError(f"a {kind} carries no value, got best={best}, score={score}, difference={difference}")
+        n = label_type_shape(label_type)[1]
+        if shown is not None and sorted(shown) != list(range(n)):
+            raise ValueError(f"shown={shown!r} must be an order of 0..{n - 1} for item {item_id}")
+        lid = labeler_id(c, labeler)
+        old = c.execute(
+            "SELECT id, kind, best, score, difference FROM labels WHERE item_id = ? AND labeler_id = ?",
+            (item_id, lid),
+        ).fetchone()
+        values = (kind, best, score, difference, note, source, time.time(), json.dumps(shown) if shown else None,
+                  seconds)  # fmt: skip
+        if old and replace:
+            c.execute(
+                "UPDATE labels SET kind = ?, best = ?, score = ?, difference = ?, note = ?, source = ?,"
+                " created = ?, shown = ?, seconds = ? WHERE id = ?",
+                (*values, old[0]),
+            )
+            label_id = old[0]
+        elif old:
+            raise DuplicateLabelError(
+                f"labeler {labeler!r} already answered item {item_id} (label {old[0]}: kind={old[1]}, "
+                f"best={old[2]}, score={old[3]}, difference={old[4]})"
+            )
+        elif replace:
+            raise ValueError(f"labeler {labeler!r} has no answer to item {item_id} to replace")
+        else:
+            label_id = c.execute(
+                "INSERT INTO labels (item_id, labeler_id, kind, best, score, difference, note, source, created,"
+                " shown, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (item_id, lid, *values),
+            ).lastrowid
+        (done, flags) = c.execute(
+            "SELECT COUNT(*) FILTER (WHERE kind = 'label'), COUNT(*) FILTER (WHERE kind = 'flag') FROM labels"
+            " WHERE item_id = ?",
+            (item_id,),
+        ).fetchone()
+        # a replaced answer can lower the count or take back the only flag: recompute the status; a flag holds
+        # the item, and an undone last flag releases it (an admin's restore or retire stands otherwise)
+        c.execute(
+            "UPDATE items SET status = ?, hold = CASE WHEN hold = 'retired' THEN hold WHEN ? THEN 'flagged'"
+            " WHEN hold = 'flagged' AND ? = 0 THEN NULL ELSE hold END WHERE id = ?",
+            ("done" if done >= want else "pending", kind == "flag", flags, item_id),
+        )
+        return label_id
+
+
+def import_batch(store: LabelStore, rows: Iterable[ImportRow]) -> ImportCounts:
+    """Add labeled rows in ONE transaction: all of them or, on any error, none. Re-importing a row is a no-op
+    (the item exists and the labeler's identical label is counted as present); a *different* label by the same
+    labeler raises DuplicateLabelError and rolls everything back."""
+    counts = ImportCounts()
+    with store._tx() as c:
+        items_before = c.execute("SELECT COUNT(*) FROM items").fetchone()[0]
+        for r in rows:
+            counts.rows += 1
+            item_id = store.add_item(
+                r.query,
+                r.samples,
+                source=r.source,
+                label_type=r.label_type,
+                key=r.key,
+                tokenizer=r.tokenizer,
+                query_tokens=r.query_tokens,
+                sample_tokens=r.sample_tokens,
+            )
+            old = c.execute(
+                "SELECT l.kind, l.best, l.score, l.difference FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+                " WHERE l.item_id = ? AND b.name = ?",
+                (item_id, r.labeler),
+            ).fetchone()
+            if old is not None and old == ("label", r.best, r.score, r.difference):
+                counts.labels_present += 1
+                continue
+            store.add_label(item_id, r.labeler, best=r.best, score=r.score, difference=r.difference, source=r.source)
+            counts.labels_added += 1
+        counts.items_added = c.execute("SELECT COUNT(*) FROM items").fetchone()[0] - items_before
+    counts.items_present = counts.rows - counts.items_added  # rows whose question was already there
+    return counts
+
+
+def labeled_examples(
+    store: LabelStore, label_type: str = "best_of_4", *, since_id: int | None = None, tokenizer: str | None = None
+) -> list[Example]:
+    """Every `label` (not skips or flags) on items of `label_type`, oldest first; `since_id` keeps labels with a
+    larger id (for online training). With `tokenizer`, attach the ids stored under that name (None if absent)."""
+    # the labels wanted, then the samples of their items: two queries for the whole result, not one per item
+    chosen = "SELECT l.id, l.item_id FROM labels l JOIN items i ON i.id = l.item_id"
+    chosen += " WHERE l.kind = 'label' AND i.label_type = :type AND l.id > :since"
+    args = {"tok": tokenizer, "type": label_type, "since": since_id or 0}
+    with store.snapshot() as c:
+        labels = c.execute(
+            f"WITH chosen AS ({chosen}) SELECT l.id, l.item_id, b.name, q.text, l.best, l.score, l.difference,"
+            " qt.ids FROM chosen JOIN labels l ON l.id = chosen.id JOIN labelers b ON b.id = l.labeler_id"
+            " JOIN items i ON i.id = l.item_id JOIN queries q ON q.id = i.query_id"
+            " LEFT JOIN query_tokens qt ON qt.query_id = q.id AND qt.tokenizer = :tok ORDER BY l.id",
+            args,
+        ).fetchall()
+        samples: dict[int, list[tuple[str, str | None]]] = defaultdict(list)
+        for item_id, text, ids in c.execute(
+            f"WITH chosen AS ({chosen}) SELECT x.item_id, s.text, st.ids FROM item_samples x"
+            " JOIN samples s ON s.id = x.sample_id"
+            " LEFT JOIN sample_tokens st ON st.sample_id = s.id AND st.tokenizer = :tok"
+            " WHERE x.item_id IN (SELECT item_id FROM chosen) ORDER BY x.item_id, x.position",
+            args,
+        ):
+            samples[item_id].append((text, ids))
+    out = []
+    for lid, item_id, name, query, best, score, difference, qids in labels:
+        texts, ids = zip(*samples[item_id], strict=True)
+        have = tokenizer is not None and qids is not None and None not in ids
+        out.append(
+            Example(
+                lid,
+                item_id,
+                label_type,
+                name,
+                query,
+                list(texts),
+                best,
+                score,
+                difference,
+                query_tokens=json.loads(qids) if have else None,
+                sample_tokens=[json.loads(i) for i in ids] if have else None,
+            )
+        )
+    return out
+
+
+def counts_by_labeler(store: LabelStore) -> dict[str, dict[str, int]]:
+    """{labeler: {"label": n, "skip": n, "flag": n}} for every labeler with at least one answer."""
+    out: dict[str, dict[str, int]] = {}
+    for name, kind, n in store.connection().execute(
+        "SELECT b.name, l.kind, COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id GROUP BY 1, 2"
+    ):
+        out.setdefault(name, dict.fromkeys(KINDS, 0))[kind] = n
+    return out
+
+
+def agreement(store: LabelStore) -> Agreement:
+    """How often two labelers pick the same best sample, over best_of_N items with >= 2 labels."""
+    by_item: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for item_id, name, best in store.connection().execute(
+        "SELECT l.item_id, b.name, l.best FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+        " WHERE l.kind = 'label' AND l.best IS NOT NULL ORDER BY l.item_id, b.name"
+    ):
+        by_item[item_id].append((name, best))
+    agree, total, items = 0, 0, 0
+    per: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for answers in by_item.values():
+        if len(answers) < 2:
+            continue
+        items += 1
+        for (a, best_a), (b, best_b) in combinations(answers, 2):  # names sorted, so a < b
+            agree += best_a == best_b
+            total += 1
+            per[(a, b)][0] += best_a == best_b
+            per[(a, b)][1] += 1
+    pairs = {k: (same / n, n) for k, (same, n) in sorted(per.items())}
+    return Agreement(agree / total if total else None, items, pairs)

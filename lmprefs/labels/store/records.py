@@ -1,0 +1,128 @@
+"""What goes into the store and comes out of it: the records its methods take and return, and the checks a value
+passes before it is written."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from dataclasses import dataclass, field
+
+from lmprefs.config import label_type_shape
+
+KINDS = ("label", "skip", "flag")
+HOLDS = ("flagged", "retired")
+SPLIT_NAME = r"[A-Za-z0-9_-]{1,64}"  # an imported split (summarize comparisons: train, valid1, valid2)
+_SPLIT_SOURCE = re.compile(rf"import:.+#({SPLIT_NAME})")
+
+
+class DuplicateLabelError(ValueError):
+    """The labeler already labeled (or skipped, or flagged) this item."""
+
+
+def source_split(source: str) -> str | None:
+    """The split an item's source carries, `import:FILE#SPLIT` (summarize comparisons), else None. A plain import of a
+    file named like `a#b.jsonl` is not read as one: a split name has no '.'."""
+    m = _SPLIT_SOURCE.fullmatch(source)
+    return m.group(1) if m else None
+
+
+@dataclass(frozen=True)
+class Item:
+    id: int
+    query: str
+    samples: list[str]
+    label_type: str
+    source: str
+    batch: str | None
+    priority: int
+    want_labels: int
+    status: str
+    created: float  # unix time (UTC)
+    gold: int | None = None  # the known best sample of a gold question
+    hold: str | None = None  # "flagged" or "retired": not served
+
+
+@dataclass(frozen=True)
+class Example:
+    """One judgement, ready for reward-model training: `samples[best]` was preferred, or `score`/`difference`."""
+
+    label_id: int
+    item_id: int
+    label_type: str
+    labeler: str
+    query: str
+    samples: list[str]
+    best: int | None = None
+    score: float | None = None
+    difference: float | None = None
+    query_tokens: list[int] | None = None  # only when labeled_examples(tokenizer=...) has ids for them
+    sample_tokens: list[list[int]] | None = None
+
+
+@dataclass(frozen=True)
+class Labeler:
+    id: int
+    name: str
+    is_admin: bool
+    created: float
+
+
+@dataclass(frozen=True)
+class ImportRow:
+    """One labeled question for `import_batch`: the arguments of `add_item` and `add_label` in one row."""
+
+    query: str
+    samples: list[str]
+    label_type: str
+    source: str
+    labeler: str
+    best: int | None = None
+    score: float | None = None
+    difference: float | None = None
+    key: str | None = None
+    tokenizer: str | None = None
+    query_tokens: list[int] | None = None
+    sample_tokens: list[list[int]] | None = None
+
+
+@dataclass
+class ImportCounts:
+    rows: int = 0
+    items_added: int = 0
+    items_present: int = 0
+    labels_added: int = 0
+    labels_present: int = 0
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Pairwise agreement on best_of_N items labeled by more than one labeler."""
+
+    rate: float | None  # agreeing labeler pairs / all labeler pairs, over all such items
+    items: int  # items with >= 2 labels
+    pairs: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)  # (a, b) a<b -> (rate, items)
+
+
+def sha(text: str) -> str:
+    """The hash that deduplicates texts and stands in for sign-in tokens (only it is stored)."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > 100 or name != name.strip():
+        raise ValueError(f"labeler name {name!r} must be 1-100 characters without surrounding spaces")
+    return name
+
+
+def check_label_value(label_type: str, best, score, difference, where: str) -> None:
+    value_field, n = label_type_shape(label_type)
+    given = {k: v for k, v in (("best", best), ("score", score), ("difference", difference)) if v is not None}
+    if set(given) != {value_field}:
+        raise ValueError(f"{where} is {label_type}: a label needs exactly {value_field}=..., got {given or 'nothing'}")
+    v = given[value_field]
+    if value_field == "best":
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
+            raise ValueError(f"{where} is {label_type}: best={v!r} is out of range 0..{n - 1}")
+    elif isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{where} is {label_type}: {value_field}={v!r} is not a finite number")
