@@ -49,7 +49,7 @@ def cmd_serve(argv: list[str]) -> int:
         if not 0 <= value < 86400:
             raise UserError(f"{flag} {value}: must be in [0, 86400)")
     store = _existing_store(a.db)
-    tokens = store.connection().execute("SELECT COUNT(*) FROM labelers WHERE token_hash IS NOT NULL").fetchone()[0]
+    tokens = store.labelers_with_tokens()
     pending = store.pending_count(batch=a.batch)
     store.close()
 
@@ -105,18 +105,16 @@ def cmd_labelers(argv: list[str]) -> int:
 
     store = _existing_store(a.db)
     if a.action == "revoke":
-        with store.transaction():
-            cur = store.connection().execute("UPDATE labelers SET token_hash = NULL WHERE name = ?", (a.name,))
-        if cur.rowcount == 0:
+        if not store.revoke_token(a.name):
             raise UserError(f"no labeler named {a.name!r} in {a.db}; `lmprefs labelers list` shows them")
         print(f"revoked the token of {a.name!r}; their open sessions end at their next request")
         return 0
 
     counts = store.counts_by_labeler()
-    rows = store.connection().execute("SELECT name, is_admin, token_hash IS NOT NULL FROM labelers ORDER BY name")
     print(f"{'name':24s} {'role':8s} {'token':6s} {'labels':>7s} {'skips':>6s} {'flags':>6s}")
-    for name, is_admin, has_token in rows:
-        c = counts.get(name, {})
-        print(f"{name:24s} {'admin' if is_admin else 'labeler':8s} {'yes' if has_token else 'no':6s} "
+    for labeler in store.labelers():
+        c = counts.get(labeler.name, {})
+        print(f"{labeler.name:24s} {'admin' if labeler.is_admin else 'labeler':8s} "
+              f"{'yes' if labeler.has_token else 'no':6s} "
               f"{c.get('label', 0):7d} {c.get('skip', 0):6d} {c.get('flag', 0):6d}")  # fmt: skip
     return 0

@@ -44,7 +44,7 @@ from lmprefs.config import label_type_shape
 from lmprefs.errors import UserError
 from lmprefs.labels.formats import FORMATS, export_file
 from lmprefs.labels.quality import quality
-from lmprefs.labels.store import DuplicateLabelError, LabelStore
+from lmprefs.labels.store import DuplicateLabelError, LabelStore, token_hash
 from lmprefs.server import api, stats
 from lmprefs.server.instructions import TASKS, Instructions
 from lmprefs.server.queue import Queue, display_order
@@ -65,7 +65,6 @@ from lmprefs.server.security import (
     same,
     set_cookie,
     signed_in,
-    token_hash,
 )
 
 HERE = Path(__file__).parent

@@ -51,11 +51,6 @@ HEADERS = [
 ]
 
 
-def token_hash(token: str) -> str:
-    """The store's hash of a sign-in token (LabelStore keeps only this)."""
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def same(a: str | None, b: str | None) -> bool:
     return bool(a) and bool(b) and hmac.compare_digest(a.encode(), b.encode())
 
@@ -198,12 +193,11 @@ def signed_in(request: Request) -> User:
     if session is None or session.store_id != st.store.store_id:
         raise NotSignedIn
     # re-read the labeler each time: a revoked token or a changed admin flag takes effect at once
-    sql = "SELECT name, is_admin FROM labelers WHERE id = ? AND token_hash = ?"
-    row = st.store.connection().execute(sql, (session.labeler_id, session.token_hash)).fetchone()
-    if row is None:
+    labeler = st.store.labeler_for_session(session.labeler_id, session.token_hash)
+    if labeler is None:
         st.sessions.close(session.sid)
         raise NotSignedIn
-    return User(session.labeler_id, row[0], bool(row[1]), session)
+    return User(labeler.id, labeler.name, labeler.is_admin, session)
 
 
 def admin(user: Annotated[User, Depends(signed_in)]) -> User:

@@ -11,6 +11,7 @@ tables and their columns are known only here. Never imports torch.
 """
 
 from lmprefs.labels.store.core import LabelStore
+from lmprefs.labels.store.labelers import token_hash
 from lmprefs.labels.store.records import (
     HOLDS,
     KINDS,
@@ -41,4 +42,5 @@ __all__ = [
     "Labeler",
     "check_store_path",
     "source_split",
+    "token_hash",
 ]

@@ -14,7 +14,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lmprefs.labels.store import items, labelers, labels, schema
+from lmprefs.labels.store import items as _items
+from lmprefs.labels.store import labelers as _labelers
+from lmprefs.labels.store import labels as _labels
+from lmprefs.labels.store import schema
 
 
 class LabelStore:
@@ -99,25 +102,29 @@ class LabelStore:
 
     # -- items (items.py) ------------------------------------------------------------------------------------
 
-    add_item = items.add_item
-    get_item = items.get_item
-    next_item = items.next_item
-    pending_count = items.pending_count
-    item_splits = items.item_splits
-    label_types = items.label_types
-    table_counts = items.table_counts
-    set_gold = items.set_gold
-    set_hold = items.set_hold
+    add_item = _items.add_item
+    get_item = _items.get_item
+    next_item = _items.next_item
+    pending_count = _items.pending_count
+    item_splits = _items.item_splits
+    label_types = _items.label_types
+    table_counts = _items.table_counts
+    set_gold = _items.set_gold
+    set_hold = _items.set_hold
 
     # -- labels (labels.py) ----------------------------------------------------------------------------------
 
-    add_label = labels.add_label
-    import_batch = labels.import_batch
-    labeled_examples = labels.labeled_examples
-    counts_by_labeler = labels.counts_by_labeler
-    agreement = labels.agreement
+    add_label = _labels.add_label
+    import_batch = _labels.import_batch
+    labeled_examples = _labels.labeled_examples
+    counts_by_labeler = _labels.counts_by_labeler
+    agreement = _labels.agreement
 
     # -- labelers (labelers.py) ------------------------------------------------------------------------------
 
-    add_labeler = labelers.add_labeler
-    labeler_for_token = labelers.labeler_for_token
+    add_labeler = _labelers.add_labeler
+    labeler_for_token = _labelers.labeler_for_token
+    labeler_for_session = _labelers.labeler_for_session
+    labelers = _labelers.labelers
+    labelers_with_tokens = _labelers.labelers_with_tokens
+    revoke_token = _labelers.revoke_token

@@ -13,6 +13,11 @@ if TYPE_CHECKING:
     from lmprefs.labels.store.core import LabelStore
 
 
+def token_hash(token: str) -> str:
+    """What the store keeps of a sign-in token; a session remembers it to notice a revoked or replaced token."""
+    return sha(token)
+
+
 def labeler_id(c, name: str) -> int:
     """The id of labeler `name`, registered (without a token) if new; inside the caller's write transaction."""
     c.execute("INSERT OR IGNORE INTO labelers (name, created) VALUES (?, ?)", (check_name(name), time.time()))
@@ -27,14 +32,42 @@ def add_labeler(store: LabelStore, name: str, admin: bool = False) -> str:
         lid = labeler_id(c, name)
         if c.execute("SELECT token_hash FROM labelers WHERE id = ?", (lid,)).fetchone()[0] is not None:
             raise ValueError(f"labeler {name!r} already has a token")
-        c.execute("UPDATE labelers SET token_hash = ?, is_admin = ? WHERE id = ?", (sha(token), int(admin), lid))
+        sql = "UPDATE labelers SET token_hash = ?, is_admin = ? WHERE id = ?"
+        c.execute(sql, (token_hash(token), int(admin), lid))
     return token
 
 
+_LABELER = "SELECT id, name, is_admin, created, token_hash IS NOT NULL FROM labelers"
+
+
+def _labeler(row) -> Labeler:
+    return Labeler(row[0], row[1], bool(row[2]), row[3], bool(row[4]))
+
+
 def labeler_for_token(store: LabelStore, token: str) -> Labeler | None:
-    row = (
-        store.connection()
-        .execute("SELECT id, name, is_admin, created FROM labelers WHERE token_hash = ?", (sha(token),))
-        .fetchone()
-    )
-    return Labeler(row[0], row[1], bool(row[2]), row[3]) if row else None
+    """The labeler who signs in with `token`, or None."""
+    row = store.connection().execute(f"{_LABELER} WHERE token_hash = ?", (token_hash(token),)).fetchone()
+    return _labeler(row) if row else None
+
+
+def labeler_for_session(store: LabelStore, labeler_id: int, token_hash: str) -> Labeler | None:
+    """Labeler `labeler_id` if their token is still the one whose hash is `token_hash` (not revoked or replaced)."""
+    sql = f"{_LABELER} WHERE id = ? AND token_hash = ?"
+    row = store.connection().execute(sql, (labeler_id, token_hash)).fetchone()
+    return _labeler(row) if row else None
+
+
+def labelers(store: LabelStore) -> list[Labeler]:
+    """Every registered labeler, with or without a token, by name."""
+    return [_labeler(r) for r in store.connection().execute(f"{_LABELER} ORDER BY name")]
+
+
+def labelers_with_tokens(store: LabelStore) -> int:
+    """How many labelers can sign in."""
+    return store.connection().execute("SELECT COUNT(*) FROM labelers WHERE token_hash IS NOT NULL").fetchone()[0]
+
+
+def revoke_token(store: LabelStore, name: str) -> bool:
+    """Take away `name`'s token (their sessions end at their next request); False if there is no such labeler."""
+    with store._tx() as c:
+        return c.execute("UPDATE labelers SET token_hash = NULL WHERE name = ?", (name,)).rowcount > 0

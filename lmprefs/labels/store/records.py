@@ -66,6 +66,7 @@ class Labeler:
     name: str
     is_admin: bool
     created: float
+    has_token: bool  # can sign in
 
 
 @dataclass(frozen=True)
