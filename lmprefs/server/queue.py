@@ -32,25 +32,6 @@ from dataclasses import dataclass
 
 from lmprefs.labels.store import Item, LabelStore
 
-_IS_BEST_OF = "i.label_type LIKE 'best!_of!_%' ESCAPE '!'"
-_BEST_OF = f"{_IS_BEST_OF} AND i.hold IS NULL"
-_NOT_MINE = (
-    "NOT EXISTS (SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id"
-    " AND b.name = :labeler)"
-)
-# the store's next_item order and filter, plus best_of_N only, no gold, and the count of labels each item already has
-_OPEN = (
-    f"FROM items i WHERE i.status = 'pending' AND {_BEST_OF} AND i.gold IS NULL"
-    f" AND (:batch IS NULL OR i.batch = :batch) AND {_NOT_MINE}"
-)
-_CANDIDATES = (
-    "SELECT i.id, i.want_labels, (SELECT COUNT(*) FROM labels l WHERE l.item_id = i.id AND l.kind = 'label') "
-    + _OPEN
-    + " ORDER BY i.priority DESC, i.id LIMIT :limit"
-)
-# gold questions stay served to every labeler who has not answered them, whatever their status or batch
-_GOLD = f"SELECT i.id FROM items i WHERE i.gold IS NOT NULL AND {_BEST_OF} AND {_NOT_MINE}"
-
 
 @dataclass(frozen=True)
 class Progress:
@@ -104,36 +85,21 @@ class Queue:
         self._lock = threading.Lock()  # one labeler picks at a time, so two never take the same free item
 
     def answered(self, item_id: int, labeler: str) -> bool:
-        sql = "SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = ? AND b.name = ?"
-        return self.store.connection().execute(sql, (item_id, labeler)).fetchone() is not None
+        return self.store.has_answered(item_id, labeler)
 
     def _servable(self, item_id: int, labeler: str, redo: bool = False, queued: bool = False) -> bool:
-        """The item is a best_of_N, not held, and not yet answered by `labeler`; or, for an undo, not retired (the
-        answer being undone may be the flag that holds it). `queued`: also one this queue serves (pending and in
-        its batch, or gold), so a labeler cannot pick an item by its id."""
-        held = "i.hold IS NOT 'retired'" if redo else f"i.hold IS NULL AND {_NOT_MINE}"
-        if queued:
-            held += " AND (i.gold IS NOT NULL OR (i.status = 'pending' AND (:batch IS NULL OR i.batch = :batch)))"
-        sql = f"SELECT 1 FROM items i WHERE i.id = :id AND {_IS_BEST_OF} AND {held}"
-        args = {"id": item_id, "labeler": labeler, "batch": self.batch}
-        return self.store.connection().execute(sql, args).fetchone() is not None
+        """See `LabelStore.servable`; `queued`: an item this queue serves (its batch, or gold)."""
+        return self.store.servable(item_id, labeler, batch=self.batch, redo=redo, queued=queued)
 
     def apply_overlap(self) -> None:
         """Items added since the last call that fall in the shared pool want at least overlap_k labels."""
         if not self.overlap_fraction or self.overlap_k < 2:
             return
-        c = self.store.connection()
-        rows = c.execute(
-            "SELECT id FROM items WHERE id > ? AND status = 'pending' AND gold IS NULL AND want_labels < ?",
-            (self._overlap_seen, self.overlap_k),
-        ).fetchall()
-        shared = [(self.overlap_k, i) for (i,) in rows
-                  if _unit(self.store.store_id, "overlap", i) < self.overlap_fraction]  # fmt: skip
+        ids = self.store.items_wanting_fewer(self.overlap_k, after_id=self._overlap_seen)
+        shared = [i for i in ids if _unit(self.store.store_id, "overlap", i) < self.overlap_fraction]
         if shared:
-            with self.store.transaction():
-                c.executemany("UPDATE items SET want_labels = ? WHERE id = ? AND status = 'pending'", shared)
-        (top,) = c.execute("SELECT COALESCE(MAX(id), 0) FROM items").fetchone()
-        self._overlap_seen = top
+            self.store.set_want_labels(shared, self.overlap_k)
+        self._overlap_seen = self.store.last_item_id()
 
     def current(self, labeler: str) -> Item | None:
         """The item `labeler` should answer now (the same one on reload), or None when nothing is left."""
@@ -153,20 +119,18 @@ class Queue:
         return self.store.get_item(lease.item_id)
 
     def _pick(self, labeler: str) -> int | None:
-        c = self.store.connection()
         now = time.time()
         leased = Counter(v.item_id for name, v in self._current.items() if name != labeler and v.expires > now)
         # at most len(leased) candidates can be blocked, so one more is enough to find a free one
-        args = {"batch": self.batch, "labeler": labeler, "limit": sum(leased.values()) + 1}
-        rows = c.execute(_CANDIDATES, args).fetchall()
+        rows = self.store.open_items(labeler, batch=self.batch, limit=sum(leased.values()) + 1)
         if not rows:
             return None  # gold questions only ride along with real work
         if self.gold_rate and self._rng.random() < self.gold_rate:
-            gold = [i for (i,) in c.execute(_GOLD, {"labeler": labeler})]
+            gold = self.store.unanswered_gold(labeler)
             if gold:
                 return self._rng.choice(gold)
-        free = [r for r in rows if r[2] + leased[r[0]] < r[1]]
-        return (free or rows)[0][0]
+        free = [r for r in rows if r.labels + leased[r.id] < r.want_labels]
+        return (free or rows)[0].id
 
     def lease(self, labeler: str) -> Lease | None:
         """`labeler`'s lease, if any (the only item they may answer)."""
@@ -209,7 +173,6 @@ class Queue:
         return True
 
     def progress(self, labeler_id: int, labeler: str) -> Progress:
-        c = self.store.connection()
-        kinds = dict(c.execute("SELECT kind, COUNT(*) FROM labels WHERE labeler_id = ? GROUP BY kind", (labeler_id,)))
-        (remaining,) = c.execute("SELECT COUNT(*) " + _OPEN, {"batch": self.batch, "labeler": labeler}).fetchone()
+        kinds = self.store.answer_counts(labeler_id)
+        remaining = self.store.open_count(labeler, batch=self.batch)
         return Progress(kinds.get("label", 0), kinds.get("skip", 0), kinds.get("flag", 0), remaining)

@@ -3,7 +3,7 @@
 SQLite in WAL mode lets readers run beside one writer; each thread gets its own connection, every write is one
 `BEGIN IMMEDIATE` transaction (nested calls become savepoints) and waits up to `busy_timeout` for the write lock, so
 threads and processes can share a store. The methods are plain functions of the store kept in the modules named
-after what they touch (`items`, `labels`, `labelers`), bound here so callers write `store.add_item(...)`.
+after what they touch (`items`, `labels`, `labelers`, `serving`), bound here so callers write `store.add_item(...)`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from lmprefs.labels.store import items as _items
 from lmprefs.labels.store import labelers as _labelers
 from lmprefs.labels.store import labels as _labels
 from lmprefs.labels.store import schema
+from lmprefs.labels.store import serving as _serving
 
 
 class LabelStore:
@@ -119,6 +120,8 @@ class LabelStore:
     labeled_examples = _labels.labeled_examples
     counts_by_labeler = _labels.counts_by_labeler
     agreement = _labels.agreement
+    has_answered = _labels.has_answered
+    answer_counts = _labels.answer_counts
 
     # -- labelers (labelers.py) ------------------------------------------------------------------------------
 
@@ -128,3 +131,13 @@ class LabelStore:
     labelers = _labelers.labelers
     labelers_with_tokens = _labelers.labelers_with_tokens
     revoke_token = _labelers.revoke_token
+
+    # -- what the web app's queue serves (serving.py) --------------------------------------------------------
+
+    open_items = _serving.open_items
+    open_count = _serving.open_count
+    unanswered_gold = _serving.unanswered_gold
+    servable = _serving.servable
+    items_wanting_fewer = _serving.items_wanting_fewer
+    set_want_labels = _serving.set_want_labels
+    last_item_id = _serving.last_item_id

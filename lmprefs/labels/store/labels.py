@@ -219,3 +219,15 @@ def agreement(store: LabelStore) -> Agreement:
             per[(a, b)][1] += 1
     pairs = {k: (same / n, n) for k, (same, n) in sorted(per.items())}
     return Agreement(agree / total if total else None, items, pairs)
+
+
+def has_answered(store: LabelStore, item_id: int, labeler: str) -> bool:
+    """Whether `labeler` labeled, skipped or flagged item `item_id`."""
+    sql = "SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = ? AND b.name = ?"
+    return store.connection().execute(sql, (item_id, labeler)).fetchone() is not None
+
+
+def answer_counts(store: LabelStore, labeler_id: int) -> dict[str, int]:
+    """{kind: n} of labeler `labeler_id`'s answers, for the kinds they gave at least once."""
+    sql = "SELECT kind, COUNT(*) FROM labels WHERE labeler_id = ? GROUP BY kind"
+    return dict(store.connection().execute(sql, (labeler_id,)))
