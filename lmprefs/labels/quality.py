@@ -3,12 +3,11 @@ interval, agreement with the majority of the other labelers and chance-corrected
 Fleiss' kappa over everyone), which displayed position they pick (position bias), and their time on task.
 
 All of it counts `label`s on best_of_N items only; skips and flags are not judgements. Answers are compared by the
-stored sample index (`labels.best`), so two labelers shown different orders still agree when they pick the same text.
+stored sample index (`best`), so two labelers shown different orders still agree when they pick the same text.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -98,13 +97,7 @@ class Quality:
 
 def quality(store) -> Quality:
     """Every labeler's quality numbers from one snapshot of `store`."""
-    with store.snapshot() as c:
-        names = [n for (n,) in c.execute("SELECT name FROM labelers ORDER BY name")]
-        rows = c.execute(
-            "SELECT l.item_id, b.name, l.kind, l.best, l.shown, l.seconds, i.gold FROM labels l"
-            " JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
-            " WHERE i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.item_id, b.name"
-        ).fetchall()
+    names, rows = store.best_of_answers()
     gold: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     positions: dict[str, Counter] = defaultdict(Counter)
     seconds: dict[str, list[float]] = defaultdict(list)
@@ -120,9 +113,8 @@ def quality(store) -> Quality:
             gold[name][0] += best == gold_best
             gold[name][1] += 1
         if shown:
-            order = json.loads(shown)
-            width = max(width, len(order))
-            positions[name][order.index(best)] += 1
+            width = max(width, len(shown))
+            positions[name][shown.index(best)] += 1
     majority: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     pairs: dict[tuple[str, str], list[tuple[int, int]]] = defaultdict(list)
     for answers in by_item.values():
@@ -146,20 +138,11 @@ def quality(store) -> Quality:
     )
 
 
-def gold_accuracy(store) -> dict[str, tuple[int, int]]:
-    """{labeler: (correct, answered)} on gold questions, for labelers who answered at least one."""
-    sql = (
-        "SELECT b.name, SUM(l.best = i.gold), COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-        " JOIN items i ON i.id = l.item_id WHERE l.kind = 'label' AND i.gold IS NOT NULL GROUP BY b.name"
-    )
-    return {name: (int(k), n) for name, k, n in store.connection().execute(sql)}
-
-
 def select_labelers(examples: list, store, min_gold_accuracy: float) -> tuple[list, dict[str, dict]]:
     """Drop the examples of labelers whose gold accuracy is under `min_gold_accuracy` (labelers without gold answers
     stay). -> (kept examples, {labeler: {"labels": used, "gold": [correct, answered] or None, "dropped": bool,
     "weight": chance-corrected gold accuracy, or 1 without gold answers}})."""
-    gold = gold_accuracy(store)
+    gold = store.gold_accuracy()
     report: dict[str, dict] = {}
     for e in examples:
         if e.labeler not in report:

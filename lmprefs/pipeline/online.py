@@ -59,8 +59,7 @@ class OnlineRewards:
 
     def items_after(self, update: int) -> set[int]:
         """Items of the batches asked for after `update` (present when a resumed run redoes updates)."""
-        rows = self.store.connection().execute("SELECT id, batch FROM items WHERE batch LIKE 'online:%'").fetchall()
-        return {i for i, b in rows if int(b.split(":", 1)[1]) > update}
+        return {i for i, b in self.store.item_batches("online:").items() if int(b.split(":", 1)[1]) > update}
 
     def labels_until(self, update: int) -> int:
         later = self.items_after(update)
@@ -72,7 +71,7 @@ class OnlineRewards:
 
         cfg, batch, seed = self.cfg, f"online:{update}", self.cfg.run.seed + 1000 + update
         n = min(cfg.labels.online_questions, len(self.t.train_queries))
-        have = self.store.connection().execute("SELECT COUNT(*) FROM items WHERE batch = ?", (batch,)).fetchone()[0]
+        have = self.store.item_count(batch=batch)
         if have >= n:
             added = 0
             if self.labeler:

@@ -13,7 +13,7 @@ throttled with the sign-in form's. The schema is at /api/openapi.json.
 
 from __future__ import annotations
 
-import json
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request
@@ -152,21 +152,10 @@ def labels(
             label_type_shape(label_type)
         except ValueError as e:
             raise HTTPException(422, f"label_type: {e}") from None
-    rows = (
-        request.app.state.lmprefs.store.connection()
-        .execute(
-            "SELECT l.id, l.item_id, b.name, l.kind, l.best, l.score, l.difference, l.note, l.source, l.created,"
-            " l.shown, l.seconds FROM labels l JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
-            " WHERE l.id > ? AND (? IS NULL OR i.label_type = ?) ORDER BY l.id LIMIT ?",
-            (since_id, label_type, label_type, limit),
-        )
-        .fetchall()
-    )
-    fast = request.app.state.lmprefs.fast_seconds
-    fields = list(LabelOut.model_fields)
-    out = [LabelOut(**dict(zip(fields, (*r[:10], json.loads(r[10]) if r[10] else None, r[11],
-                                        None if r[11] is None else r[11] < fast), strict=True)))
-           for r in rows]  # fmt: skip
+    st = request.app.state.lmprefs
+    answers = st.store.answers_since(since_id, limit=limit, label_type=label_type)
+    out = [LabelOut(**asdict(a), too_fast=None if a.seconds is None else a.seconds < st.fast_seconds)
+           for a in answers]  # fmt: skip
     return LabelsOut(labels=out, next_since_id=out[-1].id if out else since_id)
 
 

@@ -175,11 +175,7 @@ def logout(request: Request, user: Annotated[User, Depends(csrf_checked)]) -> Re
 
 def _last_answer(st: State, user: User) -> tuple[int, int, float] | None:
     """(label id, item id, seconds left to undo it) of the labeler's latest web answer, if still undoable."""
-    row = st.store.connection().execute(
-        "SELECT l.id, l.item_id, l.created FROM labels l JOIN items i ON i.id = l.item_id WHERE l.labeler_id = ?"
-        " AND l.source = 'web' AND i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.created DESC LIMIT 1",
-        (user.id,),
-    ).fetchone()
+    row = st.store.last_answer(user.id, source="web")
     if row is None or time.time() - row[2] >= st.undo_seconds:
         return None
     return row[0], row[1], st.undo_seconds - (time.time() - row[2])
@@ -277,9 +273,9 @@ def admin_page(request: Request, user: Annotated[User, Depends(admin)]) -> HTMLR
         fast_seconds=st.fast_seconds,
         gold_rate=st.queue.gold_rate,
         overlap=(st.queue.overlap_fraction, st.queue.overlap_k),
-        gold_items=stats.gold_items(st.store),
-        held=stats.held_items(st.store),
-        flags=stats.recent_flags(st.store),
+        gold_items=st.store.gold_items(),
+        held=st.store.held_items(),
+        flags=st.store.recent_flags(),
         chance=stats.chance_agreement(st.store),
         pending=st.store.pending_count(batch=st.queue.batch),
         label_types=st.store.label_types(),

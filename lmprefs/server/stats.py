@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
 from lmprefs.config import label_type_shape
@@ -65,23 +64,15 @@ def _throughput(answers: list[tuple[str, float]], gaps: list[float], now: float)
 def labeler_rows(store: LabelStore, now: float | None = None) -> tuple[list[LabelerRow], Throughput]:
     """One row per registered labeler (with or without answers), and the totals over everyone."""
     now = time.time() if now is None else now
-    with store.snapshot() as c:  # one snapshot, so the totals equal the sum of the rows
-        labelers = c.execute(
-            "SELECT id, name, is_admin, token_hash IS NOT NULL FROM labelers ORDER BY name"
-        ).fetchall()
-        answers: dict[int, list[tuple[str, float]]] = defaultdict(list)
-        for labeler_id, kind, created in c.execute("SELECT labeler_id, kind, created FROM labels ORDER BY created"):
-            answers[labeler_id].append((kind, created))
     rows, all_answers, timed_labels, timed_gaps = [], [], [], []
-    for labeler_id, name, is_admin, has_token in labelers:
-        mine = answers.get(labeler_id, [])
+    for labeler, mine in store.labeler_activity():  # one snapshot, so the totals equal the sum of the rows
         gaps = [b - a for (_, a), (_, b) in zip(mine, mine[1:], strict=False) if b - a < IDLE_GAP]
         all_answers += mine
         counts = {k: sum(kind == k for kind, _ in mine) for k in ("label", "skip", "flag")}
         row = LabelerRow(
-            name,
-            bool(is_admin),
-            bool(has_token),
+            labeler.name,
+            labeler.is_admin,
+            labeler.has_token,
             **counts,
             last_answer=mine[-1][1] if mine else None,
             throughput=_throughput(mine, gaps, now),
@@ -94,39 +85,6 @@ def labeler_rows(store: LabelStore, now: float | None = None) -> tuple[list[Labe
     timed = _throughput(timed_labels, timed_gaps, now)
     return rows, Throughput(total.labels, total.last_hour, total.last_day, timed.active_hours, timed.median_seconds,
                             timed.labels)  # fmt: skip
-
-
-def recent_flags(store: LabelStore, limit: int = 20) -> list[tuple[int, str, str | None, float, str]]:
-    """(item id, labeler, note, time, query) of the latest flags, newest first: what labelers found broken."""
-    return (
-        store.connection()
-        .execute(
-            "SELECT l.item_id, b.name, l.note, l.created, q.text FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-            " JOIN items i ON i.id = l.item_id JOIN queries q ON q.id = i.query_id WHERE l.kind = 'flag'"
-            " ORDER BY l.id DESC LIMIT ?",
-            (limit,),
-        )
-        .fetchall()
-    )
-
-
-def held_items(store: LabelStore, limit: int = 50) -> list[tuple[int, str, str]]:
-    """(item id, hold, query) of held items (flagged or retired), newest first."""
-    sql = (
-        "SELECT i.id, i.hold, q.text FROM items i JOIN queries q ON q.id = i.query_id WHERE i.hold IS NOT NULL"
-        " ORDER BY i.id DESC LIMIT ?"
-    )
-    return store.connection().execute(sql, (limit,)).fetchall()
-
-
-def gold_items(store: LabelStore) -> list[tuple[int, int, int, int, str]]:
-    """(item id, right option 1-based, answers, right answers, query) of the gold questions."""
-    sql = (
-        "SELECT i.id, i.gold + 1, COUNT(l.id), COALESCE(SUM(l.best = i.gold), 0), q.text FROM items i"
-        " JOIN queries q ON q.id = i.query_id LEFT JOIN labels l ON l.item_id = i.id AND l.kind = 'label'"
-        " WHERE i.gold IS NOT NULL GROUP BY i.id ORDER BY i.id"
-    )
-    return store.connection().execute(sql).fetchall()
 
 
 def chance_agreement(store: LabelStore) -> float | None:

@@ -2,8 +2,9 @@
 
 SQLite in WAL mode lets readers run beside one writer; each thread gets its own connection, every write is one
 `BEGIN IMMEDIATE` transaction (nested calls become savepoints) and waits up to `busy_timeout` for the write lock, so
-threads and processes can share a store. The methods are plain functions of the store kept in the modules named
-after what they touch (`items`, `labels`, `labelers`, `serving`), bound here so callers write `store.add_item(...)`.
+threads and processes can share a store. The methods are plain functions of the store, kept in the modules named
+after what they touch or who asks (`items`, `labels`, `labelers`, `reports`, `serving`) and bound here, so callers
+write `store.add_item(...)`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from lmprefs.labels.store import items as _items
 from lmprefs.labels.store import labelers as _labelers
 from lmprefs.labels.store import labels as _labels
+from lmprefs.labels.store import reports as _reports
 from lmprefs.labels.store import schema
 from lmprefs.labels.store import serving as _serving
 
@@ -107,6 +109,8 @@ class LabelStore:
     get_item = _items.get_item
     next_item = _items.next_item
     pending_count = _items.pending_count
+    item_count = _items.item_count
+    item_batches = _items.item_batches
     item_splits = _items.item_splits
     label_types = _items.label_types
     table_counts = _items.table_counts
@@ -118,10 +122,10 @@ class LabelStore:
     add_label = _labels.add_label
     import_batch = _labels.import_batch
     labeled_examples = _labels.labeled_examples
-    counts_by_labeler = _labels.counts_by_labeler
-    agreement = _labels.agreement
     has_answered = _labels.has_answered
     answer_counts = _labels.answer_counts
+    answers_since = _labels.answers_since
+    last_answer = _labels.last_answer
 
     # -- labelers (labelers.py) ------------------------------------------------------------------------------
 
@@ -131,6 +135,17 @@ class LabelStore:
     labelers = _labelers.labelers
     labelers_with_tokens = _labelers.labelers_with_tokens
     revoke_token = _labelers.revoke_token
+
+    # -- what the admin page and the quality measures read (reports.py) --------------------------------------
+
+    counts_by_labeler = _reports.counts_by_labeler
+    agreement = _reports.agreement
+    labeler_activity = _reports.labeler_activity
+    recent_flags = _reports.recent_flags
+    held_items = _reports.held_items
+    gold_items = _reports.gold_items
+    gold_accuracy = _reports.gold_accuracy
+    best_of_answers = _reports.best_of_answers
 
     # -- what the web app's queue serves (serving.py) --------------------------------------------------------
 

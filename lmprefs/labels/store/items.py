@@ -133,6 +133,18 @@ def item_splits(store: LabelStore) -> dict[int, str]:
     return {i: sp for i, src in rows if (sp := source_split(src)) is not None}
 
 
+def item_count(store: LabelStore, *, batch: str) -> int:
+    """How many items `batch` holds, answered or not."""
+    return store.connection().execute("SELECT COUNT(*) FROM items WHERE batch = ?", (batch,)).fetchone()[0]
+
+
+def item_batches(store: LabelStore, prefix: str) -> dict[int, str]:
+    """{item id: batch} of the items whose batch starts with `prefix` (compared as SQL LIKE does: ASCII letters in
+    any case)."""
+    pattern = "".join("!" + ch if ch in "!%_" else ch for ch in prefix) + "%"
+    return dict(store.connection().execute("SELECT id, batch FROM items WHERE batch LIKE ? ESCAPE '!'", (pattern,)))
+
+
 def label_types(store: LabelStore) -> list[str]:
     return [t for (t,) in store.connection().execute("SELECT DISTINCT label_type FROM items ORDER BY label_type")]
 

@@ -57,9 +57,14 @@ def labeler_for_session(store: LabelStore, labeler_id: int, token_hash: str) -> 
     return _labeler(row) if row else None
 
 
+def read_labelers(c) -> list[Labeler]:
+    """Every registered labeler, with or without a token, by name, read on connection `c` (a snapshot's, say)."""
+    return [_labeler(r) for r in c.execute(f"{_LABELER} ORDER BY name")]
+
+
 def labelers(store: LabelStore) -> list[Labeler]:
     """Every registered labeler, with or without a token, by name."""
-    return [_labeler(r) for r in store.connection().execute(f"{_LABELER} ORDER BY name")]
+    return read_labelers(store.connection())
 
 
 def labelers_with_tokens(store: LabelStore) -> int:

@@ -8,14 +8,13 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from itertools import combinations
 from typing import TYPE_CHECKING
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store.labelers import labeler_id
 from lmprefs.labels.store.records import (
     KINDS,
-    Agreement,
+    Answer,
     DuplicateLabelError,
     Example,
     ImportCounts,
@@ -188,39 +187,6 @@ def labeled_examples(
     return out
 
 
-def counts_by_labeler(store: LabelStore) -> dict[str, dict[str, int]]:
-    """{labeler: {"label": n, "skip": n, "flag": n}} for every labeler with at least one answer."""
-    out: dict[str, dict[str, int]] = {}
-    for name, kind, n in store.connection().execute(
-        "SELECT b.name, l.kind, COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id GROUP BY 1, 2"
-    ):
-        out.setdefault(name, dict.fromkeys(KINDS, 0))[kind] = n
-    return out
-
-
-def agreement(store: LabelStore) -> Agreement:
-    """How often two labelers pick the same best sample, over best_of_N items with >= 2 labels."""
-    by_item: dict[int, list[tuple[str, int]]] = defaultdict(list)
-    for item_id, name, best in store.connection().execute(
-        "SELECT l.item_id, b.name, l.best FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-        " WHERE l.kind = 'label' AND l.best IS NOT NULL ORDER BY l.item_id, b.name"
-    ):
-        by_item[item_id].append((name, best))
-    agree, total, items = 0, 0, 0
-    per: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    for answers in by_item.values():
-        if len(answers) < 2:
-            continue
-        items += 1
-        for (a, best_a), (b, best_b) in combinations(answers, 2):  # names sorted, so a < b
-            agree += best_a == best_b
-            total += 1
-            per[(a, b)][0] += best_a == best_b
-            per[(a, b)][1] += 1
-    pairs = {k: (same / n, n) for k, (same, n) in sorted(per.items())}
-    return Agreement(agree / total if total else None, items, pairs)
-
-
 def has_answered(store: LabelStore, item_id: int, labeler: str) -> bool:
     """Whether `labeler` labeled, skipped or flagged item `item_id`."""
     sql = "SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = ? AND b.name = ?"
@@ -231,3 +197,25 @@ def answer_counts(store: LabelStore, labeler_id: int) -> dict[str, int]:
     """{kind: n} of labeler `labeler_id`'s answers, for the kinds they gave at least once."""
     sql = "SELECT kind, COUNT(*) FROM labels WHERE labeler_id = ? GROUP BY kind"
     return dict(store.connection().execute(sql, (labeler_id,)))
+
+
+def answers_since(
+    store: LabelStore, since_id: int = 0, *, limit: int = 1000, label_type: str | None = None
+) -> list[Answer]:
+    """Labels, skips and flags with an id above `since_id` (on items of `label_type`, or any), oldest first."""
+    rows = store.connection().execute(
+        "SELECT l.id, l.item_id, b.name, l.kind, l.best, l.score, l.difference, l.note, l.source, l.created,"
+        " l.shown, l.seconds FROM labels l JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
+        " WHERE l.id > ? AND (? IS NULL OR i.label_type = ?) ORDER BY l.id LIMIT ?",
+        (since_id, label_type, label_type, limit),
+    )
+    return [Answer(*r[:10], json.loads(r[10]) if r[10] else None, r[11]) for r in rows]
+
+
+def last_answer(store: LabelStore, labeler_id: int, *, source: str) -> tuple[int, int, float] | None:
+    """(label id, item id, time) of labeler `labeler_id`'s latest answer from `source` on a best_of_N item."""
+    return store.connection().execute(
+        "SELECT l.id, l.item_id, l.created FROM labels l JOIN items i ON i.id = l.item_id WHERE l.labeler_id = ?"
+        " AND l.source = ? AND i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.created DESC LIMIT 1",
+        (labeler_id, source),
+    ).fetchone()

@@ -7,6 +7,7 @@ import hashlib
 import math
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from lmprefs.config import label_type_shape
 
@@ -58,6 +59,24 @@ class Example:
     difference: float | None = None
     query_tokens: list[int] | None = None  # only when labeled_examples(tokenizer=...) has ids for them
     sample_tokens: list[list[int]] | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One label, skip or flag as stored, for the JSON API."""
+
+    id: int
+    item_id: int
+    labeler: str
+    kind: str
+    best: int | None
+    score: float | None
+    difference: float | None
+    note: str | None
+    source: str
+    created: float
+    shown: list[int] | None  # display order: position p showed stored sample shown[p]
+    seconds: float | None  # time on task
 
 
 @dataclass(frozen=True)
@@ -127,3 +146,45 @@ def check_label_value(label_type: str, best, score, difference, where: str) -> N
             raise ValueError(f"{where} is {label_type}: best={v!r} is out of range 0..{n - 1}")
     elif isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise ValueError(f"{where} is {label_type}: {value_field}={v!r} is not a finite number")
+
+
+class Candidate(NamedTuple):
+    """An item the web app's queue may serve."""
+
+    id: int
+    want_labels: int
+    labels: int  # labels it has (not skips or flags)
+
+
+class BestOfAnswer(NamedTuple):
+    """One answer on a best_of_N item, for the quality measures."""
+
+    item_id: int
+    labeler: str
+    kind: str
+    best: int | None
+    shown: list[int] | None
+    seconds: float | None
+    gold: int | None  # the item's right answer, if it is a gold question
+
+
+class Flag(NamedTuple):
+    item_id: int
+    labeler: str
+    note: str | None
+    created: float
+    query: str
+
+
+class HeldItem(NamedTuple):
+    item_id: int
+    hold: str
+    query: str
+
+
+class GoldItem(NamedTuple):
+    item_id: int
+    gold: int  # the right answer, a stored sample index
+    answers: int  # labels on it
+    right: int  # labels that picked `gold`
+    query: str

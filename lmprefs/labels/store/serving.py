@@ -9,7 +9,9 @@ has answered (labeled, skipped or flagged).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+
+from lmprefs.labels.store.records import Candidate
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.core import LabelStore
@@ -32,12 +34,6 @@ _CANDIDATES = (
 )
 # gold questions stay served to every labeler who has not answered them, whatever their status or batch
 _GOLD = f"SELECT i.id FROM items i WHERE i.gold IS NOT NULL AND {_BEST_OF} AND {_NOT_MINE}"
-
-
-class Candidate(NamedTuple):
-    id: int
-    want_labels: int
-    labels: int  # labels it has (not skips or flags)
 
 
 def open_items(store: LabelStore, labeler: str, *, batch: str | None, limit: int) -> list[Candidate]:

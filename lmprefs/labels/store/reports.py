@@ -1,0 +1,112 @@
+"""What the admin page and the quality measures read: answers per labeler and their times, agreement between
+labelers, flags, held and gold items, and every answer on best_of_N items. Methods of `LabelStore` (each takes the
+store first)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from itertools import combinations
+from typing import TYPE_CHECKING
+
+from lmprefs.labels.store.labelers import read_labelers
+from lmprefs.labels.store.records import KINDS, Agreement, BestOfAnswer, Flag, GoldItem, HeldItem, Labeler
+
+if TYPE_CHECKING:
+    from lmprefs.labels.store.core import LabelStore
+
+
+def counts_by_labeler(store: LabelStore) -> dict[str, dict[str, int]]:
+    """{labeler: {"label": n, "skip": n, "flag": n}} for every labeler with at least one answer."""
+    out: dict[str, dict[str, int]] = {}
+    for name, kind, n in store.connection().execute(
+        "SELECT b.name, l.kind, COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id GROUP BY 1, 2"
+    ):
+        out.setdefault(name, dict.fromkeys(KINDS, 0))[kind] = n
+    return out
+
+
+def agreement(store: LabelStore) -> Agreement:
+    """How often two labelers pick the same best sample, over best_of_N items with >= 2 labels."""
+    by_item: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for item_id, name, best in store.connection().execute(
+        "SELECT l.item_id, b.name, l.best FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+        " WHERE l.kind = 'label' AND l.best IS NOT NULL ORDER BY l.item_id, b.name"
+    ):
+        by_item[item_id].append((name, best))
+    agree, total, items = 0, 0, 0
+    per: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+    for answers in by_item.values():
+        if len(answers) < 2:
+            continue
+        items += 1
+        for (a, best_a), (b, best_b) in combinations(answers, 2):  # names sorted, so a < b
+            agree += best_a == best_b
+            total += 1
+            per[(a, b)][0] += best_a == best_b
+            per[(a, b)][1] += 1
+    pairs = {k: (same / n, n) for k, (same, n) in sorted(per.items())}
+    return Agreement(agree / total if total else None, items, pairs)
+
+
+def labeler_activity(store: LabelStore) -> list[tuple[Labeler, list[tuple[str, float]]]]:
+    """Every registered labeler by name, with their answers as (kind, time), oldest first; one snapshot, so totals
+    over the labelers add up."""
+    with store.snapshot() as c:
+        labelers = read_labelers(c)
+        answers: dict[int, list[tuple[str, float]]] = defaultdict(list)
+        for labeler_id, kind, created in c.execute("SELECT labeler_id, kind, created FROM labels ORDER BY created"):
+            answers[labeler_id].append((kind, created))
+    return [(b, answers.get(b.id, [])) for b in labelers]
+
+
+def recent_flags(store: LabelStore, limit: int = 20) -> list[Flag]:
+    """The latest flags, newest first: what labelers found broken."""
+    rows = store.connection().execute(
+        "SELECT l.item_id, b.name, l.note, l.created, q.text FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+        " JOIN items i ON i.id = l.item_id JOIN queries q ON q.id = i.query_id WHERE l.kind = 'flag'"
+        " ORDER BY l.id DESC LIMIT ?",
+        (limit,),
+    )
+    return [Flag(*r) for r in rows]
+
+
+def held_items(store: LabelStore, limit: int = 50) -> list[HeldItem]:
+    """Held items (flagged or retired), newest first."""
+    sql = (
+        "SELECT i.id, i.hold, q.text FROM items i JOIN queries q ON q.id = i.query_id WHERE i.hold IS NOT NULL"
+        " ORDER BY i.id DESC LIMIT ?"
+    )
+    return [HeldItem(*r) for r in store.connection().execute(sql, (limit,))]
+
+
+def gold_items(store: LabelStore) -> list[GoldItem]:
+    """The gold questions with their labels and right labels, by id."""
+    sql = (
+        "SELECT i.id, i.gold, COUNT(l.id), COALESCE(SUM(l.best = i.gold), 0), q.text FROM items i"
+        " JOIN queries q ON q.id = i.query_id LEFT JOIN labels l ON l.item_id = i.id AND l.kind = 'label'"
+        " WHERE i.gold IS NOT NULL GROUP BY i.id ORDER BY i.id"
+    )
+    return [GoldItem(*r) for r in store.connection().execute(sql)]
+
+
+def gold_accuracy(store: LabelStore) -> dict[str, tuple[int, int]]:
+    """{labeler: (correct, answered)} on gold questions, for labelers who answered at least one."""
+    sql = (
+        "SELECT b.name, SUM(l.best = i.gold), COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+        " JOIN items i ON i.id = l.item_id WHERE l.kind = 'label' AND i.gold IS NOT NULL GROUP BY b.name"
+    )
+    return {name: (int(k), n) for name, k, n in store.connection().execute(sql)}
+
+
+def best_of_answers(store: LabelStore) -> tuple[list[str], list[BestOfAnswer]]:
+    """Every labeler's name, and every answer (labels, skips, flags) on best_of_N items ordered by item, then
+    labeler; one snapshot."""
+    with store.snapshot() as c:
+        names = [n for (n,) in c.execute("SELECT name FROM labelers ORDER BY name")]
+        rows = c.execute(
+            "SELECT l.item_id, b.name, l.kind, l.best, l.shown, l.seconds, i.gold FROM labels l"
+            " JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
+            " WHERE i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.item_id, b.name"
+        ).fetchall()
+    return names, [BestOfAnswer(*r[:4], json.loads(r[4]) if r[4] else None, *r[5:]) for r in rows]
