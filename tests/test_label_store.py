@@ -1,6 +1,7 @@
 """The SQLite label store: idempotent items, queue semantics, label validation, agreement, tokens, concurrency."""
 
 import multiprocessing as mp
+import re
 import sqlite3
 import subprocess
 import sys
@@ -12,6 +13,14 @@ import pytest
 from lmprefs.labels.store import DuplicateLabelError, ImportRow, LabelStore
 
 SAMPLES = ["a", "b", "c", "d"]
+PACKAGE = Path(__file__).resolve().parents[1] / "lmprefs"
+# what talking to SQLite looks like: a statement run, a raw connection or transaction, sqlite3, or SQL text
+SQL = re.compile(
+    r"\.(execute|executemany|executescript|cursor|connection|snapshot|_tx)\(|^\s*(import|from) sqlite3\b"
+    r"|\b(SELECT|INSERT|UPDATE|DELETE|REPLACE)\s+(INTO\s+|FROM\s+|OR\s+)?[\w*(]|\b(CREATE|ALTER|DROP)\s+(TABLE|INDEX)\b"
+    r"|\bPRAGMA\b|\bBEGIN\s+IMMEDIATE\b",
+    re.MULTILINE,
+)
 
 
 @pytest.fixture
@@ -26,6 +35,22 @@ def test_pragmas_and_no_torch(store, tmp_path):
     assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     code = "import sys, lmprefs.labels.store; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_only_the_store_speaks_sql():
+    """Every module outside lmprefs/labels/store/ asks the store by its methods, so the tables and columns can change
+    in one place: no SQL text, no statement run, no raw connection or transaction."""
+    store_dir = PACKAGE / "labels" / "store"
+    outside = {
+        f"{path.relative_to(PACKAGE.parent)}:{text.count(chr(10), 0, m.start()) + 1}: {m.group(0)!r}"
+        for path in PACKAGE.rglob("*.py")
+        if store_dir not in path.parents
+        for text in [path.read_text(encoding="utf-8")]
+        for m in SQL.finditer(text)
+    }
+    assert not outside, "SQL outside the label store:\n" + "\n".join(sorted(outside))
+    inside = [m for path in store_dir.glob("*.py") for m in SQL.finditer(path.read_text(encoding="utf-8"))]
+    assert len(inside) > 100  # the pattern still finds the store's own SQL
 
 
 def test_add_item_is_idempotent(store):
