@@ -1,6 +1,6 @@
 """Readers for the summarization tasks' data: the original's TL;DR JSON and CNN/DM `.story` files
 (lm_human_preferences/datasets/{tldr,cnndm}.py @cbfd210), and the comparison JSONL of the later summarization work
-(openai/summarize-from-feedback, `comparisons/*.json`), which `labels/formats.py` imports as best_of_2 labels.
+(openai/summarize-from-feedback, `comparisons/*.json`), which `lmprefs.labels.formats` imports as best_of_2 labels.
 
 The texts come out cleaned as the original cleans them (ftfy when it is installed, runs of 3+ newlines squeezed to
 one blank line, the CNN/DM preamble and `@highlight` summaries dropped); cropping to query_length (cut at the last

@@ -1,26 +1,4 @@
-"""Label files in and out of the store. Three formats:
-
-- "openai": the original release's label files (`labels/sentiment/offline_5k.json`, ...): ONE JSON list of dicts
-  with GPT-2 token ids, queries and samples right-padded with pad id 50259 (train_reward.py:download_labels and
-  label_types.py @cbfd210): best_of_N rows `query, sample0..sample{N-1}, best`; scalar_rating rows `query, sample,
-  score`; scalar_compare rows `query, sample0, sample1, difference`. Pads are stripped, the ids decoded with the
-  GPT-2 tokenizer, and both text and ids (under tokenizer name "gpt2") are stored.
-- "pairs": TRL-style preference JSONL, one `{"prompt", "chosen", "rejected"}` per line. Imported as best_of_2
-  items with samples in the order [chosen, rejected] and best=0: the order is kept rather than shuffled because
-  the reward model scores each sample on its own, so PickBest's loss does not depend on the position of the chosen
-  sample. Exported from best_of_N labels with rejected = the first sample whose text differs from the chosen one
-  (TRL's own conversion of these files, `pairs="first"`) or every distinct other sample (`pairs="all"`).
-- "comparisons": plain text JSONL, one `{"query": str, "samples": [str, ...], "best": int, "labeler"?: str}`
-  per line (`score` or `difference` instead of `best` for the scalar types).
-- "summarize" (import only): the comparison JSONL of the later summarization work (openai/summarize-from-feedback),
-  one `{"info": {"post", "title"?, "subreddit"?} or {"article"}, "summaries": [{"text"}, {"text"}], "choice": 0|1,
-  "worker": str, "split": str}` per line. Imported as best_of_2 items (samples in the file's order, best = choice)
-  labeled by `worker`; the split is kept in the item's source, `import:FILE#SPLIT` (train, valid1, valid2). The query
-  is the article, or the post as `lmprefs.data.summarize.comparison_query` writes it.
-- "scores" (import only): per-response scores, one `{"prompt": str, "response": str, "score": number,
-  "labeler"?: str}` per line (TRL's `completion` is read for `response`), such as Reddit comment scores of stories
-  written for a prompt, or ratings. Imported as scalar_rating items (one sample each); train-reward regresses them or
-  compares the responses to each prompt (labels.scores_as).
+"""Reading label files into the store (the formats are described in `lmprefs.labels.formats`).
 
 Token ids from "openai" files are stored as given (pads removed), so a reward model trained on them sees the
 original's tokens; the decoded text is for people and other tokenizers (it shows U+FFFD where a sample ends inside
@@ -36,9 +14,7 @@ the original), while the same question answered by different labelers is one ite
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -48,16 +24,8 @@ from lmprefs.assets.tokenizers import gpt2_tokenizer
 from lmprefs.config import label_type_shape
 from lmprefs.data.summarize import comparison_query
 from lmprefs.io.jsonl import JsonRowsError, json_rows
+from lmprefs.labels.formats.shared import GPT2_PAD, GPT2_VOCAB, IMPORT_FORMATS, LabelFileError, sample_keys
 from lmprefs.labels.store import SPLIT_NAME, ImportRow, LabelStore
-
-FORMATS = ("openai", "pairs", "comparisons")  # import and export
-IMPORT_FORMATS = (*FORMATS, "summarize", "scores")
-GPT2_VOCAB = 50257
-GPT2_PAD = 50259  # "for historical reasons" (language/encodings.py @cbfd210)
-
-
-class LabelFileError(ValueError):
-    """A label file that cannot be imported; the message names the file, row or line, and field."""
 
 
 @dataclass(frozen=True)
@@ -137,11 +105,6 @@ def _tokens(name: str, where: str, row: dict, key: str) -> list[int]:
     return [t for t in ids if t != GPT2_PAD]  # the original masks pads wherever they are
 
 
-def _sample_keys(label_type: str) -> list[str]:
-    n = label_type_shape(label_type)[1]
-    return ["sample"] if label_type == "scalar_rating" else [f"sample{i}" for i in range(n)]
-
-
 def _openai_rows(name, rows, label_type, labeler, tokenizer, tokenizer_name) -> list[dict]:
     if label_type is None and rows and isinstance(rows[0][1], dict):
         first = rows[0][1]
@@ -155,7 +118,7 @@ def _openai_rows(name, rows, label_type, labeler, tokenizer, tokenizer_name) -> 
         label_type_shape(label_type or "")
     except ValueError as e:
         raise LabelFileError(f"{name} row 0: no label type from fields best/score/difference ({e})") from None
-    keys = _sample_keys(label_type)
+    keys = sample_keys(label_type)
     parsed, seqs = [], []
     for where, row in rows:
         query = _tokens(name, where, row, "query")
@@ -338,81 +301,3 @@ def import_file(
         counts.labels_added,
         counts.labels_present,
     )
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # readers see the old file or the new one, never half of it
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _pad(ids: list[int], length: int, what: str) -> list[int]:
-    if len(ids) > length:
-        raise ValueError(f"a {what} has {len(ids)} tokens, more than {what}_length={length}")
-    return ids + [GPT2_PAD] * (length - len(ids))
-
-
-def export_file(
-    store: LabelStore,
-    path: str | Path,
-    *,
-    format: str,
-    label_type: str | None = None,
-    pairs: str = "first",
-    tokenizer=None,
-    query_length: int | None = None,
-    response_length: int | None = None,
-) -> int:
-    """Write the store's labels (not skips or flags) to `path` atomically; returns the number of rows written.
-
-    "openai": one label type (default best_of_4); stored "gpt2" ids are used, texts without them are encoded with
-        `tokenizer` (default: the GPT-2 BPE); right-padded with 50259 to `query_length`/`response_length` (default:
-        the longest in the file).
-    "pairs": best_of_N labels (`label_type` or all best_of_N types); `pairs` = "first" | "all" (module docstring).
-    "comparisons": every label type, or only `label_type`.
-    """
-    path = Path(path)
-    if format not in FORMATS or pairs not in ("first", "all"):
-        raise ValueError(f"format={format!r} must be one of {FORMATS}; pairs={pairs!r} must be 'first' or 'all'")
-    types = [label_type] if label_type else store.label_types()
-    if format == "openai":
-        types = [label_type or "best_of_4"]
-    elif format == "pairs":
-        types = [t for t in types if label_type_shape(t)[0] == "best"]
-    out: list[dict] = []
-    for lt in types:
-        value_field = label_type_shape(lt)[0]
-        for ex in store.labeled_examples(lt, tokenizer="gpt2" if format == "openai" else None):
-            value = getattr(ex, value_field)
-            if format == "comparisons":
-                out.append({"query": ex.query, "samples": ex.samples, value_field: value, "labeler": ex.labeler})
-            elif format == "pairs":
-                chosen = ex.samples[ex.best]
-                rejected = list(dict.fromkeys(s for s in ex.samples if s != chosen))  # distinct, in order
-                for r in rejected[:1] if pairs == "first" else rejected:
-                    out.append({"prompt": ex.query, "chosen": chosen, "rejected": r})
-            else:
-                if ex.query_tokens is None:
-                    if tokenizer is None:
-                        tokenizer = gpt2_tokenizer()
-                    enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in [ex.query, *ex.samples]]
-                else:
-                    enc = [ex.query_tokens, *ex.sample_tokens]
-                out.append({"query": enc[0], **dict(zip(_sample_keys(lt), enc[1:], strict=True)), value_field: value})
-    if format == "openai":
-        sample_keys = _sample_keys(types[0])
-        ql = query_length or max((len(r["query"]) for r in out), default=0)
-        rl = response_length or max((len(r[k]) for r in out for k in sample_keys), default=0)
-        for r in out:
-            r["query"] = _pad(r["query"], ql, "query")
-            r.update({k: _pad(r[k], rl, "response") for k in sample_keys})
-        _write_atomically(path, json.dumps(out))
-    else:
-        _write_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
-    return len(out)

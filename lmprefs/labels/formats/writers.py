@@ -1,0 +1,90 @@
+"""Writing the store's labels to a file in one of the formats described in `lmprefs.labels.formats`."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from lmprefs.assets.tokenizers import gpt2_tokenizer
+from lmprefs.config import label_type_shape
+from lmprefs.labels.formats.shared import FORMATS, GPT2_PAD, sample_keys
+from lmprefs.labels.store import LabelStore
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # readers see the old file or the new one, never half of it
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _pad(ids: list[int], length: int, what: str) -> list[int]:
+    if len(ids) > length:
+        raise ValueError(f"a {what} has {len(ids)} tokens, more than {what}_length={length}")
+    return ids + [GPT2_PAD] * (length - len(ids))
+
+
+def export_file(
+    store: LabelStore,
+    path: str | Path,
+    *,
+    format: str,
+    label_type: str | None = None,
+    pairs: str = "first",
+    tokenizer=None,
+    query_length: int | None = None,
+    response_length: int | None = None,
+) -> int:
+    """Write the store's labels (not skips or flags) to `path` atomically; returns the number of rows written.
+
+    "openai": one label type (default best_of_4); stored "gpt2" ids are used, texts without them are encoded with
+        `tokenizer` (default: the GPT-2 BPE); right-padded with 50259 to `query_length`/`response_length` (default:
+        the longest in the file).
+    "pairs": best_of_N labels (`label_type` or all best_of_N types); `pairs` = "first" | "all" (module docstring).
+    "comparisons": every label type, or only `label_type`.
+    """
+    path = Path(path)
+    if format not in FORMATS or pairs not in ("first", "all"):
+        raise ValueError(f"format={format!r} must be one of {FORMATS}; pairs={pairs!r} must be 'first' or 'all'")
+    types = [label_type] if label_type else store.label_types()
+    if format == "openai":
+        types = [label_type or "best_of_4"]
+    elif format == "pairs":
+        types = [t for t in types if label_type_shape(t)[0] == "best"]
+    out: list[dict] = []
+    for lt in types:
+        value_field = label_type_shape(lt)[0]
+        for ex in store.labeled_examples(lt, tokenizer="gpt2" if format == "openai" else None):
+            value = getattr(ex, value_field)
+            if format == "comparisons":
+                out.append({"query": ex.query, "samples": ex.samples, value_field: value, "labeler": ex.labeler})
+            elif format == "pairs":
+                chosen = ex.samples[ex.best]
+                rejected = list(dict.fromkeys(s for s in ex.samples if s != chosen))  # distinct, in order
+                for r in rejected[:1] if pairs == "first" else rejected:
+                    out.append({"prompt": ex.query, "chosen": chosen, "rejected": r})
+            else:
+                if ex.query_tokens is None:
+                    if tokenizer is None:
+                        tokenizer = gpt2_tokenizer()
+                    enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in [ex.query, *ex.samples]]
+                else:
+                    enc = [ex.query_tokens, *ex.sample_tokens]
+                out.append({"query": enc[0], **dict(zip(sample_keys(lt), enc[1:], strict=True)), value_field: value})
+    if format == "openai":
+        keys = sample_keys(types[0])
+        ql = query_length or max((len(r["query"]) for r in out), default=0)
+        rl = response_length or max((len(r[k]) for r in out for k in keys), default=0)
+        for r in out:
+            r["query"] = _pad(r["query"], ql, "query")
+            r.update({k: _pad(r[k], rl, "response") for k in keys})
+        _write_atomically(path, json.dumps(out))
+    else:
+        _write_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
+    return len(out)
