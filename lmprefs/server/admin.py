@@ -1,0 +1,99 @@
+"""The admin's routes: the admin page (counts, throughput, quality control, flags), an item's retire / restore /
+gold actions, and the labels export."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Form, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from starlette.background import BackgroundTask
+
+from lmprefs.errors import UserError
+from lmprefs.labels.formats import FORMATS, export_file
+from lmprefs.labels.quality import quality
+from lmprefs.server import stats
+from lmprefs.server.pages import form_item_id, render, state
+from lmprefs.server.security import User, admin, csrf_checked
+
+
+def admin_page(request: Request, user: Annotated[User, Depends(admin)]) -> HTMLResponse:
+    st = state(request)
+    rows, total = stats.labeler_rows(st.store)
+    flash, user.session.flash = user.session.flash, None
+    return render(
+        request,
+        "admin.html",
+        user=user,
+        flash=flash,
+        csrf=user.session.csrf,
+        rows=rows,
+        total=total,
+        agreement=st.store.agreement(),
+        quality=quality(st.store),
+        fast_seconds=st.fast_seconds,
+        gold_rate=st.queue.gold_rate,
+        overlap=(st.queue.overlap_fraction, st.queue.overlap_k),
+        gold_items=st.store.gold_items(),
+        held=st.store.held_items(),
+        flags=st.store.recent_flags(),
+        chance=stats.chance_agreement(st.store),
+        pending=st.store.pending_count(batch=st.queue.batch),
+        label_types=st.store.label_types(),
+        formats=FORMATS,
+        ago=stats.ago,
+    )
+
+
+def admin_item(
+    request: Request,
+    user: Annotated[User, Depends(csrf_checked)],
+    item_id: Annotated[str, Form(max_length=20)],
+    action: Annotated[str, Form(max_length=10)],
+    best: Annotated[str, Form(max_length=3)] = "",
+) -> Response:
+    """retire / restore an item, or `gold` with best = the right option (1-based, in the stored order) / `ungold`."""
+    if not user.is_admin:
+        raise HTTPException(403, "This page is for admins only.")
+    st = state(request)
+    item_id = form_item_id(item_id)
+    item = st.store.get_item(item_id)
+    if item is None:
+        raise HTTPException(404, f"There is no item {item_id}.")
+    if action in ("retire", "restore"):
+        st.store.set_hold(item_id, "retired" if action == "retire" else None)
+        user.session.flash = f"Item {item_id} {'retired' if action == 'retire' else 'restored'}."
+    elif action in ("gold", "ungold"):
+        n = len(item.samples)
+        if action == "gold" and not (best.isascii() and best.isdigit() and 1 <= int(best) <= n):
+            raise HTTPException(422, f"best={best!r} must be the right option, 1..{n}, for gold item {item_id}.")
+        if item.label_type != f"best_of_{n}":
+            raise HTTPException(422, f"Item {item_id} is a {item.label_type} question; gold items are best-of-N.")
+        st.store.set_gold(item_id, int(best) - 1 if action == "gold" else None)
+        user.session.flash = f"Item {item_id} is {'a gold item' if action == 'gold' else 'no longer a gold item'}."
+    else:
+        raise HTTPException(422, f"action={action!r} must be retire, restore, gold or ungold.")
+    return RedirectResponse("/admin", 303)
+
+
+def export(
+    request: Request, user: Annotated[User, Depends(admin)], format: str = "comparisons", label_type: str = ""
+) -> Response:
+    st = state(request)
+    if format not in FORMATS:
+        raise HTTPException(422, f"format={format!r} must be one of {', '.join(FORMATS)}.")
+    types = st.store.label_types()
+    if label_type and label_type not in types:
+        raise HTTPException(422, f"label_type={label_type!r} is not in the store ({', '.join(types)}).")
+    tmp = Path(tempfile.mkdtemp(prefix="lmprefs-export-"))
+    name = f"labels-{format}{'-' + label_type if label_type else ''}.{'json' if format == 'openai' else 'jsonl'}"
+    try:
+        export_file(st.store, tmp / name, format=format, label_type=label_type or None)
+    except (ValueError, UserError) as e:  # e.g. a text too long for the openai format, or no GPT-2 tokenizer
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise HTTPException(400, f"Export failed: {e}") from None
+    media = "application/json" if format == "openai" else "application/x-ndjson"
+    return FileResponse(tmp / name, media_type=media, filename=name, background=BackgroundTask(shutil.rmtree, tmp))

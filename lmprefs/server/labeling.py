@@ -1,0 +1,175 @@
+"""The labeler's routes: signing in and out, the labeling page, an answer, and undo.
+
+Endpoints are sync functions: Starlette runs them in its thread pool and the store gives each thread its own SQLite
+connection; each answer is one `add_label` transaction, and only the item leased to the labeler may be answered,
+once: a replayed or raced second answer is a 409 that changes nothing.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Annotated
+
+from fastapi import Depends, Form, HTTPException, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from lmprefs.config import label_type_shape
+from lmprefs.labels.store import DuplicateLabelError, token_hash
+from lmprefs.server.pages import ITEM_ID, State, form_item_id, render, state
+from lmprefs.server.queue import display_order
+from lmprefs.server.security import (
+    LOGIN_COOKIE,
+    SESSION_COOKIE,
+    NotSignedIn,
+    User,
+    client_of,
+    cookie_name,
+    cross_site,
+    csrf_checked,
+    delete_cookie,
+    same,
+    set_cookie,
+    signed_in,
+)
+
+
+def login_page(
+    request: Request, status: int = 200, error: str | None = None, resume: int | None = None
+) -> HTMLResponse:
+    form_token = secrets.token_urlsafe(32)
+    response = render(request, "login.html", status, csrf=form_token, error=error, resume=resume)
+    set_cookie(response, request, LOGIN_COOKIE, form_token, max_age=3600)
+    return response
+
+
+def index(user: Annotated[User, Depends(signed_in)]) -> Response:
+    return RedirectResponse("/label", 303)
+
+
+def login_form(request: Request) -> Response:
+    try:
+        signed_in(request)
+        return RedirectResponse("/label", 303)
+    except NotSignedIn:
+        return login_page(request)
+
+
+def login(
+    request: Request,
+    token: Annotated[str, Form(max_length=200)],
+    csrf: Annotated[str, Form(max_length=100)] = "",
+    resume: Annotated[str, Form(max_length=20)] = "",
+) -> Response:
+    st = state(request)
+    resume_id = int(resume) if ITEM_ID.fullmatch(resume) else None
+    if cross_site(request) or not same(csrf, request.cookies.get(cookie_name(request, LOGIN_COOKIE))):
+        return login_page(request, 403, "The sign-in form expired or came from another site; please try again.",
+                          resume_id)  # fmt: skip
+    wait = st.throttle.wait(client_of(request))
+    if wait:
+        return login_page(request, 429, f"Too many wrong tokens from your address; try again in {wait:.0f} s.",
+                          resume_id)  # fmt: skip
+    labeler = st.store.labeler_for_token(token.strip())
+    if labeler is None:
+        st.throttle.failed(client_of(request))
+        return login_page(request, 401, "That token is not valid. Ask an admin for one (lmprefs labelers add).",
+                          resume_id)  # fmt: skip
+    st.sessions.close(request.cookies.get(cookie_name(request, SESSION_COOKIE)))  # a fresh id each sign-in
+    session = st.sessions.open(labeler.id, token_hash(token.strip()), st.store.store_id)
+    if resume_id is not None and st.queue.take(labeler.name, resume_id):
+        session.flash = f"Signed in again: here is item {resume_id}, whose answer was not saved. Please answer again."
+    response = RedirectResponse("/label", 303)
+    set_cookie(response, request, SESSION_COOKIE, session.sid)
+    delete_cookie(response, request, LOGIN_COOKIE)
+    return response
+
+
+def logout(request: Request, user: Annotated[User, Depends(csrf_checked)]) -> Response:
+    state(request).sessions.close(user.session.sid)
+    response = RedirectResponse("/login", 303)
+    delete_cookie(response, request, SESSION_COOKIE)
+    return response
+
+
+def _last_answer(st: State, user: User) -> tuple[int, int, float] | None:
+    """(label id, item id, seconds left to undo it) of the labeler's latest web answer, if still undoable."""
+    row = st.store.last_answer(user.id, source="web")
+    if row is None or time.time() - row[2] >= st.undo_seconds:
+        return None
+    return row[0], row[1], st.undo_seconds - (time.time() - row[2])
+
+
+def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> HTMLResponse:
+    st = state(request)
+    item = st.queue.current(user.name)
+    flash, user.session.flash = user.session.flash, None
+    progress = st.queue.progress(user.id, user.name)
+    options, redo, undo = [], False, _last_answer(st, user)
+    if item is not None:
+        order = _order(st, user.name, item.id, len(item.samples))
+        options = [(position, item.samples[k]) for position, k in enumerate(order)]
+        lease = st.queue.lease(user.name)
+        redo = bool(lease and lease.redo and lease.item_id == item.id)
+        if undo and undo[1] == item.id:
+            undo = None  # already answering it again
+    return render(request, "label.html", user=user, csrf=user.session.csrf, item=item, options=options,
+                  progress=progress, flash=flash, redo=redo, undo=undo)  # fmt: skip
+
+
+def _order(st: State, labeler: str, item_id: int, n: int) -> list[int]:
+    return display_order(st.store.store_id, labeler, item_id, n) if st.shuffle else list(range(n))
+
+
+def submit_label(
+    request: Request,
+    user: Annotated[User, Depends(csrf_checked)],
+    item_id: Annotated[str, Form(max_length=20)],
+    choice: Annotated[str, Form(min_length=1, max_length=8)],
+    note: Annotated[str, Form(max_length=1000)] = "",
+) -> Response:
+    st = state(request)
+    item_id = form_item_id(item_id)
+    item = st.store.get_item(item_id)
+    if item is None:
+        raise HTTPException(404, f"There is no item {item_id}.")
+    value_field, n = label_type_shape(item.label_type)
+    if value_field != "best":
+        raise HTTPException(422, f"Item {item_id} is a {item.label_type} question; this page answers best-of-N only.")
+    kind, position = (choice, None) if choice in ("skip", "flag") else ("label", None)
+    if kind == "label":
+        if not (choice.isascii() and choice.isdigit()) or not 0 <= int(choice) < n:  # "٣".isdigit() is True
+            raise HTTPException(422, f"choice={choice!r} must be 0..{n - 1}, 'skip' or 'flag' for item {item_id}.")
+        position = int(choice)
+    lease = st.queue.claim(user.name, item_id)  # first come, first served: a raced second post gets None
+    if lease is None:
+        if st.queue.answered(item_id, user.name):
+            raise HTTPException(409, f"You already answered item {item_id}; that answer stands.")
+        raise HTTPException(409, f"Item {item_id} is not the question you were shown (it was not saved). "
+                                 "Open the labeling page for your current question.")  # fmt: skip
+    order = _order(st, user.name, item_id, n)
+    best = order[position] if position is not None else None  # displayed position -> stored sample
+    saved = False
+    seconds = round(time.time() - lease.shown_at, 3)  # time on task: from when the item was first shown
+    try:
+        st.store.add_label(item_id, user.name, best=best, kind=kind, note=note.strip() or None, source="web",
+                           shown=order, seconds=seconds, replace=lease.redo)  # fmt: skip
+        saved = True
+    except DuplicateLabelError:
+        raise HTTPException(409, f"You already answered item {item_id}; that answer stands.") from None
+    finally:
+        st.queue.finish(user.name, item_id, saved)
+    done = {"label": f"picked option {(position or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
+    user.session.flash = f"{'Changed' if lease.redo else 'Saved'}: item {item_id} {done}."
+    return RedirectResponse("/label", 303)
+
+
+def undo(request: Request, user: Annotated[User, Depends(csrf_checked)]) -> Response:
+    st = state(request)
+    last = _last_answer(st, user)
+    if last is None:
+        raise HTTPException(409, f"There is no answer of yours from the last {st.undo_seconds:.0f} s to undo.")
+    if not st.queue.take(user.name, last[1], redo=True):
+        raise HTTPException(409, f"Item {last[1]} was retired by an admin; its answer cannot be changed.")
+    user.session.flash = f"Answer item {last[1]} again: your new answer replaces the earlier one."
+    return RedirectResponse("/label", 303)
