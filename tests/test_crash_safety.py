@@ -298,3 +298,57 @@ def test_a_second_process_on_a_run_directory_is_refused_and_told_who_holds_it(tm
 
     with run_lock(d):  # a killed holder leaves no lock behind
         pass
+
+
+# -- 8. a run killed before its first checkpoint, at any point, can be resumed -------------------------------------
+
+
+def test_a_run_killed_while_its_reward_model_trains_resumes_and_logs_each_step_once(tmp_path, monkeypatch):
+    db = tmp_path / "labels.sqlite"
+    assert main(["label", "tiny", "--db", str(db), "--n", "40"]) == 0
+    args = TINY + ["--db", str(db), "--ppo.total-episodes", str(16 * 2), "--run.log-interval", "1"]
+    full, d = tmp_path / "full", tmp_path / "killed"
+    assert main(args + ["--run-dir", str(full)]) == 0
+    killed_in_process(monkeypatch, args + ["--run-dir", str(d)], "reward:logged@2")
+    assert [r["phase"] for r in read_jsonl(d / "metrics.jsonl")] == ["reward", "reward"]
+    assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 0
+    assert_same_run(d, full)  # the reward model trained again from its start, its rows logged once
+
+
+def test_a_run_killed_at_its_first_writes_starts_again_and_leaves_no_temporary_files(tmp_path, vader_run):
+    d = tmp_path / "run"
+    crashed(VADER + ["--run-dir", str(d)], "atomic-write:run.json")
+    assert (d / "config.json").is_file() and not (d / "run.json").exists() and list(d.glob("run.json.tmp-*"))
+    assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 2  # how it was started is unknown
+    assert main(VADER + ["--run-dir", str(d)]) == 0  # but nothing was trained: it starts again in place
+    assert metrics(d) == metrics(vader_run) and not list(d.rglob("*.tmp-*"))
+
+
+def test_a_finished_run_resumed_trains_nothing_and_publishes_nothing_again(tmp_path, vader_run, capsys):
+    from lmprefs.io.publish import versions
+
+    d = tmp_path / "run"
+    shutil.copytree(vader_run, d, symlinks=True)
+    before = versions(d / "policy")
+    capsys.readouterr()
+    assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "finished all 4 updates already" in out and "nan" not in out
+    assert versions(d / "policy") == before and metrics(d) == metrics(vader_run)
+
+
+def test_a_checkpoint_whose_state_is_of_another_update_is_set_aside_for_the_previous_one(tmp_path, vader_run, capsys):
+    from lmprefs.io.publish import sha256_file, versions
+
+    d = tmp_path / "run"
+    shutil.copytree(vader_run, d, symlinks=True)
+    newest, previous = versions(d / "checkpoint")
+    shutil.copy(previous / "state.pt", newest / "state.pt")  # update 3's state beside update 4's manifest...
+    manifest = json.loads((newest / "manifest.json").read_text())
+    manifest["files"]["state.pt"] = sha256_file(newest / "state.pt")  # ...which lists it as its own
+    (newest / "manifest.json").write_text(json.dumps(manifest))
+    capsys.readouterr()
+    assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 0
+    assert "passing over a damaged version" in capsys.readouterr().out
+    assert newest.with_name(newest.name + ".damaged").is_dir()
+    assert_same_run(d, vader_run)  # update 4 redone from update 3's checkpoint

@@ -229,3 +229,25 @@ def test_mock_sentiment_label_count_beyond_the_store_is_refused(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith("lmprefs") and "--labels 100000: the label store can provide at most" in err, err
     assert len(err.splitlines()) == 1 and not run_dir.exists()
+
+
+def test_an_arm_killed_while_its_reward_model_trains_is_resumed_by_rerunning_the_experiment(tmp_path, monkeypatch):
+    from lmprefs.io import atomic
+
+    class Killed(BaseException):
+        pass
+
+    def crash(at: str) -> None:
+        if at == "reward:logged":
+            raise Killed(at)
+
+    run_dir = tmp_path / "exp"
+    args = ["experiment", "mock-sentiment", *TINY, "--labels", "16", "--run-dir", str(run_dir), "--eval-queries", "4",
+            "--labels.heldout-fraction", "0.2", "--ppo.total-episodes", "16"]  # fmt: skip
+    monkeypatch.setattr(atomic, "crash_hook", crash)
+    with pytest.raises(Killed):
+        main(args)
+    monkeypatch.undo()
+    assert (run_dir / "rm-16" / "run.json").is_file() and not (run_dir / "rm-16" / "reward_model").exists()
+    assert main(args) == 0
+    assert {"rm-16", "direct"} <= set(json.loads((run_dir / "results.json").read_text()))

@@ -161,3 +161,22 @@ def test_a_killed_sft_run_resumes_to_the_same_model(sft_run, tmp_path, monkeypat
     losses = [(r["step"], r["sft/loss"]) for r in read_jsonl(run / "metrics.jsonl") if "sft/loss" in r]
     full = [(r["step"], r["sft/loss"]) for r in read_jsonl(sft_run / "run" / "metrics.jsonl") if "sft/loss" in r]
     assert losses == full
+
+
+def test_a_sft_run_killed_after_logging_past_its_checkpoint_logs_each_step_once(sft_run, tmp_path, monkeypatch):
+    from lmprefs.io import atomic
+
+    def die_at_step_11(at: str, rows=[]) -> None:  # noqa: B006 (counts arrivals across calls)
+        if at == "sft:logged":
+            rows.append(at)
+            if len(rows) == 12:  # steps 0..11 logged; the last checkpoint holds 10 steps
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "crash_hook", die_at_step_11)
+    run = tmp_path / "run"
+    args = ["train-sft", "tiny", "--sft.data", str(sft_run / "pairs.jsonl"), "--run-dir", str(run), *ARGS]
+    assert main(args + ["--run.log-interval", "1"]) == 130
+    monkeypatch.setattr(atomic, "crash_hook", None)
+    assert main(["train-sft", "tiny", "--run-dir", str(run), "--resume"]) == 0
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "sft/loss" in r]
+    assert steps == list(range(16))  # steps 10 and 11 logged again by the resumed run, each once

@@ -127,3 +127,19 @@ def test_label_train_reward_and_score_commands(tmp_path, capsys):
     assert main(["score", "--reward-model", str(tmp_path)]) == 2
     assert "not a reward-model directory" in capsys.readouterr().err
     assert main(["train-reward", "tiny", "--db", str(tmp_path / "none.sqlite")]) == 2
+
+
+def test_a_store_of_another_label_type_is_refused_before_anything_is_written(tmp_path, capsys):
+    import json
+
+    pairs, db = tmp_path / "pairs.jsonl", str(tmp_path / "l.sqlite")
+    pairs.write_text("".join(json.dumps({"prompt": f"q{i}", "chosen": "a good one", "rejected": "a bad one"}) + "\n"
+                             for i in range(8)))  # fmt: skip
+    assert main(["import-labels", str(pairs), "--db", db]) == 0  # TRL pairs: best_of_2, the tiny preset best_of_4
+    for cmd in ("train-reward", "train-policy"):
+        run_dir = tmp_path / cmd
+        capsys.readouterr()
+        assert main([cmd, "tiny", "--db", db, "--run-dir", str(run_dir)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "holds best_of_2 labels, not labels.type=best_of_4" in err, err
+        assert "--labels.type best_of_2" in err and not run_dir.exists()

@@ -36,14 +36,22 @@ def test_writing_prompts_pipeline_end_to_end_and_resumed(tmp_path, monkeypatch, 
     class Killed(BaseException):
         pass
 
-    def crash(at: str) -> None:
-        if at == "writing:reward":
-            raise Killed(at)
+    def crash_at(point: str):
+        def crash(at: str) -> None:
+            if at == point:
+                raise Killed(at)
 
-    monkeypatch.setattr(atomic, "crash_hook", crash)
+        return crash
+
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("reward:logged"))
+    with pytest.raises(Killed):  # killed while the reward model trains: stage 3 starts over on the next run
+        main(args)
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("writing:reward"))
     with pytest.raises(Killed):  # killed once the reward model is done
         main(args)
     monkeypatch.undo()
+    steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "train_reward/minibatch/loss" in r]
+    assert steps and len(steps) == len(set(steps))  # the retrained reward model's rows, each step once
     results = json.loads((run_dir / "results.json").read_text())
     assert list(results) == ["data", "sft", "reward"]
     sft_version, rm_version = (run_dir / "sft" / "sft_model").resolve(), (run_dir / "reward_model").resolve()

@@ -170,6 +170,8 @@ def experiment_setup(run_dir: Path, preset_name: str, pairs, flags: dict, given:
                         "with its own command line, or choose another --run-dir")  # fmt: skip
     check_runnable(cfg)
     saved = json.loads(args_file.read_text()) if args_file.exists() else {}
+    if not args_file.exists():  # stopped between its two files: the flags of this command line are its own
+        atomic_write_text(args_file, json.dumps(flags))
     changed = [k for k in flags if k in given and k in saved and flags[k] != saved[k]]
     if fixed and changed:
         k = changed[0]

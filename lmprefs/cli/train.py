@@ -18,7 +18,7 @@ def cmd_train_reward(argv: list[str]) -> int:
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
     from lmprefs.pipeline.labeling import label_source
-    from lmprefs.pipeline.reward_model import train_reward_model
+    from lmprefs.pipeline.reward_model import train_reward_model, training_labels
     from lmprefs.pipeline.task import setup_task
     from lmprefs.runtime import distributed as dist
     from lmprefs.runtime.runlog import open_logger
@@ -26,9 +26,13 @@ def cmd_train_reward(argv: list[str]) -> int:
     cfg = resolve_config(a.preset, pairs, a.config)
     run_dir = run_dir_for(a.run_dir, cfg, "train-reward", a.preset)
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
+    t = setup_task(cfg)
+    labels = training_labels(t, store)  # a store that cannot train is refused before the run directory is made
     log = open_logger(run_dir, cfg)
-    _, summary = train_reward_model(setup_task(cfg), store, run_dir / "reward_model", log)
-    log.close()
+    try:
+        _, summary = train_reward_model(t, store, run_dir / "reward_model", log, labels=labels)
+    finally:
+        log.close()
     if not dist.is_main():
         return 0
     print(f"reward model: {run_dir / 'reward_model'}")
@@ -56,7 +60,7 @@ def cmd_train_sft(argv: list[str]) -> int:
     a = p.parse_args(argv)
     from lmprefs.io.locks import run_lock
     from lmprefs.runtime.runlog import RunLogger
-    from lmprefs.training.sft import checkpoint_step, read_pairs, train_sft
+    from lmprefs.training.sft import checkpoint_step, read_pairs, resume_log_step, train_sft
 
     if a.resume:
         if not a.run_dir or pairs:
@@ -77,7 +81,7 @@ def cmd_train_sft(argv: list[str]) -> int:
         step = checkpoint_step(run_dir) if a.resume else None
         if a.resume and step is None:
             raise UserError(f"{run_dir} has no SFT checkpoint to resume")
-        log = RunLogger(run_dir, cfg, resume_step=step, resume_phase="sft")
+        log = RunLogger(run_dir, cfg, resume_step=resume_log_step(run_dir) if a.resume else None, resume_phase="sft")
         try:
             s = train_sft(cfg, run_dir / "sft_model", log, run_dir=run_dir, resume=a.resume)
         finally:

@@ -6,6 +6,7 @@ goes to a temporary sibling, is fsynced, and replaces the file with os.replace.
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from collections.abc import Callable
@@ -44,7 +45,8 @@ def fsync_dir(d: Path) -> None:
 def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
+    _remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -55,3 +57,22 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _remove_stale_temporaries(path: Path) -> None:
+    """Delete the temporary siblings of `path` whose writer was killed before its rename (NAME.tmp-PID-XXXXXXXX with
+    no process PID); a live writer's are left alone."""
+    for f in path.parent.glob(f"{glob.escape(path.name)}.tmp-*"):
+        pid = f.name[len(path.name) + len(".tmp-"):].partition("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            f.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

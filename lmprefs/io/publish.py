@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from lmprefs.errors import UserError
@@ -123,10 +124,12 @@ def verify(d: Path) -> dict:
     return manifest
 
 
-def latest_good(out: Path, announce=print) -> tuple[Path, dict] | None:
+def latest_good(out: Path, announce=print, check: Callable[[Path, dict], None] | None = None
+                ) -> tuple[Path, dict] | None:  # fmt: skip
     """(newest version of `out` that verifies, its manifest), announcing each damaged one passed over and renaming
     it NAME.NNNNNN.damaged; None when there is no version at all. Raises DamagedDirectory when versions exist but
-    none verifies. Call it holding the run's lock."""
+    none verifies. `check(version, manifest)` may raise DamagedDirectory for what the manifest cannot see (files
+    whose contents disagree with each other). Call it holding the run's lock."""
     out = Path(out)
     candidates = versions(out)
     if not candidates and out.is_dir():  # written before versions existed
@@ -135,6 +138,8 @@ def latest_good(out: Path, announce=print) -> tuple[Path, dict] | None:
     for v in candidates:
         try:
             manifest = verify(v)
+            if check is not None:
+                check(v, manifest)
         except DamagedDirectory as e:
             problems.append(str(e))
             damaged.append(v)
@@ -148,20 +153,5 @@ def latest_good(out: Path, announce=print) -> tuple[Path, dict] | None:
         raise DamagedDirectory(f"no usable {out.name}: {problems[0]}" + (f" (and {len(problems) - 1} more)"
                                                                         if len(problems) > 1 else ""))  # fmt: skip
     return None
-
-
-# --------------------------------------------------------------------------------------------------------------
-# The config a checkpoint was trained with
-
-
-
-
-
-
-
-
-
-# --------------------------------------------------------------------------------------------------------------
-# One process per run directory
 
 

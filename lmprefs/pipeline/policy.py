@@ -5,6 +5,7 @@ with checkpoints, and the checks that let a killed run resume (`run_train_policy
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 from lmprefs.config import Config
@@ -12,12 +13,14 @@ from lmprefs.config.diff import flat_config, math_changes
 from lmprefs.data.queries import QueryStream
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
+from lmprefs.io.config_file import save_config
 from lmprefs.io.locks import run_lock
 from lmprefs.models.lora import add_adapter
 from lmprefs.models.policy import Policy
-from lmprefs.pipeline.labeling import open_store
+from lmprefs.pipeline.labeling import label_source, open_store
 from lmprefs.pipeline.online import OnlineRewards, online_summary
-from lmprefs.pipeline.rewards import reward_for_policy, reward_function, track_true_reward
+from lmprefs.pipeline.reward_model import training_labels
+from lmprefs.pipeline.rewards import reward_for_policy, reward_function, track_true_reward, trains_reward_model
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger
@@ -65,69 +68,55 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     """online: judgments are requested from the current policy during training and the reward model is retrained.
     resume without a checkpoint starts the run over in the same directory. changes: with resume, continue a run
     the andon cord stopped from its last good checkpoint with this changed config ('key old -> new' lines)."""
-    import json
-
-    meta_path = run_dir / "run.json"  # what the command line chose beyond the config, so --resume repeats it
-    found, andon = None, {}
-    if resume:
-        meta = resume_meta(run_dir, reward=reward, online=online, labeler=labeler, store_path=store_path,
-                           preset=preset)  # fmt: skip
-        reward, online, labeler, store_path = meta["reward"], meta["online"], meta.get("labeler"), meta.get("store")
-        found = find_checkpoint(run_dir)
-        andon = check_andon(run_dir, found, changes)
-        if found is not None and changes is None:
-            diff = math_changes(found[1].get("config", {}), flat_config(cfg))
-            if diff:
-                raise UserError(f"--resume: {run_dir}/config.json differs from the config its checkpoint was trained "
-                                f"with ({'; '.join(diff[:3])}); restore it, or start a new --run-dir")  # fmt: skip
-        if found is None:
-            print(f"{run_dir} has no checkpoint yet: starting the run over from update 0", flush=True)
-    else:
-        held = [n for n in ("run.json", "metrics.jsonl", "checkpoint") if (run_dir / n).exists()]
-        if held:
-            raise UserError(f"{run_dir} already holds a run ({held[0]}); pass --resume to continue it or choose "
-                            "another --run-dir")  # fmt: skip
-        meta = {}
+    meta, found, andon = _start(cfg, run_dir, resume, changes, reward=reward, online=online, labeler=labeler,
+                                store=store_path, preset=preset)  # fmt: skip
+    reward, online, labeler, store_path = meta["reward"], meta["online"], meta.get("labeler"), meta.get("store")
     dist.barrier()  # every rank has checked the run directory before rank 0 writes into it
     t = t or setup_task(cfg)
-    hooks, extras = [], {}
     if online and dist.world() > 1:
         raise UserError(f"--online runs in one process for now; launch it without torchrun ({dist.world()} ranks)")
+    if online and reward != "model":
+        raise UserError(f"--online learns a reward model from judgments; it cannot use --reward {reward}")
+    store, labels = store_path, None
+    if not online and trains_reward_model(cfg, reward, found is not None):
+        # the labels are checked before anything is written: a store that cannot train leaves no run behind
+        store = label_source(store_path or cfg.labels.source or "labels.sqlite")
+        labels = training_labels(t, store)
+    if dist.is_main():  # before any training, so that a run killed while its reward model trains can be resumed
+        save_config(cfg, run_dir / "config.json")  # first: `--resume` reads it, and a run.json implies it
+        atomic_write_text(run_dir / "run.json", json.dumps(meta))
+    hooks, extras = [], {}
     if online:
-        if reward and reward != "model":
-            raise UserError(f"--online learns a reward model from judgments; it cannot use --reward {reward}")
         run_dir.mkdir(parents=True, exist_ok=True)
         store_path = str(Path(store_path or cfg.labels.source or run_dir / "labels.sqlite").resolve())
         onl = OnlineRewards(t, open_store(store_path), run_dir, labeler)
         onl.start(found is not None)
-        score_fn, info, reward = onl.score, {"reward": "model", "store": store_path}, "model"
+        score_fn, info = onl.score, {"reward": "model", "store": store_path}
         hooks.append(onl.on_update)
         extras["online"] = onl
     else:
-        score_fn, info = reward_for_policy(t, run_dir, reward, store_path, found is not None)
+        score_fn, info = reward_for_policy(t, run_dir, reward, store, found is not None, labels)
         if "state" in info:
             extras["reward"] = info.pop("state")
     if true_reward:
         # a built-in judge or the user's module:function, as --reward takes them
         score_fn, track = track_true_reward(score_fn, reward_function(true_reward)[1], t.tok, t.prefix, t.suffix)
         hooks.append(track)
-    policy = policy_for(t)
-    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
+    run = build_run(cfg, policy_for(t), QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()),
+                    t.device)  # fmt: skip
     run.extras.update(extras)
     if found is not None:
         load_checkpoint(run, run_dir, found)
         if dist.is_main():
             print(f"resuming {run_dir} at update {run.update}/{cfg.ppo.num_updates}", flush=True)
     log = open_logger(run_dir, cfg, resume_step=run.update if resume else None)
-    if not resume and dist.is_main():
-        meta = {"reward": reward or "model", "online": online, "labeler": labeler, "preset": preset,
-                "store": str(Path(store_path).resolve()) if store_path else None}  # fmt: skip
-        atomic_write_text(meta_path, json.dumps(meta | {k: v for k, v in info.items() if isinstance(v, str)}))
-    # continuing after an andon stop: what stopped it and what was changed, for the record (rank 0 writes it)
-    if changes is not None and dist.is_main():
-        meta.setdefault("continued_after_andon", []).append({**andon, "resumed_at": run.update, "changes": changes})
-        atomic_write_text(meta_path, json.dumps(meta))
-        (run_dir / "ANDON").unlink(missing_ok=True)
+    if dist.is_main():
+        meta |= {k: v for k, v in info.items() if isinstance(v, str)}
+        if changes is not None:  # continuing after an andon stop: what stopped it and what changed, for the record
+            record = {**andon, "resumed_at": run.update, "changes": changes}
+            meta.setdefault("continued_after_andon", []).append(record)
+            (run_dir / "ANDON").unlink(missing_ok=True)
+        atomic_write_text(run_dir / "run.json", json.dumps(meta))
     try:
         stats = train_policy(cfg, run, score_fn, log, run_dir, t.ctx,
                              lambda r, st: [h(r, st) for h in hooks])  # fmt: skip
@@ -138,15 +127,38 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     return {"stats": stats, **info, "run": run, "task": t}
 
 
-def resume_meta(run_dir: Path, *, reward, online, labeler, store_path, preset) -> dict:
+def _start(cfg: Config, run_dir: Path, resume: bool, changes: list[str] | None, **given) -> tuple[dict, object, dict]:
+    """(run.json's choices, the checkpoint to resume or None, the andon record) after the checks of a start or a
+    resume: a new run may not overwrite one, and a resumed one keeps what it was started with."""
+    store = given["store"]
+    asked = {"reward": given["reward"] or "model", "online": given["online"], "labeler": given["labeler"],
+             "preset": given["preset"], "store": str(Path(store).resolve()) if store else None}  # fmt: skip
+    if not resume:
+        held = [n for n in ("run.json", "metrics.jsonl", "checkpoint") if (run_dir / n).exists()]
+        if held:
+            raise UserError(f"{run_dir} already holds a run ({held[0]}); pass --resume to continue it or choose "
+                            "another --run-dir")  # fmt: skip
+        return asked, None, {}
+    if not (run_dir / "run.json").is_file():
+        raise UserError(f"--resume: {run_dir} holds no train-policy run (no run.json: it stopped before it recorded "
+                        "how it was started); start it again without --resume")  # fmt: skip
+    meta = resume_meta(run_dir, **given)
+    found = find_checkpoint(run_dir)
+    andon = check_andon(run_dir, found, changes)
+    if found is not None and changes is None:
+        diff = math_changes(found[1].get("config", {}), flat_config(cfg))
+        if diff:
+            raise UserError(f"--resume: {run_dir}/config.json differs from the config its checkpoint was trained "
+                            f"with ({'; '.join(diff[:3])}); restore it, or start a new --run-dir")  # fmt: skip
+    if found is None:
+        print(f"{run_dir} has no checkpoint yet: starting the run over from update 0", flush=True)
+    return meta, found, andon
+
+
+def resume_meta(run_dir: Path, *, reward, online, labeler, store, preset) -> dict:
     """run.json of the run to resume, after refusing command-line choices that differ from what it was started
     with (they would change what it computes); says what it ignores."""
-    import json
-
-    path = run_dir / "run.json"
-    if not path.is_file():
-        raise UserError(f"--resume: {run_dir} holds no train-policy run (no run.json); start without --resume")
-    meta = json.loads(path.read_text())
+    meta = json.loads((run_dir / "run.json").read_text())
     if meta.get("reward") == "online":  # run.json of an older lmprefs
         meta["reward"], meta["online"] = "model", True
     meta["online"] = bool(meta.get("online"))
@@ -155,9 +167,9 @@ def resume_meta(run_dir: Path, *, reward, online, labeler, store_path, preset) -
                         "--run-dir")  # fmt: skip
     given = {"--reward": reward, "preset": preset}
     if meta["online"]:
-        given |= {"--labeler": labeler, "--db": str(Path(store_path).resolve()) if store_path else None}
-    elif store_path and str(Path(store_path).resolve()) != meta.get("store"):
-        print(f"--resume: ignoring --db {store_path} (the run's reward model is reused)", flush=True)
+        given |= {"--labeler": labeler, "--db": str(Path(store).resolve()) if store else None}
+    elif store and str(Path(store).resolve()) != meta.get("store"):
+        print(f"--resume: ignoring --db {store} (the run's reward model is reused)", flush=True)
     saved = {"--reward": meta.get("reward"), "preset": meta.get("preset"), "--labeler": meta.get("labeler"),
              "--db": meta.get("store")}  # fmt: skip
     for flag, value in given.items():
@@ -170,8 +182,6 @@ def resume_meta(run_dir: Path, *, reward, online, labeler, store_path, preset) -
 def check_andon(run_dir: Path, found, changes: list[str] | None) -> dict:
     """The andon record of a run the cord stopped ({} if none); refuses to resume it unless told to continue
     from the last good state with a changed config."""
-    import json
-
     path = run_dir / "ANDON"
     andon = json.loads(path.read_text()) if path.is_file() else {}
     if andon and changes is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -22,8 +23,9 @@ from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.trunk import frozen_depth
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
-from lmprefs.runtime.runlog import progress
+from lmprefs.runtime.runlog import open_logger, progress
 from lmprefs.training.reward import (
+    Comparisons,
     evaluate,
     examples_to_comparisons,
     normalize,
@@ -38,6 +40,13 @@ from lmprefs.training.reward import (
 PREFIX_CACHE_BYTES = 4 << 30  # reward-model training keeps the frozen blocks' outputs of all labels up to this size
 
 
+def reward_logger(run_dir: Path, cfg: Config):
+    """The logger of a reward model trained in a run directory. A reward model is trained again from its start after
+    a kill, so the rows of phase "reward" an earlier attempt logged are dropped first: the log holds each step once."""
+    again = (Path(run_dir) / "metrics.jsonl").exists()
+    return open_logger(run_dir, cfg, resume_step=-1 if again else None, resume_phase="reward")
+
+
 def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_items: set[int] = frozenset()):
     """Every label of labels.type in the store (but those on `exclude_items`), as tensors in `tok`'s ids (the caller
     splits off held-out labels and keeps labels.num_train); per-response scores as they are, or compared within each
@@ -48,9 +57,13 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
     examples = store.labeled_examples(cfg.labels.type, tokenizer=tokenizer_id(tok))
     examples = [e for e in examples if e.item_id not in exclude_items]
     if not examples:
+        others = [x for x in store.label_types() if x != cfg.labels.type]
+        if others:
+            raise UserError(f"the label store holds {', '.join(others)} labels, not labels.type={cfg.labels.type}; "
+                            f"train on them with --labels.type {others[0]}")  # fmt: skip
         how = "import-labels --format scores" if cfg.labels.type == "scalar_rating" else "lmprefs label"
-        raise UserError(f"the label store holds no {cfg.labels.type} labels; run `{how}` or import a file with "
-                        "--labels")  # fmt: skip
+        raise UserError(f"the label store holds no {cfg.labels.type} labels; run `{how}` or `lmprefs import-labels "
+                        "FILE`")  # fmt: skip
     examples, by_labeler = select_labelers(examples, store, cfg.labels.min_gold_accuracy)
     if report is not None:
         report.update(by_labeler)
@@ -72,14 +85,22 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
     return data
 
 
-def train_reward_model(t: Task, store, out_dir: Path, log=None,
-                       exclude_items: set[int] = frozenset()) -> tuple[object, dict]:  # fmt: skip
-    """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
-    -> (rm, summary). Held out (`heldout_labels`): by labels.heldout_by, the items of an imported split other than
-    `train`, and the items (per-response scores: the prompts) whose hash of (run.seed, item id or prompt) falls under
-    labels.heldout_fraction; summary["heldout/split"] names which.
-    `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches')."""
+@dataclass
+class TrainingLabels:
+    """The labels a reward model trains on and is evaluated on."""
 
+    train: Comparisons
+    held: Comparisons
+    split: str  # how the held-out labels were chosen (summary["heldout/split"])
+    by_labeler: dict
+
+
+def training_labels(t: Task, store, exclude_items: set[int] = frozenset()) -> TrainingLabels:
+    """The store's labels split for training. Held out (`heldout_labels`): by labels.heldout_by, the items of an
+    imported split other than `train`, and the items (per-response scores: the prompts) whose hash of (run.seed, item
+    id or prompt) falls under labels.heldout_fraction. Every refusal of a store that cannot train a reward model is
+    raised here, so a command can call it before it writes anything.
+    `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches')."""
     cfg = t.cfg
     by_labeler: dict = {}
     data = load_examples(cfg, store, t.tok, by_labeler, exclude_items)
@@ -91,6 +112,16 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None,
     if len(train) == 0:
         raise UserError(f"no labels left for training: all {len(data)} are held out ({measured}; labels.heldout_by="
                         f"{cfg.labels.heldout_by}, heldout_fraction {cfg.labels.heldout_fraction})")  # fmt: skip
+    return TrainingLabels(train, held, measured, by_labeler)
+
+
+def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: set[int] = frozenset(),
+                       labels: TrainingLabels | None = None) -> tuple[object, dict]:  # fmt: skip
+    """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
+    -> (rm, summary). `labels`: training_labels(t, store, exclude_items), when the caller has them already."""
+    cfg = t.cfg
+    labels = labels or training_labels(t, store, exclude_items)
+    held, train, measured, by_labeler = labels.held, labels.train, labels.split, labels.by_labeler
     lt = training_label_type(cfg)
     t0 = time.time()
     rm = reward_frame(t)

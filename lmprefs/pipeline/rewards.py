@@ -7,16 +7,16 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.config import Config
 from lmprefs.data.tasks import decode, query_texts
 from lmprefs.errors import UserError
 from lmprefs.labels.labelers import SCORE_FNS, score_fn, score_texts
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
 from lmprefs.pipeline.labeling import label_source
-from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
+from lmprefs.pipeline.reward_model import RewardState, TrainingLabels, reward_frame, reward_logger, train_reward_model
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
-from lmprefs.runtime.runlog import open_logger
 from lmprefs.training.reward import normalization_samples
 from lmprefs.training.rollout import rm_score_fn, text_score_fn
 
@@ -46,12 +46,17 @@ def reward_function(reward) -> tuple[str, object]:
     return reward, fn
 
 
-def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, resume: bool, log=None):
+def trains_reward_model(cfg: Config, reward, resume: bool) -> bool:
+    """Whether reward_for_policy will train a reward model from the label store."""
+    return reward in (None, "model") and not cfg.rewards.trained_model and not resume
+
+
+def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, labels: TrainingLabels | None = None):
     """The score function PPO optimizes: a reward function (`--reward vader`, `--reward module:function`, a
     callable), a trained reward model (rewards.trained_model, or this run's reward_model/ when resuming), or a new
-    one trained from the store. With LoRA a reward model trained in this run is an adapter on the policy's base;
-    info["state"] is its RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the
-    checkpoint fills."""
+    one trained from `store` (a LabelStore, or a path for label_source; `labels`: its training_labels, if checked
+    already). With LoRA a reward model trained in this run is an adapter on the policy's base; info["state"] is its
+    RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the checkpoint fills."""
 
     cfg = t.cfg
     if reward is not None and reward != "model":
@@ -83,16 +88,14 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
         if cfg.run.parallel == "fsdp":  # scored through its forward: FSDP gathers a block at a time
             rm = parallel.wrap(rm, "fsdp", t.dtype)
         return rm_score_fn(rm), info
-    store = label_source(store_path or cfg.labels.source or "labels.sqlite")
-
+    if store is None or isinstance(store, str | Path):
+        store = label_source(str(store or cfg.labels.source or "labels.sqlite"))
     # a reward model trained here logs into the run directory (phase "reward"), as PPO does after it; rank 0 only
-    own_log = log is None
-    log = open_logger(run_dir, cfg) if own_log else log
+    log = reward_logger(run_dir, cfg)
     try:
-        rm, summary = train_reward_model(t, store, rm_dir, log)
+        rm, summary = train_reward_model(t, store, rm_dir, log, labels=labels)
     finally:
-        if own_log:
-            log.close()
+        log.close()
     rm.freeze()
     info["reward_training"] = summary
     return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})

@@ -38,13 +38,13 @@ from lmprefs.models.artifacts import load_policy
 from lmprefs.models.sampling import sampler_options
 from lmprefs.pipeline.labeling import open_store
 from lmprefs.pipeline.policy import run_train_policy
-from lmprefs.pipeline.reward_model import train_reward_model
+from lmprefs.pipeline.reward_model import reward_logger, train_reward_model
 from lmprefs.pipeline.rewards import reward_function
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.recipes.quickstart import evaluate_policy
-from lmprefs.runtime.runlog import RunLogger, open_logger, progress
+from lmprefs.runtime.runlog import RunLogger, progress
 from lmprefs.training.reward import sample_comparisons
-from lmprefs.training.sft import checkpoint_step, train_sft
+from lmprefs.training.sft import checkpoint_step, resume_log_step, train_sft
 
 R = dataclasses.replace
 STAGES = ("data", "sft", "reward", "ppo", "evaluate")
@@ -173,7 +173,7 @@ def _sft_stage(stages: _Stages, cfg: Config, run_dir: Path) -> Path:
         print(f"[2/5] supervised baseline: {'resuming ' if resume else ''}train-sft on the top-scored response of "
               f"each prompt", flush=True)  # fmt: skip
         sft_run.mkdir(parents=True, exist_ok=True)
-        log = RunLogger(sft_run, sft_cfg, resume_step=checkpoint_step(sft_run) if resume else None,
+        log = RunLogger(sft_run, sft_cfg, resume_step=resume_log_step(sft_run) if resume else None,
                         resume_phase="sft")  # fmt: skip
         try:
             summary = train_sft(sft_cfg, sft_model, log, run_dir=sft_run, resume=resume)
@@ -191,7 +191,7 @@ def _reward_stage(stages: _Stages, cfg: Config, store, run_dir: Path, n_eval: in
     if stages.todo("reward"):
         s = time.time()
         print(f"[3/5] reward model from the scores (labels.scores_as={cfg.labels.scores_as})", flush=True)
-        log = open_logger(run_dir, cfg)
+        log = reward_logger(run_dir, cfg)
         try:
             _, summary = train_reward_model(setup_task(cfg, n_eval), store, rm_dir, log)
         finally:

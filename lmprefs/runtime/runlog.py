@@ -27,10 +27,9 @@ def default_run_dir(command: str, preset: str) -> Path:
     return Path("runs") / name
 
 
-def open_logger(run_dir: Path, cfg: Config, resume_step: int | None = None):
+def open_logger(run_dir: Path, cfg: Config, resume_step: int | None = None, resume_phase: str = "policy"):
     """A RunLogger on rank 0; on the other ranks one that writes nothing (they log the same reduced metrics)."""
-
-    return RunLogger(run_dir, cfg, resume_step) if is_main() else NullLogger()
+    return RunLogger(run_dir, cfg, resume_step, resume_phase) if is_main() else NullLogger()
 
 
 class NullLogger:

@@ -27,7 +27,7 @@ from lmprefs.io.atomic import atomic_write_text, crash_point
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import plain_copy, save_policy
 from lmprefs.runtime import distributed as dist
-from lmprefs.runtime.runlog import progress
+from lmprefs.runtime.runlog import progress, read_metrics
 from lmprefs.training.policy_checkpoint import save_checkpoint
 from lmprefs.training.policy_run import AndonStop, PolicyRun, ScoreFn, nonfinite_parameters
 from lmprefs.training.ppo import Rollout, ppo_update
@@ -92,6 +92,12 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
     n_updates, B = cfg.ppo.num_updates, cfg.ppo.batch_size
     if n_updates <= 0:
         raise UserError(f"ppo.total_episodes={cfg.ppo.total_episodes} is less than one batch ({B})")
+    if run.update >= n_updates and (Path(run_dir) / "policy").exists():
+        # a finished run resumed: its policy is published already; its last update's figures are its result
+        if dist.is_main():
+            print(f"{run_dir} finished all {n_updates} updates already: nothing to train", flush=True)
+        rows = read_metrics(Path(run_dir) / "metrics.jsonl") if (Path(run_dir) / "metrics.jsonl").exists() else []
+        return {k: v for k, v in rows[-1].items() if k not in ("phase", "step")} if rows else {}
     # each rank samples and updates on its share of the global batch, in nminibatches minibatches of its own
     B_rank = dist.split_global(B, "ppo.batch_size", cfg.ppo.nminibatches)
     model = parallel.wrap(run.policy, cfg.run.parallel)  # DDP (or FSDP, sharded in build_run) averages the gradients

@@ -10,7 +10,7 @@ import torch
 from lmprefs.config import Config
 from lmprefs.config.diff import config_meta
 from lmprefs.errors import UserError
-from lmprefs.io.publish import latest_good
+from lmprefs.io.publish import DamagedDirectory, latest_good
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import _save_policy, atomic_dir, plain_copy
 from lmprefs.models.lora import adapter_state
@@ -76,9 +76,16 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
 
 
 def find_checkpoint(run_dir: Path) -> tuple[Path, dict] | None:
-    """(newest checkpoint version that verifies, its manifest), or None when the run never saved one."""
+    """(newest checkpoint version that verifies, its manifest), or None when the run never saved one. A version whose
+    state is of another update than its manifest says is damaged too: set aside, and the one before it used."""
+    return latest_good(Path(run_dir) / "checkpoint", check=_state_of_its_update)
 
-    return latest_good(Path(run_dir) / "checkpoint")
+
+def _state_of_its_update(ckpt: Path, manifest: dict) -> None:
+    state = torch.load(ckpt / "state.pt", weights_only=True, mmap=True)
+    if state.get("update") != manifest.get("update"):
+        raise DamagedDirectory(f"{ckpt}: state.pt is of update {state.get('update')}, its manifest of "
+                               f"{manifest.get('update')}")  # fmt: skip
 
 
 def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | None = None) -> dict:
@@ -90,8 +97,6 @@ def load_checkpoint(run: PolicyRun, run_dir: Path, found: tuple[Path, dict] | No
         raise UserError(f"--resume: {run_dir} has no checkpoint")
     ckpt, manifest = found
     state = torch.load(ckpt / "state.pt", weights_only=True)
-    if state["update"] != manifest.get("update"):
-        raise UserError(f"{ckpt}: state.pt is of update {state['update']}, the manifest of {manifest.get('update')}")
     if run.policy.adapter:
         run.policy.lm.load_state_dict(load_file(ckpt / "adapters.safetensors"), strict=False)
         run.policy.value_head.load_state_dict(load_file(ckpt / "policy" / "value_head.safetensors"))

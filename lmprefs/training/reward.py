@@ -14,6 +14,7 @@ from torch import Tensor
 
 from lmprefs.config import Config, TaskConfig
 from lmprefs.data.tasks import PAD, TaskContext, truncate_responses
+from lmprefs.io.atomic import crash_point
 from lmprefs.models import parallel
 from lmprefs.models.loading import hidden_size
 from lmprefs.models.reward_model import RewardModel
@@ -327,6 +328,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx
                 raise FloatingPointError(f"reward-model training diverged at step {step}: {stats}")
             if log is not None and step % max(1, cfg.run.log_interval) == 0:
                 log.scalars(stats, epoch * n + start + len(idx), phase="reward")  # step: labels seen
+                crash_point("reward:logged")
             if bar is not None:
                 bar.update(len(idx))
             step += 1

@@ -24,6 +24,7 @@ from lmprefs.config import Config
 from lmprefs.config.diff import config_meta, math_changes
 from lmprefs.data.tasks import PAD
 from lmprefs.errors import UserError
+from lmprefs.io.atomic import crash_point
 from lmprefs.io.publish import latest_good
 from lmprefs.models.artifacts import atomic_dir
 from lmprefs.models.loading import load_lm, max_positions, vocab_size
@@ -130,10 +131,16 @@ def epoch_order(seed: int, epoch: int, n: int) -> Tensor:
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
-    """The step of the run's last good SFT checkpoint (None: no checkpoint)."""
-
+    """The steps done at the run's last good SFT checkpoint (None: no checkpoint)."""
     found = latest_good(Path(run_dir) / "checkpoint")
     return None if found is None else int(found[1]["step"])
+
+
+def resume_log_step(run_dir: Path) -> int | None:
+    """The last log row a resumed SFT run keeps (RunLogger's resume_step): rows are logged by 0-based step index,
+    so after a checkpoint of k steps the rows 0..k-1 stay and step k is logged again by the resumed run."""
+    done = checkpoint_step(run_dir)
+    return None if done is None else done - 1
 
 
 def _save_checkpoint(run_dir: Path, cfg: Config, step: int, params, opt, before: float) -> None:
@@ -218,6 +225,7 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
                         raise FloatingPointError(f"SFT diverged at step {step}: loss {stats['sft/loss']}")
                     if log is not None and step % max(1, cfg.run.log_interval) == 0:
                         log.scalars(stats, step, phase="sft")
+                        crash_point("sft:logged")
                     bar.update(1)
                     bar.set_postfix(loss=f"{stats['sft/loss']:.3f}")
                     step += 1
