@@ -20,7 +20,13 @@ from lmprefs.models.policy import Policy
 from lmprefs.pipeline.labeling import label_source, open_store
 from lmprefs.pipeline.online import OnlineRewards, online_summary
 from lmprefs.pipeline.reward_model import training_labels
-from lmprefs.pipeline.rewards import reward_for_policy, reward_function, track_true_reward, trains_reward_model
+from lmprefs.pipeline.rewards import (
+    check_trained_model,
+    reward_for_policy,
+    reward_function,
+    track_true_reward,
+    trains_reward_model,
+)
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger
@@ -70,9 +76,13 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     the andon cord stopped from its last good checkpoint with this changed config ('key old -> new' lines)."""
     meta, found, andon = _start(cfg, run_dir, resume, changes, reward=reward, online=online, labeler=labeler,
                                 store=store_path, preset=preset)  # fmt: skip
-    reward, online, labeler, store_path = meta["reward"], meta["online"], meta.get("labeler"), meta.get("store")
+    # a callable (the Python API) is recorded by its name and used as given
+    reward = reward if callable(reward) else meta["reward"]
+    online, labeler, store_path = meta["online"], meta.get("labeler"), meta.get("store")
     dist.barrier()  # every rank has checked the run directory before rank 0 writes into it
     t = t or setup_task(cfg)
+    if reward in (None, "model"):
+        check_trained_model(cfg, t.tok)
     if online and dist.world() > 1:
         raise UserError(f"--online runs in one process for now; launch it without torchrun ({dist.world()} ranks)")
     if online and reward != "model":
@@ -130,7 +140,9 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
 def _start(cfg: Config, run_dir: Path, resume: bool, changes: list[str] | None, **given) -> tuple[dict, object, dict]:
     """(run.json's choices, the checkpoint to resume or None, the andon record) after the checks of a start or a
     resume: a new run may not overwrite one, and a resumed one keeps what it was started with."""
-    store = given["store"]
+    store, reward = given["store"], given["reward"]
+    # an unknown reward is refused here, before anything is written; a callable is recorded by its name
+    given["reward"] = reward_function(reward)[0] if reward not in (None, "model") else reward
     asked = {"reward": given["reward"] or "model", "online": given["online"], "labeler": given["labeler"],
              "preset": given["preset"], "store": str(Path(store).resolve()) if store else None}  # fmt: skip
     if not resume:

@@ -46,6 +46,17 @@ def reward_function(reward) -> tuple[str, object]:
     return reward, fn
 
 
+def check_trained_model(cfg: Config, tok) -> None:
+    """rewards.trained_model, if set, is a reward model that reads the policy's tokens (checked before any work)."""
+    if not cfg.rewards.trained_model:
+        return
+    rm_dir = Path(cfg.rewards.trained_model)
+    if not is_reward_model_dir(rm_dir):
+        raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (a sequence classifier "
+                        "with num_labels=1, as train-reward or TRL's RewardTrainer save)")  # fmt: skip
+    check_same_tokenizer(rm_dir, tok, f"rewards.trained_model={rm_dir}")
+
+
 def trains_reward_model(cfg: Config, reward, resume: bool) -> bool:
     """Whether reward_for_policy will train a reward model from the label store."""
     return reward in (None, "model") and not cfg.rewards.trained_model and not resume
@@ -75,15 +86,12 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         return text_score_fn(lambda texts, queries: _checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
                              std, t.prefix, t.suffix), {"reward": reward}  # fmt: skip
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
-    if cfg.rewards.trained_model and not is_reward_model_dir(rm_dir):
-        raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (a sequence classifier "
-                        "with num_labels=1, as train-reward or TRL's RewardTrainer save)")  # fmt: skip
+    check_trained_model(cfg, t.tok)
     info = {"reward": "model", "reward_model": str(rm_dir)}
     if resume and cfg.lora.rank > 0 and not cfg.rewards.trained_model:
         rm = reward_frame(t).eval().freeze()
         return rm_score_fn(rm), info | {"state": RewardState(rm)}
     if is_reward_model_dir(rm_dir) and (cfg.rewards.trained_model or resume):
-        check_same_tokenizer(rm_dir, t.tok, f"rewards.trained_model={rm_dir}")
         rm = load_reward_model(rm_dir, t.device).eval().requires_grad_(False)
         if cfg.run.parallel == "fsdp":  # scored through its forward: FSDP gathers a block at a time
             rm = parallel.wrap(rm, "fsdp", t.dtype)

@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from lmprefs.assets.tokenizers import gpt2_tokenizer
 from lmprefs.config import label_type_shape
+from lmprefs.io.atomic import atomic_write_text
 from lmprefs.labels.formats.shared import FORMATS, GPT2_PAD, sample_keys
 from lmprefs.labels.store import LabelStore
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # readers see the old file or the new one, never half of it
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _pad(ids: list[int], length: int, what: str) -> list[int]:
@@ -84,7 +72,7 @@ def export_file(
         for r in out:
             r["query"] = _pad(r["query"], ql, "query")
             r.update({k: _pad(r[k], rl, "response") for k in keys})
-        _write_atomically(path, json.dumps(out))
+        atomic_write_text(path, json.dumps(out))
     else:
-        _write_atomically(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
+        atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))
     return len(out)
