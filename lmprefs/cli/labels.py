@@ -94,10 +94,13 @@ def cmd_export_labels(argv: list[str]) -> int:
     p.add_argument("--format", default="auto", choices=["auto", "openai", "pairs", "comparisons"],
                    help="auto: .json -> openai (GPT-2 ids, best_of_4), .jsonl -> comparisons (text, every label "
                    "type); pairs: TRL's prompt/chosen/rejected JSONL")  # fmt: skip
+    p.add_argument("--label-type", default=None,
+                   help="export only this label type (openai: default best_of_4; pairs: every best_of_N)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     a = p.parse_args(argv)
     import json
 
+    from lmprefs.config import label_type_shape
     from lmprefs.labels.formats import LabelFileError, export_file
     from lmprefs.labels.store import LabelStore, check_store_path
 
@@ -112,11 +115,18 @@ def cmd_export_labels(argv: list[str]) -> int:
         if fmt is None:
             raise UserError(f"export file {out}: cannot tell the format from {out.suffix or 'no extension'!r}; "
                             "name it .json or .jsonl, or pass --format")  # fmt: skip
+    if a.label_type is not None:
+        try:
+            label_type_shape(a.label_type)
+        except ValueError as e:
+            raise UserError(f"--label-type: {e}") from None
     store = LabelStore(check_store_path(a.db, must_exist=True))
     try:
-        n = export_file(store, out, format=fmt)
+        n = export_file(store, out, format=fmt, label_type=a.label_type)
     except LabelFileError as e:
         raise UserError(str(e)) from None
+    except OSError as e:  # a folder that cannot be written (read-only, full, not a real directory)
+        raise UserError(f"export file {out}: cannot write it ({e.strerror or e})") from None
     if a.json:
         print(json.dumps({"rows": n, "format": fmt, "path": str(out), "db": a.db}))
     else:

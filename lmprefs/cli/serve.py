@@ -49,6 +49,11 @@ def cmd_serve(argv: list[str]) -> int:
         if not 0 <= value < 86400:
             raise UserError(f"{flag} {value}: must be in [0, 86400)")
     store = _existing_store(a.db)
+    if a.batch is not None and not store.item_count(batch=a.batch):
+        known = sorted(set(store.item_batches("").values()) - {None})
+        store.close()
+        raise UserError(f"--batch {a.batch!r}: {a.db} holds no items of that batch"
+                        + (f" (its batches: {', '.join(known[:8])})" if known else " (its items have no batch)"))
     tokens = store.labelers_with_tokens()
     pending = store.pending_count(batch=a.batch)
     store.close()

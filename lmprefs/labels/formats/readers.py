@@ -145,6 +145,20 @@ def _openai_rows(name, rows, label_type, labeler, tokenizer, tokenizer_name) -> 
     return parsed
 
 
+def _check_pair(name, where, prompt: str, chosen: str, rejected: str) -> None:
+    """A pair that says which of two different, non-empty responses is better; anything else teaches nothing (or
+    worse) and is refused with the file."""
+    for key, text in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
+        if "\0" in text:
+            raise LabelFileError(f"{name} {where}: field {key!r} holds a NUL character")
+    for key, text in (("chosen", chosen), ("rejected", rejected)):
+        if not text.strip():
+            raise LabelFileError(f"{name} {where}: field {key!r} is empty")
+    if chosen == rejected:
+        raise LabelFileError(f"{name} {where}: fields 'chosen' and 'rejected' are the same text, a pair that prefers "
+                             "nothing")  # fmt: skip
+
+
 def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
     out = []
     for where, row in rows:
@@ -153,12 +167,15 @@ def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
                 _field(name, where, row, k, str, "a string (conversational rows are not supported)")
                 for k in ("prompt", "chosen", "rejected")
             ]
+            _check_pair(name, where, *strs)
             r = dict(query=strs[0], samples=strs[1:], label_type="best_of_2", best=0, labeler=labeler)
         else:
             query = _field(name, where, row, "query", str, "a string")
             samples = _field(name, where, row, "samples", list, "a list of strings")
             if not all(isinstance(s, str) for s in samples):
                 raise LabelFileError(f"{name} {where}: field 'samples' must hold only strings")
+            if any("\0" in s for s in (query, *samples)):
+                raise LabelFileError(f"{name} {where}: a text holds a NUL character")
             given = [k for k in ("best", "score", "difference") if k in row]
             if len(given) != 1:
                 raise LabelFileError(f"{name} {where}: needs exactly one of fields 'best', 'score', 'difference'")

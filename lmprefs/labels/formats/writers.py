@@ -8,7 +8,7 @@ from pathlib import Path
 from lmprefs.assets.tokenizers import gpt2_tokenizer
 from lmprefs.config import label_type_shape
 from lmprefs.io.atomic import atomic_write_text
-from lmprefs.labels.formats.shared import FORMATS, GPT2_PAD, sample_keys
+from lmprefs.labels.formats.shared import FORMATS, GPT2_PAD, LabelFileError, sample_keys
 from lmprefs.labels.store import LabelStore
 
 
@@ -65,6 +65,13 @@ def export_file(
                 else:
                     enc = [ex.query_tokens, *ex.sample_tokens]
                 out.append({"query": enc[0], **dict(zip(sample_keys(lt), enc[1:], strict=True)), value_field: value})
+    others = [t for t in store.label_types() if t not in types]
+    if not out and others:  # the store holds questions of other types: an empty file would hide them
+        fit = [t for t in others if format != "pairs" or label_type_shape(t)[0] == "best"]
+        hint = (f"; export them with label_type {fit[0]} (--label-type)" if fit
+                else f"; the {format} format holds only best_of_N labels")  # fmt: skip
+        raise LabelFileError(f"the store holds no {' or '.join(types) or 'best_of_N'} labels to export as {format} "
+                             f"(its questions are {', '.join(others)}){hint}")  # fmt: skip
     if format == "openai":
         keys = sample_keys(types[0])
         ql = query_length or max((len(r["query"]) for r in out), default=0)

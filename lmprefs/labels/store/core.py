@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from lmprefs.errors import UserError
 from lmprefs.labels.store import items as _items
 from lmprefs.labels.store import labelers as _labelers
 from lmprefs.labels.store import labels as _labels
@@ -32,9 +33,13 @@ class LabelStore:
         self._local = threading.local()
         self._conns: list[sqlite3.Connection] = []
         self._conns_lock = threading.Lock()
-        schema.create(self.connection())
-        with self._tx() as c:  # one transaction: two processes opening an old store upgrade it once
-            self.store_id = schema.upgrade(c, self.path)
+        try:
+            schema.create(self.connection())
+            with self._tx() as c:  # one transaction: two processes opening an old store upgrade it once
+                self.store_id = schema.upgrade(c, self.path)
+        except sqlite3.OperationalError as e:  # a folder that cannot be written, a file that cannot be opened
+            self.close()
+            raise UserError(f"label store {self.path}: cannot open or create it ({e})") from None
 
     # -- connections and transactions ------------------------------------------------------------------------
 
