@@ -41,6 +41,18 @@ def workdir(tmp_path_factory):
     (rm / "reward_head.safetensors").write_bytes(b"")
     task = {"query_prefix": "", "query_suffix": "", "query_length": 8, "response_length": 8}
     (rm / "lmprefs.json").write_text(json.dumps({"kind": "reward_model", "task": task}))
+    for name in ("latin1.txt", "latin1.jsonl", "latin1.json"):  # Latin-1, not UTF-8: 0xe9 is 'é'
+        (d / name).write_bytes(b'{"text": "caf\xe9"}\n' if name.endswith(".jsonl") else b"caf\xe9 au lait\n")
+    for name in ("dir.jsonl", "dir.txt", "dir.json"):
+        (d / name).mkdir()
+    # a run directory as train-policy leaves it: its config.json, and policy/ with a model's own config.json
+    from lmprefs.config import preset
+    from lmprefs.io.config_file import save_config
+
+    (d / "run" / "policy").mkdir(parents=True)
+    save_config(preset("tiny"), d / "run" / "config.json")
+    (d / "run" / "policy" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    (d / "run" / "policy" / "lmprefs.json").write_text(json.dumps({"kind": "policy", "temperature": 0.7}))
     return d
 
 
@@ -111,6 +123,31 @@ ROWS = [
     (["assets", "prepare", "nope"], "unknown asset 'nope'"),
     (["assets", "frobnicate"], "invalid choice"),
     (["quickstart", "--preset", "tiny", "--eval-queries", "1", "--run-dir", "qs"], "--eval-queries"),
+    # files that are not UTF-8
+    (["config", "tiny", "--config", "latin1.json"], "latin1.json: not UTF-8 text (byte 0xe9"),
+    (["score", "--reward-model", "rm", "latin1.txt"], "latin1.txt: not UTF-8 text (byte 0xe9"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "latin1.jsonl"], "latin1.jsonl: not UTF-8 text"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "latin1.txt"], "latin1.txt: not UTF-8 text"),
+    (["train-reward", "tiny", "--task.query-dataset", "latin1.txt", "--db", "pairs.jsonl", "--run-dir", "out"],
+     "latin1.txt: not UTF-8 text"),
+    (["train-sft", "tiny", "--sft.data", "latin1.jsonl", "--run-dir", "out"], "latin1.jsonl: not UTF-8 text"),
+    # a directory where a file is expected, and a file where a directory is
+    (["config", "tiny", "--config", "adir"], "adir: is a directory, expected a file"),
+    (["train-reward", "tiny", "--config", "adir"], "adir: is a directory, expected a file"),
+    (["score", "--reward-model", "rm", "adir"], "adir: is a directory, expected a file"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "dir.jsonl"], "dir.jsonl: is a directory, expected a"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "dir.txt"], "dir.txt: is a directory, expected a"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "dir.json"], "dir.json: is a directory, expected a"),
+    (["train-sft", "tiny", "--sft.data", "adir", "--run-dir", "out"], "adir: is a directory, expected a file"),
+    (["experiment", "writing-prompts", "--data", "adir", "--run-dir", "exp"], "adir: is a directory, expected a"),
+    (["train-reward", "tiny", "--db", "dir.jsonl", "--run-dir", "out"], "dir.jsonl: is a directory, expected a"),
+    (["train-policy", "tiny", "--rewards.trained-model", "afile", "--run-dir", "out"], "afile: is a file, expected"),
+    (["score", "--reward-model", "afile", "texts.txt"], "afile: is a file, expected a reward-model directory"),
+    # a model directory inside a run where the run is expected
+    (["sample", "run/policy"], "pass the run directory (run), not its policy/"),
+    (["train-policy", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
+    (["train-sft", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
+    (["train-policy", "tiny", "--config", "run/policy/config.json"], "pass the run directory (run), not its policy/"),
 ] + ([] if CUDA else [
     (["train-policy", "tiny", "--run.device", "cuda", "--run-dir", "out"], "CUDA is not available"),
     (["train-reward", "tiny", "--run.device", "cuda:0", "--run-dir", "out"], "CUDA is not available"),
@@ -136,3 +173,15 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, needle, workdi
     assert needle in lines[0], lines[0]
     assert _tree(workdir) == before, "a failed command wrote or changed files"
     assert not os.path.exists(workdir / "runs")
+
+
+def test_score_names_stdin_that_is_not_utf8(workdir, capsys, monkeypatch):
+    import io
+    import types
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr("sys.stdin", types.SimpleNamespace(buffer=io.BytesIO(b"ok\ncaf\xe9\n")))
+    assert main(["score", "--reward-model", "rm"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("lmprefs score: error: stdin: not UTF-8 text (byte 0xe9 at offset 6, line 2); save it as "
+                           "UTF-8")

@@ -26,9 +26,12 @@ def cmd_train_reward(argv: list[str]) -> int:
     cfg = resolve_config(a.preset, pairs, a.config)
     run_dir = run_dir_for(a.run_dir, cfg, "train-reward", a.preset)
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
+    t = setup_task(cfg)  # a bad model or query dataset is refused before the run directory is made
     log = open_logger(run_dir, cfg)
-    _, summary = train_reward_model(setup_task(cfg), store, run_dir / "reward_model", log)
-    log.close()
+    try:
+        _, summary = train_reward_model(t, store, run_dir / "reward_model", log)
+    finally:
+        log.close()
     if not dist.is_main():
         return 0
     print(f"reward model: {run_dir / 'reward_model'}")

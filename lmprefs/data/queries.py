@@ -21,6 +21,7 @@ from lmprefs.config import TaskConfig
 from lmprefs.data.summarize import story_texts, tldr_texts
 from lmprefs.data.tasks import PAD, encode_fixed
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import read_text
 
 
 class QueryDataError(UserError):
@@ -41,6 +42,8 @@ def load_texts(spec: str) -> list[str]:
         return _load_hf(spec)
     path, _, field = spec.partition(":") if spec.count(":") == 1 and not Path(spec).exists() else (spec, "", "")
     p = Path(path).expanduser()
+    if p.is_dir() and p.suffix in (".txt", ".jsonl", ".json"):
+        raise QueryDataError(f"task.query_dataset {spec}: is a directory, expected a file")
     if p.is_dir() or p.suffix == ".story":  # CNN/DM: one .story file or a directory of them
 
         return story_texts(p)
@@ -51,10 +54,11 @@ def load_texts(spec: str) -> list[str]:
     if p.suffix == ".json":  # TL;DR: the original's JSON list of {"content": post}
 
         return tldr_texts(p, field or "content")
+    text = read_text(p, "task.query_dataset")
     if p.suffix == ".jsonl":
         field = field or "text"
         texts = []
-        for i, line in enumerate(p.read_text().splitlines(), 1):
+        for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -62,7 +66,7 @@ def load_texts(spec: str) -> list[str]:
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise QueryDataError(f"{p} line {i}: expected a JSON object with field {field!r} ({e})") from None
         return texts
-    return paragraphs(p.read_text())
+    return paragraphs(text)
 
 
 def _load_hf(spec: str) -> list[str]:

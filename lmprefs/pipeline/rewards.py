@@ -9,6 +9,7 @@ import torch
 
 from lmprefs.data.tasks import decode, query_texts
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import input_dir
 from lmprefs.labels.labelers import SCORE_FNS, score_fn, score_texts
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
@@ -70,6 +71,8 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store_path: str | None, re
         return text_score_fn(lambda texts, queries: _checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
                              std, t.prefix, t.suffix), {"reward": reward}  # fmt: skip
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
+    if cfg.rewards.trained_model:
+        input_dir(rm_dir, "rewards.trained_model", "reward-model directory")
     if cfg.rewards.trained_model and not is_reward_model_dir(rm_dir):
         raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (a sequence classifier "
                         "with num_labels=1, as train-reward or TRL's RewardTrainer save)")  # fmt: skip
