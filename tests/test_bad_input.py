@@ -148,6 +148,10 @@ ROWS = [
     (["train-policy", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
     (["train-sft", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
     (["train-policy", "tiny", "--config", "run/policy/config.json"], "pass the run directory (run), not its policy/"),
+    # sampling temperatures that are not a positive finite number
+    (["sample", "--preset", "tiny", "--temperature", "nan"], "--temperature nan"),
+    (["sample", "--preset", "tiny", "--temperature", "inf"], "--temperature inf"),
+    (["sample", "--preset", "tiny", "--temperature", "-1"], "--temperature -1"),
 ] + ([] if CUDA else [
     (["train-policy", "tiny", "--run.device", "cuda", "--run-dir", "out"], "CUDA is not available"),
     (["train-reward", "tiny", "--run.device", "cuda:0", "--run-dir", "out"], "CUDA is not available"),
