@@ -189,3 +189,93 @@ def test_score_names_stdin_that_is_not_utf8(workdir, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert err.strip() == ("lmprefs score: error: stdin: not UTF-8 text (byte 0xe9 at offset 6, line 2); save it as "
                            "UTF-8")
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previous_one(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import safetensors.torch
+
+    from lmprefs.io.publish import verify
+
+    real, versions = safetensors.torch.save_file, set()
+
+    def save_file(tensors, filename, *a, **k):  # the second checkpoint meets a full disk
+        tmp = next((p for p in Path(filename).parents if p.name.startswith("checkpoint.tmp-")), None)
+        versions.add(tmp)
+        if tmp is not None and len(versions - {None}) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(tensors, filename, *a, **k)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    run = tmp_path / "run"
+    code = main(["train-policy", "tiny", "--reward", "vader", "--run-dir", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if "error" in line] == [
+        f"lmprefs train-policy: error: cannot write {run / 'checkpoint'}: No space left on device; the previous "
+        "checkpoint is kept"]  # fmt: skip
+    assert os.readlink(run / "checkpoint") == "checkpoint.000001" and verify(run / "checkpoint")["update"] == 1
+    assert not list(run.glob("*.tmp-*")) and not (run / "policy").exists()
+
+
+def _refused(code: int) -> OSError:
+    import errno
+
+    return OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+
+def _chained() -> RuntimeError:
+    """As torch.save to a file object reports a full disk: its RuntimeError raised while handling the OSError."""
+    try:
+        try:
+            raise _refused("ENOSPC")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+    except RuntimeError as e:
+        e.__suppress_context__ = False
+        return e
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: _refused("ENOSPC"), "No space left on device"),
+    (lambda: _refused("EDQUOT"), "Disk quota exceeded"),
+    (lambda: _refused("EROFS"), "Read-only file system"),
+    (lambda: _refused("EACCES"), "Permission denied"),
+    (lambda: __import__("safetensors").SafetensorError("Error while serializing: I/O error: No space left on device "
+                                                       "(os error 28)"), "No space left on device"),
+    (_chained, "No space left on device"),
+], ids=["ENOSPC", "EDQUOT", "EROFS", "EACCES", "safetensors", "torch.save"])  # fmt: skip
+def test_a_refused_write_while_publishing_names_the_directory_and_keeps_the_previous_version(tmp_path, make, reason):
+    from lmprefs.errors import UserError
+    from lmprefs.io.publish import publish_dir, verify
+
+    out = tmp_path / "model"
+    with publish_dir(out) as d:
+        (d / "w").write_text("old")
+    with pytest.raises(UserError) as e, publish_dir(out) as d:
+        (d / "w").write_text("new")
+        raise make()
+    assert str(e.value) == f"cannot write {out}: {reason}; the previous model is kept"
+    assert (out / "w").read_text() == "old" and verify(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.000001"]
+    with pytest.raises(ValueError), publish_dir(out):  # any other error is a bug: it stays as it is
+        raise ValueError("a bug")
+
+
+def test_a_refused_text_write_names_the_file_and_keeps_it(tmp_path, monkeypatch):
+    import errno
+
+    from lmprefs.errors import UserError
+    from lmprefs.io.atomic import atomic_write_text
+
+    path = tmp_path / "run.json"
+    atomic_write_text(path, "old")
+
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(UserError, match=f"cannot write {path}: No space left on device; the file is as it was"):
+        atomic_write_text(path, "new")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["run.json"]

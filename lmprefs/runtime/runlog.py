@@ -9,11 +9,13 @@ import math
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 
 from lmprefs.config import Config
 from lmprefs.config.overrides import to_dict
 from lmprefs.errors import UserError
+from lmprefs.io.atomic import writing
 from lmprefs.io.config_file import save_config
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.runtime.distributed import broadcast_object, is_main
@@ -124,7 +126,7 @@ class RunLogger:
         for k, v in stats.items():
             if w is not None:
                 w.add_scalar(k, v, step)
-        with open(self.metrics_path, "a") as f:
+        with writing(self.metrics_path), open(self.metrics_path, "a") as f:
             f.write(json.dumps({"phase": phase, "step": step, **{k: _finite(v) for k, v in stats.items()}}) + "\n")
         named = {f"{phase}/{k}": float(v) for k, v in stats.items() if math.isfinite(float(v))}
         if self.wandb is not None:
@@ -133,7 +135,7 @@ class RunLogger:
             self.mlflow.log_metrics(named, step=step)
 
     def samples(self, rows: list[dict], step: int) -> None:
-        with open(self.samples_path, "a") as f:
+        with writing(self.samples_path), open(self.samples_path, "a") as f:
             for r in rows:
                 f.write(json.dumps({"step": step, **r}) + "\n")
 
@@ -173,5 +175,16 @@ def progress(total: int, desc: str, initial: int = 0):
     from tqdm import tqdm
 
     quiet = os.environ.get("RANK", "0") != "0"
-    return tqdm(total=total, desc=desc, initial=initial, file=sys.stderr, dynamic_ncols=True, disable=quiet,
-                mininterval=1.0 if sys.stderr.isatty() else 10.0, unit="it", smoothing=0.1)  # fmt: skip
+    bar = tqdm(total=total, desc=desc, initial=initial, file=sys.stderr, dynamic_ncols=True, disable=quiet,
+               mininterval=1.0 if sys.stderr.isatty() else 10.0, unit="it", smoothing=0.1)  # fmt: skip
+    _bars.add(bar)
+    return bar
+
+
+_bars: weakref.WeakSet = weakref.WeakSet()
+
+
+def close_progress() -> None:
+    """Close the bars still open: a command that ends in an error mid-bar prints its line on a line of its own."""
+    for bar in list(_bars):
+        bar.close()
