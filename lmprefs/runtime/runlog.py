@@ -96,14 +96,7 @@ class RunLogger:
                 self.wandb.define_metric(f"{phase}/step")
                 self.wandb.define_metric(f"{phase}/*", step_metric=f"{phase}/step")
         if "mlflow" in names:
-            import mlflow  # only when asked; a local ./RUN_DIR/mlruns store unless MLFLOW_TRACKING_URI says otherwise
-
-            if not os.environ.get("MLFLOW_TRACKING_URI"):
-                mlflow.set_tracking_uri((self.run_dir / "mlruns").resolve().as_uri())
-            self.mlflow = mlflow
-            mlflow.start_run(run_name=self.run_dir.name)
-            if not self.resume:
-                mlflow.log_params({f"{s}.{k}": v for s, sub in to_dict(cfg).items() for k, v in sub.items()})
+            self.mlflow = _start_mlflow(self.run_dir, cfg, self.resume)
 
     def _writer(self, phase: str):
         if "tensorboard" not in self.cfg.run.report_to:
@@ -146,6 +139,28 @@ class RunLogger:
             self.wandb.finish()
         if self.mlflow is not None:
             self.mlflow.end_run()
+
+
+def _start_mlflow(run_dir: Path, cfg: Config, resume: bool):
+    """The mlflow module with a run started. Without MLFLOW_TRACKING_URI the store is RUN_DIR/mlflow.db (SQLite):
+    mlflow 3 refuses a file store (./mlruns) unless MLFLOW_ALLOW_FILE_STORE is set. A store mlflow refuses (a
+    tracking URI it cannot use) is one line naming it."""
+    import mlflow  # only when asked: it is optional
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        if not uri:
+            mlflow.set_tracking_uri(f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+        mlflow.start_run(run_name=run_dir.name)
+    except Exception as e:
+        if type(e).__name__ != "MlflowException":
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        where = f"MLFLOW_TRACKING_URI={uri}" if uri else f"the store {run_dir / 'mlflow.db'}"
+        raise UserError(f"run.report_to=mlflow: mlflow refuses {where} ({first})") from None
+    if not resume:
+        mlflow.log_params({f"{s}.{k}": v for s, sub in to_dict(cfg).items() for k, v in sub.items()})
+    return mlflow
 
 
 def _stable_id(run_dir: Path) -> str:
