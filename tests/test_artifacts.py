@@ -123,9 +123,10 @@ def resolve_model_size(name: str) -> int:
     return (Path(resolve_model(name)) / "model.safetensors").stat().st_size
 
 
-def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path):
+def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path, capsys):
     """A reward model saved the way TRL's RewardTrainer saves one (num_labels=1, no lmprefs files) scores in
-    lmprefs and drives train-policy as rewards.trained_model."""
+    lmprefs and drives train-policy as rewards.trained_model, normalized on initial-policy samples as lmprefs'
+    own reward models are (its scale is arbitrary), which the run says."""
     from transformers import GPT2ForSequenceClassification
 
     from lmprefs.cli.dispatch import main
@@ -142,6 +143,21 @@ def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path):
             str(tmp_path / "run"), "--ppo.total-episodes", "16"]  # fmt: skip
     assert main(args) == 0
     assert (tmp_path / "run" / "policy" / "model.safetensors").is_file()
+    assert f"rewards.trained_model={tmp_path / 'trl_rm'}: not trained by lmprefs (no lmprefs.json): normalized with " \
+        "mean" in capsys.readouterr().out
+
+    from lmprefs.config import preset
+    from lmprefs.pipeline.rewards import normalize_foreign
+    from lmprefs.pipeline.task import setup_task
+    from lmprefs.runtime.distributed import rank_seed
+    from lmprefs.training.reward import normalization_samples, rm_rewards
+
+    t = setup_task(preset("tiny"))
+    normalize_foreign(t, rm, tmp_path / "trl_rm")
+    gen = torch.Generator().manual_seed(rank_seed(t.cfg.run.seed) + 2)  # the samples normalize_foreign drew
+    q, r = normalization_samples(t.model, t.tok, t.train_queries, t.cfg, t.ctx, gen)
+    rewards = rm_rewards(rm, q, r, t.ctx).double()
+    assert abs(rewards.mean().item()) < 1e-4 and abs(rewards.std(unbiased=False).item() - 1) < 1e-4
 
 
 def test_lora_exports_keep_the_base_models_dtype(tmp_path):
@@ -199,3 +215,21 @@ def test_adapters_name_their_base_as_the_run_named_it_and_load_back_anywhere(tmp
             assert torch.allclose(load_policy(tmp_path / f"ckpt-{name}").lm(ids).logits, want, atol=1e-5)
             got_rm = load_reward_model(tmp_path / f"rm-{name}").eval()(ids[:, :4], ids[:, 4:])
             assert torch.allclose(got_rm, want_rm, atol=1e-4)
+
+
+def test_a_reward_model_that_scores_everything_alike_is_refused_in_one_line(tmp_path, capsys):
+    from transformers import GPT2ForSequenceClassification
+
+    from lmprefs.cli.dispatch import main
+
+    lm, tok = load_lm("tiny-gpt2")
+    seq = GPT2ForSequenceClassification.from_pretrained(lm.config.name_or_path, num_labels=1, pad_token_id=50256)
+    with torch.no_grad():
+        seq.score.weight.zero_()  # an untrained head: every text scores 0
+    seq.save_pretrained(tmp_path / "flat_rm")
+    tok.save_pretrained(tmp_path / "flat_rm")
+    run = tmp_path / "run"
+    assert main(["train-policy", "tiny", "--rewards.trained-model", str(tmp_path / "flat_rm"), "--run-dir",
+                 str(run)]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "it cannot rank responses" in err[0] and not run.exists(), err
