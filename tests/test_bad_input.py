@@ -145,6 +145,7 @@ ROWS = [
     (["score", "--reward-model", "afile", "texts.txt"], "afile: is a file, expected a reward-model directory"),
     # a model directory inside a run where the run is expected
     (["sample", "run/policy"], "pass the run directory (run), not its policy/"),
+    (["sample", "afile"], "afile: is a file, expected a train-policy run directory"),
     (["train-policy", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
     (["train-sft", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
     (["train-policy", "tiny", "--config", "run/policy/config.json"], "pass the run directory (run), not its policy/"),
