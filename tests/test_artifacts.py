@@ -95,10 +95,17 @@ def test_reward_model_loads_as_a_sequence_classifier_with_lmprefs_scores(lora, t
     save_reward_model(rm, tmp_path / "rm", extra={"task": {}}, merged=lora != "adapter")
     assert is_reward_model_dir(tmp_path / "rm")
     if lora == "adapter":
+        from peft import PeftModel
+
+        from lmprefs.assets.models import resolve_model
+
         assert not (tmp_path / "rm" / "model.safetensors").exists()
         size = (tmp_path / "rm" / "adapter_model.safetensors").stat().st_size
         assert size < resolve_model_size("tiny-gpt2") / 20
-        seq = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm", num_labels=1, pad_token_id=50256)
+        # the adapter names its base by the asset name: plain transformers loads the asset's directory, then peft
+        base = AutoModelForSequenceClassification.from_pretrained(resolve_model("tiny-gpt2"), num_labels=1,
+                                                                  pad_token_id=50256)  # fmt: skip
+        seq = PeftModel.from_pretrained(base, str(tmp_path / "rm"))
     else:
         seq = AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm")
     seq.eval()
@@ -116,9 +123,10 @@ def resolve_model_size(name: str) -> int:
     return (Path(resolve_model(name)) / "model.safetensors").stat().st_size
 
 
-def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path):
+def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path, capsys):
     """A reward model saved the way TRL's RewardTrainer saves one (num_labels=1, no lmprefs files) scores in
-    lmprefs and drives train-policy as rewards.trained_model."""
+    lmprefs and drives train-policy as rewards.trained_model, normalized on initial-policy samples as lmprefs'
+    own reward models are (its scale is arbitrary), which the run says."""
     from transformers import GPT2ForSequenceClassification
 
     from lmprefs.cli.dispatch import main
@@ -135,6 +143,21 @@ def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path):
             str(tmp_path / "run"), "--ppo.total-episodes", "16"]  # fmt: skip
     assert main(args) == 0
     assert (tmp_path / "run" / "policy" / "model.safetensors").is_file()
+    assert f"rewards.trained_model={tmp_path / 'trl_rm'}: not trained by lmprefs (no lmprefs.json): normalized with " \
+        "mean" in capsys.readouterr().out
+
+    from lmprefs.config import preset
+    from lmprefs.pipeline.rewards import normalize_foreign
+    from lmprefs.pipeline.task import setup_task
+    from lmprefs.runtime.distributed import rank_seed
+    from lmprefs.training.reward import normalization_samples, rm_rewards
+
+    t = setup_task(preset("tiny"))
+    normalize_foreign(t, rm, tmp_path / "trl_rm")
+    gen = torch.Generator().manual_seed(rank_seed(t.cfg.run.seed) + 2)  # the samples normalize_foreign drew
+    q, r = normalization_samples(t.model, t.tok, t.train_queries, t.cfg, t.ctx, gen)
+    rewards = rm_rewards(rm, q, r, t.ctx).double()
+    assert abs(rewards.mean().item()) < 1e-4 and abs(rewards.std(unbiased=False).item() - 1) < 1e-4
 
 
 def test_lora_exports_keep_the_base_models_dtype(tmp_path):
@@ -159,3 +182,54 @@ def test_lora_exports_keep_the_base_models_dtype(tmp_path):
     assert dtypes(tmp_path / "policy" / "model.safetensors") == {"BF16"}
     assert dtypes(tmp_path / "rm" / "model.safetensors") == {"BF16"}
     assert dtypes(tmp_path / "policy" / "adapter" / "adapter_model.safetensors") == {"F32"}
+
+
+def test_adapters_name_their_base_as_the_run_named_it_and_load_back_anywhere(tmp_path, monkeypatch):
+    """An asset by its name (lmprefs resolves it on any machine; its cache directory is this machine's), a local
+    directory by its absolute path (a hub name is kept as given); lmprefs loads each adapter back from elsewhere."""
+    from lmprefs.models.artifacts import _save_policy
+
+    lm, tok = load_lm("tiny-gpt2")
+    lm.save_pretrained(tmp_path / "base")
+    tok.save_pretrained(tmp_path / "base")
+    (tmp_path / "elsewhere").mkdir()
+    ids = torch.randint(0, 50257, (2, 8), generator=torch.Generator().manual_seed(0))
+    for name, base in (("tiny-gpt2", "tiny-gpt2"), ("base", str((tmp_path / "base").resolve()))):
+        monkeypatch.chdir(tmp_path)
+        lm, tok = load_lm(name)
+        add_adapter(lm, LoraConfig(rank=2, alpha=4.0), "policy", seed=1)
+        add_adapter(lm, LoraConfig(rank=2, alpha=4.0), "reward", seed=2)
+        _randomize_adapter(lm, "policy", 3)
+        (tmp_path / f"ckpt-{name}").mkdir()
+        _save_policy(Policy(lm, tok, 0.7, adapter="policy"), tmp_path / f"ckpt-{name}")  # adapters only
+        rm = RewardModel(lm, tok, adapter="reward", seed=0).eval()
+        save_reward_model(rm, tmp_path / f"rm-{name}", merged=False)
+        for d in (tmp_path / f"ckpt-{name}" / "adapter", tmp_path / f"rm-{name}"):
+            assert json.loads((d / "adapter_config.json").read_text())["base_model_name_or_path"] == base
+        with torch.no_grad(), using(lm, "policy"):
+            want = lm(ids).logits
+        with torch.no_grad():
+            want_rm = rm(ids[:, :4], ids[:, 4:])
+        monkeypatch.chdir(tmp_path / "elsewhere")
+        with torch.no_grad():
+            assert torch.allclose(load_policy(tmp_path / f"ckpt-{name}").lm(ids).logits, want, atol=1e-5)
+            got_rm = load_reward_model(tmp_path / f"rm-{name}").eval()(ids[:, :4], ids[:, 4:])
+            assert torch.allclose(got_rm, want_rm, atol=1e-4)
+
+
+def test_a_reward_model_that_scores_everything_alike_is_refused_in_one_line(tmp_path, capsys):
+    from transformers import GPT2ForSequenceClassification
+
+    from lmprefs.cli.dispatch import main
+
+    lm, tok = load_lm("tiny-gpt2")
+    seq = GPT2ForSequenceClassification.from_pretrained(lm.config.name_or_path, num_labels=1, pad_token_id=50256)
+    with torch.no_grad():
+        seq.score.weight.zero_()  # an untrained head: every text scores 0
+    seq.save_pretrained(tmp_path / "flat_rm")
+    tok.save_pretrained(tmp_path / "flat_rm")
+    run = tmp_path / "run"
+    assert main(["train-policy", "tiny", "--rewards.trained-model", str(tmp_path / "flat_rm"), "--run-dir",
+                 str(run)]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "it cannot rank responses" in err[0] and not run.exists(), err

@@ -41,6 +41,18 @@ def workdir(tmp_path_factory):
     (rm / "reward_head.safetensors").write_bytes(b"")
     task = {"query_prefix": "", "query_suffix": "", "query_length": 8, "response_length": 8}
     (rm / "lmprefs.json").write_text(json.dumps({"kind": "reward_model", "task": task}))
+    for name in ("latin1.txt", "latin1.jsonl", "latin1.json"):  # Latin-1, not UTF-8: 0xe9 is 'é'
+        (d / name).write_bytes(b'{"text": "caf\xe9"}\n' if name.endswith(".jsonl") else b"caf\xe9 au lait\n")
+    for name in ("dir.jsonl", "dir.txt", "dir.json"):
+        (d / name).mkdir()
+    # a run directory as train-policy leaves it: its config.json, and policy/ with a model's own config.json
+    from lmprefs.config import preset
+    from lmprefs.io.config_file import save_config
+
+    (d / "run" / "policy").mkdir(parents=True)
+    save_config(preset("tiny"), d / "run" / "config.json")
+    (d / "run" / "policy" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    (d / "run" / "policy" / "lmprefs.json").write_text(json.dumps({"kind": "policy", "temperature": 0.7}))
     return d
 
 
@@ -111,6 +123,36 @@ ROWS = [
     (["assets", "prepare", "nope"], "unknown asset 'nope'"),
     (["assets", "frobnicate"], "invalid choice"),
     (["quickstart", "--preset", "tiny", "--eval-queries", "1", "--run-dir", "qs"], "--eval-queries"),
+    # files that are not UTF-8
+    (["config", "tiny", "--config", "latin1.json"], "latin1.json: not UTF-8 text (byte 0xe9"),
+    (["score", "--reward-model", "rm", "latin1.txt"], "latin1.txt: not UTF-8 text (byte 0xe9"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "latin1.jsonl"], "latin1.jsonl: not UTF-8 text"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "latin1.txt"], "latin1.txt: not UTF-8 text"),
+    (["train-reward", "tiny", "--task.query-dataset", "latin1.txt", "--db", "pairs.jsonl", "--run-dir", "out"],
+     "latin1.txt: not UTF-8 text"),
+    (["train-sft", "tiny", "--sft.data", "latin1.jsonl", "--run-dir", "out"], "latin1.jsonl: not UTF-8 text"),
+    # a directory where a file is expected, and a file where a directory is
+    (["config", "tiny", "--config", "adir"], "adir: is a directory, expected a file"),
+    (["train-reward", "tiny", "--config", "adir"], "adir: is a directory, expected a file"),
+    (["score", "--reward-model", "rm", "adir"], "adir: is a directory, expected a file"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "dir.jsonl"], "dir.jsonl: is a directory, expected a"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "dir.txt"], "dir.txt: is a directory, expected a"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "dir.json"], "dir.json: is a directory, expected a"),
+    (["train-sft", "tiny", "--sft.data", "adir", "--run-dir", "out"], "adir: is a directory, expected a file"),
+    (["experiment", "writing-prompts", "--data", "adir", "--run-dir", "exp"], "adir: is a directory, expected a"),
+    (["train-reward", "tiny", "--db", "dir.jsonl", "--run-dir", "out"], "dir.jsonl: is a directory, expected a"),
+    (["train-policy", "tiny", "--rewards.trained-model", "afile", "--run-dir", "out"], "afile: is a file, expected"),
+    (["score", "--reward-model", "afile", "texts.txt"], "afile: is a file, expected a reward-model directory"),
+    # a model directory inside a run where the run is expected
+    (["sample", "run/policy"], "pass the run directory (run), not its policy/"),
+    (["sample", "afile"], "afile: is a file, expected a train-policy run directory"),
+    (["train-policy", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
+    (["train-sft", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
+    (["train-policy", "tiny", "--config", "run/policy/config.json"], "pass the run directory (run), not its policy/"),
+    # sampling temperatures that are not a positive finite number
+    (["sample", "--preset", "tiny", "--temperature", "nan"], "--temperature nan"),
+    (["sample", "--preset", "tiny", "--temperature", "inf"], "--temperature inf"),
+    (["sample", "--preset", "tiny", "--temperature", "-1"], "--temperature -1"),
 ] + ([] if CUDA else [
     (["train-policy", "tiny", "--run.device", "cuda", "--run-dir", "out"], "CUDA is not available"),
     (["train-reward", "tiny", "--run.device", "cuda:0", "--run-dir", "out"], "CUDA is not available"),
@@ -136,3 +178,105 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, needle, workdi
     assert needle in lines[0], lines[0]
     assert _tree(workdir) == before, "a failed command wrote or changed files"
     assert not os.path.exists(workdir / "runs")
+
+
+def test_score_names_stdin_that_is_not_utf8(workdir, capsys, monkeypatch):
+    import io
+    import types
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.setattr("sys.stdin", types.SimpleNamespace(buffer=io.BytesIO(b"ok\ncaf\xe9\n")))
+    assert main(["score", "--reward-model", "rm"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("lmprefs score: error: stdin: not UTF-8 text (byte 0xe9 at offset 6, line 2); save it as "
+                           "UTF-8")
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_keeps_the_previous_one(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import safetensors.torch
+
+    from lmprefs.io.publish import verify
+
+    real, versions = safetensors.torch.save_file, set()
+
+    def save_file(tensors, filename, *a, **k):  # the second checkpoint meets a full disk
+        tmp = next((p for p in Path(filename).parents if p.name.startswith("checkpoint.tmp-")), None)
+        versions.add(tmp)
+        if tmp is not None and len(versions - {None}) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(tensors, filename, *a, **k)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_file)
+    run = tmp_path / "run"
+    code = main(["train-policy", "tiny", "--reward", "vader", "--run-dir", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert [line for line in err.splitlines() if "error" in line] == [
+        f"lmprefs train-policy: error: cannot write {run / 'checkpoint'}: No space left on device; the previous "
+        "checkpoint is kept"]  # fmt: skip
+    assert os.readlink(run / "checkpoint") == "checkpoint.000001" and verify(run / "checkpoint")["update"] == 1
+    assert not list(run.glob("*.tmp-*")) and not (run / "policy").exists()
+
+
+def _refused(code: int) -> OSError:
+    import errno
+
+    return OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+
+def _chained() -> RuntimeError:
+    """As torch.save to a file object reports a full disk: its RuntimeError raised while handling the OSError."""
+    try:
+        try:
+            raise _refused("ENOSPC")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
+    except RuntimeError as e:
+        e.__suppress_context__ = False
+        return e
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda: _refused("ENOSPC"), "No space left on device"),
+    (lambda: _refused("EDQUOT"), "Disk quota exceeded"),
+    (lambda: _refused("EROFS"), "Read-only file system"),
+    (lambda: _refused("EACCES"), "Permission denied"),
+    (lambda: __import__("safetensors").SafetensorError("Error while serializing: I/O error: No space left on device "
+                                                       "(os error 28)"), "No space left on device"),
+    (_chained, "No space left on device"),
+], ids=["ENOSPC", "EDQUOT", "EROFS", "EACCES", "safetensors", "torch.save"])  # fmt: skip
+def test_a_refused_write_while_publishing_names_the_directory_and_keeps_the_previous_version(tmp_path, make, reason):
+    from lmprefs.errors import UserError
+    from lmprefs.io.publish import publish_dir, verify
+
+    out = tmp_path / "model"
+    with publish_dir(out) as d:
+        (d / "w").write_text("old")
+    with pytest.raises(UserError) as e, publish_dir(out) as d:
+        (d / "w").write_text("new")
+        raise make()
+    assert str(e.value) == f"cannot write {out}: {reason}; the previous model is kept"
+    assert (out / "w").read_text() == "old" and verify(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "model.000001"]
+    with pytest.raises(ValueError), publish_dir(out):  # any other error is a bug: it stays as it is
+        raise ValueError("a bug")
+
+
+def test_a_refused_text_write_names_the_file_and_keeps_it(tmp_path, monkeypatch):
+    import errno
+
+    from lmprefs.errors import UserError
+    from lmprefs.io.atomic import atomic_write_text
+
+    path = tmp_path / "run.json"
+    atomic_write_text(path, "old")
+
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(UserError, match=f"cannot write {path}: No space left on device; the file is as it was"):
+        atomic_write_text(path, "new")
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["run.json"]

@@ -67,3 +67,24 @@ def test_bundled_passages_yield_queries(tiny_lm):
     _, tok = tiny_lm
     train, heldout, prefix, suffix = task_queries(TaskConfig(query_dataset="bundled", query_length=16), tok, 64, 20)
     assert len(heldout) == 20 and len(train) > 100 and train.shape[1] == 16
+
+
+def test_prompts_from_a_local_file_are_used_as_given_unless_cropping_is_asked_for(tmp_path, tiny_lm):
+    import dataclasses
+
+    _, tok = tiny_lm
+    prompts = ["Mr. Darcy walked in. He", "A dragon with no period"]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
+    (tmp_path / "p.txt").write_text("\n\n".join(prompts) + "\n")
+
+    def queries(task):
+        return [tok.decode([t for t in row if t != PAD]) for row in build_queries(load_texts(task.query_dataset), tok,
+                                                                                   task).tolist()]  # fmt: skip
+
+    for name in ("p.jsonl", "p.txt"):  # start_text and end_text '.', as the books presets set them
+        task = TaskConfig(query_dataset=str(tmp_path / name), query_length=24, start_text=".", end_text=".")
+        assert queries(task) == prompts
+        assert queries(dataclasses.replace(task, crop_local_files=True)) == [" Darcy walked in."]
+    # the built-in corpora are cropped as the original crops its book passages
+    task = TaskConfig(query_dataset="bundled", query_length=24, start_text=".", end_text=".")
+    assert all(q.rstrip().endswith(".") for q in queries(task))

@@ -54,12 +54,49 @@ def test_phases_share_one_layout_and_trackers_get_the_same_names(tmp_path, monke
     mlflow_logged = [(a[0], k["step"]) for n, a, k in calls if n == "mlflow.log_metrics"]
     assert mlflow_logged[2] == ({"policy/objective/kl": 0.7}, 2)
     uri = [a[0] for n, a, _ in calls if n == "mlflow.set_tracking_uri"]
-    assert uri == [(tmp_path / "mlruns").resolve().as_uri()]  # local files unless MLFLOW_TRACKING_URI is set
+    assert uri == [f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"]  # in the run unless MLFLOW_TRACKING_URI is set
     assert {n for n, _, _ in calls} >= {"wandb.init", "wandb.finish", "mlflow.start_run", "mlflow.end_run"}
 
     # resuming at update 1 drops the later policy rows and keeps the reward model's (its steps count labels)
     RunLogger(tmp_path, R(cfg, run=R(cfg.run, report_to=())), resume_step=1).close()
     assert [(r["phase"], r["step"]) for r in read_jsonl(tmp_path / "metrics.jsonl")] == [("reward", 8), ("policy", 1)]
+
+
+def test_mlflow_logs_to_an_sqlite_store_in_the_run_directory(tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    cfg = preset("tiny")
+    log = RunLogger(tmp_path / "run", R(cfg, run=R(cfg.run, report_to=("mlflow",))))
+    log.scalars({"objective/kl": 0.5}, 1)
+    log.close()
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "policy/objective/kl")] == [0.5]
+    assert run.data.params["ppo.lr"] == str(cfg.ppo.lr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing beside the run directory
+
+
+def test_a_tracking_uri_mlflow_refuses_is_one_line(tmp_path, monkeypatch, capsys):
+    calls: list = []
+    fake = _fake("mlflow", calls)
+
+    class MlflowException(Exception):
+        pass
+
+    def refuse(**kw):
+        raise MlflowException("The filesystem tracking backend (e.g., './mlruns') is in maintenance mode\nmore")
+
+    fake.start_run = refuse
+    monkeypatch.setitem(__import__("sys").modules, "mlflow", fake)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "./mlruns")
+    args = ["train-reward", "tiny", "--run.report-to", "mlflow", "--db", "x.jsonl", "--run-dir", str(tmp_path / "r")]
+    (tmp_path / "x.jsonl").write_text('{"prompt": "q", "chosen": "a", "rejected": "b"}\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lmprefs train-reward: error: run.report_to=mlflow: mlflow refuses MLFLOW_TRACKING_URI=./mlruns "
+                   "(The filesystem tracking backend (e.g., './mlruns') is in maintenance mode)"], err
 
 
 def test_missing_tracker_is_one_line_before_any_work(tmp_path, capsys):

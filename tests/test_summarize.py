@@ -213,3 +213,15 @@ def test_train_reward_trains_on_the_train_split_and_reports_valid1(tmp_path, cap
     assert len(err.splitlines()) == 1 and "labels.heldout_by=split: none of the 1 best_of_2 labels" in err
     assert main(["config", "tiny", "--labels.heldout-by", "valid"]) == 2
     assert "--labels.heldout-by 'valid': choose one of auto, hash, split" in capsys.readouterr().err
+
+
+def test_posts_with_mojibake_are_repaired_by_ftfy_a_declared_dependency(tmp_path):
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert any(d.startswith("ftfy") for d in pyproject["project"]["dependencies"])
+    path = tmp_path / "train-subset.json"
+    path.write_text(json.dumps([{"content": "He said \u00e2\u20ac\u0153hi\u00e2\u20ac\x9d and left\u00e2\u20ac\u00a6 "
+                                            "It\u00e2\u20ac\u2122s fine."}]))  # fmt: skip
+    assert load_texts(str(path)) == ["He said \"hi\" and left\u2026 It's fine."]

@@ -205,6 +205,8 @@ def resolve_model(name: str) -> str:
     if name in MODEL_ASSETS:
         return str(MODEL_ASSETS[name]())
     p = Path(name).expanduser()
+    if p.is_file():
+        raise AssetError(f"model directory {p}: is a file, expected a Hugging Face save_pretrained directory")
     if p.exists():
         if not (p / "config.json").exists():
             raise AssetError(f"model directory {p} has no config.json (expected a Hugging Face save_pretrained dir)")

@@ -20,6 +20,7 @@ from lmprefs.cli.score import cmd_score
 from lmprefs.cli.serve import cmd_labelers, cmd_serve
 from lmprefs.cli.train import cmd_train_policy, cmd_train_reward, cmd_train_sft
 from lmprefs.errors import UserError
+from lmprefs.io.atomic import STORAGE_ERRNOS
 
 HANDLERS = {"config": cmd_config, "experiment": cmd_experiment, "quickstart": cmd_quickstart, "serve": cmd_serve,
             "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample,
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             distributed.init()
         return HANDLERS[cmd](rest) or 0
     except UserError as e:
+        _close_progress()
         print(f"lmprefs {cmd}: error{where}: {e}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:
@@ -74,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `lmprefs presets x | head`: the reader left; nothing to report
         sys.stderr.close()
         return 0
+    except OSError as e:  # a full disk, a read-only or someone else's directory: the user's to fix, not a bug
+        if e.errno not in STORAGE_ERRNOS:
+            raise
+        _close_progress()
+        print(f"lmprefs {cmd}: error{where}: {e.strerror}" + (f": {e.filename}" if e.filename else ""),
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 2
     except Exception as e:
         if not (launched and _is_dist_error(e)):
             raise
@@ -85,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if launched and "lmprefs.runtime.distributed" in sys.modules:
             sys.modules["lmprefs.runtime.distributed"].teardown()
+
+
+def _close_progress() -> None:
+    if "lmprefs.runtime.runlog" in sys.modules:  # a command that never showed a bar need not import torch for it
+        sys.modules["lmprefs.runtime.runlog"].close_progress()
 
 
 def _is_dist_error(e: BaseException) -> bool:

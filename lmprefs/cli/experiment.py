@@ -16,6 +16,7 @@ from lmprefs.cli.common import (
     run_dir_for,
 )
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import input_file
 
 # each experiment's own flags: saved with the run, so that rerunning its command (or the bare command) resumes it
 FLAGS = {"mock-sentiment": ("labels", "seeds", "eval_queries", "eval_samples"),
@@ -163,8 +164,9 @@ def _check_scores_file(data: str) -> None:
     from lmprefs.labels.formats import LabelFileError, import_file
     from lmprefs.pipeline.labeling import open_store
 
-    if not Path(data).is_file():
+    if not Path(data).exists():
         raise UserError(f"--data {data}: no such file (a JSONL of prompt, response, score)")
+    input_file(data, "--data")
     with tempfile.TemporaryDirectory() as tmp:
         try:
             import_file(open_store(Path(tmp) / "check.sqlite"), data, format="scores")

@@ -19,6 +19,8 @@ def sample_cli(a: argparse.Namespace, pairs) -> int:
     policy_dir = None
     if a.run_dir:
         run_dir = Path(a.run_dir)
+        if run_dir.is_file():
+            raise UserError(f"{run_dir}: is a file, expected a train-policy run directory")
         if not (run_dir / "config.json").is_file():
             raise UserError(f"{run_dir} is not a run directory (no config.json)")
         cfg = resolve_config("", pairs, config_file=str(run_dir / "config.json"))

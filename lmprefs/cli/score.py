@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from lmprefs.cli.common import command_parser
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import decode_text, input_dir, read_text
 
 
 def score_cli(a) -> int:
@@ -14,14 +14,17 @@ def score_cli(a) -> int:
     from lmprefs.recipes.score import reward_model_task, score_texts
     from lmprefs.runtime.device import pick_device
 
-    path = Path(a.reward_model)
+    path = input_dir(a.reward_model, "--reward-model", "reward-model directory")
     if not is_reward_model_dir(path):
         raise UserError(f"--reward-model {path}: not a reward-model directory (no sequence classifier with "
                         "num_labels=1)")  # fmt: skip
     task = reward_model_task(path)
-    if a.file and not Path(a.file).is_file():
-        raise UserError(f"input file {a.file} does not exist")
-    lines = (Path(a.file).read_text() if a.file else sys.stdin.read()).splitlines()
+    if a.file:
+        text = read_text(a.file, "input file")
+    else:  # bytes, so that text in another encoding is named, not a traceback (a replaced stdin may have none)
+        buffer = getattr(sys.stdin, "buffer", None)
+        text = decode_text(buffer.read(), "stdin") if buffer is not None else sys.stdin.read()
+    lines = text.splitlines()
     pairs = [tuple(line.split("\t", 1)) if "\t" in line else ("", line) for line in lines if line.strip()]
     if not pairs:
         raise UserError("no texts to score (one per line on stdin or in the file)")

@@ -26,8 +26,8 @@ def cmd_train_reward(argv: list[str]) -> int:
     cfg = resolve_config(a.preset, pairs, a.config)
     run_dir = run_dir_for(a.run_dir, cfg, "train-reward", a.preset)
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
-    t = setup_task(cfg)
-    labels = training_labels(t, store)  # a store that cannot train is refused before the run directory is made
+    t = setup_task(cfg)  # a bad model or query dataset is refused before the run directory is made
+    labels = training_labels(t, store)  # and so is a store that cannot train
     log = open_logger(run_dir, cfg)
     try:
         _, summary = train_reward_model(t, store, run_dir / "reward_model", log, labels=labels)

@@ -30,9 +30,15 @@ class TaskConfig:
     query_suffix: str = ""
     """Text put after every query (tldr/cnndm: '\\n\\nTL;DR:')."""
     start_text: str | None = "."
-    """The query starts right after the first occurrence of this text; passages without it are skipped."""
+    """The query starts right after the first occurrence of this text; passages without it are skipped. Not applied
+    to a local .txt/.jsonl query_dataset unless crop_local_files."""
     end_text: str | None = "."
-    """The query is cut after the last occurrence of this text within query_length; passages without it are skipped."""
+    """The query is cut after the last occurrence of this text within query_length; passages without it are skipped.
+    Not applied to a local .txt/.jsonl query_dataset unless crop_local_files."""
+    crop_local_files: bool = False
+    """Crop a local .txt/.jsonl query_dataset with start_text and end_text too. Off: its texts are your prompts, used
+    as given (cut to query_length tokens); the built-in corpora, hub datasets and TL;DR/CNN-DM files are always
+    cropped."""
     response_length: int = 24
     """Exactly this many tokens are sampled for every response (no EOS stop)."""
     truncate_token: int | None = 13

@@ -6,7 +6,10 @@ A dataset is a list of texts: `austen` (the offline asset), `lee-news` (300 ABC 
 list of {"content": post}, a CNN/DM .story file or a directory of them; read by `lmprefs.data.summarize`), or
 `hf:NAME[:SPLIT[:FIELD]]` through Hugging Face `datasets` when it is installed and reachable.
 Each text becomes a query as in the original: cut after the first start_text, truncated to query_length, cut after
-the last end_text, right-padded with PAD; texts with no start or end token are skipped.
+the last end_text, right-padded with PAD; texts with no start or end token are skipped. That cropping was made for
+book passages (the books tasks start a query after a '.' and end it at one): it applies to the built-in corpora, hub
+datasets and the original's summarization files, and not to a local .txt or .jsonl file, whose texts are a user's
+own prompts and are used as given (cut to query_length only) unless task.crop_local_files asks for it (`crops`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from lmprefs.config import TaskConfig
 from lmprefs.data.summarize import story_texts, tldr_texts
 from lmprefs.data.tasks import PAD, encode_fixed
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import read_text
 
 
 class QueryDataError(UserError):
@@ -39,8 +43,9 @@ def load_texts(spec: str) -> list[str]:
         return bundled_passages()
     if spec.startswith("hf:"):
         return _load_hf(spec)
-    path, _, field = spec.partition(":") if spec.count(":") == 1 and not Path(spec).exists() else (spec, "", "")
-    p = Path(path).expanduser()
+    p, field = _local(spec)
+    if p.is_dir() and p.suffix in (".txt", ".jsonl", ".json"):
+        raise QueryDataError(f"task.query_dataset {spec}: is a directory, expected a file")
     if p.is_dir() or p.suffix == ".story":  # CNN/DM: one .story file or a directory of them
 
         return story_texts(p)
@@ -51,10 +56,11 @@ def load_texts(spec: str) -> list[str]:
     if p.suffix == ".json":  # TL;DR: the original's JSON list of {"content": post}
 
         return tldr_texts(p, field or "content")
+    text = read_text(p, "task.query_dataset")
     if p.suffix == ".jsonl":
         field = field or "text"
         texts = []
-        for i, line in enumerate(p.read_text().splitlines(), 1):
+        for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -62,7 +68,25 @@ def load_texts(spec: str) -> list[str]:
             except (json.JSONDecodeError, KeyError, TypeError) as e:
                 raise QueryDataError(f"{p} line {i}: expected a JSON object with field {field!r} ({e})") from None
         return texts
-    return paragraphs(p.read_text())
+    return paragraphs(text)
+
+
+def _local(spec: str) -> tuple[Path, str]:
+    """(path, field) of a local dataset spec: `path`, or `path.jsonl:FIELD`."""
+    path, _, field = spec.partition(":") if spec.count(":") == 1 and not Path(spec).exists() else (spec, "", "")
+    return Path(path).expanduser(), field
+
+
+def crops(task: TaskConfig) -> bool:
+    """Whether task.start_text and task.end_text crop the texts of task.query_dataset: always for the built-in
+    corpora, hub datasets and the original's summarization files (a TL;DR .json, CNN/DM .story files), which is how
+    the original made queries from its data; for a local .txt or .jsonl file, a user's own prompts, only when
+    task.crop_local_files says so, so that a preset made for book passages does not cut them at their first '.'."""
+    spec = task.query_dataset
+    if spec in ("austen", "lee-news", "bundled") or spec.startswith("hf:"):
+        return True
+    p, _ = _local(spec)
+    return p.is_dir() or p.suffix in (".json", ".story") or task.crop_local_files
 
 
 def _load_hf(spec: str) -> list[str]:
@@ -107,18 +131,20 @@ def single_token(tokenizer, text: str | None, name: str) -> int | None:
 
 
 def build_queries(texts: list[str], tokenizer, task: TaskConfig, source: str = "") -> torch.Tensor:
-    """All usable queries as a [N, query_length] tensor right-padded with PAD."""
-    start = single_token(tokenizer, task.start_text, "start_text")
-    end = single_token(tokenizer, task.end_text, "end_text")
+    """All usable queries as a [N, query_length] tensor right-padded with PAD (cropped as `crops` says)."""
+    crop = crops(task)
+    start = single_token(tokenizer, task.start_text, "start_text") if crop else None
+    end = single_token(tokenizer, task.end_text, "end_text") if crop else None
     rows = []
     for text in texts:
         tokens = encode_query(tokenizer, text, task, start, end)
         if tokens:
             rows.append(tokens + [PAD] * (task.query_length - len(tokens)))
     if not rows:
+        need = (f"each needs start_text={task.start_text!r} and end_text={task.end_text!r}" if crop else
+                "all are empty")  # fmt: skip
         raise QueryDataError(f"task.query_dataset={source or task.query_dataset!r} yields no queries ({len(texts)} "
-                             f"texts; each needs start_text={task.start_text!r} and "
-                             f"end_text={task.end_text!r})")  # fmt: skip
+                             f"texts; {need})")  # fmt: skip
     return torch.tensor(rows, dtype=torch.long)
 
 

@@ -2,16 +2,18 @@
 (lm_human_preferences/datasets/{tldr,cnndm}.py @cbfd210), and the comparison JSONL of the later summarization work
 (openai/summarize-from-feedback, `comparisons/*.json`), which `lmprefs.labels.formats` imports as best_of_2 labels.
 
-The texts come out cleaned as the original cleans them (ftfy when it is installed, runs of 3+ newlines squeezed to
-one blank line, the CNN/DM preamble and `@highlight` summaries dropped); cropping to query_length (cut at the last
-end_text within it) is `queries.encode_query`'s job, the same for every dataset. Every error is a `SummaryDataError`
-(a `LabelFileError` for comparisons) naming the file, the row and the field.
+The texts come out cleaned as the original cleans them (ftfy, runs of 3+ newlines squeezed to one blank line, the
+CNN/DM preamble and `@highlight` summaries dropped); cropping to query_length (cut at the last end_text within it) is
+`queries.encode_query`'s job, the same for every dataset. Every error is a `SummaryDataError` (a `LabelFileError` for
+comparisons) naming the file, the row and the field.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+
+import ftfy
 
 from lmprefs.errors import UserError
 from lmprefs.io.jsonl import JsonRowsError, json_rows
@@ -22,10 +24,7 @@ class SummaryDataError(UserError):
 
 
 def _fix_text(text: str) -> str:
-    try:  # the original runs ftfy.fix_text; it is optional here (not a dependency): without it text is kept as is
-        import ftfy
-    except ImportError:
-        return text
+    """ftfy.fix_text, as the original runs it: Reddit posts and news stories hold mojibake ('â€œ' for '“')."""
     return ftfy.fix_text(text)
 
 

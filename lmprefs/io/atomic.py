@@ -6,11 +6,16 @@ goes to a temporary sibling, is fsynced, and replaces the file with os.replace.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from lmprefs.errors import UserError
 
 CRASH_ENV = "LMPREFS_CRASH_AT"
 _hits: dict[str, int] = {}
@@ -44,19 +49,54 @@ def fsync_dir(d: Path) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_temporaries(path)
-    fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+    with writing(path, "; the file is as it was"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(path)
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.tmp-{os.getpid()}-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            crash_point(f"atomic-write:{path.name}")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+# A write refused by its destination: the disk or the quota is full, the filesystem is read-only, or the directory
+# is not ours. The user can fix these; they are not bugs, so they end a command in one line, not a traceback.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES})
+
+
+def storage_error(e: BaseException | None) -> str | None:
+    """Why a write failed when its destination refused it (STORAGE_ERRNOS), found in `e` or in the exceptions it was
+    raised from or during: an OSError, or an error whose text carries the code as Rust reports it (safetensors:
+    "I/O error: No space left on device (os error 28)"); None for any other error."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS:
+            return os.strerror(e.errno)
+        m = re.search(r"\(os error (\d+)\)", str(e))
+        if m and int(m.group(1)) in STORAGE_ERRNOS:
+            return os.strerror(int(m.group(1)))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+@contextlib.contextmanager
+def writing(path: Path, outcome: str = ""):
+    """Writes to `path` inside this block that its destination refuses (storage_error) become one UserError naming
+    the path and the reason, followed by `outcome` (what was kept)."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        crash_point(f"atomic-write:{path.name}")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        yield
+    except Exception as e:
+        reason = storage_error(e)
+        if reason is None:
+            raise
+        raise UserError(f"cannot write {path}: {reason}{outcome}") from None
 
 
 def _remove_stale_temporaries(path: Path) -> None:

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from lmprefs.config import Config
 from lmprefs.config.overrides import ConfigError, from_dict, to_dict
+from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
+from lmprefs.io.inputs import read_text
 
 
 def save_config(cfg: Config, path: Path) -> None:
@@ -16,10 +18,27 @@ def save_config(cfg: Config, path: Path) -> None:
 
 def load_config(path: Path) -> Config:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
     try:
-        d = json.loads(path.read_text())
+        text = read_text(path, "config file")
+    except UserError as e:
+        raise ConfigError(str(e)) from None
+    try:
+        d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    if isinstance(d, dict) and ("model_type" in d or "architectures" in d):
+        raise ConfigError(f"{path}: the config.json of a saved model, not of an lmprefs run{_run_hint(path.parent)}")
     return from_dict(d, Config, origin=str(path))
+
+
+def _run_hint(model_dir: Path) -> str:
+    """'; pass the run directory (RUN), not its policy/' when model_dir is a model saved inside a run (RUN/policy,
+    RUN/checkpoint/policy, RUN/sft/sft_model), else ''."""
+    for run in list(model_dir.parents)[:3]:
+        try:
+            d = json.loads((run / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(d, dict) and "task" in d and "ppo" in d:
+            return f"; pass the run directory ({run}), not its {model_dir.relative_to(run)}/"
+    return ""

@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
+from lmprefs.io.inputs import decode_text
 
 
 class JsonRowsError(ValueError):
@@ -16,10 +18,14 @@ class JsonRowsError(ValueError):
 def json_rows(path: Path) -> tuple[str, list[tuple[str, object]]]:
     """("json" | "jsonl", [(where, row), ...]) of a JSON list or a JSONL file, where `where` is "row 17" or
     "line 18"."""
+    if Path(path).is_dir():
+        raise JsonRowsError(f"{path}: is a directory, expected a file")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = decode_text(Path(path).read_bytes(), path.name)
+    except OSError as e:
         raise JsonRowsError(f"{path.name}: cannot read: {e}") from e
+    except UserError as e:
+        raise JsonRowsError(str(e)) from None
     if text.lstrip().startswith("["):
         try:
             data = json.loads(text)

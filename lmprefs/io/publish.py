@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lmprefs.errors import UserError
-from lmprefs.io.atomic import crash_point, fsync_dir
+from lmprefs.io.atomic import crash_point, fsync_dir, storage_error, writing
 
 MANIFEST = "manifest.json"
 
@@ -40,6 +40,19 @@ def _fsync_tree(d: Path) -> None:
             with open(os.path.join(root, f), "rb") as fh:
                 os.fsync(fh.fileno())
         fsync_dir(Path(root))
+
+
+def _refused_write(d: Path) -> str | None:
+    """Whether `d`'s filesystem refuses writes now (storage_error's reason, or None), by writing a MiB to it and
+    syncing. torch.save to a path reports a full disk as "unexpected pos N vs M" without the OSError behind it."""
+    try:
+        with open(d / ".write-probe", "wb") as f:
+            f.write(bytes(1 << 20))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        return storage_error(e)
+    return None
 
 
 def sha256_file(path: Path) -> str:
@@ -67,18 +80,23 @@ def publish_dir(out: Path, meta: dict | None = None, keep: int = 0):
     """Yield an empty temporary directory to write into; on success it becomes `out` (see the module docstring).
     `meta` goes into the manifest; `keep` older versions stay on disk for fallback."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(out.name + ".tmp-*"):  # left by a killed writer (the run directory is locked)
-        shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else stale.unlink()
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    kept = f"; the previous {out.name} is kept" if out.exists() else f"; no {out.name} was written"
+    with writing(out, kept):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        for stale in out.parent.glob(out.name + ".tmp-*"):  # left by a killed writer (the run directory is locked)
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() and not stale.is_symlink() else stale.unlink()
+        tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
     try:
         yield tmp
         files = {f: sha256_file(tmp / f) for f in _files(tmp)}
         (tmp / MANIFEST).write_text(json.dumps({**(meta or {}), "files": files}, indent=1))
         _fsync_tree(tmp)
-    except BaseException:
+    except BaseException as e:
+        reason = storage_error(e) or (_refused_write(tmp) if isinstance(e, RuntimeError) else None)
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if reason is None:
+            raise
+        raise UserError(f"cannot write {out}: {reason}{kept}") from None
     crash_point(f"publish:{out.name}:written")
     old = versions(out)
     version = out.parent / f"{out.name}.{(int(old[0].name[-6:]) + 1) if old else 1:06d}"

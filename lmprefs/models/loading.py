@@ -3,6 +3,8 @@ needs: vocabulary, context length, width, the list of blocks."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -42,6 +44,10 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     model = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch.float32).to(device).eval()
     # exports of merged models go back to it (export_dtype)
     model.source_dtype = source_dtype if isinstance(source_dtype, torch.dtype) else torch.float32
+    # what a saved adapter names as its base (save_peft_adapter): an asset or hub name as given, which lmprefs
+    # resolves on any machine (not the asset's cache directory on this one), a local directory by its absolute path
+    local = name not in MODEL_NAMES and Path(path).is_dir()
+    model.lmprefs_base = str(Path(path).resolve()) if local else name
     tok = AutoTokenizer.from_pretrained(path)
     return model, tok
 

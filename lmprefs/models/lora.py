@@ -136,7 +136,8 @@ def save_peft_adapter(model: nn.Module, name: str, out, task_type: str = "CAUSAL
     PeftModel.from_pretrained(initial_model, out) rebuilds it: same modules, rank, alpha (scale alpha / rank),
     GPT-2's Conv1D as fan_in_fan_out. `extra`: whole modules' tensors saved beside the adapter as peft's
     modules_to_save ({"score.weight": ...} for a sequence classifier's head); task_type "SEQ_CLS" for those.
-    The adapters are written in fp32, as trained (they are ~1% of the model)."""
+    The adapters are written in fp32, as trained (they are ~1% of the model). base_model_name_or_path is the name
+    the run loaded the model by (load_lm's lmprefs_base: an asset or hub name, or a directory's absolute path)."""
     from pathlib import Path
 
     from peft import LoraConfig as PeftLoraConfig
@@ -145,7 +146,7 @@ def save_peft_adapter(model: nn.Module, name: str, out, task_type: str = "CAUSAL
     out = Path(out)
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
     first = mods[0][1]
-    base = getattr(model, "name_or_path", None) or model.config.name_or_path
+    base = getattr(model, "lmprefs_base", None) or getattr(model, "name_or_path", None) or model.config.name_or_path
     whole = sorted({k.rsplit(".", 1)[0] for k in extra or {}})  # modules saved whole: "score", "transformer.ln_f"
     PeftLoraConfig(r=first.rank, lora_alpha=first.rank * first.scale, target_modules=[n for n, _ in mods],
                    lora_dropout=0.0, bias="none", fan_in_fan_out=first.transposed, task_type=task_type,

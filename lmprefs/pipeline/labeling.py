@@ -10,6 +10,7 @@ import torch
 
 from lmprefs.data.tasks import decode
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import input_file
 from lmprefs.labels.formats import LabelFileError, import_file
 from lmprefs.labels.labelers import label_items, make_labeler, score_fn
 from lmprefs.labels.store import LabelStore, check_store_path
@@ -33,8 +34,7 @@ def label_source(source: str):
     p = Path(source)
     if p.suffix in (".sqlite", ".db"):
         return LabelStore(check_store_path(p, must_exist=True))
-    if not p.is_file():
-        raise UserError(f"label source {p} does not exist")
+    input_file(p, "label source")
     store = open_store(Path(tempfile.mkdtemp(prefix="lmprefs-labels-")) / "labels.sqlite")
     try:
         import_file(store, p)

@@ -10,6 +10,7 @@ import torch
 from lmprefs.config import Config
 from lmprefs.data.tasks import decode, query_texts
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import input_dir
 from lmprefs.labels.labelers import SCORE_FNS, score_fn, score_texts
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
@@ -17,7 +18,7 @@ from lmprefs.pipeline.labeling import label_source
 from lmprefs.pipeline.reward_model import RewardState, TrainingLabels, reward_frame, reward_logger, train_reward_model
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
-from lmprefs.training.reward import normalization_samples
+from lmprefs.training.reward import normalization_samples, rm_rewards
 from lmprefs.training.rollout import rm_score_fn, text_score_fn
 
 
@@ -51,6 +52,7 @@ def check_trained_model(cfg: Config, tok) -> None:
     if not cfg.rewards.trained_model:
         return
     rm_dir = Path(cfg.rewards.trained_model)
+    input_dir(rm_dir, "rewards.trained_model", "reward-model directory")
     if not is_reward_model_dir(rm_dir):
         raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (a sequence classifier "
                         "with num_labels=1, as train-reward or TRL's RewardTrainer save)")  # fmt: skip
@@ -93,6 +95,8 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         return rm_score_fn(rm), info | {"state": RewardState(rm)}
     if is_reward_model_dir(rm_dir) and (cfg.rewards.trained_model or resume):
         rm = load_reward_model(rm_dir, t.device).eval().requires_grad_(False)
+        if not (rm_dir / "lmprefs.json").is_file():
+            normalize_foreign(t, rm, rm_dir)
         if cfg.run.parallel == "fsdp":  # scored through its forward: FSDP gathers a block at a time
             rm = parallel.wrap(rm, "fsdp", t.dtype)
         return rm_score_fn(rm), info
@@ -107,6 +111,25 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
     rm.freeze()
     info["reward_training"] = summary
     return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
+
+
+def normalize_foreign(t: Task, rm, rm_dir: Path) -> None:
+    """Normalize a reward model lmprefs did not train (e.g. TRL's: no lmprefs.json) to mean 0, std 1 on samples of
+    the initial policy, as lmprefs normalizes its own when it trains them and reward functions: its scale is
+    arbitrary, and kl_coef and the KL target weigh a reward of that scale. Deterministic (its own generator), so a
+    resumed run normalizes it as the first did."""
+    cfg = t.cfg
+    gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
+    q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
+    raw = dist.gather_rows(rm_rewards(rm, q, r, t.ctx).double())
+    mean, std = raw.mean().item(), raw.std(unbiased=False).item()
+    if not std > 1e-6:
+        raise UserError(f"rewards.trained_model={rm_dir}: gives every one of {len(raw)} initial-policy samples the "
+                        f"reward {mean:+.4f}; it cannot rank responses (is it trained?)")  # fmt: skip
+    rm.set_norm(mean, std)
+    if dist.is_main():
+        print(f"rewards.trained_model={rm_dir}: not trained by lmprefs (no lmprefs.json): normalized with mean "
+              f"{mean:+.4f}, std {std:.4f} of {len(raw)} initial-policy samples", flush=True)  # fmt: skip
 
 
 def _checked_scores(fn, texts: list[str], name: str, queries: list[str] | None = None) -> torch.Tensor:

@@ -3,6 +3,7 @@ original's sample.py format (a rule of '=', the query, the response; newlines sh
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -23,8 +24,8 @@ def sample_texts(cfg, n: int, policy_dir: Path | None = None, temperature: float
 
     device, dtype = setup_torch(cfg.run)
     temperature = temperature if temperature is not None else cfg.task.temperature
-    if temperature <= 0:
-        raise UserError(f"--temperature {temperature}: must be positive")
+    if not (math.isfinite(temperature) and temperature > 0):  # nan and inf sample nothing but end-of-text tokens
+        raise UserError(f"--temperature {temperature}: must be a positive finite number")
     if policy_dir is not None:
         policy = load_policy(policy_dir, device, temperature)
         model, tok = policy.lm, policy.tokenizer

@@ -9,11 +9,13 @@ import math
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 
 from lmprefs.config import Config
 from lmprefs.config.overrides import to_dict
 from lmprefs.errors import UserError
+from lmprefs.io.atomic import writing
 from lmprefs.io.config_file import save_config
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.runtime.distributed import broadcast_object, is_main
@@ -93,14 +95,7 @@ class RunLogger:
                 self.wandb.define_metric(f"{phase}/step")
                 self.wandb.define_metric(f"{phase}/*", step_metric=f"{phase}/step")
         if "mlflow" in names:
-            import mlflow  # only when asked; a local ./RUN_DIR/mlruns store unless MLFLOW_TRACKING_URI says otherwise
-
-            if not os.environ.get("MLFLOW_TRACKING_URI"):
-                mlflow.set_tracking_uri((self.run_dir / "mlruns").resolve().as_uri())
-            self.mlflow = mlflow
-            mlflow.start_run(run_name=self.run_dir.name)
-            if not self.resume:
-                mlflow.log_params({f"{s}.{k}": v for s, sub in to_dict(cfg).items() for k, v in sub.items()})
+            self.mlflow = _start_mlflow(self.run_dir, cfg, self.resume)
 
     def _writer(self, phase: str):
         if "tensorboard" not in self.cfg.run.report_to:
@@ -123,7 +118,7 @@ class RunLogger:
         for k, v in stats.items():
             if w is not None:
                 w.add_scalar(k, v, step)
-        with open(self.metrics_path, "a") as f:
+        with writing(self.metrics_path), open(self.metrics_path, "a") as f:
             f.write(json.dumps({"phase": phase, "step": step, **{k: _finite(v) for k, v in stats.items()}}) + "\n")
         named = {f"{phase}/{k}": float(v) for k, v in stats.items() if math.isfinite(float(v))}
         if self.wandb is not None:
@@ -132,7 +127,7 @@ class RunLogger:
             self.mlflow.log_metrics(named, step=step)
 
     def samples(self, rows: list[dict], step: int) -> None:
-        with open(self.samples_path, "a") as f:
+        with writing(self.samples_path), open(self.samples_path, "a") as f:
             for r in rows:
                 f.write(json.dumps({"step": step, **r}) + "\n")
 
@@ -143,6 +138,28 @@ class RunLogger:
             self.wandb.finish()
         if self.mlflow is not None:
             self.mlflow.end_run()
+
+
+def _start_mlflow(run_dir: Path, cfg: Config, resume: bool):
+    """The mlflow module with a run started. Without MLFLOW_TRACKING_URI the store is RUN_DIR/mlflow.db (SQLite):
+    mlflow 3 refuses a file store (./mlruns) unless MLFLOW_ALLOW_FILE_STORE is set. A store mlflow refuses (a
+    tracking URI it cannot use) is one line naming it."""
+    import mlflow  # only when asked: it is optional
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        if not uri:
+            mlflow.set_tracking_uri(f"sqlite:///{(run_dir / 'mlflow.db').resolve()}")
+        mlflow.start_run(run_name=run_dir.name)
+    except Exception as e:
+        if type(e).__name__ != "MlflowException":
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        where = f"MLFLOW_TRACKING_URI={uri}" if uri else f"the store {run_dir / 'mlflow.db'}"
+        raise UserError(f"run.report_to=mlflow: mlflow refuses {where} ({first})") from None
+    if not resume:
+        mlflow.log_params({f"{s}.{k}": v for s, sub in to_dict(cfg).items() for k, v in sub.items()})
+    return mlflow
 
 
 def _stable_id(run_dir: Path) -> str:
@@ -172,5 +189,16 @@ def progress(total: int, desc: str, initial: int = 0):
     from tqdm import tqdm
 
     quiet = os.environ.get("RANK", "0") != "0"
-    return tqdm(total=total, desc=desc, initial=initial, file=sys.stderr, dynamic_ncols=True, disable=quiet,
-                mininterval=1.0 if sys.stderr.isatty() else 10.0, unit="it", smoothing=0.1)  # fmt: skip
+    bar = tqdm(total=total, desc=desc, initial=initial, file=sys.stderr, dynamic_ncols=True, disable=quiet,
+               mininterval=1.0 if sys.stderr.isatty() else 10.0, unit="it", smoothing=0.1)  # fmt: skip
+    _bars.add(bar)
+    return bar
+
+
+_bars: weakref.WeakSet = weakref.WeakSet()
+
+
+def close_progress() -> None:
+    """Close the bars still open: a command that ends in an error mid-bar prints its line on a line of its own."""
+    for bar in list(_bars):
+        bar.close()

@@ -25,6 +25,7 @@ from lmprefs.config.diff import config_meta, math_changes
 from lmprefs.data.tasks import PAD
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
+from lmprefs.io.inputs import read_text
 from lmprefs.io.publish import latest_good
 from lmprefs.models.artifacts import atomic_dir
 from lmprefs.models.loading import load_lm, max_positions, vocab_size
@@ -43,9 +44,9 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
     """(prompt, response) pairs of a JSONL file: `prompt` and `response`, or TRL's `prompt` and `completion`."""
     path = Path(path).expanduser()
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SFTDataError(f"sft.data={str(path)!r}: cannot read ({e.__class__.__name__}: {e})") from None
+        text = read_text(path, "sft.data")
+    except UserError as e:
+        raise SFTDataError(str(e)) from None
     pairs = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():

@@ -1,0 +1,49 @@
+"""A user's input files and directories, refused in one line that names the flag and the path: one that is missing,
+a directory where a file is expected (or a file where a directory is), and text that is not UTF-8."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmprefs.errors import UserError
+
+
+def input_file(path: str | Path, what: str) -> Path:
+    """`path` as a Path, or a UserError saying that `what` (e.g. "--sft.data") names nothing or a directory."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{what} {path}: is a directory, expected a file")
+    if not p.is_file():
+        raise UserError(f"{what} {path} does not exist")
+    return p
+
+
+def input_dir(path: str | Path, what: str, kind: str = "directory") -> Path:
+    """`path` as a Path, or a UserError saying that `what` names nothing or a file (`kind`: what it should be)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{what} {path}: is a file, expected a {kind}")
+    if not p.exists():
+        raise UserError(f"{what} {path} does not exist")
+    return p
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The text of a user's file (UTF-8; a leading byte-order mark is dropped), checked with input_file."""
+    p = input_file(path, what)
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise UserError(f"{what} {path}: cannot read it ({e.strerror})") from None
+    return decode_text(data, f"{what} {path}")
+
+
+def decode_text(data: bytes, where: str) -> str:
+    """`data` decoded as UTF-8, or a UserError naming `where` and the first byte that is not (e.g. a Latin-1 file)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, line {line}); "
+                        "save it as UTF-8") from None  # fmt: skip
+    return text.removeprefix("\ufeff")  # editors on Windows start UTF-8 files with a byte-order mark
