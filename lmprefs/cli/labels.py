@@ -72,7 +72,8 @@ def cmd_import_labels(argv: list[str]) -> int:
         raise UserError(f"label file {a.file} {what}")
     created = not check_store_path(a.db, must_exist=False).exists()
     try:
-        r = import_file(open_store(a.db), a.file, format=a.format, labeler=a.labeler)
+        with open_store(a.db) as store:
+            r = import_file(store, a.file, format=a.format, labeler=a.labeler)
     except LabelFileError as e:
         if created:  # a rejected file leaves no empty store behind
             for suffix in ("", "-wal", "-shm"):
@@ -120,9 +121,9 @@ def cmd_export_labels(argv: list[str]) -> int:
             label_type_shape(a.label_type)
         except ValueError as e:
             raise UserError(f"--label-type: {e}") from None
-    store = LabelStore(check_store_path(a.db, must_exist=True))
     try:
-        n = export_file(store, out, format=fmt, label_type=a.label_type)
+        with LabelStore(check_store_path(a.db, must_exist=True)) as store:
+            n = export_file(store, out, format=fmt, label_type=a.label_type)
     except LabelFileError as e:
         raise UserError(str(e)) from None
     except OSError as e:  # a folder that cannot be written (read-only, full, not a real directory)

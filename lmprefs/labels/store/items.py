@@ -1,5 +1,5 @@
 """Questions: adding them (queries, samples and their token ids, deduplicated), reading them back, the store's own
-queue order, and an item's gold answer and hold. Methods of `LabelStore` (each takes the store first)."""
+queue order, and an item's gold answer and hold. Methods of `StoreBase` (each takes the store first)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from lmprefs.labels.store.records import HOLDS, Item, check_label_value, sha, so
 from lmprefs.labels.store.schema import TABLES
 
 if TYPE_CHECKING:
-    from lmprefs.labels.store.core import LabelStore
+    from lmprefs.labels.store.base import StoreBase
 
 
 def _put_tokens(c, table: str, col: str, row_id: int, tokenizer: str, ids: list[int]) -> None:
@@ -25,7 +25,7 @@ def _put_tokens(c, table: str, col: str, row_id: int, tokenizer: str, ids: list[
 
 
 def add_item(
-    store: LabelStore,
+    store: StoreBase,
     query: str,
     samples: list[str],
     *,
@@ -81,7 +81,7 @@ def add_item(
         return cur.lastrowid
 
 
-def _items(store: LabelStore, where: str, args: tuple) -> list[Item]:
+def _items(store: StoreBase, where: str, args: tuple) -> list[Item]:
     out = []
     with store.snapshot() as c:
         rows = c.execute(
@@ -102,12 +102,12 @@ def _items(store: LabelStore, where: str, args: tuple) -> list[Item]:
     return out
 
 
-def get_item(store: LabelStore, item_id: int) -> Item | None:
+def get_item(store: StoreBase, item_id: int) -> Item | None:
     items = _items(store, "i.id = ?", (item_id,))
     return items[0] if items else None
 
 
-def next_item(store: LabelStore, labeler: str, *, batch: str | None = None) -> Item | None:
+def next_item(store: StoreBase, labeler: str, *, batch: str | None = None) -> Item | None:
     """The highest-priority, oldest pending item that `labeler` has not labeled, skipped or flagged yet (held
     items are skipped). There is no lease: two labelers asking at once may get the same item, and both answers
     are kept."""
@@ -122,39 +122,39 @@ def next_item(store: LabelStore, labeler: str, *, batch: str | None = None) -> I
     return items[0] if items else None
 
 
-def pending_count(store: LabelStore, *, batch: str | None = None) -> int:
+def pending_count(store: StoreBase, *, batch: str | None = None) -> int:
     sql = "SELECT COUNT(*) FROM items WHERE status = 'pending' AND hold IS NULL AND (?1 IS NULL OR batch = ?1)"
     return store.connection().execute(sql, (batch,)).fetchone()[0]
 
 
-def item_splits(store: LabelStore) -> dict[int, str]:
+def item_splits(store: StoreBase) -> dict[int, str]:
     """{item id: split} of the items whose source carries an imported split (`source_split`)."""
     rows = store.connection().execute("SELECT id, source FROM items WHERE source LIKE 'import:%#%'")
     return {i: sp for i, src in rows if (sp := source_split(src)) is not None}
 
 
-def item_count(store: LabelStore, *, batch: str) -> int:
+def item_count(store: StoreBase, *, batch: str) -> int:
     """How many items `batch` holds, answered or not."""
     return store.connection().execute("SELECT COUNT(*) FROM items WHERE batch = ?", (batch,)).fetchone()[0]
 
 
-def item_batches(store: LabelStore, prefix: str) -> dict[int, str]:
+def item_batches(store: StoreBase, prefix: str) -> dict[int, str]:
     """{item id: batch} of the items whose batch starts with `prefix` (compared as SQL LIKE does: ASCII letters in
     any case)."""
     pattern = "".join("!" + ch if ch in "!%_" else ch for ch in prefix) + "%"
     return dict(store.connection().execute("SELECT id, batch FROM items WHERE batch LIKE ? ESCAPE '!'", (pattern,)))
 
 
-def label_types(store: LabelStore) -> list[str]:
+def label_types(store: StoreBase) -> list[str]:
     return [t for (t,) in store.connection().execute("SELECT DISTINCT label_type FROM items ORDER BY label_type")]
 
 
-def table_counts(store: LabelStore) -> dict[str, int]:
+def table_counts(store: StoreBase) -> dict[str, int]:
     """Rows per table (for reports, and to check that a failed import changed nothing)."""
     return {t: store.connection().execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in TABLES}
 
 
-def set_gold(store: LabelStore, item_id: int, best: int | None) -> None:
+def set_gold(store: StoreBase, item_id: int, best: int | None) -> None:
     """Make `item_id` a gold question whose right answer is stored sample `best` (None: an ordinary item again)."""
     with store._tx() as c:
         row = c.execute("SELECT label_type FROM items WHERE id = ?", (item_id,)).fetchone()
@@ -165,7 +165,7 @@ def set_gold(store: LabelStore, item_id: int, best: int | None) -> None:
         c.execute("UPDATE items SET gold = ? WHERE id = ?", (best, item_id))
 
 
-def set_hold(store: LabelStore, item_id: int, hold: str | None) -> None:
+def set_hold(store: StoreBase, item_id: int, hold: str | None) -> None:
     """Retire an item (hold="retired": never served again) or restore it (None: served, even if flagged)."""
     if hold not in (*HOLDS, None):
         raise ValueError(f"hold={hold!r} must be one of {HOLDS} or None")

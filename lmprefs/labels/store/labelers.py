@@ -1,4 +1,4 @@
-"""Labelers: names, roles and sign-in tokens (only a token's sha256 is stored). Methods of `LabelStore` (each takes
+"""Labelers: names, roles and sign-in tokens (only a token's sha256 is stored). Methods of `StoreBase` (each takes
 the store first)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from lmprefs.labels.store.records import Labeler, check_name, sha
 
 if TYPE_CHECKING:
-    from lmprefs.labels.store.core import LabelStore
+    from lmprefs.labels.store.base import StoreBase
 
 
 def token_hash(token: str) -> str:
@@ -24,7 +24,7 @@ def labeler_id(c, name: str) -> int:
     return c.execute("SELECT id FROM labelers WHERE name = ?", (name,)).fetchone()[0]
 
 
-def add_labeler(store: LabelStore, name: str, admin: bool = False) -> str:
+def add_labeler(store: StoreBase, name: str, admin: bool = False) -> str:
     """Register `name` and return a new login token (shown once: only its sha256 is stored). A labeler that
     exists without a token (e.g. created by an import) gets one; one that already has a token is an error."""
     token = secrets.token_urlsafe(32)
@@ -44,13 +44,13 @@ def _labeler(row) -> Labeler:
     return Labeler(row[0], row[1], bool(row[2]), row[3], bool(row[4]))
 
 
-def labeler_for_token(store: LabelStore, token: str) -> Labeler | None:
+def labeler_for_token(store: StoreBase, token: str) -> Labeler | None:
     """The labeler who signs in with `token`, or None."""
     row = store.connection().execute(f"{_LABELER} WHERE token_hash = ?", (token_hash(token),)).fetchone()
     return _labeler(row) if row else None
 
 
-def labeler_for_session(store: LabelStore, labeler_id: int, token_hash: str) -> Labeler | None:
+def labeler_for_session(store: StoreBase, labeler_id: int, token_hash: str) -> Labeler | None:
     """Labeler `labeler_id` if their token is still the one whose hash is `token_hash` (not revoked or replaced)."""
     sql = f"{_LABELER} WHERE id = ? AND token_hash = ?"
     row = store.connection().execute(sql, (labeler_id, token_hash)).fetchone()
@@ -62,17 +62,17 @@ def read_labelers(c) -> list[Labeler]:
     return [_labeler(r) for r in c.execute(f"{_LABELER} ORDER BY name")]
 
 
-def labelers(store: LabelStore) -> list[Labeler]:
+def labelers(store: StoreBase) -> list[Labeler]:
     """Every registered labeler, with or without a token, by name."""
     return read_labelers(store.connection())
 
 
-def labelers_with_tokens(store: LabelStore) -> int:
+def labelers_with_tokens(store: StoreBase) -> int:
     """How many labelers can sign in."""
     return store.connection().execute("SELECT COUNT(*) FROM labelers WHERE token_hash IS NOT NULL").fetchone()[0]
 
 
-def revoke_token(store: LabelStore, name: str) -> bool:
+def revoke_token(store: StoreBase, name: str) -> bool:
     """Take away `name`'s token (their sessions end at their next request); False if there is no such labeler."""
     with store._tx() as c:
         return c.execute("UPDATE labelers SET token_hash = NULL WHERE name = ?", (name,)).rowcount > 0

@@ -1,5 +1,5 @@
 """Judgements: recording a labeler's label, skip or flag on an item, importing labeled rows in one transaction, and
-reading labels back for training and agreement. Methods of `LabelStore` (each takes the store first)."""
+reading labels back for training and agreement. Methods of `StoreBase` (each takes the store first)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from lmprefs.labels.store.records import (
 )
 
 if TYPE_CHECKING:
-    from lmprefs.labels.store.core import LabelStore
+    from lmprefs.labels.store.base import StoreBase
 
 
 def add_label(
-    store: LabelStore,
+    store: StoreBase,
     item_id: int,
     labeler: str,
     *,
@@ -105,7 +105,7 @@ def add_label(
         return label_id
 
 
-def import_batch(store: LabelStore, rows: Iterable[ImportRow]) -> ImportCounts:
+def import_batch(store: StoreBase, rows: Iterable[ImportRow]) -> ImportCounts:
     """Add labeled rows in ONE transaction: all of them or, on any error, none. Re-importing a row is a no-op
     (the item exists and the labeler's identical label is counted as present); a *different* label by the same
     labeler raises DuplicateLabelError and rolls everything back."""
@@ -114,7 +114,7 @@ def import_batch(store: LabelStore, rows: Iterable[ImportRow]) -> ImportCounts:
         items_before = c.execute("SELECT COUNT(*) FROM items").fetchone()[0]
         for r in rows:
             counts.rows += 1
-            item_id = store.add_item(
+            item_id = store.add_item(  # the bound method: a test may stand in for it
                 r.query,
                 r.samples,
                 source=r.source,
@@ -140,7 +140,7 @@ def import_batch(store: LabelStore, rows: Iterable[ImportRow]) -> ImportCounts:
 
 
 def labeled_examples(
-    store: LabelStore, label_type: str = "best_of_4", *, since_id: int | None = None, tokenizer: str | None = None
+    store: StoreBase, label_type: str = "best_of_4", *, since_id: int | None = None, tokenizer: str | None = None
 ) -> list[Example]:
     """Every `label` (not skips or flags) on items of `label_type`, oldest first; `since_id` keeps labels with a
     larger id (for online training). With `tokenizer`, attach the ids stored under that name (None if absent)."""
@@ -187,20 +187,20 @@ def labeled_examples(
     return out
 
 
-def has_answered(store: LabelStore, item_id: int, labeler: str) -> bool:
+def has_answered(store: StoreBase, item_id: int, labeler: str) -> bool:
     """Whether `labeler` labeled, skipped or flagged item `item_id`."""
     sql = "SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = ? AND b.name = ?"
     return store.connection().execute(sql, (item_id, labeler)).fetchone() is not None
 
 
-def answer_counts(store: LabelStore, labeler_id: int) -> dict[str, int]:
+def answer_counts(store: StoreBase, labeler_id: int) -> dict[str, int]:
     """{kind: n} of labeler `labeler_id`'s answers, for the kinds they gave at least once."""
     sql = "SELECT kind, COUNT(*) FROM labels WHERE labeler_id = ? GROUP BY kind"
     return dict(store.connection().execute(sql, (labeler_id,)))
 
 
 def answers_since(
-    store: LabelStore, since_id: int = 0, *, limit: int = 1000, label_type: str | None = None
+    store: StoreBase, since_id: int = 0, *, limit: int = 1000, label_type: str | None = None
 ) -> list[Answer]:
     """Labels, skips and flags with an id above `since_id` (on items of `label_type`, or any), oldest first."""
     rows = store.connection().execute(
@@ -212,7 +212,7 @@ def answers_since(
     return [Answer(*r[:10], json.loads(r[10]) if r[10] else None, r[11]) for r in rows]
 
 
-def last_answer(store: LabelStore, labeler_id: int, *, source: str) -> tuple[int, int, float] | None:
+def last_answer(store: StoreBase, labeler_id: int, *, source: str) -> tuple[int, int, float] | None:
     """(label id, item id, time) of labeler `labeler_id`'s latest answer from `source` on a best_of_N item."""
     return store.connection().execute(
         "SELECT l.id, l.item_id, l.created FROM labels l JOIN items i ON i.id = l.item_id WHERE l.labeler_id = ?"

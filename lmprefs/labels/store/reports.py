@@ -1,5 +1,5 @@
 """What the admin page and the quality measures read: answers per labeler and their times, agreement between
-labelers, flags, held and gold items, and every answer on best_of_N items. Methods of `LabelStore` (each takes the
+labelers, flags, held and gold items, and every answer on best_of_N items. Methods of `StoreBase` (each takes the
 store first)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from lmprefs.labels.store.labelers import read_labelers
 from lmprefs.labels.store.records import KINDS, Agreement, BestOfAnswer, Flag, GoldItem, HeldItem, Labeler
 
 if TYPE_CHECKING:
-    from lmprefs.labels.store.core import LabelStore
+    from lmprefs.labels.store.base import StoreBase
 
 
-def counts_by_labeler(store: LabelStore) -> dict[str, dict[str, int]]:
+def counts_by_labeler(store: StoreBase) -> dict[str, dict[str, int]]:
     """{labeler: {"label": n, "skip": n, "flag": n}} for every labeler with at least one answer."""
     out: dict[str, dict[str, int]] = {}
     for name, kind, n in store.connection().execute(
@@ -26,7 +26,7 @@ def counts_by_labeler(store: LabelStore) -> dict[str, dict[str, int]]:
     return out
 
 
-def agreement(store: LabelStore) -> Agreement:
+def agreement(store: StoreBase) -> Agreement:
     """How often two labelers pick the same best sample, over best_of_N items with >= 2 labels."""
     by_item: dict[int, list[tuple[str, int]]] = defaultdict(list)
     for item_id, name, best in store.connection().execute(
@@ -49,7 +49,7 @@ def agreement(store: LabelStore) -> Agreement:
     return Agreement(agree / total if total else None, items, pairs)
 
 
-def labeler_activity(store: LabelStore) -> list[tuple[Labeler, list[tuple[str, float]]]]:
+def labeler_activity(store: StoreBase) -> list[tuple[Labeler, list[tuple[str, float]]]]:
     """Every registered labeler by name, with their answers as (kind, time), oldest first; one snapshot, so totals
     over the labelers add up."""
     with store.snapshot() as c:
@@ -60,7 +60,7 @@ def labeler_activity(store: LabelStore) -> list[tuple[Labeler, list[tuple[str, f
     return [(b, answers.get(b.id, [])) for b in labelers]
 
 
-def recent_flags(store: LabelStore, limit: int = 20) -> list[Flag]:
+def recent_flags(store: StoreBase, limit: int = 20) -> list[Flag]:
     """The latest flags, newest first: what labelers found broken."""
     rows = store.connection().execute(
         "SELECT l.item_id, b.name, l.note, l.created, q.text FROM labels l JOIN labelers b ON b.id = l.labeler_id"
@@ -71,7 +71,7 @@ def recent_flags(store: LabelStore, limit: int = 20) -> list[Flag]:
     return [Flag(*r) for r in rows]
 
 
-def held_items(store: LabelStore, limit: int = 50) -> list[HeldItem]:
+def held_items(store: StoreBase, limit: int = 50) -> list[HeldItem]:
     """Held items (flagged or retired), newest first."""
     sql = (
         "SELECT i.id, i.hold, q.text FROM items i JOIN queries q ON q.id = i.query_id WHERE i.hold IS NOT NULL"
@@ -80,7 +80,7 @@ def held_items(store: LabelStore, limit: int = 50) -> list[HeldItem]:
     return [HeldItem(*r) for r in store.connection().execute(sql, (limit,))]
 
 
-def gold_items(store: LabelStore) -> list[GoldItem]:
+def gold_items(store: StoreBase) -> list[GoldItem]:
     """The gold questions with their labels and right labels, by id."""
     sql = (
         "SELECT i.id, i.gold, COUNT(l.id), COALESCE(SUM(l.best = i.gold), 0), q.text FROM items i"
@@ -90,7 +90,7 @@ def gold_items(store: LabelStore) -> list[GoldItem]:
     return [GoldItem(*r) for r in store.connection().execute(sql)]
 
 
-def gold_accuracy(store: LabelStore) -> dict[str, tuple[int, int]]:
+def gold_accuracy(store: StoreBase) -> dict[str, tuple[int, int]]:
     """{labeler: (correct, answered)} on gold questions, for labelers who answered at least one."""
     sql = (
         "SELECT b.name, SUM(l.best = i.gold), COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id"
@@ -99,7 +99,7 @@ def gold_accuracy(store: LabelStore) -> dict[str, tuple[int, int]]:
     return {name: (int(k), n) for name, k, n in store.connection().execute(sql)}
 
 
-def best_of_answers(store: LabelStore) -> tuple[list[str], list[BestOfAnswer]]:
+def best_of_answers(store: StoreBase) -> tuple[list[str], list[BestOfAnswer]]:
     """Every labeler's name, and every answer (labels, skips, flags) on best_of_N items ordered by item, then
     labeler; one snapshot."""
     with store.snapshot() as c:

@@ -1,7 +1,7 @@
 """What the web app's queue asks the store: the items a labeler may be served next, in the store's order, with the
 labels each already has; the gold questions they have not answered; whether one item may be served to them; and
 the labels the shared pool's items want. The leases themselves are the queue's own, in memory
-(`lmprefs.server.queue`). Methods of `LabelStore` (each takes the store first).
+(`lmprefs.server.queue`). Methods of `StoreBase` (each takes the store first).
 
 Only best_of_N items are served (the page is a pick-the-best form), never a held one, and never one the labeler
 has answered (labeled, skipped or flagged).
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from lmprefs.labels.store.records import Candidate
 
 if TYPE_CHECKING:
-    from lmprefs.labels.store.core import LabelStore
+    from lmprefs.labels.store.base import StoreBase
 
 _IS_BEST_OF = "i.label_type LIKE 'best!_of!_%' ESCAPE '!'"
 _BEST_OF = f"{_IS_BEST_OF} AND i.hold IS NULL"
@@ -36,26 +36,26 @@ _CANDIDATES = (
 _GOLD = f"SELECT i.id FROM items i WHERE i.gold IS NOT NULL AND {_BEST_OF} AND {_NOT_MINE}"
 
 
-def open_items(store: LabelStore, labeler: str, *, batch: str | None, limit: int) -> list[Candidate]:
+def open_items(store: StoreBase, labeler: str, *, batch: str | None, limit: int) -> list[Candidate]:
     """The first `limit` items `labeler` may be served, highest priority then oldest first: pending best_of_N items,
     not gold, not held, in `batch` (None: any), that they have not answered."""
     args = {"batch": batch, "labeler": labeler, "limit": limit}
     return [Candidate(*r) for r in store.connection().execute(_CANDIDATES, args)]
 
 
-def open_count(store: LabelStore, labeler: str, *, batch: str | None) -> int:
+def open_count(store: StoreBase, labeler: str, *, batch: str | None) -> int:
     """How many items `open_items` could give `labeler` without a limit."""
     args = {"batch": batch, "labeler": labeler}
     return store.connection().execute("SELECT COUNT(*) " + _OPEN, args).fetchone()[0]
 
 
-def unanswered_gold(store: LabelStore, labeler: str) -> list[int]:
+def unanswered_gold(store: StoreBase, labeler: str) -> list[int]:
     """The gold questions (best_of_N, not held) `labeler` has not answered, in any batch and status."""
     return [i for (i,) in store.connection().execute(_GOLD, {"labeler": labeler})]
 
 
 def servable(
-    store: LabelStore, item_id: int, labeler: str, *, batch: str | None, redo: bool = False, queued: bool = False
+    store: StoreBase, item_id: int, labeler: str, *, batch: str | None, redo: bool = False, queued: bool = False
 ) -> bool:
     """The item is a best_of_N, not held, and not yet answered by `labeler`; or, for an undo (`redo`), not retired
     (the answer being undone may be the flag that holds it). `queued`: also one the queue of `batch` serves
@@ -68,19 +68,19 @@ def servable(
     return store.connection().execute(sql, args).fetchone() is not None
 
 
-def items_wanting_fewer(store: LabelStore, labels: int, *, after_id: int) -> list[int]:
+def items_wanting_fewer(store: StoreBase, labels: int, *, after_id: int) -> list[int]:
     """Pending items, not gold, with an id above `after_id`, that want fewer than `labels` labels."""
     sql = "SELECT id FROM items WHERE id > ? AND status = 'pending' AND gold IS NULL AND want_labels < ?"
     return [i for (i,) in store.connection().execute(sql, (after_id, labels))]
 
 
-def set_want_labels(store: LabelStore, item_ids: list[int], labels: int) -> None:
+def set_want_labels(store: StoreBase, item_ids: list[int], labels: int) -> None:
     """The items of `item_ids` that are still pending want `labels` labels (one transaction)."""
     with store._tx() as c:
         c.executemany("UPDATE items SET want_labels = ? WHERE id = ? AND status = 'pending'",
                       [(labels, i) for i in item_ids])  # fmt: skip
 
 
-def last_item_id(store: LabelStore) -> int:
+def last_item_id(store: StoreBase) -> int:
     """The largest item id (0 in an empty store)."""
     return store.connection().execute("SELECT COALESCE(MAX(id), 0) FROM items").fetchone()[0]

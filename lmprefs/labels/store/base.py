@@ -1,0 +1,104 @@
+"""The store's connections and transactions.
+
+SQLite in WAL mode lets readers run beside one writer; each thread gets its own connection, every write is one
+`BEGIN IMMEDIATE` transaction (nested calls become savepoints) and waits up to `busy_timeout` for the write lock, so
+threads and processes can share a store.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Self
+
+from lmprefs.errors import UserError
+from lmprefs.labels.store import schema
+
+
+class StoreBase:
+    """A SQLite store at `path` (created if missing), its connections and transactions: all the modules of the
+    store's methods need to run their SQL. Safe to share between threads and processes."""
+
+    def __init__(self, path: str | Path, *, busy_timeout: float = 30.0) -> None:
+        self.path = Path(path)
+        self.busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._conns: list[sqlite3.Connection] = []
+        self._conns_lock = threading.Lock()
+        try:
+            schema.create(self.connection())
+            with self._tx() as c:  # one transaction: two processes opening an old store upgrade it once
+                self.store_id = schema.upgrade(c, self.path)
+        except sqlite3.OperationalError as e:  # a folder that cannot be written, a file that cannot be opened
+            self.close()
+            raise UserError(f"label store {self.path}: cannot open or create it ({e})") from None
+
+    # -- connections and transactions ------------------------------------------------------------------------
+
+    def connection(self) -> sqlite3.Connection:
+        """This thread's connection (WAL, foreign keys on), for the store's own modules and for tests that look at
+        the file itself. Writes go through `_tx()`; multi-statement reads through `snapshot()`."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = schema.connect(self.path, self.busy_timeout)
+            self._local.conn, self._local.depth = conn, 0
+            with self._conns_lock:
+                self._conns.append(conn)
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        conn = self.connection()
+        depth = self._local.depth
+        self._local.depth = depth + 1
+        try:
+            if depth == 0:
+                with conn:  # commits on success, rolls back on any exception
+                    conn.execute("BEGIN IMMEDIATE")
+                    yield conn
+            else:  # nested: a savepoint, so a caught inner failure undoes only the inner writes
+                conn.execute(f"SAVEPOINT sp{depth}")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute(f"ROLLBACK TO sp{depth}")
+                    conn.execute(f"RELEASE sp{depth}")
+                    raise
+                conn.execute(f"RELEASE sp{depth}")
+        finally:
+            self._local.depth = depth
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """One consistent snapshot for a multi-statement read (inside a write transaction, that one)."""
+        conn = self.connection()
+        if self._local.depth:
+            yield conn
+            return
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            conn.execute("COMMIT")
+
+    @contextmanager
+    def transaction(self) -> Iterator[Self]:
+        """Group calls into one all-or-nothing transaction: `with store.transaction(): store.add_item(...); ...`."""
+        with self._tx():
+            yield self
+
+    def close(self) -> None:
+        with self._conns_lock:
+            for conn in self._conns:
+                conn.close()
+            self._conns.clear()
+        self._local = threading.local()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
