@@ -164,3 +164,16 @@ def test_auto_dtype_can_be_pinned_from_the_environment(monkeypatch):
     monkeypatch.setenv("LMPREFS_AUTO_DTYPE", "fp16")
     with pytest.raises(UserError, match="LMPREFS_AUTO_DTYPE='fp16'"):
         device.pick_dtype("auto", cpu)
+
+
+def test_a_config_saved_before_a_field_existed_loads_as_its_run_was_computed(tmp_path):
+    """A run directory of an earlier version: its config.json lacks task.crop_local_files, and its local query file
+    was cropped as the built-in corpora are; today's default (use the file as given) would change its queries."""
+    from lmprefs.config.overrides import to_dict
+    from lmprefs.io.config_file import load_config
+
+    d = to_dict(preset("tiny"))
+    del d["task"]["crop_local_files"]
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    assert load_config(tmp_path / "config.json").task.crop_local_files is True
+    assert preset("tiny").task.crop_local_files is False

@@ -11,6 +11,10 @@ from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
 from lmprefs.io.inputs import read_text
 
+# Fields added after earlier versions saved their runs, with the value that reproduces what such a run did: a
+# config.json without them is read as its run was computed, not with today's default.
+EARLIER_DEFAULTS = {("task", "crop_local_files"): True}
+
 
 def save_config(cfg: Config, path: Path) -> None:
     atomic_write_text(path, json.dumps(to_dict(cfg), indent=2) + "\n")
@@ -28,6 +32,10 @@ def load_config(path: Path) -> Config:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
     if isinstance(d, dict) and ("model_type" in d or "architectures" in d):
         raise ConfigError(f"{path}: the config.json of a saved model, not of an lmprefs run{_run_hint(path.parent)}")
+    if isinstance(d, dict):
+        for (section, key), value in EARLIER_DEFAULTS.items():
+            if isinstance(d.get(section), dict) and key not in d[section]:
+                d[section][key] = value
     return from_dict(d, Config, origin=str(path))
 
 
