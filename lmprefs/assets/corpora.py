@@ -26,70 +26,85 @@ from lmprefs.assets.cache import (
 
 
 def _r_unserialize(b: bytes):
-    pos, refs = [0], []
+    """An R object from R's XDR serialization (what janeaustenr's .rdb/.rdx files hold), as Python values."""
+    if b[:2] != b"X\n":
+        raise ValueError("not an R XDR serialization")
+    r = _RReader(b, 2)
+    version = r.int32()
+    r.int32()  # the writer's R version
+    r.int32()  # the oldest R version that can read it
+    if version == 3:
+        n = r.int32()
+        r.pos += n  # native-encoding string
+    return r.item()
 
-    def i32() -> int:
-        v = struct.unpack_from(">i", b, pos[0])[0]
-        pos[0] += 4
+
+class _RReader:
+    """A reader of the SEXP types janeaustenr's data use: NULL, symbols and references to them, pairlists (tagged
+    values), character strings, integer, logical, double, character and list vectors, and their attributes."""
+
+    def __init__(self, b: bytes, pos: int):
+        self.b, self.pos, self.refs = b, pos, []
+
+    def int32(self) -> int:
+        v = struct.unpack_from(">i", self.b, self.pos)[0]
+        self.pos += 4
         return v
 
-    def item():
-        flags = i32()
-        t = flags & 0xFF
-        has_attr, has_tag = flags & (1 << 9), flags & (1 << 10)
+    def item(self):
+        flags = self.int32()
+        t, has_attr, has_tag = flags & 0xFF, flags & (1 << 9), flags & (1 << 10)
         if t == 254:  # NILVALUE
             return None
         if t == 255:  # REFSXP (a repeated symbol)
-            k = flags >> 8
-            return refs[(k or i32()) - 1]
+            return self.refs[((flags >> 8) or self.int32()) - 1]
         if t == 1:  # SYMSXP
-            refs.append(("sym", item()))
-            return refs[-1]
+            self.refs.append(("sym", self.item()))
+            return self.refs[-1]
         if t == 2:  # pairlist -> [(tag, value)]
-            out = []
-            while True:
-                if has_attr:
-                    item()
-                tag = item() if has_tag else None
-                out.append((tag[1] if tag else None, item()))
-                f = i32()
-                if f & 0xFF == 254:
-                    return out
-                has_attr, has_tag = f & (1 << 9), f & (1 << 10)
+            return self._pairlist(has_attr, has_tag)
         if t == 9:  # CHARSXP
-            n = i32()
-            if n == -1:
-                return None
-            s = b[pos[0] : pos[0] + n].decode("utf-8", "replace")
-            pos[0] += n
-            return s
-        n = i32()
-        if t in (10, 13):
-            v = list(struct.unpack_from(f">{n}i", b, pos[0]))
-            pos[0] += 4 * n
-        elif t == 14:
-            v = list(struct.unpack_from(f">{n}d", b, pos[0]))
-            pos[0] += 8 * n
-        elif t in (16, 19):  # STRSXP / VECSXP
-            v = [item() for _ in range(n)]
-        else:
-            raise ValueError(f"unsupported R type {t}")
+            return self._string()
+        v = self._vector(t)
         if has_attr:
-            attrs = dict(item())
+            attrs = dict(self.item())
             if t == 19 and "names" in attrs:
                 return dict(zip(attrs["names"], v, strict=False))  # lengths not enforced here, as before
         return v
 
-    if b[:2] != b"X\n":
-        raise ValueError("not an R XDR serialization")
-    pos[0] = 2
-    version = i32()
-    i32()
-    i32()
-    if version == 3:
-        n = i32()
-        pos[0] += n  # native-encoding string
-    return item()
+    def _pairlist(self, has_attr, has_tag) -> list:
+        out = []
+        while True:
+            if has_attr:
+                self.item()
+            tag = self.item() if has_tag else None
+            out.append((tag[1] if tag else None, self.item()))
+            f = self.int32()
+            if f & 0xFF == 254:
+                return out
+            has_attr, has_tag = f & (1 << 9), f & (1 << 10)
+
+    def _string(self) -> str | None:
+        n = self.int32()
+        if n == -1:
+            return None
+        s = self.b[self.pos : self.pos + n].decode("utf-8", "replace")
+        self.pos += n
+        return s
+
+    def _vector(self, t: int) -> list:
+        n = self.int32()
+        if t in (10, 13):  # logical, integer
+            v = list(struct.unpack_from(f">{n}i", self.b, self.pos))
+            self.pos += 4 * n
+        elif t == 14:  # double
+            v = list(struct.unpack_from(f">{n}d", self.b, self.pos))
+            self.pos += 8 * n
+        elif t in (16, 19):  # STRSXP / VECSXP
+            v = [self.item() for _ in range(n)]
+        else:
+            raise ValueError(f"unsupported R type {t}")
+        return v
 
 
 def _find_austen_deb(work: Path) -> Path:

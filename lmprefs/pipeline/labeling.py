@@ -74,8 +74,9 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
     model = t.model if model is None else model
     with using(model, adapter):
         samples = sample_comparisons(model, t.tok, dist.shard(q), cfg.task, t.ctx, S,
-                                     max(1, cfg.train_reward.rollout_batch_size // dist.world()), gen,
-                                     lambda k: bar.update(k * dist.world()), sampler_options(cfg.run))  # fmt: skip
+                                     batch_size=max(1, cfg.train_reward.rollout_batch_size // dist.world()), gen=gen,
+                                     on_batch=lambda k: bar.update(k * dist.world()),
+                                     sampler=sampler_options(cfg.run))  # fmt: skip
     bar.close()
     if dist.world() > 1:
         samples = dist.interleave(dist.all_gather_objects(samples))  # [n, S, T], question i from rank i % W

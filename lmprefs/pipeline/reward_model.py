@@ -137,7 +137,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: s
     if cfg.train_reward.normalize_before:
         # start at the scale of the labels (train_reward.py:target_mean_std), else at mean 0, std 1
         target = (0.0, 1.0) if scales is None else (float(scales[0]), max(float(scales[1]), 1e-6))
-        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen, target)
+        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen, target=target)
         summary["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
     summary |= {f"initial_{k}": v
                 for k, v in evaluate(rm, held, lt, t.ctx, min_gap=gap).items()}
@@ -151,7 +151,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: s
             bar.close()
     bar = progress(len(train) * cfg.train_reward.epochs, "training reward model")
     rm.train()
-    last = train_epoch(rm, train, lt, cfg, t.ctx, log, bar, cache)
+    last = train_epoch(rm, train, lt, cfg, t.ctx, log=log, bar=bar, cache=cache)
     del cache
     rm.eval()
     bar.close()

@@ -71,7 +71,7 @@ def evaluate_arm(t, policy, queries, true_fn, samples: int, seed: int, desc: str
     return out | ({"kl": e["kl"], "kl_stderr": e["kl_stderr"]} if "kl" in e else {"kl": 0.0, "kl_stderr": 0.0})
 
 
-def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, samples: int, true_name: str,
+def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, samples: int, true_name: str, *,
               reward: str | None = None, store_path: Path | None = None) -> dict:  # fmt: skip
     """One arm: a train-policy run in arm_dir (resumed if begun before), evaluated on the first n_eval held-out
     queries with the true reward and its KL from the initial policy."""

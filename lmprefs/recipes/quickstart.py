@@ -51,7 +51,7 @@ def chance(cfg: Config) -> float:
 
 @torch.no_grad()
 def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None, samples_per_query: int,
-                    seed: int, batch_size: int = 64, desc: str = "evaluating", ref_model=None) -> dict:  # fmt: skip
+                    seed: int, *, batch_size: int = 64, desc: str = "evaluating", ref_model=None) -> dict:  # fmt: skip
     """True reward of a policy on held-out queries: mean and standard error over queries (each query's reward is
     the mean over its samples), every sample's reward ("scores", [queries][samples]), and the texts of the first
     sample of each query. With `ref_model` (the initial policy: adapters off), also the KL of the policy from it,
@@ -132,7 +132,7 @@ def plot_curves(metrics: list[dict], out: Path, labeler: str = "vader") -> list[
     return [path.name]
 
 
-def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before: dict, after: dict, queries,
+def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before: dict, after: dict, *, queries,
                  tok) -> Path:  # fmt: skip
 
     gain = after["mean"] - before["mean"]
@@ -235,5 +235,5 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     report = run_dir / "report.md"
     if dist.is_main():
         plot_curves(read_metrics(run_dir / "metrics.jsonl", "policy"), run_dir, cfg.labels.labeler)
-        report = write_report(run_dir, cfg, figures, stages, before, after, heldout, t.tok)
+        report = write_report(run_dir, cfg, figures, stages, before, after, queries=heldout, tok=t.tok)
     return {"report": report, "figures": figures, "before": before, "after": after, "stages": stages}

@@ -118,7 +118,7 @@ def make_kl_controller(rewards_cfg: RewardsConfig) -> KLController:
     return AdaptiveKLController(rewards_cfg.kl_coef, rewards_cfg.kl_target, rewards_cfg.kl_horizon)
 
 
-def ppo_losses(
+def ppo_losses(  # noqa: PLR0917 (the original's loss inputs, one by one, as in train_policy.py)
     logprobs: Tensor,
     old_logprobs: Tensor,
     vpred: Tensor,

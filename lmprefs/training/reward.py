@@ -156,7 +156,7 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
 
 
 @torch.no_grad()
-def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, ctx: TaskContext, n_samples: int,
+def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, ctx: TaskContext, n_samples: int, *,
                        batch_size: int, gen: torch.Generator, on_batch=None, sampler: dict | None = None) -> Tensor:
     """n_samples truncated responses per query from the initial policy: [N, n_samples, T] (PAD after truncation).
     `sampler`: the sampler's cache/compile options (`sampler_options(cfg.run)`).
@@ -205,7 +205,7 @@ def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskCon
     return q, torch.cat(responses)
 
 
-def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen,
+def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen, *,
               target: tuple[float, float] = (0.0, 1.0)) -> dict:  # fmt: skip
     """Set gain and bias so rewards of initial-policy samples have mean and std `target`: (0, 1), or before training
     the scale of the labels when the label type has one (train_reward.py:normalize and target_mean_std;
@@ -267,7 +267,7 @@ def prefix_bytes(rm: RewardModel, data: Comparisons, ctx: TaskContext) -> int:
     return len(data) * S * L * hidden_size(rm.lm) * 4
 
 
-def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx: TaskContext, log=None, bar=None,
+def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx: TaskContext, *, log=None, bar=None,
                 cache: FrozenPrefix | None = None) -> dict:  # fmt: skip
     """train_reward.epochs passes over `data`, each in a fresh random permutation, the LR decaying linearly to 0
     over all of them (train_reward.py:train l.241-249, which makes one pass). A minibatch of train_reward.batch_size
