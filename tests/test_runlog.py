@@ -90,8 +90,10 @@ def test_a_tracking_uri_mlflow_refuses_is_one_line(tmp_path, monkeypatch, capsys
     fake.start_run = refuse
     monkeypatch.setitem(__import__("sys").modules, "mlflow", fake)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "./mlruns")
-    args = ["train-reward", "tiny", "--run.report-to", "mlflow", "--db", "x.jsonl", "--run-dir", str(tmp_path / "r")]
-    (tmp_path / "x.jsonl").write_text('{"prompt": "q", "chosen": "a", "rejected": "b"}\n')
+    args = ["train-reward", "tiny", "--run.report-to", "mlflow", "--db", "x.jsonl", "--labels.type", "best_of_2",
+            "--run-dir", str(tmp_path / "r")]  # fmt: skip
+    (tmp_path / "x.jsonl").write_text("".join(f'{{"prompt": "q{i}", "chosen": "a", "rejected": "b"}}\n'
+                                              for i in range(8)))  # fmt: skip
     monkeypatch.chdir(tmp_path)
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()

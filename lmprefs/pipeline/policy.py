@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 from lmprefs.config import Config
@@ -61,10 +62,15 @@ def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
         with run_lock(run_dir) if dist.is_main() else contextlib.nullcontext():
             return _train_policy_locked(cfg, run_dir, **kw)
     except UserError:
-        if fresh and dist.is_main() and run_dir.is_dir() and [p.name for p in run_dir.iterdir()] == [".lock"]:
-            (run_dir / ".lock").unlink()  # a start refused before any work leaves no directory behind
-            run_dir.rmdir()
+        if fresh and dist.is_main() and run_dir.is_dir() and _before_any_work(run_dir):
+            shutil.rmtree(run_dir)  # a start refused before any training leaves no directory behind
         raise
+
+
+def _before_any_work(run_dir: Path) -> bool:
+    """Whether run_dir holds only what a start writes before it trains anything: its lock, config.json, run.json
+    (and their writers' temporaries)."""
+    return all(p.name in (".lock", "config.json", "run.json") or ".tmp-" in p.name for p in run_dir.iterdir())
 
 
 def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,
