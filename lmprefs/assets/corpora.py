@@ -13,6 +13,7 @@ import tempfile
 import zlib
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from lmprefs.assets.cache import (
     AUSTEN_DEB,
@@ -44,7 +45,8 @@ class _RReader:
     values), character strings, integer, logical, double, character and list vectors, and their attributes."""
 
     def __init__(self, b: bytes, pos: int):
-        self.b, self.pos, self.refs = b, pos, []
+        self.b, self.pos = b, pos
+        self.refs: list[Any] = []  # the symbols read so far, in order: a reference names one by its number
 
     def int32(self) -> int:
         v = struct.unpack_from(">i", self.b, self.pos)[0]
@@ -172,7 +174,8 @@ def _build_lee_news(out: Path) -> None:
     import zipfile
 
     spec = importlib.util.find_spec("gensim")  # an installed gensim holds the same file (found without importing it)
-    installed = Path(list(spec.submodule_search_locations)[0]).parent / LEE_FILE if spec else None
+    locations = spec.submodule_search_locations if spec else None  # None unless gensim is a package
+    installed = Path(list(locations)[0]).parent / LEE_FILE if locations else None
     if installed is not None and installed.is_file():
         raw, source = installed.read_bytes(), str(installed)
     else:

@@ -59,7 +59,7 @@ def _build_smollm2(out: Path) -> None:
     tok = AutoTokenizer.from_pretrained(d, gguf_file=SMOLLM2_GGUF)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
     model.config.quantization_config = None  # the weights are already dense fp32 ...
-    model.hf_quantizer = None  # ... so drop the GGUF 'quantizer' or save_pretrained refuses
+    model.hf_quantizer = None  # type: ignore[assignment]  # not declared by transformers; ... so drop the GGUF 'quantizer' or save_pretrained refuses
     model.save_pretrained(out)
     tok.save_pretrained(out)
 

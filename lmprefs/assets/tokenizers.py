@@ -30,7 +30,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 def _build_gpt2_tokenizer(out: Path) -> None:
     from tiktoken.load import load_tiktoken_bpe
-    from transformers import GPT2TokenizerFast
+    from transformers import GPT2TokenizerFast  # type: ignore[attr-defined]  # exported lazily, unseen by mypy
 
     ranks = load_tiktoken_bpe(str(gpt2_tiktoken_file()), expected_hash=GPT2_TIKTOKEN_SHA256)
     b2u = _bytes_to_unicode()

@@ -29,7 +29,7 @@ def _hints(cls) -> dict[str, Any]:
 
 def all_keys(cls=Config, prefix: str = "") -> dict[str, Any]:
     """Dotted key -> type for every leaf field ("ppo.lr": float, ...)."""
-    out = {}
+    out: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         t = _hints(cls)[f.name]
         if dataclasses.is_dataclass(t):
@@ -92,7 +92,7 @@ def apply_overrides(cfg: Config, pairs: list[tuple[str, str]], origin: str = "co
         values[key] = parse_value(text, keys[key], key)
     if not values:
         return cfg
-    sections = {}
+    sections: dict[str, dict[str, Any]] = {}
     for key, v in values.items():
         sec, name = key.split(".")
         sections.setdefault(sec, {})[name] = v
@@ -188,9 +188,12 @@ def from_dict(d: dict, cls=Config, origin: str = "config", prefix: str = "") -> 
 def field_docs(cls) -> dict[str, str]:
     """{field: docstring} read from the class source (a string literal right after each field)."""
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body, out = tree.body[0].body, {}
+    cls_def = tree.body[0]
+    assert isinstance(cls_def, ast.ClassDef)
+    body, out = cls_def.body, {}
     for a, b in zip(body, body[1:], strict=False):
-        if isinstance(a, ast.AnnAssign) and isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant):
+        if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
+                and isinstance(b.value, ast.Constant)):  # fmt: skip
             out[a.target.id] = " ".join(str(b.value.value).split())
     return out
 

@@ -42,7 +42,7 @@ def _type_problems(obj, prefix: str) -> list[str]:
     hints = typing.get_type_hints(type(obj))
     for f in dataclasses.fields(obj):
         v, t, key = getattr(obj, f.name), hints[f.name], prefix + f.name
-        if dataclasses.is_dataclass(t):
+        if isinstance(t, type) and dataclasses.is_dataclass(t):  # a section's class (not an instance)
             out += _type_problems(v, key + ".") if isinstance(v, t) else [f"{key} must be a section, not {v!r}"]
             continue
         args = typing.get_args(t)

@@ -112,9 +112,9 @@ def publish_dir(out: Path, meta: dict | None = None, keep: int = 0):
     os.replace(link, out)
     fsync_dir(out.parent)
     crash_point(f"publish:{out.name}:switched")
-    kept = {version, *([previous] if keep else []), *versions(out)[1 : 1 + keep]}
+    survivors = {version, *([previous] if keep else []), *versions(out)[1 : 1 + keep]}
     for v in versions(out):
-        if v not in kept:
+        if v not in survivors:
             shutil.rmtree(v, ignore_errors=True)
     shutil.rmtree(out.parent / f"{out.name}.legacy", ignore_errors=True)
 

@@ -129,7 +129,8 @@ def quality(store) -> Quality:
     shared = [list(a.values()) for a in by_item.values() if len(a) >= 2]
     return Quality(
         {
-            n: LabelerQuality(n, *gold[n], *majority[n], [positions[n][p] for p in range(width)], seconds[n])
+            n: LabelerQuality(n, gold[n][0], gold[n][1], majority[n][0], majority[n][1],
+                              [positions[n][p] for p in range(width)], seconds[n])  # fmt: skip
             for n in names
         },
         {k: (cohen_kappa(v), len(v)) for k, v in sorted(pairs.items())},

@@ -11,6 +11,7 @@ import sys
 import time
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lmprefs.config import Config
 from lmprefs.config.overrides import to_dict
@@ -19,6 +20,9 @@ from lmprefs.io.atomic import writing
 from lmprefs.io.config_file import save_config
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.runtime.distributed import broadcast_object, is_main
+
+if TYPE_CHECKING:  # imported for its type only: tensorboard loads on the first scalars of a run that reports to it
+    from torch.utils.tensorboard import SummaryWriter
 
 
 def default_run_dir(command: str, preset: str) -> Path:
@@ -83,7 +87,7 @@ class RunLogger:
         self.resume_step, self.resume_phase = resume_step, resume_phase
         names = cfg.run.report_to
         check_trackers(names)
-        self.writers: dict[str, object] = {}  # phase -> SummaryWriter, opened on the phase's first scalars
+        self.writers: dict[str, SummaryWriter] = {}  # phase -> SummaryWriter, opened on the phase's first scalars
         self.wandb = self.mlflow = None
         if "wandb" in names:
             import wandb  # only when asked: it is optional and its init may reach the network (WANDB_MODE=offline)
@@ -104,7 +108,7 @@ class RunLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             # purge_step: TensorBoard drops the policy events past the checkpoint that an earlier process wrote
-            purge = self.resume_step + 1 if self.resume and phase == self.resume_phase else None
+            purge = self.resume_step + 1 if self.resume_step is not None and phase == self.resume_phase else None
             w = SummaryWriter(str(self.run_dir / "logs" / phase), purge_step=purge)
             if not self.resume:
                 w.add_text("hyperparameters", "|key|value|\n|-|-|\n" + "\n".join(

@@ -59,21 +59,21 @@ def admin_item(
     if not user.is_admin:
         raise HTTPException(403, "This page is for admins only.")
     st = state(request)
-    item_id = form_item_id(item_id)
-    item = st.store.get_item(item_id)
+    iid = form_item_id(item_id)  # the form's text, parsed
+    item = st.store.get_item(iid)
     if item is None:
-        raise HTTPException(404, f"There is no item {item_id}.")
+        raise HTTPException(404, f"There is no item {iid}.")
     if action in ("retire", "restore"):
-        st.store.set_hold(item_id, "retired" if action == "retire" else None)
-        user.session.flash = f"Item {item_id} {'retired' if action == 'retire' else 'restored'}."
+        st.store.set_hold(iid, "retired" if action == "retire" else None)
+        user.session.flash = f"Item {iid} {'retired' if action == 'retire' else 'restored'}."
     elif action in ("gold", "ungold"):
         n = len(item.samples)
         if action == "gold" and not (best.isascii() and best.isdigit() and 1 <= int(best) <= n):
-            raise HTTPException(422, f"best={best!r} must be the right option, 1..{n}, for gold item {item_id}.")
+            raise HTTPException(422, f"best={best!r} must be the right option, 1..{n}, for gold item {iid}.")
         if item.label_type != f"best_of_{n}":
-            raise HTTPException(422, f"Item {item_id} is a {item.label_type} question; gold items are best-of-N.")
-        st.store.set_gold(item_id, int(best) - 1 if action == "gold" else None)
-        user.session.flash = f"Item {item_id} is {'a gold item' if action == 'gold' else 'no longer a gold item'}."
+            raise HTTPException(422, f"Item {iid} is a {item.label_type} question; gold items are best-of-N.")
+        st.store.set_gold(iid, int(best) - 1 if action == "gold" else None)
+        user.session.flash = f"Item {iid} is {'a gold item' if action == 'gold' else 'no longer a gold item'}."
     else:
         raise HTTPException(422, f"action={action!r} must be retire, restore, gold or ungold.")
     return RedirectResponse("/admin", 303)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from lmprefs.config import label_type_shape
 from lmprefs.labels.quality import quality as quality_of
 from lmprefs.labels.store import Item
-from lmprefs.server.security import User, client_of
+from lmprefs.server.security import Caller, client_of
 
 MAX_ITEMS = 1000  # per POST /api/items; the client sends larger lists in chunks
 
@@ -87,7 +87,7 @@ class QualityOut(BaseModel):
     fleiss_items: int
 
 
-def api_user(request: Request, authorization: Annotated[str | None, Header(max_length=300)] = None) -> User:
+def api_user(request: Request, authorization: Annotated[str | None, Header(max_length=300)] = None) -> Caller:
     """The admin whose bearer token authorizes this call."""
     st = request.app.state.lmprefs
     wait = st.throttle.wait(client_of(request))
@@ -101,10 +101,10 @@ def api_user(request: Request, authorization: Annotated[str | None, Header(max_l
         raise HTTPException(401, "Send an admin's token as 'Authorization: Bearer TOKEN' (lmprefs labelers add).")
     if not labeler.is_admin:
         raise HTTPException(403, f"{labeler.name!r} is not an admin; the API is for admins' tokens.")
-    return User(labeler.id, labeler.name, True, None)  # no session: the API keeps none
+    return Caller(labeler.id, labeler.name, True)  # no session: the API keeps none
 
 
-Admin = Annotated[User, Depends(api_user)]
+Admin = Annotated[Caller, Depends(api_user)]
 
 
 def me(user: Admin) -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import jinja2
 from fastapi import Depends, FastAPI, Request
@@ -120,11 +121,12 @@ def create_app(
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)
     app.add_middleware(SecurityMiddleware)  # added last, so it is outermost: every response gets the headers
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    app.add_exception_handler(NotSignedIn, _not_signed_in)
+    # Starlette's stub types every handler as taking Exception, though it calls it only with the class registered
+    app.add_exception_handler(NotSignedIn, _not_signed_in)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, api.http_error(_http_error))  # ours, and 404/405 from routing
     app.add_exception_handler(RequestValidationError, api.invalid(_invalid))
-    html = {"response_class": HTMLResponse, "include_in_schema": False}
-    form = {**html, "dependencies": [Depends(single_valued)]}
+    html: dict[str, Any] = {"response_class": HTMLResponse, "include_in_schema": False}
+    form: dict[str, Any] = {**html, "dependencies": [Depends(single_valued)]}
     app.get("/", **html)(labeling.index)
     app.get("/login", **html)(labeling.login_form)
     app.post("/login", **form)(labeling.login)

@@ -129,38 +129,38 @@ def submit_label(
     note: Annotated[str, Form(max_length=1000)] = "",
 ) -> Response:
     st = state(request)
-    item_id = form_item_id(item_id)
-    item = st.store.get_item(item_id)
+    iid = form_item_id(item_id)  # the form's text, parsed
+    item = st.store.get_item(iid)
     if item is None:
-        raise HTTPException(404, f"There is no item {item_id}.")
+        raise HTTPException(404, f"There is no item {iid}.")
     value_field, n = label_type_shape(item.label_type)
     if value_field != "best":
-        raise HTTPException(422, f"Item {item_id} is a {item.label_type} question; this page answers best-of-N only.")
+        raise HTTPException(422, f"Item {iid} is a {item.label_type} question; this page answers best-of-N only.")
     kind, position = (choice, None) if choice in ("skip", "flag") else ("label", None)
     if kind == "label":
         if not (choice.isascii() and choice.isdigit()) or not 0 <= int(choice) < n:  # "٣".isdigit() is True
-            raise HTTPException(422, f"choice={choice!r} must be 0..{n - 1}, 'skip' or 'flag' for item {item_id}.")
+            raise HTTPException(422, f"choice={choice!r} must be 0..{n - 1}, 'skip' or 'flag' for item {iid}.")
         position = int(choice)
-    lease = st.queue.claim(user.name, item_id)  # first come, first served: a raced second post gets None
+    lease = st.queue.claim(user.name, iid)  # first come, first served: a raced second post gets None
     if lease is None:
-        if st.queue.answered(item_id, user.name):
-            raise HTTPException(409, f"You already answered item {item_id}; that answer stands.")
-        raise HTTPException(409, f"Item {item_id} is not the question you were shown (it was not saved). "
+        if st.queue.answered(iid, user.name):
+            raise HTTPException(409, f"You already answered item {iid}; that answer stands.")
+        raise HTTPException(409, f"Item {iid} is not the question you were shown (it was not saved). "
                                  "Open the labeling page for your current question.")  # fmt: skip
-    order = _order(st, user.name, item_id, n)
+    order = _order(st, user.name, iid, n)
     best = order[position] if position is not None else None  # displayed position -> stored sample
     saved = False
     seconds = round(time.time() - lease.shown_at, 3)  # time on task: from when the item was first shown
     try:
-        st.store.add_label(item_id, user.name, best=best, kind=kind, note=note.strip() or None, source="web",
+        st.store.add_label(iid, user.name, best=best, kind=kind, note=note.strip() or None, source="web",
                            shown=order, seconds=seconds, replace=lease.redo)  # fmt: skip
         saved = True
     except DuplicateLabelError:
-        raise HTTPException(409, f"You already answered item {item_id}; that answer stands.") from None
+        raise HTTPException(409, f"You already answered item {iid}; that answer stands.") from None
     finally:
-        st.queue.finish(user.name, item_id, saved)
+        st.queue.finish(user.name, iid, saved)
     done = {"label": f"picked option {(position or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
-    user.session.flash = f"{'Changed' if lease.redo else 'Saved'}: item {item_id} {done}."
+    user.session.flash = f"{'Changed' if lease.redo else 'Saved'}: item {iid} {done}."
     return RedirectResponse("/label", 303)
 
 

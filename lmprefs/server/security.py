@@ -52,7 +52,9 @@ HEADERS = [
 
 
 def same(a: str | None, b: str | None) -> bool:
-    return bool(a) and bool(b) and hmac.compare_digest(a.encode(), b.encode())
+    if not a or not b:
+        return False
+    return hmac.compare_digest(a.encode(), b.encode())
 
 
 def server_cookie(stem: str, store_id: str, port: int, https: bool = False) -> str:
@@ -173,10 +175,18 @@ def delete_cookie(response, request: Request, stem: str) -> None:
 
 
 @dataclass(frozen=True)
-class User:
+class Caller:
+    """Who sent a request; the API's callers (admins' bearer tokens) have no session, so they are only this."""
+
     id: int
     name: str
     is_admin: bool
+
+
+@dataclass(frozen=True)
+class User(Caller):
+    """A labeler signed in to the web pages, with their session (its CSRF token and flash message)."""
+
     session: Session
 
 

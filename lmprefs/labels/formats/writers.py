@@ -53,6 +53,7 @@ def export_file(
             if format == "comparisons":
                 out.append({"query": ex.query, "samples": ex.samples, value_field: value, "labeler": ex.labeler})
             elif format == "pairs":
+                assert ex.best is not None  # labeled best-of-N examples all have one
                 chosen = ex.samples[ex.best]
                 rejected = list(dict.fromkeys(s for s in ex.samples if s != chosen))  # distinct, in order
                 for r in rejected[:1] if pairs == "first" else rejected:
@@ -63,6 +64,7 @@ def export_file(
                         tokenizer = gpt2_tokenizer()
                     enc = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in [ex.query, *ex.samples]]
                 else:
+                    assert ex.sample_tokens is not None  # stored with the query's tokens
                     enc = [ex.query_tokens, *ex.sample_tokens]
                 out.append({"query": enc[0], **dict(zip(sample_keys(lt), enc[1:], strict=True)), value_field: value})
     others = [t for t in store.label_types() if t not in types]
@@ -76,9 +78,9 @@ def export_file(
         keys = sample_keys(types[0])
         ql = query_length or max((len(r["query"]) for r in out), default=0)
         rl = response_length or max((len(r[k]) for r in out for k in keys), default=0)
-        for r in out:
-            r["query"] = _pad(r["query"], ql, "query")
-            r.update({k: _pad(r[k], rl, "response") for k in keys})
+        for row in out:
+            row["query"] = _pad(row["query"], ql, "query")
+            row.update({k: _pad(row[k], rl, "response") for k in keys})
         atomic_write_text(path, json.dumps(out))
     else:
         atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in out))

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
 
 
-def _put_tokens(c, table: str, col: str, row_id: int, tokenizer: str, ids: list[int]) -> None:
+def _put_tokens(c, table: str, col: str, row_id: int, tokenizer: str | None, ids: list[int]) -> None:
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise ValueError(f"{table}: token ids must be ints, got {ids!r:.80}")
     c.execute(
@@ -78,6 +78,7 @@ def add_item(
         c.executemany(
             "INSERT INTO item_samples VALUES (?, ?, ?)", [(cur.lastrowid, i, s) for i, s in enumerate(sids)]
         )
+        assert cur.lastrowid is not None  # set by the INSERT just made
         return cur.lastrowid
 
 

@@ -209,7 +209,8 @@ def answers_since(
         " WHERE l.id > ? AND (? IS NULL OR i.label_type = ?) ORDER BY l.id LIMIT ?",
         (since_id, label_type, label_type, limit),
     )
-    return [Answer(*r[:10], json.loads(r[10]) if r[10] else None, r[11]) for r in rows]
+    return [Answer(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], json.loads(r[10]) if r[10] else None,
+                   r[11]) for r in rows]  # fmt: skip
 
 
 def last_answer(store: StoreBase, labeler_id: int, *, source: str) -> tuple[int, int, float] | None:

@@ -109,4 +109,4 @@ def best_of_answers(store: StoreBase) -> tuple[list[str], list[BestOfAnswer]]:
             " JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
             " WHERE i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.item_id, b.name"
         ).fetchall()
-    return names, [BestOfAnswer(*r[:4], json.loads(r[4]) if r[4] else None, *r[5:]) for r in rows]
+    return names, [BestOfAnswer(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None, r[5], r[6]) for r in rows]
