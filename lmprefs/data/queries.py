@@ -47,14 +47,12 @@ def load_texts(spec: str) -> list[str]:
     if p.is_dir() and p.suffix in (".txt", ".jsonl", ".json"):
         raise QueryDataError(f"task.query_dataset {spec}: is a directory, expected a file")
     if p.is_dir() or p.suffix == ".story":  # CNN/DM: one .story file or a directory of them
-
         return story_texts(p)
     if not p.is_file():
         raise QueryDataError(f"task.query_dataset={spec!r}: no such file (expected austen, lee-news, bundled, a "
                              ".txt, .jsonl or TL;DR .json file, a CNN/DM .story file or directory, or "
                              "hf:NAME)")  # fmt: skip
     if p.suffix == ".json":  # TL;DR: the original's JSON list of {"content": post}
-
         return tldr_texts(p, field or "content")
     text = read_text(p, "task.query_dataset")
     if p.suffix == ".jsonl":

@@ -40,7 +40,6 @@ def policy_for(t: Task):
     cfg = t.cfg
     separate = cfg.ppo.value_model == "separate"
     if cfg.lora.rank > 0:  # policy (and value) adapters on the shared base
-
         add_adapter(t.model, cfg.lora, "policy", seed=cfg.run.seed + 3)
         if separate:
             add_adapter(t.model, cfg.lora, "value", seed=cfg.run.seed + 4)

@@ -170,7 +170,6 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: s
     task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
     whole = rm
     if parallel.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
-
         state = parallel.full_state_dict(rm)
         whole = plain_copy(rm, state) if dist.is_main() else None
     extra = {"summary": summary, "label_type": lt.name, "task": task}

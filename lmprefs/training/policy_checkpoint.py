@@ -56,7 +56,6 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
     ranks = rank_states(run)
     policy, optimizer = run.policy, None
     if parallel.is_sharded(run.policy):  # FSDP: the whole model and optimizer state gathered on rank 0 (collectives)
-
         model_state = parallel.full_state_dict(run.policy)
         optimizer = parallel.full_optimizer_state(run.policy, run.optimizer)
         policy = plain_copy(run.policy, model_state) if dist.is_main() else None

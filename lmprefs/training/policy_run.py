@@ -86,7 +86,6 @@ def build_run(cfg: Config, policy: Policy, stream, device) -> PolicyRun:
     # the frozen initial model; with LoRA it is the shared base itself (adapters off), no copy needed
     ref_lm = None if policy.adapter else copy.deepcopy(policy.lm).requires_grad_(False).eval()
     if cfg.run.parallel == "fsdp" and dist.active():  # sharded before the optimizer sees the parameters
-
         dtype = pick_dtype(cfg.run.dtype, device)
         parallel.fsdp_shard(policy, dtype)
         if ref_lm is not None:
