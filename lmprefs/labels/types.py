@@ -13,12 +13,13 @@ Only torch is imported: the store and the label server never need this file.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
+
+from lmprefs.config import label_type_shape
 
 Tensor = torch.Tensor
 
@@ -170,19 +171,12 @@ class ScalarComparison:
         return {"loss": error, "error": error, "accuracy": accuracy}
 
 
-_BEST_OF = re.compile(r"best_of_(\d+)")
-
-
 def get(label_type: str) -> PickBest | ScalarRating | ScalarComparison:
     """Parse a label-type name (label_types.py:get @cbfd210): "best_of_N" (N >= 2), "scalar_rating",
-    "scalar_compare"."""
-    if label_type == "scalar_rating":
+    "scalar_compare" (the one parser of those names is config.label_type_shape; its ValueError names them)."""
+    field, n = label_type_shape(label_type)
+    if field == "score":
         return ScalarRating()
-    if label_type == "scalar_compare":
+    if field == "difference":
         return ScalarComparison()
-    m = _BEST_OF.fullmatch(label_type)
-    if m and int(m.group(1)) >= 2:  # best_of_1 would be a constant loss of 0
-        return PickBest(int(m.group(1)))
-    raise ValueError(
-        f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'scalar_rating' or 'scalar_compare'"
-    )
+    return PickBest(n)
