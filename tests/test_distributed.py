@@ -136,13 +136,13 @@ def launch(tmp_path_factory, killed):
         cli("killed-resume", *resume, str(killed["dir"])),
         cli("bad-timeout", *ARGS, "--run-dir", str(d / "bad"), env={"LMPREFS_DIST_TIMEOUT": "soon"}),
     ]
-    for step, port in zip(steps, _ports(len(steps)), strict=True):
+    *ports, rendezvous = _ports(len(steps) + 1)  # picked together: no two the same
+    for step, port in zip(steps, ports, strict=True):
         step["port"] = port
     plan = d / "plan.json"
     plan.write_text(json.dumps({"dir": str(d), "steps": steps}))
-    endpoint = f"127.0.0.1:{_port()}"
     nodes = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                               "--rdzv-endpoint", endpoint, "--rdzv-id", "lmprefs-test",
+                               "--rdzv-endpoint", f"127.0.0.1:{rendezvous}", "--rdzv-id", "lmprefs-test",
                                str(ROOT / "tests" / "dist_worker.py"), str(plan)], env=ENV, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
     outs = [p.communicate(timeout=600) for p in nodes]
