@@ -1,14 +1,35 @@
-"""Run by tests/test_distributed.py, as one plain process or under `torchrun --nproc-per-node 2`: one reward-model
-epoch and one PPO update on fixed data, each rank on its share, with each run.parallel named after argv[1] (ddp,
-fsdp); then the quickstart's held-out evaluation of a few queries. Rank 0 saves the final (whole) parameters, the
-reduced metrics and every rank's evaluation to argv[1]. The data are built identically on every rank from fixed
-seeds."""
+"""Run by tests/test_distributed.py: the steps of a JSON plan (argv[1]) under one launch of several ranks, one step
+after another in the same processes, so that one launch's start (the launcher, a torch import per rank, the
+rendezvous: seconds each) serves several tests. Each step is either
+
+- `worker`: one reward-model epoch and one PPO update on fixed data, each rank on its share, with run.parallel ddp
+  then fsdp; then the quickstart's held-out evaluation of a few queries. Rank 0 saves the final (whole) parameters,
+  the reduced metrics and every rank's evaluation to the step's `out`. The data are built identically on every rank
+  from fixed seeds. `run_worker` runs the same in one plain process (no launcher, no group): the reference.
+- `cli`: `lmprefs ARGV` as `python -m lmprefs` runs it (lmprefs.cli.main), with the step's environment variables
+  set for it; `kill_at` POINT@K stops it by an exception at the K-th arrival at that crash point on every rank (as
+  tests/test_crash_safety.py does in one process); `copy` [SRC, DST]: rank 0 then copies directory SRC to DST.
+
+Each rank writes `STEP.rankR.json` into the plan's `dir`: the return code (or "killed", or a traceback), and what
+the step printed. The first step joins the launcher's own store, exactly as a command launched alone does. lmprefs
+destroys its process group at the end of each command, and a default group made again in the same process reuses
+the first one's store keys (torch restarts their numbering), so each later step gets a fresh store: rank 0 serves it
+on the step's own port (`port`, picked by the test), TORCHELASTIC_USE_AGENT_STORE=False.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import io
+import json
+import os
+import shutil
 import sys
+import time
+import traceback
+from pathlib import Path
 
 import torch
 
@@ -96,12 +117,12 @@ def heldout_eval(cfg, model, tok) -> dict:
     return {k: out[k] for k in ("mean", "stderr", "n_queries", "texts", "kl")}
 
 
-def main(out: str, *modes: str) -> None:
+def run_worker(out: str, modes: tuple[str, ...] = ("ddp", "fsdp")) -> None:
     dist.init()
     torch.manual_seed(0)
     model, tok = load_lm("tiny-gpt2")
     results = {}
-    for mode in modes or ("ddp",):  # every mode from the same initial model (each step deep-copies it)
+    for mode in modes:  # every mode from the same initial model (each step deep-copies it)
         cfg = preset("tiny")
         cfg = R(cfg, run=R(cfg.run, parallel=mode))
         rm_params, rm_stats = reward_epoch(cfg, model, tok)
@@ -111,6 +132,69 @@ def main(out: str, *modes: str) -> None:
     if dist.is_main():
         torch.save({"modes": results, "evals": evals, "world": dist.world()}, out)
     dist.teardown()
+
+
+class Killed(BaseException):
+    """Raised at a crash point; nothing in lmprefs catches it (its `finally` blocks run: the group is destroyed)."""
+
+
+def _cli(step: dict):
+    from lmprefs.cli import main as lmprefs_main
+    from lmprefs.io import atomic
+
+    point, _, nth = (step.get("kill_at") or "").partition("@")
+    hits = []
+
+    def hook(at: str) -> None:
+        if at == point:
+            hits.append(at)
+            if len(hits) >= int(nth or 1):
+                raise Killed(at)
+
+    atomic.crash_hook = hook if point else None
+    try:
+        return lmprefs_main(step["argv"])
+    except Killed:
+        return "killed"
+    finally:
+        atomic.crash_hook = None
+
+
+def run_step(step: dict, first: bool):
+    env = dict(step.get("env", {}))
+    if not first:
+        env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(step["port"]), "TORCHELASTIC_USE_AGENT_STORE": "False"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            if step["kind"] == "worker":
+                run_worker(step["out"])
+                rc = 0
+            else:
+                rc = _cli(step)
+        if step.get("copy") and os.environ["RANK"] == "0":  # the directory as the step left it, for the test to see
+            shutil.copytree(*step["copy"], symlinks=True)
+    except Exception:  # recorded for the test that reads this step; the next steps still run
+        rc = "error: " + traceback.format_exc()
+        dist.teardown()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    return {"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+
+def main(plan_file: str) -> None:
+    plan = json.loads(Path(plan_file).read_text())
+    d, r = Path(plan["dir"]), os.environ["RANK"]
+    for i, step in enumerate(plan["steps"]):
+        t0 = time.time()
+        record = run_step(step, first=i == 0) | {"seconds": time.time() - t0}
+        (d / f"{step['name']}.rank{r}.json").write_text(json.dumps(record))
 
 
 if __name__ == "__main__":

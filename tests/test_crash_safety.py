@@ -109,10 +109,11 @@ def test_a_directory_write_killed_at_any_step_leaves_a_complete_directory(tmp_pa
     assert not list(tmp_path.glob("checkpoint.tmp-*"))
 
 
-def test_a_run_killed_between_the_checkpoint_renames_resumes_exactly(tmp_path, vader_run):
+def test_a_run_killed_between_the_checkpoint_renames_resumes_exactly(tmp_path, vader_run, capsys):
     d = tmp_path / "run"
     crashed(VADER + ["--run-dir", str(d)], "publish:checkpoint:renamed@3")  # update 3's version is on disk, unlinked
     assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 0
+    assert f"resuming {d} at update 3/4" in capsys.readouterr().out
     assert_same_run(d, vader_run)
 
 

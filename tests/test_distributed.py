@@ -1,12 +1,18 @@
-"""Several ranks on CPU with gloo, launched by torchrun as a user would: equality of 2-rank and 1-rank updates,
-rank 0 alone writing, a 2-"node" rendezvous on loopback, kill -9 of one rank and exact resume."""
+"""Several ranks on CPU with gloo, started by torchrun and by accelerate launch: equality of 2-rank and 1-rank
+updates, rank 0 alone writing, a 2-"node" rendezvous on loopback, kill -9 of one rank and exact resume.
+
+Two launches serve every test here (each launch costs seconds before any work): a run killed mid-way (`killed`), and
+one 2-node launch of tests/dist_worker.py that runs the other multi-rank steps in turn (`launch`), each test
+asserting on its own steps."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,15 +38,17 @@ ARGS = ["train-policy", "tiny", "--reward", "vader", "--ppo.total-episodes", "80
         "--run.log-interval", "100"]  # fmt: skip
 
 
+def _ports(n: int) -> list[int]:
+    """n distinct free ports (each socket held until all are picked)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(nproc: int, *args: str) -> list[str]:
-    return [*TORCHRUN, "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1", "--master-port", str(_port()),
-            *args]  # fmt: skip
+    return _ports(1)[0]
 
 
 def _files(d: Path) -> list[str]:
@@ -54,20 +62,103 @@ def _metrics(path: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def worker_results(tmp_path_factory):
-    """tests/dist_worker.py in one process, and under 2 ranks with DDP then FSDP in the same launch, the 2 ranks
-    started by `accelerate launch` (which sets torchrun's variables; on a CPU through its --multi_gpu launcher: its
-    --cpu path starts one process) where every other test here uses torchrun."""
-    d = tmp_path_factory.mktemp("worker")
-    worker = str(ROOT / "tests" / "dist_worker.py")
-    one, two = d / "one.pt", d / "two.pt"
-    subprocess.run([sys.executable, worker, str(one)], env=ENV, check=True, capture_output=True)
+def one(tmp_path_factory):
+    """The train-policy run of ARGS in one process (this one): the files a run writes."""
+    d = tmp_path_factory.mktemp("one") / "run"
+    assert main([*ARGS, "--run-dir", str(d)]) == 0
+    return d
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """The train-policy run of ARGS on 2 ranks started by `accelerate launch` (which sets torchrun's variables; on a
+    CPU through its --multi_gpu launcher, as docs/scale.md says: its --cpu path starts one process), rank 1 killed
+    with SIGKILL mid-run, past the checkpoint of update 2; `saved` is a copy of its directory as the kill left it.
+    Its resume runs in `launch`; test_kill_one_rank_fails_the_job_then_resume_matches asserts on both."""
+    d = tmp_path_factory.mktemp("killed")
+    run = d / "run"
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-                  str(_port())]  # fmt: skip
-    r = subprocess.run([*accelerate, worker, str(two), "ddp", "fsdp"], env=ENV, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-3000:]
-    a, b = torch.load(one), torch.load(two)
+                  str(_port()), "-m", "lmprefs"]  # fmt: skip
+    job = subprocess.Popen([*accelerate, *ARGS, "--run-dir", str(run)], env=ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline, victim = time.time() + 180, None
+    while time.time() < deadline and job.poll() is None:
+        m = run / "metrics.jsonl"
+        if (run / "checkpoint" / "state.pt").exists() and m.exists() and len(m.read_text().splitlines()) >= 3:
+            victim = next(c for c in psutil.Process(job.pid).children(recursive=True)
+                          if c.environ().get("RANK") == "1")  # fmt: skip
+            victim.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    t_kill = time.time()
+    _, err = job.communicate(timeout=120)
+    stopped_after = time.time() - t_kill
+    if run.exists():
+        shutil.copytree(run, d / "saved", symlinks=True)
+    return {"dir": run, "saved": d / "saved", "victim": victim, "rc": job.returncode, "err": err,
+            "stopped_after": stopped_after}  # fmt: skip
+
+
+class Launch:
+    """What one 2-rank launch of tests/dist_worker.py recorded: `step(name)` is each rank's record of that step."""
+
+    def __init__(self, d: Path):
+        self.dir = d
+
+    def step(self, name: str) -> list[dict]:
+        return [json.loads((self.dir / f"{name}.rank{r}.json").read_text()) for r in range(2)]
+
+    def rcs(self, name: str) -> list:
+        return [r["rc"] for r in self.step(name)]
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory, killed):
+    """One launch as 2 "nodes" of one process each, rendezvousing on 127.0.0.1 (two torchrun launches with --nnodes
+    2), that runs in turn: the train-policy run of ARGS (`two`, the 2-rank reference), the DDP/FSDP worker, a
+    2-rank `label`, an FSDP train-policy run stopped after the checkpoint of update 4 and its resume, the resume of
+    the killed run, and a run with a bad LMPREFS_DIST_TIMEOUT. Each launch costs seconds before any work (the
+    launcher, a torch import per rank, the rendezvous); one launch serves every test below."""
+    d = tmp_path_factory.mktemp("launch")
+
+    def cli(name: str, *argv: str, **extra) -> dict:
+        return {"name": name, "kind": "cli", "argv": list(argv), **extra}
+
+    resume = ["train-policy", "tiny", "--resume", "--run-dir"]
+    fsdp, stopped = str(d / "fsdp"), str(d / "fsdp-stopped")  # stopped: a copy of fsdp as the stop left it
+    steps = [
+        cli("two", *ARGS, "--run-dir", str(d / "two")),
+        {"name": "worker", "kind": "worker", "out": str(d / "worker.pt")},
+        cli("label", "label", "tiny", "--db", str(d / "labels.sqlite"), "--questions", "40"),
+        cli("fsdp", *ARGS, "--run.parallel", "fsdp", "--run-dir", fsdp, kill_at="train:saved@2", copy=[fsdp, stopped]),
+        cli("fsdp-resume", *resume, fsdp),
+        cli("killed-resume", *resume, str(killed["dir"])),
+        cli("bad-timeout", *ARGS, "--run-dir", str(d / "bad"), env={"LMPREFS_DIST_TIMEOUT": "soon"}),
+    ]
+    *ports, rendezvous = _ports(len(steps) + 1)  # picked together: no two the same
+    for step, port in zip(steps, ports, strict=True):
+        step["port"] = port
+    plan = d / "plan.json"
+    plan.write_text(json.dumps({"dir": str(d), "steps": steps}))
+    nodes = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                               "--rdzv-endpoint", f"127.0.0.1:{rendezvous}", "--rdzv-id", "lmprefs-test",
+                               str(ROOT / "tests" / "dist_worker.py"), str(plan)], env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
+    outs = [p.communicate(timeout=600) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], [e[-3000:] for _, e in outs]
+    return Launch(d)
+
+
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory, launch):
+    """The worker in this process (no group) and under the launch's 2 ranks with DDP then FSDP."""
+    import dist_worker
+
+    one = tmp_path_factory.mktemp("worker") / "one.pt"
+    dist_worker.run_worker(str(one), ("ddp",))
+    assert launch.rcs("worker") == [0, 0], launch.step("worker")
+    a, b = torch.load(one), torch.load(launch.dir / "worker.pt")
     assert (a["world"], b["world"]) == (1, 2)
     return a, b
 
@@ -97,106 +188,70 @@ def test_heldout_evaluation_is_shared_out_and_gathered(worker_results):
     assert all(math.isfinite(x) for x in (r0["mean"], r0["stderr"], r0["kl"]))
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """A label store written by a 2-rank `label`, and the same train-policy run in 1 process and as 2 "nodes" of
-    one process each, rendezvousing on 127.0.0.1 (two torchrun launches with --nnodes 2)."""
-    d = tmp_path_factory.mktemp("dist")
-    db = d / "labels.sqlite"
-    r = subprocess.run(_torchrun(2, "-m", "lmprefs", "label", "tiny", "--db", str(db), "--questions", "40"), env=ENV,
-                       capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("questions sampled") == 1  # rank 0 alone reports
-    assert main([*ARGS, "--run-dir", str(d / "one")]) == 0
-    endpoint = f"127.0.0.1:{_port()}"
-    nodes = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                               "--rdzv-endpoint", endpoint, "--rdzv-id", "lmprefs-test", "-m", "lmprefs", *ARGS,
-                               "--run-dir", str(d / "two")], env=ENV, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
-    outs = [p.communicate(timeout=300) for p in nodes]
-    assert [p.returncode for p in nodes] == [0, 0], [e[-3000:] for _, e in outs]
-    return {"dir": d, "db": db, "outs": outs}
-
-
-def test_label_store_written_once_by_rank_zero(runs):
+def test_label_store_written_once_by_rank_zero(launch):
     from lmprefs.labels.store import LabelStore
 
-    counts = LabelStore(runs["db"]).table_counts()
+    assert launch.rcs("label") == [0, 0], launch.step("label")
+    assert sum(r["stdout"].count("questions sampled") for r in launch.step("label")) == 1  # rank 0 alone reports
+    counts = LabelStore(launch.dir / "labels.sqlite").table_counts()
     assert counts["items"] == 40 and counts["labels"] == 40, counts
 
 
-def test_two_nodes_train_and_only_rank_zero_writes(runs):
-    one, two = runs["dir"] / "one", runs["dir"] / "two"
+def test_two_nodes_train_and_only_rank_zero_writes(launch, one):
+    two = launch.dir / "two"
+    assert launch.rcs("two") == [0, 0], launch.step("two")
     assert _files(two) == _files(one)  # the same files, once: rank 1 wrote none of its own
     rows = read_jsonl(two / "metrics.jsonl")
     assert [r["elapsed/episodes"] for r in rows] == [16 * i for i in range(1, 6)]
     assert all(abs(r["objective/kl"]) < 50 and -5 < r["objective/score"] < 5 for r in rows)
     assert torch.load(two / "checkpoint" / "ranks.pt", weights_only=False)["world_size"] == 2
-    assert sum(e.count("policy: ") for _, e in runs["outs"]) + sum(o.count("policy: ") for o, _ in runs["outs"]) == 1
+    assert sum(r["stdout"].count("policy: ") + r["stderr"].count("policy: ") for r in launch.step("two")) == 1
 
 
-def test_kill_one_rank_fails_the_job_then_resume_matches(runs, tmp_path):
-    killed = tmp_path / "killed"
-    job = subprocess.Popen(_torchrun(2, "-m", "lmprefs", *ARGS, "--run-dir", str(killed)),
-                           env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline, victim = time.time() + 180, None
-    while time.time() < deadline and job.poll() is None:
-        m = killed / "metrics.jsonl"
-        if (killed / "checkpoint" / "state.pt").exists() and m.exists() and len(m.read_text().splitlines()) >= 3:
-            victim = next(c for c in psutil.Process(job.pid).children(recursive=True)
-                          if c.environ().get("RANK") == "1")  # fmt: skip
-            victim.send_signal(signal.SIGKILL)  # rank 1, mid-run, past the checkpoint of update 2
-            break
-        time.sleep(0.05)
-    assert victim is not None, "the run finished before it could be killed"
-    t_kill = time.time()
-    _, err = job.communicate(timeout=120)
-    assert job.returncode != 0
-    assert time.time() - t_kill < 60  # torchrun's agent stops the other rank: no hang until the group timeout
+def test_kill_one_rank_fails_the_job_then_resume_matches(killed, launch):
+    assert killed["victim"] is not None, "the run finished before it could be killed"
+    err = killed["err"]
+    assert killed["rc"] != 0
+    assert killed["stopped_after"] < 60  # the launcher's agent stops the other rank: no hang until the group timeout
     assert "Signal 9" in err or "SIGKILL" in err or "exitcode  : -9" in err, err[-2000:]
-    assert len(read_jsonl(killed / "metrics.jsonl")) < 5
+    assert len(read_jsonl(killed["saved"] / "metrics.jsonl")) < 5
 
     # another number of ranks is refused in one line; the same number continues exactly
-    assert main(["train-policy", "tiny", "--resume", "--run-dir", str(killed)]) == 2
-    r = subprocess.run(_torchrun(2, "-m", "lmprefs", "train-policy", "tiny", "--resume", "--run-dir", str(killed)),
-                       env=ENV, capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert _metrics(killed / "metrics.jsonl") == _metrics(runs["dir"] / "two" / "metrics.jsonl")
+    assert main(["train-policy", "tiny", "--resume", "--run-dir", str(killed["saved"])]) == 2
+    assert launch.rcs("killed-resume") == [0, 0], launch.step("killed-resume")
+    assert _metrics(killed["dir"] / "metrics.jsonl") == _metrics(launch.dir / "two" / "metrics.jsonl")
 
 
-def test_fsdp_run_resumes_exactly_and_only_rank_zero_writes(runs, tmp_path):
-    """train-policy under FSDP2 on 2 ranks, both stopped (exit 9, as kill -9) right after the checkpoint of update 4,
-    then resumed on 2 ranks: its metrics equal the 2-rank DDP run's (the same math; bitwise here) and its final
-    policy, gathered whole on rank 0, is that run's within 1e-6; the files are those of the 1-process run."""
+def test_fsdp_run_resumes_exactly_and_only_rank_zero_writes(launch, one):
+    """train-policy under FSDP2 on 2 ranks, both stopped right after the checkpoint of update 4 (by an exception at
+    that crash point, the process group destroyed), then resumed on 2 ranks: its metrics equal the 2-rank DDP run's
+    (the same math; bitwise here) and its final policy, gathered whole on rank 0, is that run's within 1e-6; the
+    files are those of the 1-process run."""
     from safetensors.torch import load_file
 
-    d = tmp_path / "fsdp"
-    r = subprocess.run(_torchrun(2, "-m", "lmprefs", *ARGS, "--run.parallel", "fsdp", "--run-dir", str(d)),
-                       env={**ENV, "LMPREFS_CRASH_AT": "train:saved@2"}, capture_output=True, text=True)  # fmt: skip
-    assert r.returncode != 0 and len(read_jsonl(d / "metrics.jsonl")) == 4, r.stderr[-3000:]
-    r = subprocess.run(_torchrun(2, "-m", "lmprefs", "train-policy", "tiny", "--resume", "--run-dir", str(d)),
-                       env=ENV, capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    two = runs["dir"] / "two"
+    d, two = launch.dir / "fsdp", launch.dir / "two"
+    assert launch.rcs("fsdp") == ["killed", "killed"], launch.step("fsdp")
+    assert len(read_jsonl(launch.dir / "fsdp-stopped" / "metrics.jsonl")) == 4
+    assert launch.rcs("fsdp-resume") == [0, 0], launch.step("fsdp-resume")
     for x, y in zip(_metrics(d / "metrics.jsonl"), _metrics(two / "metrics.jsonl"), strict=True):
         assert x.keys() == y.keys()
         for k, v in y.items():
             assert x[k] == pytest.approx(v, rel=1e-6, abs=1e-7), k
     a, b = load_file(d / "policy" / "model.safetensors"), load_file(two / "policy" / "model.safetensors")
     assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
-    assert set(_files(d)) == set(_files(runs["dir"] / "one"))  # (a resumed run has a second TensorBoard file)
+    assert set(_files(d)) == set(_files(one))  # (a resumed run has a second TensorBoard file)
     assert json.loads((d / "config.json").read_text())["run"]["parallel"] == "fsdp"
 
 
-def test_a_rank_s_user_error_is_one_line_naming_the_rank(tmp_path):
-    env = {**ENV, "LMPREFS_DIST_TIMEOUT": "soon"}
-    r = subprocess.run(_torchrun(2, "-m", "lmprefs", *ARGS, "--run-dir", str(tmp_path / "r")), env=env,
-                       capture_output=True, text=True)  # fmt: skip
-    assert r.returncode != 0
-    lines = [ln for ln in r.stderr.splitlines() if ln.startswith("lmprefs train-policy: error")]
-    want = "lmprefs train-policy: error (rank 1 of 2): LMPREFS_DIST_TIMEOUT='soon'"
-    assert any(ln.startswith(want) for ln in lines), r.stderr[-2000:]
-    assert not (tmp_path / "r").exists()
+def test_a_rank_s_user_error_is_one_line_naming_the_rank(launch):
+    assert launch.rcs("bad-timeout") == [2, 2], launch.step("bad-timeout")
+    lines = [ln for r in launch.step("bad-timeout") for ln in r["stderr"].splitlines()
+             if ln.startswith("lmprefs train-policy: error")]  # fmt: skip
+    for rank in (0, 1):
+        want = f"lmprefs train-policy: error (rank {rank} of 2): LMPREFS_DIST_TIMEOUT='soon'"
+        assert sum(ln.startswith(want) for ln in lines) == 1, lines
+    assert len(lines) == 2
+    assert not (launch.dir / "bad").exists()
 
 
 def test_one_process_has_no_group_and_the_helpers_change_nothing():

@@ -137,6 +137,11 @@ def _metrics(path):
     return [{k: v for k, v in r.items() if not k.startswith("elapsed/") or k in keep} for r in read_jsonl(path)]
 
 
+# -m slow: three processes and 8 + 8 updates for what two faster tests cover: a process that dies mid-run (status 9,
+# nothing flushed) resuming bitwise with its "resuming" line is test_crash_safety's
+# test_a_run_killed_between_the_checkpoint_renames_resumes_exactly, and a real kill -9 at whatever moment it lands is
+# test_distributed's test_kill_one_rank_fails_the_job_then_resume_matches
+@pytest.mark.slow
 def test_kill_and_resume_reproduces_an_uninterrupted_run(tmp_path):
     args = ["train-policy", "tiny", "--reward", "vader", "--ppo.total-episodes", str(16 * 8),
             "--run.save-interval", "2", "--run.log-interval", "100"]  # fmt: skip

@@ -85,7 +85,7 @@ def metrics(run_dir):
     return [{k: v for k, v in r.items() if not k.startswith("elapsed/")} for r in rows]
 
 
-def test_a_separate_value_model_checkpoints_and_resumes_exactly(tmp_path, monkeypatch):
+def test_a_separate_value_model_checkpoints_and_resumes_exactly(tmp_path, monkeypatch, tiny_task):
     from lmprefs.io import atomic
 
     full, killed = tmp_path / "full", tmp_path / "killed"
@@ -114,6 +114,6 @@ def test_a_separate_value_model_checkpoints_and_resumes_exactly(tmp_path, monkey
     a, b = tensors(full), tensors(killed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     key = "transformer.h.0.attn.c_attn.weight"
-    init = setup_task(preset("tiny")).model.state_dict()[key]
+    init = tiny_task.model.state_dict()[key]  # the initial model (one_update trains deep copies of it)
     assert not torch.equal(a[f"value_model.{key}"], init)  # the value trunk trained, apart from the policy's
     assert not torch.equal(a[f"value_model.{key}"], a[key])
