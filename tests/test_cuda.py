@@ -238,7 +238,8 @@ def test_torchrun_world_size_one_on_nccl(tmp_path, parallel):
     root = str(Path(__file__).resolve().parents[1])  # this checkout first, the machine's own PYTHONPATH after it
     path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "LMPREFS_DIST_TIMEOUT": "120", "PYTHONPATH": path}
-    probe = "from lmprefs import distributed as d; d.init(); import torch.distributed as t; print(t.get_backend())"
+    probe = ("from lmprefs.runtime import distributed as d; d.init(); import torch.distributed as t; "
+             "print(t.get_backend())")
     r = subprocess.run([*torchrun, "--no-python", sys.executable, "-c", probe], env=env, capture_output=True,
                        text=True)
     assert r.returncode == 0 and r.stdout.split()[-1] == "nccl", r.stderr[-2000:]
