@@ -102,7 +102,6 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
         atomic_write_text(run_dir / "run.json", json.dumps(meta))
     hooks, extras = [], {}
     if online:
-        run_dir.mkdir(parents=True, exist_ok=True)
         store_path = str(Path(store_path or cfg.labels.source or run_dir / "labels.sqlite").resolve())
         onl = OnlineRewards(t, open_store(store_path), run_dir, labeler)
         onl.start(found is not None)

@@ -69,7 +69,8 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
     callable), a trained reward model (rewards.trained_model, or this run's reward_model/ when resuming), or a new
     one trained from `store` (a LabelStore, or a path for label_source; `labels`: its training_labels, if checked
     already). With LoRA a reward model trained in this run is an adapter on the policy's base; info["state"] is its
-    RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the checkpoint fills."""
+    RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the checkpoint fills.
+    rewards.trained_model is the caller's to check first (check_trained_model), before it writes anything."""
 
     cfg = t.cfg
     if reward is not None and reward != "model":
@@ -88,7 +89,6 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         return text_score_fn(lambda texts, queries: _checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
                              std, t.prefix, t.suffix), {"reward": reward}  # fmt: skip
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
-    check_trained_model(cfg, t.tok)
     info = {"reward": "model", "reward_model": str(rm_dir)}
     if resume and cfg.lora.rank > 0 and not cfg.rewards.trained_model:
         rm = reward_frame(t).eval().freeze()
