@@ -4,10 +4,10 @@
 What is measured
   A labeling question (best of 4) and an evaluation with several samples per query sample one query several times.
   `repeats=N` runs each query through the model once and copies its keys and values N times; the plain way runs
-  the N copies of the query. Both draw the same tokens up to float rounding (tests/test_sampling.py): a near-tie in
-  one draw can flip a token, and the rest of that row then differs, so the script counts identical rows. The two
-  are timed interleaved (plain, shared, shared, plain, ...) so that other load on the machine falls on both alike;
-  the median of --reps calls each (the first call of each dropped as warm-up), and their ratio.
+  the N copies of the query. Both draw the same tokens up to float rounding (tests/models/test_sampling.py):
+  a near-tie in one draw can flip a token, and the rest of that row then differs, so the script counts identical
+  rows. The two are timed interleaved (plain, shared, shared, plain, ...) so that other load on the machine falls on
+  both alike; the median of --reps calls each (the first call of each dropped as warm-up), and their ratio.
 
   Default shapes: the summarization demo's labeling batch (`lmprefs quickstart --preset summarize`): 16 questions x
   4 samples, queries of 76 tokens (a 64-token article lead between its prefix and suffix), 32-token summaries,

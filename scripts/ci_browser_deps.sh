@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install Debian's Chromium for tests/test_browser.py, only when it is missing. Playwright drives this browser
+# Install Debian's Chromium for tests/server/test_browser.py, only when it is missing. Playwright drives this browser
 # (executable_path=/usr/bin/chromium); never run `playwright install`, which downloads its own browsers.
 set -eu
 if [ -x /usr/bin/chromium ]; then

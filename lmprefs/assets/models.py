@@ -93,7 +93,7 @@ def tiny_gpt2_dir() -> Path:
 # The tiny preset's model: tiny-gpt2 trained briefly on the bundled Austen passages. The random model samples
 # nearly uniformly from 50,257 tokens, and PPO on the tiny preset never learned from it; this one samples
 # Austen's frequent words (4,291 distinct tokens; 10.8 -> 6.4 nats per token), so VADER sees sentiment words in about
-# 15% of 8-token responses and a short PPO run measurably raises it (tests/test_train_policy.py).
+# 15% of 8-token responses and a short PPO run measurably raises it (tests/training/test_policy.py).
 TINY_TRAIN_STEPS, TINY_TRAIN_LR, TINY_TRAIN_BATCH, TINY_TRAIN_LEN = 150, 2e-2, 16, 64
 
 

@@ -230,7 +230,7 @@ PRESETS: dict[str, tuple[str, Config]] = {
             train_reward=TrainRewardConfig(batch_size=8, lr=1e-3, rollout_batch_size=16, normalize_samples=32),
             rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
             # lr 3e-3 (was 1e-4): with --ppo.batch-size 64 --ppo.nminibatches 4, VADER (normalized) rises by 0.7-1.2
-            # from the first 4 of 8 updates to the last 4 (seeds 0-3; tests/test_train_policy.py); two updates of 16
+            # from the first 4 of 8 updates to the last 4 (seeds 0-3; tests/training/test_policy.py); two updates of 16
             # here for the tests of mechanics, which are many
             ppo=PPOConfig(total_episodes=32, batch_size=16, nminibatches=2, lr=3e-3),
             run=RunConfig(log_interval=1, save_interval=1, device="cpu", dtype="float32", threads=1),

@@ -1,7 +1,7 @@
 """The PPO math of lm-human-preferences: whitening, KL-penalized rewards, GAE, KL controllers, the clipped losses and
 one `ppo_update` over a rollout batch. Ported from `lm_human_preferences/train_policy.py` and `utils/core.py` at
 openai/lm-human-preferences@cbfd210 (cited as `train_policy.py#Lxx`); every piece has a NumPy parity test in
-tests/test_ppo_math.py. Imports only torch, so the math can be read and tested without models or tokenizers.
+tests/training/test_ppo_math.py. Imports only torch, so the math can be read and tested without models or tokenizers.
 
 Shapes: B = rollout batch, b = minibatch, Q = query length, T = response length.
 """

@@ -1,6 +1,7 @@
 """What earlier versions of lmprefs wrote still loads: a run directory and a reward model saved before directories
 were versioned behind a symlink with a manifest (plain directories, nothing to verify), and a config.json saved
-before a field existed (tests/test_config.py). Each is made from today's artifacts by undoing what came later."""
+before a field existed (tests/config/test_overrides.py).
+Each is made from today's artifacts by undoing what came later."""
 
 from __future__ import annotations
 

@@ -120,7 +120,7 @@ def _section_reads(tree: ast.AST) -> set[str]:
 def test_every_config_field_is_read_somewhere_in_the_package():
     """A knob nobody reads is a lie (torchtune's whiten_rewards, the original's rewards.whiten). A read counts for
     the section that owns it (`labels.type` is not satisfied by a read of `device.type`)."""
-    pkg = Path(__file__).parents[1] / "lmprefs"
+    pkg = Path(__file__).parents[2] / "lmprefs"
     reads = set()
     for p in pkg.rglob("*.py"):
         if p.name not in ("config.py", "overrides.py"):  # validation and help read every field

@@ -219,7 +219,7 @@ def test_posts_with_mojibake_are_repaired_by_ftfy_a_declared_dependency(tmp_path
     import tomllib
     from pathlib import Path
 
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert any(d.startswith("ftfy") for d in pyproject["project"]["dependencies"])
     path = tmp_path / "train-subset.json"
     path.write_text(json.dumps([{"content": "He said \u00e2\u20ac\u0153hi\u00e2\u20ac\x9d and left\u00e2\u20ac\u00a6 "

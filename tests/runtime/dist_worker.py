@@ -1,5 +1,5 @@
-"""Run by tests/test_distributed.py: the steps of a JSON plan (argv[1]) under one launch of several ranks, one step
-after another in the same processes, so that one launch's start (the launcher, a torch import per rank, the
+"""Run by tests/runtime/test_distributed.py: the steps of a JSON plan (argv[1]) under one launch of several ranks,
+one step after another in the same processes, so that one launch's start (the launcher, a torch import per rank, the
 rendezvous: seconds each) serves several tests. Each step is either
 
 - `worker`: one reward-model epoch and one PPO update on fixed data, each rank on its share, with run.parallel ddp
@@ -8,7 +8,7 @@ rendezvous: seconds each) serves several tests. Each step is either
   from fixed seeds. `run_worker` runs the same in one plain process (no launcher, no group): the reference.
 - `cli`: `lmprefs ARGV` as `python -m lmprefs` runs it (lmprefs.cli.main), with the step's environment variables
   set for it; `kill_at` POINT@K stops it by an exception at the K-th arrival at that crash point on every rank (as
-  tests/test_crash_safety.py does in one process); `copy` [SRC, DST]: rank 0 then copies directory SRC to DST.
+  tests/training/test_crash_safety.py does in one process); `copy` [SRC, DST]: rank 0 then copies directory SRC to DST.
 
 Each rank writes `STEP.rankR.json` into the plan's `dir`: the return code (or "killed", or a traceback), and what
 the step printed. The first step joins the launcher's own store, exactly as a command launched alone does. lmprefs

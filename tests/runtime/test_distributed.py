@@ -2,7 +2,7 @@
 updates, rank 0 alone writing, a 2-"node" rendezvous on loopback, kill -9 of one rank and exact resume.
 
 Two launches serve every test here (each launch costs seconds before any work): a run killed mid-way (`killed`), and
-one 2-node launch of tests/dist_worker.py that runs the other multi-rank steps in turn (`launch`), each test
+one 2-node launch of tests/runtime/dist_worker.py that runs the other multi-rank steps in turn (`launch`), each test
 asserting on its own steps."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import torch
 from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 # this checkout first on PYTHONPATH, with whatever the machine has there after it (packages may live there)
 PYTHONPATH = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": PYTHONPATH, "LMPREFS_DIST_TIMEOUT": "60"}
@@ -101,7 +102,7 @@ def killed(tmp_path_factory):
 
 
 class Launch:
-    """What one 2-rank launch of tests/dist_worker.py recorded: `step(name)` is each rank's record of that step."""
+    """What one 2-rank launch of dist_worker.py recorded: `step(name)` is each rank's record of that step."""
 
     def __init__(self, d: Path):
         self.dir = d
@@ -143,7 +144,7 @@ def launch(tmp_path_factory, killed):
     plan.write_text(json.dumps({"dir": str(d), "steps": steps}))
     nodes = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                                "--rdzv-endpoint", f"127.0.0.1:{rendezvous}", "--rdzv-id", "lmprefs-test",
-                               str(ROOT / "tests" / "dist_worker.py"), str(plan)], env=ENV, stdout=subprocess.PIPE,
+                               str(HERE / "dist_worker.py"), str(plan)], env=ENV, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
     outs = [p.communicate(timeout=600) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [e[-3000:] for _, e in outs]

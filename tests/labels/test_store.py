@@ -13,7 +13,7 @@ import pytest
 from lmprefs.labels.store import DuplicateLabelError, ImportRow, LabelStore
 
 SAMPLES = ["a", "b", "c", "d"]
-PACKAGE = Path(__file__).resolve().parents[1] / "lmprefs"
+PACKAGE = Path(__file__).resolve().parents[2] / "lmprefs"
 # what talking to SQLite looks like: a statement run, a raw connection or transaction, sqlite3, or SQL text
 SQL = re.compile(
     r"\.(execute|executemany|executescript|cursor|connection|snapshot|_tx)\(|^\s*(import|from) sqlite3\b"
@@ -34,7 +34,7 @@ def test_pragmas_and_no_torch(store, tmp_path):
     assert c.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert c.execute("PRAGMA foreign_keys").fetchone()[0] == 1
     code = "import sys, lmprefs.labels.store; assert 'torch' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_only_the_store_speaks_sql():

@@ -235,7 +235,7 @@ def test_torchrun_world_size_one_on_nccl(tmp_path, parallel):
         port = s.getsockname()[1]
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
                 "--master-port", str(port)]  # fmt: skip
-    root = str(Path(__file__).resolve().parents[1])  # this checkout first, the machine's own PYTHONPATH after it
+    root = str(Path(__file__).resolve().parents[2])  # this checkout first, the machine's own PYTHONPATH after it
     path = os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])
     env = {**os.environ, "LMPREFS_DIST_TIMEOUT": "120", "PYTHONPATH": path}
     probe = ("from lmprefs.runtime import distributed as d; d.init(); import torch.distributed as t; "
