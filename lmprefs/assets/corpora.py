@@ -24,6 +24,7 @@ from lmprefs.assets.cache import (
     _find_download,
     cache_dir,
 )
+from lmprefs.io.jsonl import read_jsonl
 
 
 def _r_unserialize(b: bytes):
@@ -154,8 +155,7 @@ def austen_dir() -> Path:
 
 def austen_passages() -> list[dict]:
     """Paragraphs of >= 20 words from the six novels: [{"book": ..., "text": ...}] (7,690 of them)."""
-    with open(austen_dir() / "passages.jsonl") as f:
-        return [json.loads(line) for line in f]
+    return read_jsonl(austen_dir() / "passages.jsonl")
 
 
 def _find_gensim_wheel(work: Path) -> Path:
@@ -202,8 +202,7 @@ def lee_news_dir() -> Path:
 def lee_news_articles() -> list[str]:
     """The 300 ABC news articles of gensim's `lee_background.cor` (59,890 words; median 162 words an article),
     whitespace normalized, in file order."""
-    with open(lee_news_dir() / "articles.jsonl") as f:
-        return [json.loads(line)["text"] for line in f]
+    return [row["text"] for row in read_jsonl(lee_news_dir() / "articles.jsonl")]
 
 
 def paragraphs(text: str) -> list[str]:

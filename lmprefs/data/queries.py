@@ -14,7 +14,6 @@ own prompts and are used as given (cut to query_length only) unless task.crop_lo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from lmprefs.data.summarize import story_texts, tldr_texts
 from lmprefs.data.tasks import PAD, encode_fixed
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import read_text
+from lmprefs.io.jsonl import JsonRowsError, jsonl_lines
 
 
 class QueryDataError(UserError):
@@ -58,13 +58,14 @@ def load_texts(spec: str) -> list[str]:
     if p.suffix == ".jsonl":
         field = field or "text"
         texts = []
-        for i, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                texts.append(str(json.loads(line)[field]))
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise QueryDataError(f"{p} line {i}: expected a JSON object with field {field!r} ({e})") from None
+        try:
+            rows = jsonl_lines(text, str(p))
+        except JsonRowsError as e:
+            raise QueryDataError(str(e)) from None
+        for i, row in rows:
+            if not isinstance(row, dict) or field not in row:
+                raise QueryDataError(f"{p} line {i}: expected a JSON object with field {field!r}")
+            texts.append(str(row[field]))
         return texts
     return paragraphs(text)
 

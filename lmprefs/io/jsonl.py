@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
@@ -32,14 +33,20 @@ def json_rows(path: Path) -> tuple[str, list[tuple[str, object]]]:
         except json.JSONDecodeError as e:
             raise JsonRowsError(f"{path.name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
         return "json", [(f"row {i}", row) for i, row in enumerate(data)]
+    return "jsonl", [(f"line {n}", row) for n, row in jsonl_lines(text, path.name)]
+
+
+def jsonl_lines(text: str, where: str) -> list[tuple[int, Any]]:
+    """[(line number, row), ...] of JSONL text, blank lines skipped; a line that is not JSON raises JsonRowsError
+    naming `where` (the file, or the flag and the file) and the line."""
     rows = []
     for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
-                rows.append((f"line {n}", json.loads(line)))
+                rows.append((n, json.loads(line)))
             except json.JSONDecodeError as e:
-                raise JsonRowsError(f"{path.name} line {n}: invalid JSON at column {e.colno}: {e.msg}") from e
-    return "jsonl", rows
+                raise JsonRowsError(f"{where} line {n}: invalid JSON at column {e.colno}: {e.msg}") from e
+    return rows
 
 
 def truncate_jsonl(path: Path, last_step: int, key: str = "step", phase: str | None = None) -> None:
@@ -60,5 +67,5 @@ def truncate_jsonl(path: Path, last_step: int, key: str = "step", phase: str | N
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The rows of a JSONL file this package wrote (metrics.jsonl, samples.jsonl)."""
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The rows of a JSONL file this package wrote (metrics.jsonl, samples.jsonl, the assets' passages)."""
+    return [row for _, row in jsonl_lines(Path(path).read_text(encoding="utf-8"), str(path))]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from lmprefs.errors import UserError
-from lmprefs.io.jsonl import truncate_jsonl
+from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
@@ -139,7 +139,7 @@ def online_summary(run_dir: Path) -> str:
     path = Path(run_dir) / "online.jsonl"
     if not path.exists():
         raise UserError(f"{run_dir} has no online.jsonl")
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = read_jsonl(path)
     lines = ["| reward model | after update | labels (train + held out) | trained on | held-out accuracy |",
              "|---|---|---|---|---|"]  # fmt: skip
     for i, r in enumerate(rows):

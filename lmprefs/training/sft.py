@@ -26,6 +26,7 @@ from lmprefs.data.tasks import PAD
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
 from lmprefs.io.inputs import read_text
+from lmprefs.io.jsonl import JsonRowsError, jsonl_lines
 from lmprefs.io.publish import latest_good
 from lmprefs.models.artifacts import atomic_dir
 from lmprefs.models.loading import load_lm, max_positions, vocab_size
@@ -47,14 +48,12 @@ def read_pairs(path: str | Path) -> list[tuple[str, str]]:
         text = read_text(path, "sft.data")
     except UserError as e:
         raise SFTDataError(str(e)) from None
+    try:
+        rows = jsonl_lines(text, str(path))
+    except JsonRowsError as e:
+        raise SFTDataError(str(e)) from None
     pairs = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SFTDataError(f"{path} line {n}: invalid JSON at column {e.colno}: {e.msg}") from None
+    for n, row in rows:
         if not isinstance(row, dict):
             raise SFTDataError(
                 f"{path} line {n}: expected an object with prompt and response, got {type(row).__name__}"
