@@ -72,9 +72,26 @@ def gpt2_tokenizer_dir() -> Path:
 
 def gpt2_tokenizer():
     """The exact GPT-2 BPE as a Hugging Face fast tokenizer ("Hello world" -> [15496, 995])."""
+    return load_tokenizer(gpt2_tokenizer_dir())
+
+
+_TOKENIZERS: dict[tuple, object] = {}
+
+
+def load_tokenizer(path: str | Path):
+    """The Hugging Face tokenizer of a model directory (or hub name), read once per process and version of its
+    files: building GPT-2's BPE takes ~0.4 s and a run loads the same one for the policy, the reward model and the
+    labels, while nothing in lmprefs changes a tokenizer after loading, so all of them can share one object."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(gpt2_tokenizer_dir()))
+    p = Path(path)
+    files = sorted(p.glob("*.json")) + sorted(p.glob("*.txt")) + sorted(p.glob("*.model")) if p.is_dir() else []
+    key = (str(p.resolve()) if p.is_dir() else str(path), tuple((f.name, f.stat().st_mtime_ns) for f in files))
+    if key not in _TOKENIZERS:
+        if len(_TOKENIZERS) >= 16:  # a long-lived process (the tests, an experiment) loads many run directories
+            _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
+        _TOKENIZERS[key] = AutoTokenizer.from_pretrained(str(path))
+    return _TOKENIZERS[key]
 
 
 GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from lmprefs.assets.models import resolve_model
+from lmprefs.assets.tokenizers import load_tokenizer
 from lmprefs.io.publish import MANIFEST, publish_dir, verify
 from lmprefs.models.loading import _trunk_names, load_lm
 from lmprefs.models.lora import merged_copy, save_peft_adapter
@@ -239,7 +240,7 @@ def load_reward_model(path: Path, device: torch.device | str = "cpu") -> RewardM
     import json
 
     from safetensors.torch import load_file
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForSequenceClassification
 
     path = Path(path)
     if not is_reward_model_dir(path):
@@ -262,7 +263,7 @@ def load_reward_model(path: Path, device: torch.device | str = "cpu") -> RewardM
         seq = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32)
         const = getattr(seq.config, "lmprefs_score_bias", 0.0)
     seq = seq.to(device).eval()
-    rm = RewardModel(seq, AutoTokenizer.from_pretrained(str(path)))
+    rm = RewardModel(seq, load_tokenizer(path))
     with torch.no_grad():
         rm.head.linear.weight.copy_(seq.score.weight)
         rm.head.linear.bias.zero_()

@@ -11,6 +11,7 @@ from torch import nn
 from lmprefs.assets.cache import AssetError
 from lmprefs.assets.models import MODEL_ASSETS as MODEL_NAMES
 from lmprefs.assets.models import resolve_model
+from lmprefs.assets.tokenizers import load_tokenizer
 
 
 def load_lm(name: str, device: torch.device | str = "cpu"):
@@ -19,7 +20,7 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     Dropout is switched off in the config (the original builds every forward with do_dropout=False), not by
     remembering .eval(): HF GPT-2 defaults to 0.1.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     path = resolve_model(name)
@@ -48,8 +49,7 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     # resolves on any machine (not the asset's cache directory on this one), a local directory by its absolute path
     local = name not in MODEL_NAMES and Path(path).is_dir()
     model.lmprefs_base = str(Path(path).resolve()) if local else name
-    tok = AutoTokenizer.from_pretrained(path)
-    return model, tok
+    return model, load_tokenizer(path)
 
 
 def vocab_size(tokenizer) -> int:

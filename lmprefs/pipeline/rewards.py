@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.assets.tokenizers import load_tokenizer
 from lmprefs.config import Config
 from lmprefs.data.tasks import decode, query_texts
 from lmprefs.errors import UserError
@@ -149,10 +150,8 @@ def _checked_scores(fn, texts: list[str], name: str, queries: list[str] | None =
 def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:
     """A reward model reads the policy's token ids as they are, so it must share the policy's vocabulary: another
     tokenizer's ids would index the wrong embeddings (or past the end of them, an IndexError deep in torch)."""
-    from transformers import AutoTokenizer
-
     try:
-        other = AutoTokenizer.from_pretrained(str(model_dir))
+        other = load_tokenizer(model_dir)
     except (OSError, ValueError) as e:
         why = str(e).splitlines()[0][:100]
         raise UserError(f"{what}: no tokenizer to compare with the policy's ({why})") from None
