@@ -60,9 +60,22 @@ def check_trained_model(cfg: Config, tok) -> None:
     check_same_tokenizer(rm_dir, tok, f"rewards.trained_model={rm_dir}")
 
 
+def reward_source(cfg: Config, reward, resume: bool) -> str:
+    """Where reward_for_policy takes the reward from: "function" (`--reward NAME`), "saved" (rewards.trained_model,
+    or this run's reward_model/ when resuming from a checkpoint), "frame" (resuming with LoRA: the checkpoint holds
+    this run's reward adapter) or "train" (a new reward model from the label store)."""
+    if reward is not None and reward != "model":
+        return "function"
+    if cfg.rewards.trained_model:
+        return "saved"
+    if resume:
+        return "frame" if cfg.lora.rank > 0 else "saved"
+    return "train"
+
+
 def trains_reward_model(cfg: Config, reward, resume: bool) -> bool:
     """Whether reward_for_policy will train a reward model from the label store."""
-    return reward in (None, "model") and not cfg.rewards.trained_model and not resume
+    return reward_source(cfg, reward, resume) == "train"
 
 
 def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, labels: TrainingLabels | None = None):
@@ -74,7 +87,8 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
     rewards.trained_model is the caller's to check first (check_trained_model), before it writes anything."""
 
     cfg = t.cfg
-    if reward is not None and reward != "model":
+    source = reward_source(cfg, reward, resume)
+    if source == "function":
         reward, fn = reward_function(reward)
         # normalized like a reward model (mean 0, std 1 on initial-policy samples), so that kl_coef and the KL
         # target weigh it as they weigh a learned reward: unnormalized, VADER's small spread on those samples makes
@@ -91,10 +105,12 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
                              std, t.prefix, t.suffix), {"reward": reward}  # fmt: skip
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
     info = {"reward": "model", "reward_model": str(rm_dir)}
-    if resume and cfg.lora.rank > 0 and not cfg.rewards.trained_model:
+    if source == "frame":
         rm = reward_frame(t).eval().freeze()
         return rm_score_fn(rm), info | {"state": RewardState(rm)}
-    if is_reward_model_dir(rm_dir) and (cfg.rewards.trained_model or resume):
+    if source == "saved":
+        if not is_reward_model_dir(rm_dir):  # a checkpoint is written only after the run's reward model is saved
+            raise UserError(f"--resume {run_dir}: it has a checkpoint but no reward model in {rm_dir}")
         rm = load_reward_model(rm_dir, t.device).eval().requires_grad_(False)
         if not (rm_dir / "lmprefs.json").is_file():
             normalize_foreign(t, rm, rm_dir)
