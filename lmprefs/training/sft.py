@@ -166,6 +166,30 @@ def _load_checkpoint(run_dir: Path, cfg: Config, params, opt) -> tuple[int, floa
     return int(state["step"]), float(state["initial_loss"])
 
 
+def _sft_batches(seed: int, epochs: int, n: int, bs: int):
+    """(step, epochs done as a fraction, row indices) of every step of a run, in order; each epoch in its own
+    seeded order (epoch_order), so that a resumed run takes the batches an uninterrupted one would."""
+    step = 0
+    for epoch in range(epochs):
+        perm = epoch_order(seed, epoch, n)
+        for start in range(0, n, bs):
+            yield step, epoch + start / n, perm[start : start + bs]
+            step += 1
+
+
+def _sft_step(model, opt, batch: Tensor, mask: Tensor, vocab: int, on: tuple[torch.device, torch.dtype]) -> float:
+    """One optimizer step on the mean NLL of a batch's response tokens; returns that loss."""
+    device, dtype = on
+    keep = int((batch != PAD).sum(1).max())  # drop columns that are padding in the whole batch
+    with autocast(device, dtype):
+        nll, count = response_nll(model, batch[:, :keep].to(device), mask[:, :keep].to(device), vocab)
+    loss = nll / count
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
+
+
 def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, run_dir: Path | None = None,
               resume: bool = False) -> dict:  # fmt: skip
     """Fine-tune cfg.task.initial_model on cfg.sft.data (or `data`); saves the model to out_dir; returns a summary.
@@ -200,37 +224,24 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
         else:
             done, before = 0, mean_response_loss(model, tokens, mask, vocab, device, dtype, bs)
         model.train()  # dropout is off in the config (load_lm); train() only for modules that check the mode
-        bar, step, stats = progress(total, "train-sft", initial=done), 0, {}
+        bar = progress(total, "train-sft", initial=done)
         try:
-            for epoch in range(s.epochs):
-                perm = epoch_order(cfg.run.seed, epoch, n)
-                for start in range(0, n, bs):
-                    if step < done:  # trained before the checkpoint this run resumed from
-                        step += 1
-                        continue
-                    for group in opt.param_groups:  # linear decay to 0, as the other trainers
-                        group["lr"] = s.lr * (1 - step / total)
-                    idx = perm[start : start + bs]
-                    batch, m = tokens[idx], mask[idx]
-                    keep = int((batch != PAD).sum(1).max())  # drop columns that are padding in the whole batch
-                    with autocast(device, dtype):
-                        nll, count = response_nll(model, batch[:, :keep].to(device), m[:, :keep].to(device), vocab)
-                    loss = nll / count  # mean over the batch's response tokens
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    stats = {"sft/loss": float(loss.detach()), "sft/lr": opt.param_groups[0]["lr"],
-                             "sft/epoch": epoch + start / n}  # fmt: skip
-                    if not math.isfinite(stats["sft/loss"]):
-                        raise FloatingPointError(f"SFT diverged at step {step}: loss {stats['sft/loss']}")
-                    if log is not None and step % max(1, cfg.run.log_interval) == 0:
-                        log.scalars(stats, step, phase="sft")
-                        crash_point("sft:logged")
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{stats['sft/loss']:.3f}")
-                    step += 1
-                    if run_dir is not None and step % max(1, cfg.run.save_interval) == 0 and step < total:
-                        _save_checkpoint(run_dir, cfg, step, params, opt, before)
+            for step, epoch, idx in _sft_batches(cfg.run.seed, s.epochs, n, bs):
+                if step < done:  # trained before the checkpoint this run resumed from
+                    continue
+                for group in opt.param_groups:  # linear decay to 0, as the other trainers
+                    group["lr"] = s.lr * (1 - step / total)
+                loss = _sft_step(model, opt, tokens[idx], mask[idx], vocab, (device, dtype))
+                stats = {"sft/loss": loss, "sft/lr": opt.param_groups[0]["lr"], "sft/epoch": epoch}
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"SFT diverged at step {step}: loss {loss}")
+                if log is not None and step % max(1, cfg.run.log_interval) == 0:
+                    log.scalars(stats, step, phase="sft")
+                    crash_point("sft:logged")
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}")
+                if run_dir is not None and (step + 1) % max(1, cfg.run.save_interval) == 0 and step + 1 < total:
+                    _save_checkpoint(run_dir, cfg, step + 1, params, opt, before)
         finally:
             bar.close()
         model.eval()
