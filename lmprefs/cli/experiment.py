@@ -18,6 +18,8 @@ from lmprefs.cli.common import (
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_file
 
+DEFAULT_KL_COEFS = "0.01,0.03,0.1,0.3"  # fixed betas that spread the arms' KL on every preset
+
 # each experiment's own flags: saved with the run, so that rerunning its command (or the bare command) resumes it
 FLAGS = {"mock-sentiment": ("labels", "seeds", "eval_queries", "eval_samples"),
          "kl-frontier": ("queries", "samples", "betas", "kl_targets", "kl_coefs", "true_reward", "min_ess", "figure2",
@@ -37,15 +39,20 @@ def _parser() -> ArgumentParser:
     p.add_argument("--run-dir", default=None, help="directory (an existing one resumes)")
     p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query for each PPO arm")
     g = p.add_argument_group("mock-sentiment")
-    g.add_argument("--labels", default="250,1000,4000", help="label counts of the reward-model arms")
+    g.add_argument("--labels", default=None, help="label counts of the reward-model arms (default 250,1000,4000, or "
+                   "what the preset's queries can give: the most, a quarter and a sixteenth of it)")  # fmt: skip
     g.add_argument("--seeds", type=int, default=1, help="seeds of every arm (reward-model init, label subset, PPO)")
-    g.add_argument("--eval-queries", type=int, default=256, help="held-out queries for the true-reward evaluation")
+    g.add_argument("--eval-queries", type=int, default=None, help="held-out queries for the true-reward evaluation "
+                   "(default 256, or all the preset's held-out queries if fewer)")  # fmt: skip
     g = p.add_argument_group("kl-frontier")
     g.add_argument("--queries", type=int, default=64, help="Q: held-out queries for the frontier and the PPO arms")
     g.add_argument("--samples", type=int, default=256, help="M: samples of the initial policy per query")
     g.add_argument("--betas", default=None, help="beta grid of the optimal frontier (default 25 from 0.01 to 10)")
-    g.add_argument("--kl-targets", default="1,2,4,6", help="PPO arms with the adaptive KL controller at these targets")
-    g.add_argument("--kl-coefs", default="", help="PPO arms with a fixed KL coefficient (beta) each")
+    g.add_argument("--kl-targets", default=None, help="PPO arms with the adaptive KL controller at these targets "
+                   "(none by default: at laptop scale the controller moves beta by a few percent at most, so targets "
+                   "give nearly the same arms)")  # fmt: skip
+    g.add_argument("--kl-coefs", default=None, help="PPO arms with a fixed KL coefficient (beta) each (default "
+                   f"{DEFAULT_KL_COEFS} when neither this nor --kl-targets is given)")  # fmt: skip
     g.add_argument("--true-reward", default=None, help="true reward: vader, descriptiveness or module:function "
                    "(default labels.labeler)")  # fmt: skip
     g.add_argument("--min-ess", type=float, default=10.0, help="frontier points with a smaller mean effective "
@@ -88,12 +95,12 @@ def cmd_experiment(argv: list[str]) -> int:
 def _mock_sentiment(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
     from lmprefs.recipes.experiment import run_mock_sentiment
 
-    counts = sorted(set(parse_numbers(a.labels, "--labels", int)))
-    if not counts or counts[0] <= 0:
+    counts = sorted(set(parse_numbers(a.labels, "--labels", int))) if a.labels is not None else None
+    if counts is not None and (not counts or counts[0] <= 0):
         raise UserError(f"--labels {a.labels!r}: label counts must be positive")
     if a.seeds < 1:
         raise UserError(f"--seeds {a.seeds}: must be at least 1")
-    if a.eval_queries < 2:
+    if a.eval_queries is not None and a.eval_queries < 2:
         raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2")
     out = run_mock_sentiment(cfg, run_dir, counts, a.eval_queries, a.eval_samples, a.seeds, on_start)
     for k, v in {"initial": out["results"]["initial"], **out["results"]["summary"]}.items():
@@ -114,7 +121,10 @@ def _kl_frontier(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
     for flag, v in (("--queries", a.queries), ("--samples", a.samples)):
         if v < 2:
             raise UserError(f"{flag} {v}: must be at least 2 (a standard error needs two)")
-    targets, coefs = parse_numbers(a.kl_targets, "--kl-targets"), parse_numbers(a.kl_coefs, "--kl-coefs")
+    if a.kl_targets is None and a.kl_coefs is None:
+        a.kl_coefs = DEFAULT_KL_COEFS
+    targets = parse_numbers(a.kl_targets or "", "--kl-targets")
+    coefs = parse_numbers(a.kl_coefs or "", "--kl-coefs")
     for flag, text, xs in (("--kl-targets", a.kl_targets, targets), ("--kl-coefs", a.kl_coefs, coefs)):
         if any(not 0 < x < float("inf") for x in xs):
             raise UserError(f"{flag} {text!r}: every value must be a positive number")

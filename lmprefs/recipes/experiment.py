@@ -102,14 +102,39 @@ def seed_key(name: str, s: int) -> str:
     return name if s == 0 else f"{name}-seed{s}"
 
 
-def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int], n_eval: int, samples: int,
-                       seeds: int = 1, on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
-    """Figure 2 over `seeds` seeds. on_start runs once every input has been checked, before anything is written."""
+DEFAULT_LABEL_COUNTS = [250, 1000, 4000]
+DEFAULT_EVAL_QUERIES = 256
+
+
+def default_label_counts(cfg: Config, n_train_queries: int, seeds: int) -> list[int]:
+    """250, 1000 and 4000 labels where the task's training queries can give them (each label is a question on its
+    own query, and the held-out fraction and a seeds' pool take their share); otherwise the most they can give, a
+    quarter and a sixteenth of it: the same 16-fold spread."""
+    most = int(n_train_queries * (1 - cfg.labels.heldout_fraction) / (POOL_FACTOR if seeds > 1 else 1))
+    if most >= DEFAULT_LABEL_COUNTS[-1]:
+        return list(DEFAULT_LABEL_COUNTS)
+    return sorted({max(1, most // 16), max(1, most // 4), most})
+
+
+def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | None, n_eval: int | None,
+                       samples: int, seeds: int = 1,
+                       on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
+    """Figure 2 over `seeds` seeds. label_counts, n_eval: None for the defaults the task's queries allow. on_start
+    runs once every input has been checked, before anything is written."""
 
     true_name = cfg.labels.labeler
     hf = cfg.labels.heldout_fraction
+    t = setup_task(cfg, n_eval or DEFAULT_EVAL_QUERIES)
+    if n_eval is None:
+        n_eval = min(DEFAULT_EVAL_QUERIES, len(t.heldout_queries))
+        if n_eval < DEFAULT_EVAL_QUERIES:
+            print(f"evaluating on all {n_eval} held-out queries of task.query_dataset={cfg.task.query_dataset!r}")
+    if label_counts is None:
+        label_counts = default_label_counts(cfg, len(t.train_queries), seeds)
+        if label_counts != DEFAULT_LABEL_COUNTS:
+            print(f"label counts {','.join(map(str, label_counts))}: what the task's {len(t.train_queries)} training "
+                  "queries can give")  # fmt: skip
     n_questions = math.ceil(max(label_counts) * (POOL_FACTOR if seeds > 1 else 1) / (1 - hf))
-    t = setup_task(cfg, n_eval)
     check_heldout(t, n_eval, "--eval-queries")
     if n_questions > len(t.train_queries):
         most = int(len(t.train_queries) * (1 - hf) / (POOL_FACTOR if seeds > 1 else 1))
@@ -216,7 +241,9 @@ def plot_figure2(run_dir: Path, names: list[str], seeds: int, data: dict, batch_
     summary = {"initial": data["initial"], **summarize_seeds(data, names, seeds)} if "initial" in data else {}
     bars = [n for n in ["initial", *names] if n in summary]
     bx.bar(bars, [summary[n]["mean"] for n in bars], yerr=[summary[n]["stderr"] for n in bars], capsize=4)
-    bx.set_title("true reward on held-out queries (mean +/- s.e." + (" across seeds)" if seeds > 1 else ")"))
+    # the initial policy is one policy: its error bar is over queries; the arms' are across seeds when there are some
+    bx.set_title("true reward on held-out queries\n" + ("arms: mean +/- s.e. across seeds; initial: +/- s.e. over "
+                 "queries" if seeds > 1 else "mean +/- s.e. over queries"), fontsize=10)  # fmt: skip
     bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path = run_dir / "figure2.png"

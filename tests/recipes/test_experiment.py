@@ -251,3 +251,28 @@ def test_an_arm_killed_while_its_reward_model_trains_is_resumed_by_rerunning_the
     assert (run_dir / "rm-16" / "run.json").is_file() and not (run_dir / "rm-16" / "reward_model").exists()
     assert main(args) == 0
     assert {"rm-16", "direct"} <= set(json.loads((run_dir / "results.json").read_text()))
+
+
+def test_mock_sentiment_runs_with_the_tiny_presets_defaults(tmp_path, capsys):
+    # the bundled passages hold too few queries for 4,000 labels or 256 held-out queries: the defaults shrink to
+    # what the task can give, and say so
+    run_dir = tmp_path / "exp"
+    assert main(["experiment", "mock-sentiment", "tiny", "--run-dir", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "label counts " in out and "evaluating on all " in out
+    res = json.loads((run_dir / "results.json").read_text())
+    arms = sorted((k for k in res if k.startswith("rm-")), key=lambda k: int(k[3:]))
+    counts = [int(k[3:]) for k in arms]
+    assert len(counts) == 3 and counts[-1] >= 16 * counts[0] // 2 and "direct" in res
+    assert res["initial"]["n_queries"] == res["direct"]["n_queries"] > 64
+
+
+def test_kl_frontier_default_arms_differ_where_kl_targets_would_not(tmp_path):
+    # two updates: the adaptive controller cannot move beta apart, so the default arms use fixed betas
+    run_dir = tmp_path / "f"
+    assert main(["experiment", "kl-frontier", *TINY, "--run-dir", str(run_dir), "--queries", "4",
+                 "--samples", "8"]) == 0  # fmt: skip
+    res = json.loads((run_dir / "results.json").read_text())
+    arms = [k for k in res if k.startswith("kl-coef-")]
+    assert len(arms) == 4 and not any(k.startswith("kl-target-") for k in res)
+    assert len({(res[k]["mean"], res[k]["kl"]) for k in arms}) == 4
