@@ -23,7 +23,7 @@ DEFAULT_KL_COEFS = "0.01,0.03,0.1,0.3"  # fixed betas that spread the arms' KL o
 # each experiment's own flags: saved with the run, so that rerunning its command (or the bare command) resumes it
 FLAGS = {"mock-sentiment": ("labels", "seeds", "eval_queries", "eval_samples"),
          "kl-frontier": ("queries", "samples", "betas", "kl_targets", "kl_coefs", "true_reward", "min_ess", "figure2",
-                         "eval_samples")}  # fmt: skip
+                         "eval_samples", "fit_cut")}  # fmt: skip
 
 
 def _parser() -> ArgumentParser:
@@ -58,6 +58,8 @@ def _parser() -> ArgumentParser:
     g.add_argument("--min-ess", type=float, default=10.0, help="frontier points with a smaller mean effective "
                    "sample size are marked as not trusted")  # fmt: skip
     g.add_argument("--figure2", default=None, help="a mock-sentiment run directory whose arms are added as points")
+    g.add_argument("--fit-cut", type=float, default=None, help="Gao et al.'s forms are fitted to the points with KL "
+                   "up to this many nats and predict those beyond (default: each set's median KL)")  # fmt: skip
     return p
 
 
@@ -110,7 +112,7 @@ def _mock_sentiment(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict
 
 
 def _kl_frontier(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
-    from lmprefs.recipes.experiment import run_kl_frontier
+    from lmprefs.recipes.kl_frontier import run_kl_frontier
     from lmprefs.training.frontier import DEFAULT_BETAS
 
     betas = parse_numbers(a.betas, "--betas") if a.betas is not None else list(DEFAULT_BETAS)
@@ -130,9 +132,11 @@ def _kl_frontier(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
             raise UserError(f"{flag} {text!r}: every value must be a positive number")
     if a.min_ess < 1:
         raise UserError(f"--min-ess {a.min_ess}: must be at least 1")
+    if a.fit_cut is not None and not 0 < a.fit_cut < float("inf"):
+        raise UserError(f"--fit-cut {a.fit_cut:g}: must be a positive number of nats")
     out = run_kl_frontier(cfg, run_dir, queries=a.queries, samples=a.samples, betas=betas, kl_targets=targets,
                           kl_coefs=coefs, eval_samples=a.eval_samples, true_reward=a.true_reward or cfg.labels.labeler,
-                          min_ess=a.min_ess, figure2=Path(a.figure2) if a.figure2 else None,
+                          min_ess=a.min_ess, figure2=Path(a.figure2) if a.figure2 else None, fit_cut=a.fit_cut,
                           on_start=on_start)  # fmt: skip
     res = out["results"]
     trusted = [p for p in res["frontier"]["points"] if p["trusted"]]
@@ -141,9 +145,17 @@ def _kl_frontier(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
         print(f"  optimal frontier: trusted up to KL {top['kl']:.2f} nats (reward {top['reward']:+.4f}, beta "
               f"{top['beta']:g}, mean ESS {top['ess_mean']:.0f} of {a.samples})")  # fmt: skip
     for k, v in res.items():
-        if k not in ("frontier", "figure2") and "mean" in v:
+        if isinstance(v, dict) and k not in ("frontier", "figure2") and "mean" in v:
             print(f"  {k:14s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f} at KL {v['kl']:.2f} +/- "
                   f"{v['kl_stderr']:.2f}")  # fmt: skip
+    for form, fit in res["gao_fits"].items():
+        if "alpha" not in fit:
+            print(f"  Gao {form} form: not fitted ({fit['error']})")
+            continue
+        err = f"RMSE {fit['rmse_beyond']:.4f} on the {fit['predicted']} beyond" if fit["predicted"] else "none beyond"
+        shape = "d" if form == "bon" else "log d"
+        print(f"  Gao {form} form R(d) = d (alpha - beta {shape}): alpha {fit['alpha']:.4f}, "
+              f"beta {fit['beta']:.4f} from {fit['fitted']} points with KL <= {fit['cut']:.2f}; {err}")  # fmt: skip
     return out
 
 

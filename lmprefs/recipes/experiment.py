@@ -5,9 +5,8 @@ labels, and one with direct access to the true reward, all with the same KL targ
 model's init, the label subset, the held-out label split and PPO's sampling vary with the seed), compared by the
 true reward over episodes and on held-out queries, each arm with its KL from the initial policy on those queries.
 
-kl-frontier (Figure 3): KL(pi, rho) against true reward for PPO runs with direct access to the true reward at
-several KL settings, beside the optimal frontier pi* ~ rho exp(r/beta) estimated from samples of rho
-(lmprefs.training.frontier), optionally with the arms of a mock-sentiment experiment as further points.
+What every experiment shares lives here too: results.json, the arms (a train-policy run each, evaluated on held-out
+queries) and the summaries across seeds; kl-frontier (Figure 3) is lmprefs.recipes.kl_frontier.
 
 Every stage leaves its result in the run directory's results.json, so an interrupted experiment picks up where it
 stopped: the label store and the frontier's samples are made once, each arm is a train-policy run that resumes from
@@ -32,7 +31,6 @@ from lmprefs.pipeline.rewards import reward_function
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.recipes.quickstart import evaluate_policy
 from lmprefs.runtime.runlog import read_metrics
-from lmprefs.training.frontier import frontier
 
 R = dataclasses.replace
 POOL_FACTOR = 1.5  # with several seeds the store holds 1.5x the largest label count, so its arms' subsets differ
@@ -247,110 +245,6 @@ def plot_figure2(run_dir: Path, names: list[str], seeds: int, data: dict, batch_
     bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path = run_dir / "figure2.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
-# --- Figure 3 ----------------------------------------------------------------------------------------------------
-
-
-def run_kl_frontier(cfg: Config, run_dir: Path, *, queries: int, samples: int, betas: list[float],
-                    kl_targets: list[float], kl_coefs: list[float], eval_samples: int, true_reward: str,
-                    min_ess: float = 10.0, figure2: Path | None = None,
-                    on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
-    """Figure 3: the optimal frontier from `samples` samples of the initial policy on each of `queries` held-out
-    queries, and PPO arms with direct access to the true reward (one per KL target, one per fixed KL coefficient),
-    evaluated on the same queries. figure2: a mock-sentiment run directory whose arms are added as points."""
-    import torch
-
-    true_fn = true_reward_fn(true_reward)
-    extra = _figure2_points(figure2) if figure2 is not None else {}
-    t = setup_task(cfg, queries)
-    check_heldout(t, queries, "--queries")
-    if on_start:
-        on_start()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    res = Results(run_dir)
-    heldout = t.heldout_queries[:queries]
-    scores_path = run_dir / "frontier_scores.json"  # [queries][samples] true rewards of the initial policy's samples
-    if not scores_path.exists():
-        print(f"[frontier] sampling {samples} responses of the initial policy for each of {queries} held-out queries",
-              flush=True)  # fmt: skip
-        e = evaluate_policy(t, heldout, true_fn, None, samples, cfg.run.seed + 7, desc="frontier: sampling rho")
-        atomic_write_text(scores_path, json.dumps(e["scores"]))
-    scores = torch.tensor(json.loads(scores_path.read_text()), dtype=torch.float64)  # [Q, M]
-    if tuple(scores.shape) != (queries, samples):
-        raise UserError(f"{run_dir} holds the frontier of {scores.shape[0]} queries x {scores.shape[1]} samples, not "
-                        f"--queries {queries} --samples {samples}; pass those or choose another --run-dir")
-    rows = frontier(scores, betas, min_ess)
-    per_query = scores.mean(1)
-    res.save("initial", {"mean": per_query.mean().item(), "stderr": (per_query.std() / math.sqrt(queries)).item(),
-                         "kl": 0.0, "kl_stderr": 0.0, "n_queries": queries, "samples_per_query": samples})
-    res.save("frontier", {"samples_per_query": samples, "queries": queries, "min_ess": min_ess, "points": rows})
-    del t
-    arms = [(f"kl-target-{x:g}", R(cfg, rewards=R(cfg.rewards, kl_target=x)), f"KL target {x:g}") for x in kl_targets]
-    arms += [(f"kl-coef-{x:g}", R(cfg, rewards=R(cfg.rewards, kl_coef=x, kl_target=None)), f"fixed beta {x:g}")
-             for x in kl_coefs]  # fmt: skip
-    for name, arm_cfg, what in arms:
-        if name in res.data:
-            print(f"[{name}] done: {res.data[name]['mean']:+.4f} at KL {res.data[name]['kl']:.2f}", flush=True)
-            continue
-        ev = train_arm(arm_cfg, run_dir / name, name, f"true reward, {what}", queries, eval_samples, true_reward,
-                       reward=true_reward)  # fmt: skip
-        res.save(name, ev | {"reward": true_reward, "kl_target": arm_cfg.rewards.kl_target,
-                             "kl_coef": arm_cfg.rewards.kl_coef})  # fmt: skip
-    if extra:
-        res.save("figure2", extra)
-    fig = plot_figure3(run_dir, res.data, [a[0] for a in arms])
-    return {"results": res.data, "figure": fig}
-
-
-def _figure2_points(path: Path) -> dict:
-    p = Path(path) / "results.json"
-    if not p.is_file():
-        raise UserError(f"--figure2 {path}: no results.json of an `experiment mock-sentiment` run there")
-    data = json.loads(p.read_text())
-    names = sorted({k.split("-seed")[0] for k in data if k.startswith(("rm-", "direct")) and "kl" in data[k]})
-    if not names:
-        raise UserError(f"--figure2 {path}: none of its arms has a held-out KL (finish the run, or rerun it with "
-                        "this version of lmprefs)")  # fmt: skip
-    seeds = 1 + max((int(k.split("-seed")[1]) for k in data if "-seed" in k), default=0)
-    return summarize_seeds(data, names, seeds)
-
-
-def plot_figure3(run_dir: Path, data: dict, arms: list[str]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    fr = data["frontier"]
-    pts = fr["points"]
-    good = [p for p in pts if p["trusted"]]
-    ax.plot([p["kl"] for p in pts], [p["reward"] for p in pts], ls=":", color="k", alpha=0.5,
-            label=f"optimal pi* (ESS < {fr['min_ess']:g}: not trusted)")  # fmt: skip
-    ax.plot([p["kl"] for p in good], [p["reward"] for p in good], "-", color="k",
-            label=f"optimal pi* ({fr['queries']} queries x {fr['samples_per_query']} samples)")  # fmt: skip
-    ax.axvline(math.log(fr["samples_per_query"]), color="grey", lw=0.8, ls="--")
-    ax.errorbar([0], [data["initial"]["mean"]], yerr=[data["initial"]["stderr"]], fmt="s", color="grey",
-                capsize=3, label="initial policy")  # fmt: skip
-    for name in arms:
-        if name in data:
-            d = data[name]
-            ax.errorbar(d["kl"], d["mean"], xerr=d["kl_stderr"], yerr=d["stderr"], fmt="o", capsize=3,
-                        label=f"PPO, true reward: {name}")  # fmt: skip
-    for name, d in data.get("figure2", {}).items():
-        ax.errorbar(d["kl"], d["mean"], xerr=d["kl_stderr"], yerr=d["stderr"], fmt="^", capsize=3,
-                    label=f"Figure 2 arm {name} ({d['seeds']} seeds, {d['n_queries']} queries)")  # fmt: skip
-    ax.set_xlabel("KL(pi, rho), nats")
-    ax.set_ylabel("true reward on held-out queries")
-    ax.set_title("KL vs true reward (dashed: log M, the most KL M samples can show)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = run_dir / "figure3.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path

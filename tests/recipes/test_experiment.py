@@ -210,6 +210,7 @@ def test_mock_sentiment_seeds_give_error_bars_and_kl(tmp_path, capsys):
     (["--queries", "1"], "--queries 1: must be at least 2"),
     (["--true-reward", "nope"], "--true-reward 'nope'"),
     (["--kl-targets", "2,-1"], "--kl-targets '2,-1': every value must be a positive number"),
+    (["--fit-cut", "0"], "--fit-cut 0: must be a positive number of nats"),
     (["--figure2", "missing-dir"], "--figure2 missing-dir"),
     (["--queries", "100000"], "--queries 100000"),
     (["--seeds", "3"], "--seeds is not an option of `experiment kl-frontier`"),
@@ -276,3 +277,23 @@ def test_kl_frontier_default_arms_differ_where_kl_targets_would_not(tmp_path):
     arms = [k for k in res if k.startswith("kl-coef-")]
     assert len(arms) == 4 and not any(k.startswith("kl-target-") for k in res)
     assert len({(res[k]["mean"], res[k]["kl"]) for k in arms}) == 4
+
+
+def test_kl_frontier_draws_best_of_n_and_fits_gaos_forms(tmp_path, capsys):
+    run_dir = tmp_path / "f"
+    args = ["experiment", "kl-frontier", *TINY, "--run-dir", str(run_dir), "--queries", "4", "--samples", "16",
+            "--kl-coefs", "0.01,0.1,1", "--fit-cut", "1.2"]  # fmt: skip
+    assert main(args) == 0
+    res = json.loads((run_dir / "results.json").read_text())
+    bon = res["best_of_n"]
+    assert [p["n"] for p in bon] == [1, 2, 4, 8, 16]
+    assert [p["kl"] for p in bon] == pytest.approx([math.log(n) - (n - 1) / n for n in (1, 2, 4, 8, 16)])
+    assert bon[0]["reward"] == pytest.approx(res["initial"]["mean"])  # the best of one is rho itself
+    assert all(a["reward"] <= b["reward"] + 1e-12 for a, b in itertools.pairwise(bon))
+    fit = res["gao_fits"]["bon"]
+    assert fit["cut"] == 1.2 and fit["fitted"] == 3 and fit["predicted"] == 2 and math.isfinite(fit["rmse_beyond"])
+    assert "Gao bon form" in capsys.readouterr().out
+    # a cut beyond every best-of-n point leaves nothing to predict: refused before anything is written
+    assert main(["experiment", "kl-frontier", *TINY, "--run-dir", str(tmp_path / "g"), "--samples", "16",
+                 "--fit-cut", "5"]) == 2  # fmt: skip
+    assert "--fit-cut 5: beyond every best-of-n point" in capsys.readouterr().err and not (tmp_path / "g").exists()
