@@ -179,6 +179,10 @@ class PPOConfig:
     """Andon cord: stop the run when the mean KL (nats per episode) exceeds this."""
     score_drop_stop: float | None = 2.0
     """Andon cord: stop when the running mean score falls this far below its best (None = never)."""
+    overoptimization_stop: float | None = None
+    """Andon cord for over-optimization: stop when the running mean of the true reward (objective/true_reward, logged
+    where a true reward is known: quickstart, experiments, train-policy --true-reward) falls this far below its best,
+    in the true reward's own units, while the reward model's score may still rise (None = never)."""
 
     @property
     def num_updates(self) -> int:

@@ -153,6 +153,8 @@ def _ppo(p) -> list[str]:
     need(0 <= p.lam <= 1, f"ppo.lam={p.lam} must be in [0, 1]")
     need(p.score_drop_stop is None or p.score_drop_stop > 0,
          f"ppo.score_drop_stop={p.score_drop_stop} must be positive or None")
+    need(p.overoptimization_stop is None or p.overoptimization_stop > 0,
+         f"ppo.overoptimization_stop={p.overoptimization_stop} must be positive or None")
     return out
 
 

@@ -48,6 +48,21 @@ def andon_check(run: PolicyRun, stats: dict, cfg: Config) -> str | None:
         return (f"score collapsed: running mean {run.score_ema:+.3f} is {run.best_score_ema - run.score_ema:.2f} "
                 f"below its best {run.best_score_ema:+.3f} "
                 f"(ppo.score_drop_stop = {cfg.ppo.score_drop_stop})")  # fmt: skip
+    return overoptimized(run, stats.get("objective/true_reward"), cfg.ppo.overoptimization_stop)
+
+
+def overoptimized(run: PolicyRun, true_reward: float | None, stop: float | None) -> str | None:
+    """Why the run must stop for over-optimization, or None: the running mean of the true reward (where one is
+    known) has fallen more than `stop` below its best, the reward model's score being no guide any more (Gao et
+    al. 2022: the true reward peaks and falls while the proxy keeps rising)."""
+    if true_reward is None or not math.isfinite(true_reward):
+        return None
+    run.true_ema = true_reward if run.true_ema is None else 0.8 * run.true_ema + 0.2 * true_reward
+    run.best_true_ema = max(run.best_true_ema, run.true_ema)
+    if stop is not None and run.best_true_ema - run.true_ema > stop:
+        return (f"over-optimization: the true reward's running mean {run.true_ema:+.3f} is "
+                f"{run.best_true_ema - run.true_ema:.3f} below its best {run.best_true_ema:+.3f} "
+                f"(ppo.overoptimization_stop = {stop})")  # fmt: skip
     return None
 
 

@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -176,6 +177,22 @@ def test_andon_cord_stops_on_kl_ceiling_and_keeps_the_last_good_checkpoint(tmp_p
     assert rc == 3
     assert "kl_stop" in (tmp_path / "ANDON").read_text()
     assert not (tmp_path / "checkpoint").exists()  # it stopped at update 1: the state that tripped it is not saved
+
+
+def test_andon_cord_stops_when_the_true_reward_falls_below_its_best(tmp_path, monkeypatch):
+    # a true reward that falls by 1 at every rollout: its running mean drops 0.2 below its best at update 2
+    (tmp_path / "falling_reward.py").write_text(
+        "calls = [0]\n\ndef score(texts):\n    calls[0] += 1\n    return [-float(calls[0])] * len(texts)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from lmprefs.pipeline.policy import run_train_policy
+    from lmprefs.training.policy_run import AndonStop
+
+    cfg = preset("tiny")
+    cfg = R(cfg, ppo=R(cfg.ppo, overoptimization_stop=0.1, total_episodes=64))
+    with pytest.raises(AndonStop, match="over-optimization: the true reward's running mean"):
+        run_train_policy(cfg, tmp_path / "run", reward="vader", true_reward="falling_reward:score")
+    andon = json.loads((tmp_path / "run" / "ANDON").read_text())
+    assert andon["update"] == 2 and "ppo.overoptimization_stop = 0.1" in andon["reason"]
 
 
 def test_direct_reward_is_normalized_on_initial_policy_samples(tmp_path):
