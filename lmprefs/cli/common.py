@@ -41,7 +41,7 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see {self.prog} --help)")
 
 
-def command_parser(cmd: str, usage: str | None = None) -> argparse.ArgumentParser:
+def command_parser(cmd: str, usage: str | None = None) -> ArgumentParser:
     return ArgumentParser(prog=f"lmprefs {cmd}", description=COMMANDS[cmd], usage=usage)
 
 

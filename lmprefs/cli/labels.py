@@ -42,6 +42,7 @@ def cmd_label(argv: list[str]) -> int:
     out = collect_labels(task, store, a.n, labeler=a.labeler, seed=a.seed)
     if not dist.is_main():
         return 0
+    assert store is not None  # rank 0 opened it
     print(f"{out['items']} questions sampled in {out['sample_seconds']:.0f}s; {out['labels_added']} labels by "
           f"{out['labeler']} in {a.db} (store now: {store.table_counts()})")  # fmt: skip
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import cast
 
 from lmprefs.cli.common import command_parser
 from lmprefs.errors import UserError
@@ -25,7 +26,9 @@ def score_cli(a) -> int:
         buffer = getattr(sys.stdin, "buffer", None)
         text = decode_text(buffer.read(), "stdin") if buffer is not None else sys.stdin.read()
     lines = text.splitlines()
-    pairs = [tuple(line.split("\t", 1)) if "\t" in line else ("", line) for line in lines if line.strip()]
+    # a line with a tab splits in two: (query, response)
+    pairs = [cast("tuple[str, str]", tuple(line.split("\t", 1))) if "\t" in line else ("", line)
+             for line in lines if line.strip()]  # fmt: skip
     if not pairs:
         raise UserError("no texts to score (one per line on stdin or in the file)")
     device = pick_device(a.device)

@@ -3,6 +3,7 @@ and the filter that decides which responses get `penalty_reward_value`, and the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -74,7 +75,7 @@ def decode(tokenizer, tokens: Tensor) -> list[str]:
     return [tokenizer.decode([t for t in row if t != PAD]) for row in tokens.tolist()]
 
 
-def query_texts(tokenizer, formatted: Tensor, prefix: list[int], suffix: list[int]) -> list[str]:
+def query_texts(tokenizer, formatted: Tensor, prefix: Sequence[int], suffix: Sequence[int]) -> list[str]:
     """The query texts inside formatted queries (prefix + padded query + suffix, as a rollout scores them): what a
     judge of (response, query) pairs reads, the same text the label store keeps for a question."""
     return decode(tokenizer, formatted[:, len(prefix) : formatted.shape[1] - len(suffix)])

@@ -17,12 +17,25 @@ import random
 import re
 import threading
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, TypedDict
 
 from lmprefs.assets.models import minilm_dir
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, Item, LabelStore
 
-ScoreFn = Callable[[list[str]], list[float]]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+# fn(responses) -> scores, or fn(responses, queries) for a judge marked `reads_query`
+ScoreFn = Callable[..., list[float]]
+
+
+class LabelValue(TypedDict, total=False):
+    """A label's value as keyword arguments of `LabelStore.add_label`: the one field its label type has."""
+
+    best: int
+    score: float
+    difference: float
 
 
 def reads_query(fn):
@@ -96,7 +109,7 @@ class ScoreLabeler:
         m = max(z)
         return self.rng.choices(range(len(samples)), weights=[math.exp(v - m) for v in z])[0]
 
-    def answer(self, label_type: str, query: str, samples: list[str]) -> dict[str, float | int]:
+    def answer(self, label_type: str, query: str, samples: list[str]) -> LabelValue:
         """The label for a question of `label_type`, as keyword arguments of `LabelStore.add_label`."""
         value_field, n = label_type_shape(label_type)
         if len(samples) != n:
@@ -186,7 +199,7 @@ picked the judge's best 0.206 of the time (chance 0.25); docs/results.md, "Summa
 _END_OF_TEXT = re.compile(r"<\|(?:im_end|endoftext)\|>")  # SmolLM2's and GPT-2's end-of-text tokens, decoded
 _encoder = None
 _encoder_lock = threading.Lock()
-_article_cache: dict[str, object] = {}
+_article_cache: dict[str, Tensor] = {}
 
 
 def embed(texts: list[str]):

@@ -4,6 +4,7 @@ peft adapters), written atomically, verified on load, exported as TRL-loadable s
 from __future__ import annotations
 
 from pathlib import Path
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -17,6 +18,10 @@ from lmprefs.models.policy import Policy
 from lmprefs.models.reward_model import RewardModel
 
 
+@overload
+def plain_copy(module: Policy, state: dict) -> Policy: ...
+@overload
+def plain_copy(module: RewardModel, state: dict) -> RewardModel: ...
 def plain_copy(module: Policy | RewardModel, state: dict) -> Policy | RewardModel:
     """An unsharded Policy or RewardModel shaped like `module` (e.g. one sharded by FSDP) holding `state`, a whole
     state dict of it (as lmprefs.models.parallel.full_state_dict gathers on rank 0), for saving with the usual writers.
@@ -30,6 +35,7 @@ def plain_copy(module: Policy | RewardModel, state: dict) -> Policy | RewardMode
         twin.generation_config = lm.generation_config
         return twin
 
+    twin: Policy | RewardModel
     if isinstance(module, Policy):
         twin = Policy(empty(module.lm), module.tokenizer, module.temperature, value_lm=empty(module.value_lm))
     else:

@@ -42,7 +42,9 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     source_dtype = getattr(cfg, "dtype", None)  # as published, before loading in fp32 rewrites the config
     if isinstance(source_dtype, str):
         source_dtype = getattr(torch, source_dtype, None)
-    model = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch.float32).to(device).eval()
+    # transformers types PreTrainedModel.to as functools.wraps(nn.Module.to), which typeshed does not bind as a method
+    model = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch.float32)
+    model = model.to(device).eval()  # type: ignore[arg-type]
     # exports of merged models go back to it (export_dtype)
     model.source_dtype = source_dtype if isinstance(source_dtype, torch.dtype) else torch.float32
     # what a saved adapter names as its base (save_peft_adapter): an asset or hub name as given, which lmprefs
@@ -59,7 +61,7 @@ def vocab_size(tokenizer) -> int:
 
 def max_positions(model) -> int:
     c = model.config
-    return int(getattr(c, "n_positions", None) or getattr(c, "max_position_embeddings", 1 << 30))
+    return int(getattr(c, "n_positions", 0) or getattr(c, "max_position_embeddings", 1 << 30))
 
 
 def hidden_size(model) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -19,6 +20,11 @@ from torch import Tensor, nn
 from lmprefs.config import LoraConfig
 from lmprefs.errors import UserError
 from lmprefs.models.loading import trunk_blocks
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+_M = TypeVar("_M", bound=nn.Module)
 
 
 class LoRALinear(nn.Module):
@@ -28,14 +34,14 @@ class LoRALinear(nn.Module):
         super().__init__()
         self.base, self.rank, self.scale = base, rank, alpha / rank
         self.transposed = type(base).__name__ == "Conv1D"  # GPT-2 stores [in, out]
-        w = base.weight
+        w = cast(Tensor, base.weight)  # an nn.Linear's or a Conv1D's
         self.in_features, self.out_features = (w.shape[0], w.shape[1]) if self.transposed else (w.shape[1], w.shape[0])
         self.A = nn.ParameterDict()
         self.B = nn.ParameterDict()
         self.active: str | None = None
 
     def add(self, name: str, generator: torch.Generator | None = None) -> None:
-        a = torch.empty(self.rank, self.in_features, device=self.base.weight.device)
+        a = torch.empty(self.rank, self.in_features, device=cast(Tensor, self.base.weight).device)
         bound = 1 / math.sqrt(self.in_features)  # nn.Linear's default init (kaiming uniform, a=sqrt(5))
         a.uniform_(-bound, bound, generator=generator)
         self.A[name] = nn.Parameter(a)
@@ -112,7 +118,7 @@ def using(model: nn.Module, name: str | None):
             m.active = b
 
 
-def merged_copy(model: nn.Module, name: str | None) -> nn.Module:
+def merged_copy(model: _M, name: str | None) -> _M:
     """A plain copy of the model with adapter `name` merged into its weights (a standard HF model to save)."""
     out = copy.deepcopy(model)
     for n, m in list(out.named_modules()):
@@ -120,7 +126,7 @@ def merged_copy(model: nn.Module, name: str | None) -> nn.Module:
             base = m.base
             if name is not None:
                 with torch.no_grad():
-                    base.weight.copy_(m.merged_weight(name))
+                    cast(Tensor, base.weight).copy_(m.merged_weight(name))
             parent = out.get_submodule(n.rsplit(".", 1)[0]) if "." in n else out
             setattr(parent, n.split(".")[-1], base)
     return out
@@ -146,10 +152,13 @@ def save_peft_adapter(model: nn.Module, name: str, out, task_type: str = "CAUSAL
     out = Path(out)
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
     first = mods[0][1]
-    base = getattr(model, "lmprefs_base", None) or getattr(model, "name_or_path", None) or model.config.name_or_path
+    base = (getattr(model, "lmprefs_base", None) or getattr(model, "name_or_path", None)
+            or cast("PretrainedConfig", model.config).name_or_path)
     whole = sorted({k.rsplit(".", 1)[0] for k in extra or {}})  # modules saved whole: "score", "transformer.ln_f"
-    PeftLoraConfig(r=first.rank, lora_alpha=first.rank * first.scale, target_modules=[n for n, _ in mods],
-                   lora_dropout=0.0, bias="none", fan_in_fan_out=first.transposed, task_type=task_type,
+    # peft annotates lora_alpha as int but takes any number (its scale is alpha / r); lora.alpha is a float
+    PeftLoraConfig(r=first.rank, lora_alpha=first.rank * first.scale,  # type: ignore[arg-type]
+                   target_modules=[n for n, _ in mods], lora_dropout=0.0, bias="none",
+                   fan_in_fan_out=first.transposed, task_type=task_type,
                    modules_to_save=whole or None, base_model_name_or_path=str(base),
                    inference_mode=True).save_pretrained(str(out))  # fmt: skip
     tensors = {f"base_model.model.{k}": v.detach().float().cpu().contiguous() for k, v in (extra or {}).items()}

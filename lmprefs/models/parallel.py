@@ -4,13 +4,24 @@ for saving and scattered on load."""
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import torch
 import torch.distributed as dist
 
 from lmprefs.models.loading import trunk_blocks
 from lmprefs.runtime.distributed import active, is_main, world
+
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+    from torch.nn.parallel import DistributedDataParallel
+
+    class _ShardOptions(TypedDict, total=False):
+        """The keyword arguments fsdp_shard gives every fully_shard call."""
+
+        mp_policy: MixedPrecisionPolicy
 
 
 def wrap(module: torch.nn.Module, parallel: str = "ddp", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -34,7 +45,7 @@ def no_sync(model: torch.nn.Module, skip: bool):
     FSDP2's set_requires_gradient_sync(False)."""
     if skip and is_sharded(model):
         return _fsdp_no_sync(model)
-    return model.no_sync() if skip and hasattr(model, "no_sync") else nullcontext()
+    return cast("DistributedDataParallel", model).no_sync() if skip and hasattr(model, "no_sync") else nullcontext()
 
 
 @contextmanager
@@ -66,7 +77,7 @@ def fsdp_shard(module: torch.nn.Module, dtype: torch.dtype = torch.float32) -> t
     # FSDP warns once that the root returns a view (Policy's values); lmprefs modifies no forward output in place
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else None
-    kw = {"mp_policy": mp} if mp is not None else {}
+    kw: _ShardOptions = {"mp_policy": mp} if mp is not None else {}
     trunks = [m for m in module.modules() if isinstance(m, PreTrainedModel)]
     for trunk in trunks:
         for block in trunk_blocks(trunk):
@@ -78,7 +89,8 @@ def fsdp_shard(module: torch.nn.Module, dtype: torch.dtype = torch.float32) -> t
         if p.requires_grad:
             p.register_hook(_mean_over_ranks)  # per backward, before accumulation: linear, so no_sync stays exact
     # `gathered` runs a function between the root's pre- and post-forward hooks (FSDP's own hook for such methods)
-    module.lmprefs_call = lambda fn: fn()
+    # nn.Module takes any attribute; torch's stub types __setattr__'s value as Tensor | Module only
+    module.lmprefs_call = lambda fn: fn()  # type: ignore[assignment]
     register_fsdp_forward_method(module, "lmprefs_call")
     return module
 
@@ -95,12 +107,12 @@ def gathered(module: torch.nn.Module, fn):
     reference's logprobs). A plain fn() when the module is not sharded. Every rank must call it (collective)."""
     if not is_sharded(module):
         return fn()
-    units = [m for m in module.modules() if is_sharded(m) and m is not module]
+    units = [cast("FSDPModule", m) for m in module.modules() if is_sharded(m) and m is not module]
     for m in units:  # gathered here by every rank at once: the ranks may then run different numbers of forwards
         m.set_reshard_after_forward(False, recurse=False)
         m.unshard()
     try:
-        return module.lmprefs_call(fn)
+        return cast("Callable[[Callable[[], object]], object]", module.lmprefs_call)(fn)
     finally:
         for m in units:
             m.reshard()

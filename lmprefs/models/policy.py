@@ -3,6 +3,8 @@ the reward model put on a trunk."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
@@ -72,7 +74,7 @@ class Policy(nn.Module):
 
         if self.adapter is None:
             return [p for p in self.parameters() if p.requires_grad]
-        names = {self.adapter, self.value_adapter} - {None}
+        names = cast("set[str]", {self.adapter, self.value_adapter} - {None})
         adapters = [m[n] for mod in lora_modules(self.lm) for m in (mod.A, mod.B) for n in names]
         return adapters + list(self.value_head.parameters())
 

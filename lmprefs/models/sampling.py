@@ -78,6 +78,7 @@ def _static_layer_class():
 
         def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
             super().lazy_initialization(key_states, value_states)
+            assert self.values is not None  # allocated by the call above
             if self.values.dtype != value_states.dtype:
                 self.values = self.values.to(value_states.dtype)
                 torch._dynamo.mark_static_address(self.values)

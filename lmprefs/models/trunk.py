@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor, nn
@@ -18,6 +19,9 @@ from torch import Tensor, nn
 from lmprefs.data.tasks import PAD
 from lmprefs.models.loading import _trunk_names, hidden_size, trunk_blocks
 from lmprefs.models.lora import LoRALinear
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def model_inputs(tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -67,7 +71,7 @@ class FrozenPrefix:
     fp32). Valid for any adapter on `model`, and for rows that only differ by PAD after their last real token
     (truncation): attention is causal and pads are masked."""
 
-    model: nn.Module
+    model: PreTrainedModel
     start: int
     hidden: Tensor
 
@@ -174,9 +178,9 @@ def query_response_hidden(model, queries: Tensor, responses: Tensor, prefix: Fro
     """trunk_hidden(model, cat(queries.repeat_interleave(k), responses), prefix) [B * k, Q + T, d] for queries [B, Q]
     and responses [B * k, T], each query run once for its k responses where the attention allows."""
     if repeats > 1 and shares_queries(model):
-        ours = prefix is not None and prefix.model is model
-        return shared_query_trunk(model, queries, responses, repeats, lo=prefix.start if ours else 0,
-                                  hidden=prefix.hidden if ours else None)  # fmt: skip
+        ours = prefix if prefix is not None and prefix.model is model else None
+        return shared_query_trunk(model, queries, responses, repeats, lo=ours.start if ours is not None else 0,
+                                  hidden=ours.hidden if ours is not None else None)  # fmt: skip
     return trunk_hidden(model, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1), prefix)
 
 
@@ -208,7 +212,7 @@ def lm_logits(model, h: Tensor) -> Tensor:
     pad = -head.weight.shape[0] % 64 if type(head) is nn.Linear else 0
     if not pad or not h.is_cuda:
         return head(h)
-    w, b = head.weight, head.bias
+    w, b = cast(Tensor, head.weight), cast("Tensor | None", head.bias)  # a plain nn.Linear's (pad > 0)
     if torch.is_autocast_enabled("cuda"):  # cast before padding: half the bytes to copy
         w = w.to(torch.get_autocast_dtype("cuda"))
     b = None if b is None else nn.functional.pad(b, (0, pad))

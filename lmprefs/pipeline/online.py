@@ -17,8 +17,10 @@ from pathlib import Path
 from lmprefs.errors import UserError
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
+from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
+from lmprefs.training.policy_run import ScoreFn
 from lmprefs.training.rollout import rm_score_fn
 
 
@@ -37,8 +39,8 @@ class OnlineRewards:
         self.t, self.store, self.run_dir, self.labeler, self.log = t, store, Path(run_dir), labeler, log
         self.cfg = t.cfg
         self.history_path = self.run_dir / "online.jsonl"
-        self._score = None
-        self.rm = None  # the reward model scoring now
+        self._score: ScoreFn | None = None
+        self.rm: RewardModel | None = None  # the reward model scoring now
         self.retrains: list[list[int]] = []  # [update, labels] of each reward model so far
 
     def state_dict(self) -> dict:

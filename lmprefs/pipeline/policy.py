@@ -141,7 +141,8 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     return {"stats": stats, **info, "run": run, "task": t}
 
 
-def _start(cfg: Config, run_dir: Path, resume: bool, changes: list[str] | None, **given) -> tuple[dict, object, dict]:
+def _start(cfg: Config, run_dir: Path, resume: bool, changes: list[str] | None,
+           **given) -> tuple[dict, tuple[Path, dict] | None, dict]:  # fmt: skip
     """(run.json's choices, the checkpoint to resume or None, the andon record) after the checks of a start or a
     resume: a new run may not overwrite one, and a resumed one keeps what it was started with."""
     store, reward = given["store"], given["reward"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Set
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def reward_logger(run_dir: Path, cfg: Config):
     return open_logger(run_dir, cfg, resume_step=-1 if again else None, resume_phase="reward")
 
 
-def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_items: set[int] = frozenset()):
+def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_items: Set[int] = frozenset()):
     """Every label of labels.type in the store (but those on `exclude_items`), as tensors in `tok`'s ids (the caller
     splits off held-out labels and keeps labels.num_train); per-response scores as they are, or compared within each
     prompt into best_of_2 questions (labels.scores_as=comparisons); without the labels of labelers under
@@ -95,7 +96,7 @@ class TrainingLabels:
     by_labeler: dict
 
 
-def training_labels(t: Task, store, exclude_items: set[int] = frozenset()) -> TrainingLabels:
+def training_labels(t: Task, store, exclude_items: Set[int] = frozenset()) -> TrainingLabels:
     """The store's labels split for training. Held out (`heldout_labels`): by labels.heldout_by, the items of an
     imported split other than `train`, and the items (per-response scores: the prompts) whose hash of (run.seed, item
     id or prompt) falls under labels.heldout_fraction. Every refusal of a store that cannot train a reward model is
@@ -115,8 +116,8 @@ def training_labels(t: Task, store, exclude_items: set[int] = frozenset()) -> Tr
     return TrainingLabels(train, held, measured, by_labeler)
 
 
-def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: set[int] = frozenset(),
-                       labels: TrainingLabels | None = None) -> tuple[object, dict]:  # fmt: skip
+def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: Set[int] = frozenset(),
+                       labels: TrainingLabels | None = None) -> tuple[RewardModel, dict]:  # fmt: skip
     """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
     -> (rm, summary). `labels`: training_labels(t, store, exclude_items), when the caller has them already."""
     cfg = t.cfg
@@ -171,7 +172,11 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: s
     whole = rm
     if parallel.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
         state = parallel.full_state_dict(rm)
-        whole = plain_copy(rm, state) if dist.is_main() else None
+        if dist.is_main():
+            assert state is not None  # rank 0 holds the gathered state
+            whole = plain_copy(rm, state)
+        else:
+            whole = None
     extra = {"summary": summary, "label_type": lt.name, "task": task}
     if cfg.labels.type == "scalar_rating":
         extra["scores_as"] = cfg.labels.scores_as

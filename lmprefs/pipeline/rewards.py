@@ -3,6 +3,7 @@ checked; and the true reward tracked beside it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -104,7 +105,7 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         return text_score_fn(lambda texts, queries: _checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
                              std, t.prefix, t.suffix), {"reward": reward}  # fmt: skip
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
-    info = {"reward": "model", "reward_model": str(rm_dir)}
+    info: dict[str, object] = {"reward": "model", "reward_model": str(rm_dir)}
     if source == "frame":
         rm = reward_frame(t).eval().freeze()
         return rm_score_fn(rm), info | {"state": RewardState(rm)}
@@ -176,7 +177,7 @@ def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:
                         f"({len(tok)} tokens, task.initial_model); train the reward model on the same base model")
 
 
-def track_true_reward(score_fn, true_fn, tok, prefix: list[int] = (), suffix: list[int] = ()):
+def track_true_reward(score_fn, true_fn, tok, prefix: Sequence[int] = (), suffix: Sequence[int] = ()):
     """(score_fn, on_update): the same scores, plus objective/true_reward (the true reward of each rollout's
     truncated responses) added to every update's metrics, for curves of what the reward model stands in for.
     `prefix`/`suffix`: the task's, around the rollout's queries (a judge that reads the query gets the query alone)."""

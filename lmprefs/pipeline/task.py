@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from lmprefs.data.tasks import TaskContext
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.runtime.device import setup_torch
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 HELDOUT_QUERIES = 512  # queries set aside (a fixed permutation) for evaluation; never trained on
 
 
@@ -20,8 +24,8 @@ class Task:
     cfg: Config
     device: torch.device
     dtype: torch.dtype
-    model: object  # the initial policy LM (fp32, eval, dropout off)
-    tok: object
+    model: PreTrainedModel  # the initial policy LM (fp32, eval, dropout off)
+    tok: PreTrainedTokenizerBase
     train_queries: torch.Tensor  # [N, Q] PAD right
     heldout_queries: torch.Tensor
     prefix: list[int]

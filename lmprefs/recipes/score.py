@@ -45,10 +45,10 @@ def score_texts(rm, task: dict, pairs: list[tuple[str, str]], device, batch_size
                 q = q[len(q) - (context - len(r)) :] if context > len(r) else []
             counts["cut"] += truncate and longer or len(q) + len(r) < len(qs[j]) + len(rs[j])
             qs[j], rs[j] = q, r
-        q = torch.tensor(pad(qs, max(map(len, qs))), device=device, dtype=torch.long).reshape(len(chunk), -1)
-        r = torch.tensor(pad(rs, max(map(len, rs))), device=device, dtype=torch.long)
+        queries = torch.tensor(pad(qs, max(map(len, qs))), device=device, dtype=torch.long).reshape(len(chunk), -1)
+        responses = torch.tensor(pad(rs, max(map(len, rs))), device=device, dtype=torch.long)
         with torch.no_grad():
-            out += rm(format_queries(q, prefix, suffix), r).float().tolist()
+            out += rm(format_queries(queries, prefix, suffix), responses).float().tolist()
     return out, counts
 
 

@@ -82,8 +82,8 @@ def prepare_data(store, data: Path, run_dir: Path) -> dict:
 
     try:
         import_file(store, data, format="scores")
-    except LabelFileError as e:
-        raise UserError(str(e)) from None
+    except LabelFileError as err:
+        raise UserError(str(err)) from None
     examples = store.labeled_examples("scalar_rating")
     best: dict[str, tuple[float, str]] = {}  # prompt -> (score, response) of its top-scored response, first on ties
     for e in examples:

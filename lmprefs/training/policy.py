@@ -26,6 +26,7 @@ from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text, crash_point
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import plain_copy, save_policy
+from lmprefs.models.policy import Policy
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import progress, read_metrics
 from lmprefs.training.policy_checkpoint import save_checkpoint
@@ -101,7 +102,7 @@ def training_forward(model, compile: str, device: torch.device) -> Callable:
 
 
 def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: Path, ctx: TaskContext,
-                 on_update: Callable[[PolicyRun, dict], None] | None = None) -> dict:  # fmt: skip
+                 on_update: Callable[[PolicyRun, dict], object] | None = None) -> dict:  # fmt: skip
     """The outer loop, from run.update to ppo.num_updates. Returns the last update's stats."""
 
     n_updates, B = cfg.ppo.num_updates, cfg.ppo.batch_size
@@ -162,11 +163,17 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         bar.set_postfix(score=f"{stats['objective/score']:+.3f}", kl=f"{stats['objective/kl']:.2f}",
                         beta=f"{stats['objective/kl_coef']:.3f}")  # fmt: skip
     bar.close()
+    policy: Policy | None
     policy = run.policy
     if parallel.is_sharded(policy):
         state = parallel.full_state_dict(policy)  # a collective
-        policy = plain_copy(policy, state) if dist.is_main() else None
+        if dist.is_main():
+            assert state is not None  # rank 0 holds the gathered state
+            policy = plain_copy(policy, state)
+        else:
+            policy = None
     if dist.is_main():
+        assert policy is not None  # rank 0 keeps its policy, plain or gathered
         save_policy(policy, Path(run_dir) / "policy")
     dist.barrier()
     return stats

@@ -4,6 +4,7 @@ generators and query-stream position), found and verified on resume, so that a k
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ def rank_states(run: PolicyRun) -> dict:
 def load_rank_state(run: PolicyRun, ckpt: Path) -> None:
     """This rank's part of rank_states; refuses a checkpoint written by another number of ranks."""
     path = Path(ckpt) / RANK_STATE_FILE
-    saved = torch.load(path, weights_only=True) if path.is_file() else {"world_size": 1, "ranks": None}
+    saved: dict[str, Any] = torch.load(path, weights_only=True) if path.is_file() else {"world_size": 1, "ranks": None}
     if saved["world_size"] != dist.world():
         raise UserError(f"--resume: the checkpoint in {Path(ckpt).parent} was written by {saved['world_size']} "
                         f"rank(s) and this launch has {dist.world()}; resume with the same number of processes "
@@ -54,14 +55,20 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
         raise AndonStop(f"refusing to save a checkpoint: {bad}")
     meta = {"update": run.update, **(config_meta(cfg) if cfg is not None else {})}
     ranks = rank_states(run)
+    policy: Policy | None
     policy, optimizer = run.policy, None
     if parallel.is_sharded(run.policy):  # FSDP: the whole model and optimizer state gathered on rank 0 (collectives)
         model_state = parallel.full_state_dict(run.policy)
         optimizer = parallel.full_optimizer_state(run.policy, run.optimizer)
-        policy = plain_copy(run.policy, model_state) if dist.is_main() else None
+        if dist.is_main():
+            assert model_state is not None  # rank 0 holds the gathered state
+            policy = plain_copy(run.policy, model_state)
+        else:
+            policy = None
     run.saved_update = run.update
     if not dist.is_main():
         return
+    assert policy is not None  # rank 0 keeps its policy, plain or gathered
     with atomic_dir(Path(run_dir) / "checkpoint", meta, keep=1) as tmp:
         torch.save(ranks, tmp / RANK_STATE_FILE)
         _save_policy(policy, tmp / "policy")

@@ -7,9 +7,10 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lmprefs.config import Config
 from lmprefs.errors import UserError
@@ -19,7 +20,10 @@ from lmprefs.models.trunk import FrozenPrefix
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import pick_dtype
 from lmprefs.training.optim import TFAdam
-from lmprefs.training.ppo import make_kl_controller
+from lmprefs.training.ppo import KLController, make_kl_controller
+
+if TYPE_CHECKING:
+    from lmprefs.data.queries import QueryStream
 
 # (formatted queries [B, Q'], truncated responses [B, T], FrozenPrefix of the rollout or None) -> scores [B]
 ScoreFn = Callable[[Tensor, Tensor, FrozenPrefix | None], Tensor]
@@ -30,10 +34,10 @@ class PolicyRun:
     """Everything one train_policy run holds; `state_dict` is what a checkpoint resumes."""
 
     policy: Policy
-    ref_lm: object | None
+    ref_lm: nn.Module | None
     optimizer: TFAdam
-    kl_ctl: object
-    stream: object
+    kl_ctl: KLController
+    stream: QueryStream
     gen_sample: torch.Generator
     gen_ppo: torch.Generator
     update: int = 0

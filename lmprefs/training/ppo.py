@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -182,8 +182,9 @@ class Rollout:
 
     def __getitem__(self, idx: Tensor | slice) -> Rollout:
         # not dataclasses.astuple/asdict: they deep-copy every tensor
-        return Rollout(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[idx]
-                          for f in fields(self)})  # fmt: skip
+        parts: dict[str, Any] = {f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[idx]
+                                 for f in fields(self)}  # fmt: skip
+        return Rollout(**parts)
 
     def __len__(self) -> int:
         return self.responses.shape[0]

@@ -44,15 +44,15 @@ class Comparisons:
         return len(self.queries)
 
     def __getitem__(self, idx) -> Comparisons:
-        parts = (self.queries, self.samples, self.best, self.items, self.weights, self.score, self.groups)
-        return Comparisons(*(None if v is None else v[idx] for v in parts))
+        rest = (self.best, self.items, self.weights, self.score, self.groups)
+        return Comparisons(self.queries[idx], self.samples[idx], *(None if v is None else v[idx] for v in rest))
 
     def labels(self, device=None) -> dict[str, Tensor]:
         """The label tensors the label type's loss reads: {"best"} or {"score"}, and "weight" when weighted."""
         pairs = (("best", self.best), ("score", self.score), ("weight", self.weights))
         return {k: v.to(device) for k, v in pairs if v is not None}
 
-    def split_keys(self) -> Tensor:
+    def split_keys(self) -> Tensor | None:
         """What the held-out split hashes: the prompt for per-response scores (all responses to one prompt, and
         every comparison derived from them, fall on the same side), else the store's item."""
         return self.groups if self.groups is not None else self.items
@@ -235,6 +235,7 @@ def evaluate(rm: RewardModel, data: Comparisons, label_type, ctx: TaskContext, b
         summary["heldout/accuracy"] = float(out["accuracy"])
     if data.score is not None:
         summary["heldout/corr"] = float(out["corr"])
+        assert data.groups is not None  # scores come with their prompts (examples_to_comparisons)
         i, j = score_pairs(data.score, data.groups, min_gap)
         if len(i):
             right = (rewards[j, 0] > rewards[i, 0]) == (data.score[j] > data.score[i])
@@ -254,7 +255,9 @@ def reward_prefixes(rm: RewardModel, data: Comparisons, ctx: TaskContext, batch_
             mb = data[i : i + batch_size]
             q = ctx.format(mb.queries)
             with ctx.autocast():  # each question's query runs once for its S samples
-                parts.append(frozen_prefix_shared(rm.lm, q, mb.samples.flatten(0, 1).to(ctx.device), S))
+                part = frozen_prefix_shared(rm.lm, q, mb.samples.flatten(0, 1).to(ctx.device), S)
+                assert part is not None  # frozen_depth > 0, checked above
+                parts.append(part)
             if bar is not None:
                 bar.update(len(mb))
     return FrozenPrefix(rm.lm, parts[0].start, torch.cat([p.hidden for p in parts]))

@@ -3,7 +3,7 @@ logprobs and values, truncate and score the responses, and form the KL-penalized
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -29,7 +29,7 @@ def rm_score_fn(rm) -> ScoreFn:
 
 
 def text_score_fn(fn: Callable[[list[str], list[str]], list[float]], tok, mean: float = 0.0, std: float = 1.0,
-                  prefix: list[int] = (), suffix: list[int] = ()) -> ScoreFn:  # fmt: skip
+                  prefix: Sequence[int] = (), suffix: Sequence[int] = ()) -> ScoreFn:  # fmt: skip
     """A reward on the response text (e.g. VADER): the paper's 'direct access to the true reward', as
     (fn(responses, queries) - mean) / std; the queries are the query texts without the task's prefix and suffix."""
 

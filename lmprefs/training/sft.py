@@ -219,6 +219,7 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
     t0 = time.time()
     with using(model, adapter):
         if resume:
+            assert run_dir is not None  # a resumed run is continued in its run_dir
             done, before = _load_checkpoint(run_dir, cfg, params, opt)
             print(f"resuming {run_dir} at step {done}/{total}")
         else:

@@ -24,6 +24,7 @@ from lmprefs.labels.store.records import (
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
+    from lmprefs.labels.store.core import LabelStore
 
 
 def add_label(
@@ -105,7 +106,7 @@ def add_label(
         return label_id
 
 
-def import_batch(store: StoreBase, rows: Iterable[ImportRow]) -> ImportCounts:
+def import_batch(store: LabelStore, rows: Iterable[ImportRow]) -> ImportCounts:
     """Add labeled rows in ONE transaction: all of them or, on any error, none. Re-importing a row is a no-op
     (the item exists and the labeler's identical label is counted as present); a *different* label by the same
     labeler raises DuplicateLabelError and rolls everything back."""
