@@ -4,10 +4,10 @@ labels; train-reward regresses them (labels.scores_as=rating) or compares the re
 
 import dataclasses
 import json
-import random
 
 import pytest
 import torch
+from score_data import score_rows, write
 
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
@@ -16,29 +16,6 @@ from lmprefs.labels.store import LabelStore
 from lmprefs.training.reward import Comparisons, pairs_from_scores
 
 R = dataclasses.replace
-WORDS = "apple river stone cloud table chair window garden letter candle morning silver".split()
-
-
-def score_rows(n_prompts: int, seed: int = 0) -> list[dict]:
-    """Four responses per prompt; a response ending in ' good' scores 5-7, any other 0-2 (the reward model must find
-    the word; within a prompt the order of the scores is what a comparison learns)."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n_prompts):
-        prompt = " ".join(rng.choice(WORDS) for _ in range(6)) + "."
-        for _ in range(4):
-            good = rng.random() < 0.5
-            end = " good" if good else " " + rng.choice(WORDS)
-            resp = " " + " ".join(rng.choice(WORDS) for _ in range(4)) + end
-            rows.append({"prompt": prompt, "response": resp, "score": 5 * good + rng.randint(0, 2)})
-    return rows
-
-
-def write(path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
-
-
 def test_import_scores_as_scalar_rating_labels(tmp_path, capsys):
     rows = score_rows(3)
     rows[1] = {"prompt": rows[1]["prompt"], "completion": rows[1]["response"], "score": 2.5, "labeler": "reddit"}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from test_scores import score_rows, write
+from score_data import score_rows, write
 
 from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
