@@ -176,6 +176,7 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
     names = [a[0] for a in arms]
     res.save("summary", summarize_seeds(res.data, names, seeds))
     fig = plot_figure2(run_dir, names, seeds, res.data, cfg.ppo.batch_size)
+    plot_overoptimization(run_dir, [n for n in names if n.startswith("rm-")], seeds)
     return {"results": res.data, "figure": fig}
 
 
@@ -245,6 +246,47 @@ def plot_figure2(run_dir: Path, names: list[str], seeds: int, data: dict, batch_
     bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path = run_dir / "figure2.png"
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_overoptimization(run_dir: Path, names: list[str], seeds: int) -> Path | None:
+    """overoptimization.png: per reward-model arm, over the KL of its rollouts, the score it optimized (the reward
+    model's, left axis) and the true reward (right axis), one line per seed, each seed's true-reward peak marked:
+    where the proxy keeps rising past that peak, the policy exploits the reward model (Gao et al. 2022)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not names:
+        return None
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        tx = ax.twinx()
+        for s in range(seeds):
+            path = run_dir / seed_key(name, s) / "metrics.jsonl"
+            rows = [r for r in (read_metrics(path, "policy") if path.exists() else []) if "objective/true_reward" in r]
+            if not rows:
+                continue
+            kl = [r["objective/kl"] for r in rows]
+            true = [r["objective/true_reward"] for r in rows]
+            first = s == 0
+            ax.plot(kl, [r["objective/score"] for r in rows], color="tab:blue", alpha=0.7, lw=1,
+                    label="reward-model score" if first else None)  # fmt: skip
+            tx.plot(kl, true, color="tab:orange", alpha=0.7, lw=1, label="true reward" if first else None)
+            top = max(range(len(true)), key=true.__getitem__)
+            tx.plot([kl[top]], [true[top]], "*", color="tab:red", ms=9, label="true reward's peak" if first else None)
+        ax.set_title(f"{name} ({seeds} seed{'s' if seeds > 1 else ''})")
+        ax.set_xlabel("KL of the rollouts (objective/kl), nats")
+        ax.set_ylabel("reward-model score", color="tab:blue")
+        tx.set_ylabel("true reward", color="tab:orange")
+        ax.grid(alpha=0.3)
+        handles = ax.get_legend_handles_labels()[0] + tx.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path = run_dir / "overoptimization.png"
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path

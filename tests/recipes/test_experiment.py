@@ -184,6 +184,7 @@ def test_mock_sentiment_seeds_give_error_bars_and_kl(tmp_path, capsys):
     key = next(k for k in heads[0] if "score" in k or "head" in k)
     assert not torch.equal(heads[0][key], heads[1][key])
     assert (run_dir / "figure2.png").read_bytes()[:4] == b"\x89PNG"
+    assert (run_dir / "overoptimization.png").read_bytes()[:4] == b"\x89PNG"  # proxy and true reward over KL
     out = capsys.readouterr().out
     assert "rm-16" in out and "(2 seeds)" in out
     # an interrupted experiment: forget one arm's result; rerunning resumes it and skips the finished arms
