@@ -52,7 +52,7 @@ class NullLogger:
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
-PHASES = ("reward", "policy", "sft")
+PHASES = ("reward", "policy", "sft", "dpo")
 
 
 def check_trackers(names: tuple[str, ...]) -> None:
