@@ -25,7 +25,7 @@ from lmprefs.pipeline.labeling import label_source
 from lmprefs.pipeline.reward_model import TrainingLabels, training_labels
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime.device import setup_torch
-from lmprefs.runtime.runlog import RunLogger
+from lmprefs.runtime.runlog import RunLogger, check_trackers
 from lmprefs.training.dpo_train import checkpoint_step, train_dpo
 
 RUN_FILE = "run.json"  # the label store a run trains on, which --resume reuses
@@ -96,12 +96,13 @@ def run_train_dpo(cfg: Config, run_dir: Path, *, store_path: str | None = None, 
     t = dpo_task(cfg)
     labels = dpo_labels(t, store, f"--db {source}")
     policy, ref_lm = dpo_policy(t)
+    check_trackers(cfg.run.report_to)  # a tracker's missing package, before the run directory is made
     with run_lock(run_dir):
         done = checkpoint_step(run_dir) if resume else None
-        if resume and done is None:
-            print(f"{run_dir} has no checkpoint yet: starting the run over from step 0", flush=True)
-        else:
+        if not resume:
             atomic_write_text(run_dir / RUN_FILE, json.dumps({"store": str(Path(source).resolve())}))
+        elif done is None:
+            print(f"{run_dir} has no checkpoint yet: starting the run over from step 0", flush=True)
         # a run started over drops every row it logged (-1); a resumed one those after its checkpoint
         again = None if not resume else -1 if done is None else done - 1
         log = RunLogger(run_dir, cfg, resume_step=again, resume_phase="dpo")

@@ -75,12 +75,15 @@ def losses(logp: Tensor, ref: Tensor, best: Tensor, cfg: Config) -> tuple[Tensor
 
 @torch.no_grad()
 def all_logprobs(policy: Policy, data: Comparisons, ctx: TaskContext, batch_size: int, *,
-                 reference: bool, ref_lm=None) -> Tensor:  # fmt: skip
+                 reference: bool, ref_lm=None, bar=None) -> Tensor:  # fmt: skip
     """log pi(y|x) [N, S] of every sample in `data`, in order, without gradients: the policy's, or with `reference`
     the frozen reference's (ref_lm, or the policy's base with its adapters off)."""
-    out = [response_logprobs(policy, data.queries[i : i + batch_size], data.samples[i : i + batch_size], ctx,
-                             reference=reference, ref_lm=ref_lm).float().cpu()
-           for i in range(0, len(data), batch_size)]  # fmt: skip
+    out = []
+    for i in range(0, len(data), batch_size):
+        out.append(response_logprobs(policy, data.queries[i : i + batch_size], data.samples[i : i + batch_size], ctx,
+                                     reference=reference, ref_lm=ref_lm).float().cpu())  # fmt: skip
+        if bar is not None:
+            bar.update(len(out[-1]))
     return torch.cat(out) if out else torch.zeros(0, data.samples.shape[1])
 
 
@@ -175,8 +178,8 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
     opt = TFAdam(params, lr=d.lr)
     ref_batch = d.microbatch or d.batch_size
     bar = progress(len(train) + len(held), "reference log-probabilities")
-    ref = all_logprobs(policy, train, ctx, ref_batch, reference=True, ref_lm=ref_lm)  # [N, S]
-    held_ref = all_logprobs(policy, held, ctx, ref_batch, reference=True, ref_lm=ref_lm)
+    ref = all_logprobs(policy, train, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar)  # [N, S]
+    held_ref = all_logprobs(policy, held, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar)
     bar.close()
     n, bs, digest = len(train), d.batch_size, labels_digest(train, held)
     total = math.ceil(n / bs) * d.epochs

@@ -115,11 +115,13 @@ REF = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
 R = torch.tensor([1.0, -0.5, 0.3, 2.0], dtype=torch.float64)
 
 
+PAIRS = torch.tensor([(i, j) for i in range(K) for j in range(K) if i != j])  # ordered pairs (first, second)
+
+
 def _pairwise_objective(logp):
     """E over ordered pairs (i, j), i != j, with i preferred with Bradley-Terry probability sigmoid(r_i - r_j)."""
-    pairs = torch.tensor([(i, j) for i in range(K) for j in range(K) if i != j])
-    p = torch.sigmoid(R[pairs[:, 0]] - R[pairs[:, 1]])
-    loss = pairwise_losses(logp[pairs], torch.log(REF)[pairs], torch.zeros(len(pairs), dtype=torch.long), BETA)
+    p = torch.sigmoid(R[PAIRS[:, 0]] - R[PAIRS[:, 1]])
+    loss = pairwise_losses(logp[PAIRS], torch.log(REF)[PAIRS], torch.zeros(len(PAIRS), dtype=torch.long), BETA)
     return (p * loss).sum()
 
 
@@ -143,7 +145,7 @@ def _full_pl_objective(logp):
 def test_gradient_descent_reaches_the_closed_form_optimum(objective):
     theta = torch.zeros(K, dtype=torch.float64, requires_grad=True)  # the policy: softmax(theta), uniform at first
     opt = torch.optim.SGD([theta], lr=4.0)
-    for _ in range(300):
+    for _ in range(200):
         opt.zero_grad()
         objective(torch.log_softmax(theta, 0)).backward()
         opt.step()
