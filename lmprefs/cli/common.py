@@ -28,6 +28,8 @@ COMMANDS = {
     "labelers": "manage labelers of a label store: add NAME [--admin] prints a sign-in token; list",
     "train-sft": "supervised fine-tuning of the initial policy on prompt/response pairs (JSONL) for train-policy "
     "to start from",
+    "train-dpo": "train the policy directly on the label store's best-of-N or pairwise labels with DPO (pairwise or "
+    "Plackett-Luce listwise loss; the initial policy is the reference), no reward model",
     "train-policy": "fine-tune the policy with PPO against a reward model (trained first unless given) or a reward "
     "function",
 }

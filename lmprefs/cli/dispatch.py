@@ -18,7 +18,7 @@ from lmprefs.cli.quickstart import cmd_quickstart
 from lmprefs.cli.sample import cmd_sample
 from lmprefs.cli.score import cmd_score
 from lmprefs.cli.serve import cmd_labelers, cmd_serve
-from lmprefs.cli.train import cmd_train_policy, cmd_train_reward, cmd_train_sft
+from lmprefs.cli.train import cmd_train_dpo, cmd_train_policy, cmd_train_reward, cmd_train_sft
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import STORAGE_ERRNOS
 
@@ -26,7 +26,7 @@ HANDLERS = {"config": cmd_config, "experiment": cmd_experiment, "quickstart": cm
             "labelers": cmd_labelers, "train-policy": cmd_train_policy, "assets": cmd_assets, "sample": cmd_sample,
             "presets": cmd_presets, "label": cmd_label, "import-labels": cmd_import_labels,
             "export-labels": cmd_export_labels, "train-reward": cmd_train_reward, "score": cmd_score,
-            "train-sft": cmd_train_sft}  # fmt: skip
+            "train-sft": cmd_train_sft, "train-dpo": cmd_train_dpo}  # fmt: skip
 
 
 # commands that run as N ranks under torchrun/accelerate; the others are single-process tools

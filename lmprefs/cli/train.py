@@ -1,4 +1,4 @@
-"""`lmprefs train-reward`, `train-sft`, `train-policy`."""
+"""`lmprefs train-reward`, `train-sft`, `train-policy`, `train-dpo`."""
 
 from __future__ import annotations
 
@@ -139,4 +139,35 @@ def cmd_train_policy(argv: list[str]) -> int:
     print(f"policy: {run_dir / 'policy'}  (score {s.get('objective/score', float('nan')):+.3f}, "
           f"kl {s.get('objective/kl', float('nan')):.2f}, "
           f"beta {s.get('objective/kl_coef', float('nan')):.3f})")  # fmt: skip
+    return 0
+
+
+def cmd_train_dpo(argv: list[str]) -> int:
+    from lmprefs.runtime.resolve import resolve_config
+
+    p, argv, pairs, name = preset_parser("train-dpo", argv)
+    p.add_argument("--db", default=None, help="label store to train on (default labels.source, else labels.sqlite)")
+    p.add_argument("--run-dir", "--out", dest="run_dir", default=None,
+                   help="output directory (default runs/train-dpo-PRESET-TIME)")  # fmt: skip
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
+    p.usage = "lmprefs train-dpo PRESET --db labels.sqlite [--run-dir D] [--resume] [--section.key V ...]"
+    help_with_config(p, argv, name, pairs)
+    a = p.parse_args(argv)
+    from lmprefs.pipeline.dpo import run_train_dpo
+
+    if a.resume:
+        if not a.run_dir or pairs:
+            raise UserError("--resume needs --run-dir and continues with the run's saved config (no overrides)")
+        cfg = resolve_config(a.preset, [], str(Path(a.run_dir) / "config.json"))
+    else:
+        cfg = resolve_config(a.preset, pairs, a.config)
+    run_dir = run_dir_for(a.run_dir, cfg, "train-dpo", a.preset)
+    s = run_train_dpo(cfg, run_dir, store_path=a.db, resume=a.resume)
+    nan = float("nan")
+    print(f"DPO policy: {run_dir / 'policy'}  ({s['dpo/labels_train']} labels, {s['dpo/steps']} steps in "
+          f"{s['elapsed/time']:.0f}s, dpo.loss={cfg.dpo.loss}, beta {cfg.dpo.beta})")
+    print(f"  held-out ({s.get('heldout/n', 0)} labels, {s['heldout/split'] or 'none'}): preference accuracy "
+          f"{s.get('initial_heldout/accuracy', nan):.3f} -> {s.get('heldout/accuracy', nan):.3f}, margin "
+          f"{s.get('initial_heldout/margin', nan):+.3f} -> {s.get('heldout/margin', nan):+.3f}")  # fmt: skip
+    print(f"  sample from it: lmprefs sample {run_dir}")
     return 0

@@ -9,6 +9,7 @@ The schema, the checks and the presets are re-exported here: `from lmprefs.confi
 from lmprefs.config.presets import PRESETS, R, preset
 from lmprefs.config.schema import (
            Config,
+           DPOConfig,
            LabelsConfig,
            LoraConfig,
            PPOConfig,
@@ -20,5 +21,6 @@ from lmprefs.config.schema import (
 )
 from lmprefs.config.validate import LABELERS, label_type_shape, validate
 
-__all__ = ["LABELERS", "PRESETS", "Config", "LabelsConfig", "LoraConfig", "PPOConfig", "R", "RewardsConfig",
-           "RunConfig", "SFTConfig", "TaskConfig", "TrainRewardConfig", "label_type_shape", "preset", "validate"]
+__all__ = ["LABELERS", "PRESETS", "Config", "DPOConfig", "LabelsConfig", "LoraConfig", "PPOConfig", "R",
+           "RewardsConfig", "RunConfig", "SFTConfig", "TaskConfig", "TrainRewardConfig", "label_type_shape", "preset",
+           "validate"]

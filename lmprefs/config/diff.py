@@ -6,6 +6,7 @@ import hashlib
 import json
 
 from lmprefs.config.overrides import to_dict
+from lmprefs.config.schema import Config
 
 # keys that change how often things are written or how many threads run, never the numbers a run computes
 NOT_MATH = ("run.log_interval", "run.save_interval", "run.threads", "run.save_dir", "lora.merged_reward_model")
@@ -27,6 +28,11 @@ def config_meta(cfg) -> dict:
 
 
 def math_changes(old: dict, new: dict) -> list[str]:
-    """'key old -> new' for each value that changes the math between two flat configs."""
+    """'key old -> new' for each value that changes the math between two flat configs. A section that `old` has no
+    key of was added to lmprefs after it was saved (a checkpoint of an earlier version): at its defaults it changes
+    nothing that run computed."""
     keys = sorted((set(old) | set(new)) - set(NOT_MATH))
-    return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+    added = {k.split(".")[0] for k in new} - {k.split(".")[0] for k in old} if old else set()
+    defaults = flat_config(Config()) if added else {}
+    return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)
+            and not (k.split(".")[0] in added and new.get(k) == defaults.get(k))]  # fmt: skip

@@ -226,6 +226,32 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
+class DPOConfig:
+    """Direct preference optimization of the policy on the label store's judgments (`lmprefs train-dpo`; Rafailov
+    et al. 2023): no reward model and no sampling; the reference is the initial policy (with LoRA, the base with its
+    adapters off). The labels, their held-out share and LoRA are those of the labels and lora sections."""
+
+    loss: Literal["pairwise", "listwise"] = "pairwise"
+    """pairwise: the paper's eq. 7, -log sigmoid(h_chosen - h_other) with the implicit reward h = beta * log(pi /
+    pi_ref), averaged over the pairs of a best-of-N label's chosen response and each other one. listwise:
+    Plackett-Luce on h; for a best-of-N label -log softmax(h)[best], the original's best-of-N reward-model loss with
+    h for the reward."""
+    beta: float = 0.1
+    """How far the policy may move from the reference: the implicit reward is beta * log(pi / pi_ref) (the
+    paper's beta and its default)."""
+    lr: float = 1e-6
+    """Peak learning rate of the TF1-style Adam (as every lmprefs trainer); decays linearly to 0. The paper's 1e-6
+    is for full fine-tuning; LoRA adapters want a larger one."""
+    batch_size: int = 64
+    """Labels per optimizer step (the paper's 64)."""
+    microbatch: int = 0
+    """Labels per forward pass; their gradients add up to one batch_size step (0 = the whole batch at once). Lowers
+    peak memory, not the result."""
+    epochs: int = 1
+    """Passes over the training labels."""
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Where and how a run executes."""
 
@@ -274,6 +300,7 @@ class Config:
     ppo: PPOConfig = field(default_factory=PPOConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:  # validate, never mutate

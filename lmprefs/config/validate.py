@@ -33,7 +33,7 @@ def validate(cfg) -> list[str]:
             if isinstance(v, float) and not math.isfinite(v):
                 out.append(f"{sec.name}.{f.name}={v} must be a finite number")
     return [*out, *_task(cfg.task), *_labels(cfg.labels), *_train_reward(cfg.train_reward), *_rewards(cfg.rewards),
-            *_ppo(cfg.ppo), *_lora(cfg.lora), *_run(cfg), *_sft(cfg)]
+            *_ppo(cfg.ppo), *_lora(cfg.lora), *_run(cfg), *_sft(cfg), *_dpo(cfg.dpo)]
 
 
 def _type_problems(obj, prefix: str) -> list[str]:
@@ -201,6 +201,18 @@ def _sft(cfg) -> list[str]:
     need(cfg.sft.lr > 0, f"sft.lr={cfg.sft.lr} must be a positive number")
     need(cfg.sft.max_length == 0 or cfg.sft.max_length >= 2,
          f"sft.max_length={cfg.sft.max_length} must be 0 (the model's context) or at least 2")
+    return out
+
+
+def _dpo(d) -> list[str]:
+    """Direct preference optimization."""
+    out = _Problems()
+    need = out.need
+    need(d.beta > 0, f"dpo.beta={d.beta} must be positive")
+    need(d.lr > 0, f"dpo.lr={d.lr} must be positive")
+    need(d.batch_size > 0, f"dpo.batch_size={d.batch_size} must be positive")
+    need(d.microbatch >= 0, f"dpo.microbatch={d.microbatch} must be >= 0 (0: the whole batch)")
+    need(d.epochs > 0, f"dpo.epochs={d.epochs} must be positive")
     return out
 
 

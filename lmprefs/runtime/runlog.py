@@ -52,7 +52,7 @@ class NullLogger:
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
-PHASES = ("reward", "policy", "sft")
+PHASES = ("reward", "policy", "sft", "dpo")
 
 
 def check_trackers(names: tuple[str, ...]) -> None:
@@ -68,8 +68,8 @@ def check_trackers(names: tuple[str, ...]) -> None:
 class RunLogger:
     """Owns the run directory's logs, in one layout for every command: config.json; metrics.jsonl, each row tagged
     with its phase ("reward": reward-model training, stepped by labels seen; "policy": PPO, stepped by updates;
-    "sft": supervised fine-tuning, stepped by optimizer steps); samples.jsonl; TensorBoard event files under
-    logs/PHASE/ (one step axis each, the original's metric names as tags); and, when run.report_to names them,
+    "sft", "dpo": supervised fine-tuning, DPO, stepped by optimizer steps); samples.jsonl; TensorBoard event files
+    under logs/PHASE/ (one step axis each, the original's metric names as tags); and, when run.report_to names them,
     Weights & Biases and MLflow runs with the names prefixed by the phase ("policy/objective/kl"). `resume_step`
     drops the `resume_phase` rows written after the checkpoint being resumed, so a resumed run's metrics.jsonl reads
     as if the run had never stopped."""

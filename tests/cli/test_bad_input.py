@@ -31,6 +31,7 @@ def workdir(tmp_path_factory):
     (d / "adir").mkdir()
     (d / "texts.txt").write_text("a happy ending\n")
     (d / "pairs.jsonl").write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}) + "\n")
+    (d / "scores.jsonl").write_text(json.dumps({"prompt": "q", "response": "a", "score": 1.0}) + "\n")
     foreign = d / "foreign_rm"
     foreign.mkdir()
     wl = Tokenizer(WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
@@ -149,6 +150,18 @@ ROWS = [
     (["train-policy", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
     (["train-sft", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
     (["train-policy", "tiny", "--config", "run/policy/config.json"], "pass the run directory (run), not its policy/"),
+    # train-dpo: its config, its store, its label type
+    (["train-dpo", "tiny", "--dpo.beta", "0"], "--dpo.beta 0: dpo.beta=0.0 must be positive"),
+    (["train-dpo", "tiny", "--dpo.beta", "-0.1", "--dpo.lr", "1e-3"], "dpo.beta=-0.1 must be positive (from the"),
+    (["train-dpo", "tiny", "--dpo.loss", "ranked"], "--dpo.loss 'ranked': choose one of pairwise, listwise"),
+    (["train-dpo", "tiny", "--db", "missing.sqlite", "--run-dir", "out"], "--db missing.sqlite: label store does"),
+    (["train-dpo", "tiny", "--db", "notdb.sqlite", "--run-dir", "out"], "not an SQLite file"),
+    (["train-dpo", "tiny", "--db", "scores.jsonl", "--run-dir", "out"],
+     "--db scores.jsonl: the label store holds no best-of-N or pairwise labels (only scalar_rating labels)"),
+    (["train-dpo", "tiny", "--db", "pairs.jsonl", "--run-dir", "out"], "holds best_of_2 labels, not labels.type="),
+    (["train-dpo", "tiny", "--db", "pairs.jsonl", "--labels.type", "scalar_compare", "--run-dir", "out"],
+     "labels.type=scalar_compare (labels.scores_as=rating): train-dpo learns from preferences"),
+    (["train-dpo", "tiny", "--resume"], "--resume needs --run-dir"),
     # sampling temperatures that are not a positive finite number
     (["sample", "--preset", "tiny", "--temperature", "nan"], "--temperature nan"),
     (["sample", "--preset", "tiny", "--temperature", "inf"], "--temperature inf"),

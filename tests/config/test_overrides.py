@@ -177,3 +177,17 @@ def test_a_config_saved_before_a_field_existed_loads_as_its_run_was_computed(tmp
     (tmp_path / "config.json").write_text(json.dumps(d))
     assert load_config(tmp_path / "config.json").task.crop_local_files is True
     assert preset("tiny").task.crop_local_files is False
+
+
+def test_a_checkpoint_saved_before_a_section_existed_resumes_while_the_section_keeps_its_defaults():
+    """A checkpoint's manifest of an earlier version has no key of a later section (dpo): at its defaults the new
+    section changes nothing that run computed; set otherwise, it is a change like any other."""
+    from lmprefs.config import DPOConfig
+    from lmprefs.config.diff import flat_config, math_changes
+
+    now = flat_config(preset("tiny"))
+    before = {k: v for k, v in now.items() if not k.startswith("dpo.")}
+    assert math_changes(before, now) == []
+    changed = flat_config(dataclasses.replace(preset("tiny"), dpo=DPOConfig(beta=0.5)))
+    assert math_changes(before, changed) == ["dpo.beta None -> 0.5"]
+    assert math_changes(before, dict(now, **{"ppo.lr": 1.0})) == ["ppo.lr 0.003 -> 1.0"]

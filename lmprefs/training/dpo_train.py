@@ -1,0 +1,228 @@
+"""Training the policy directly on labeled comparisons with DPO (`lmprefs train-dpo`; the losses are in
+`lmprefs.training.dpo`): the labels the reward model would train on, the initial policy as the frozen reference,
+TF1-style Adam with the LR decaying linearly to 0, checkpoints that resume bitwise, and the held-out labels' accuracy
+(how often the implicit reward beta * log(pi / pi_ref) ranks the chosen response first).
+
+log pi(y|x) is the sum over the response's tokens of their log-probabilities at the task's temperature: the
+distribution the policy samples from (`lmprefs sample`, PPO's policy.temperature). Padding after a truncated
+response counts nothing. The reference's log-probabilities are computed once, before training, for every label.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from lmprefs.config import Config
+from lmprefs.config.diff import config_meta, math_changes
+from lmprefs.data.tasks import PAD, TaskContext
+from lmprefs.errors import UserError
+from lmprefs.io.atomic import crash_point
+from lmprefs.io.publish import latest_good
+from lmprefs.models.artifacts import atomic_dir
+from lmprefs.models.lora import lora_modules, using
+from lmprefs.models.policy import Policy
+from lmprefs.models.trunk import response_logits_hidden
+from lmprefs.runtime.runlog import progress
+from lmprefs.training.dpo import (
+    implicit_rewards,
+    listwise_losses,
+    pairwise_losses,
+    preference_stats,
+    sequence_logprobs,
+)
+from lmprefs.training.optim import TFAdam
+from lmprefs.training.reward import Comparisons
+from lmprefs.training.sft import epoch_order
+
+STATS = ("loss", "accuracy", "margin", "chosen_reward", "rejected_reward")
+
+
+def response_logprobs(policy: Policy, queries: Tensor, samples: Tensor, ctx: TaskContext, *, reference: bool = False,
+                      ref_lm=None) -> Tensor:  # fmt: skip
+    """log pi(y|x) [b, S] of the S samples [b, S, T] of each query [b, Q] (unformatted): the policy's, or with
+    `reference` the frozen reference's (ref_lm, or under LoRA the policy's base with its adapters off). Each query
+    runs once for its S samples."""
+    b, S, _ = samples.shape
+    lm = ref_lm if reference and ref_lm is not None else policy.lm
+    r = samples.flatten(0, 1).to(ctx.device)  # [b * S, T]
+    with using(lm, None if reference else policy.adapter), ctx.autocast():
+        _, logits = response_logits_hidden(lm, ctx.format(queries), r, None, S)  # [b * S, T, V'], V' >= vocab
+    return sequence_logprobs(logits[..., : policy.vocab], r, r != PAD, policy.temperature).view(b, S)
+
+
+def chosen(data: Comparisons) -> Tensor:
+    """The chosen response of each question [N]: DPO learns from choices (best_of_N, or scores compared in pairs)."""
+    if data.best is None:
+        raise ValueError("DPO trains on choices between responses; these questions have none (best is None)")
+    return data.best
+
+
+def losses(logp: Tensor, ref: Tensor, best: Tensor, cfg: Config) -> tuple[Tensor, Tensor]:
+    """(the loss of each question [b], the implicit rewards [b, S]) under dpo.loss. A label type with a whole
+    ranking would pass it to listwise_losses in place of `best[:, None]` (full Plackett-Luce)."""
+    d = cfg.dpo
+    h = implicit_rewards(logp, ref, d.beta)
+    if d.loss == "pairwise":
+        return pairwise_losses(logp, ref, best, d.beta), h
+    return listwise_losses(logp, ref, best.unsqueeze(1), d.beta), h
+
+
+@torch.no_grad()
+def all_logprobs(policy: Policy, data: Comparisons, ctx: TaskContext, batch_size: int, *,
+                 reference: bool, ref_lm=None, bar=None) -> Tensor:  # fmt: skip
+    """log pi(y|x) [N, S] of every sample in `data`, in order, without gradients: the policy's, or with `reference`
+    the frozen reference's (ref_lm, or the policy's base with its adapters off)."""
+    out = []
+    for i in range(0, len(data), batch_size):
+        out.append(response_logprobs(policy, data.queries[i : i + batch_size], data.samples[i : i + batch_size], ctx,
+                                     reference=reference, ref_lm=ref_lm).float().cpu())  # fmt: skip
+        if bar is not None:
+            bar.update(len(out[-1]))
+    return torch.cat(out) if out else torch.zeros(0, data.samples.shape[1])
+
+
+def evaluate(policy: Policy, data: Comparisons, ref: Tensor, cfg: Config, ctx: TaskContext) -> dict:
+    """The held-out labels' mean loss, accuracy (the chosen response's implicit reward above every other's),
+    margin and mean implicit rewards of the chosen and the other responses; {} without held-out labels."""
+    if len(data) == 0:
+        return {}
+    logp = all_logprobs(policy, data, ctx, cfg.dpo.microbatch or cfg.dpo.batch_size, reference=False)
+    each, h = losses(logp, ref, chosen(data), cfg)
+    stats = {"loss": each.mean()} | preference_stats(h, chosen(data))
+    return {f"heldout/{k}": float(stats[k]) for k in STATS} | {"heldout/n": len(data)}
+
+
+def trained_parameters(policy: Policy) -> list[torch.nn.Parameter]:
+    """What DPO trains: the policy's adapter under LoRA, else every weight of its LM (never the value head, which
+    DPO has no use for and which is saved as it was)."""
+    if policy.adapter is None:
+        return [p for p in policy.lm.parameters() if p.requires_grad]
+    return [p for m in lora_modules(policy.lm) for p in (m.A[policy.adapter], m.B[policy.adapter])]
+
+
+def checkpoint_step(run_dir: Path) -> int | None:
+    """The optimizer steps done at the run's last good DPO checkpoint (None: no checkpoint)."""
+    found = latest_good(Path(run_dir) / "checkpoint")
+    return None if found is None else int(found[1]["step"])
+
+
+def labels_digest(train: Comparisons, held: Comparisons) -> str:
+    """Which labels a run trains and is evaluated on: their items, choices and weights, in order. A store that
+    gained or lost labels since the checkpoint would make a resumed run another run."""
+    h = hashlib.sha256()
+    for t in (train.items, train.best, train.weights, held.items, held.best):
+        h.update(repr(None if t is None else t.tolist()).encode())
+    return h.hexdigest()
+
+
+def _save_checkpoint(run_dir: Path, cfg: Config, step: int, params, opt, initial: dict, labels: str) -> None:
+    state = {"step": step, "params": [p.detach().cpu() for p in params], "optimizer": opt.state_dict(),
+             "initial": initial}  # fmt: skip
+    meta = {"step": step, "labels": labels, **config_meta(cfg)}
+    with atomic_dir(Path(run_dir) / "checkpoint", meta, keep=1) as tmp:
+        torch.save(state, tmp / "state.pt")
+
+
+def _load_checkpoint(run_dir: Path, cfg: Config, params, opt, labels: str) -> tuple[int, dict]:
+    found = latest_good(Path(run_dir) / "checkpoint")
+    if found is None:
+        raise UserError(f"{run_dir} has no DPO checkpoint to resume")
+    path, manifest = found
+    changed = math_changes(manifest.get("config", {}), config_meta(cfg)["config"])
+    if changed:
+        raise UserError(f"{run_dir}: the checkpoint was trained with another config ({'; '.join(changed[:3])})")
+    if manifest.get("labels") != labels:
+        raise UserError(f"{run_dir}: the label store's labels changed since the checkpoint was written (added, "
+                        "removed or reweighted); resuming would train on others: start a new --run-dir")  # fmt: skip
+    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    with torch.no_grad():
+        for p, v in zip(params, state["params"], strict=True):
+            p.copy_(v)
+    opt.load_state_dict(state["optimizer"])
+    return int(state["step"]), dict(state["initial"])
+
+
+def _step(policy: Policy, train: Comparisons, ref: Tensor, idx: Tensor, cfg: Config, ctx: TaskContext) -> dict:
+    """Forward and backward of one batch `idx` of the training labels, in microbatches of dpo.microbatch whose
+    gradients add up to the batch's mean loss (weighted by labels.weight_by_gold where set); its mean stats."""
+    micro = cfg.dpo.microbatch or len(idx)
+    sums = dict.fromkeys(STATS, 0.0)
+    for m0 in range(0, len(idx), micro):
+        sub = idx[m0 : m0 + micro]
+        mb = train[sub]
+        logp = response_logprobs(policy, mb.queries, mb.samples, ctx)
+        best = chosen(mb).to(logp.device)
+        each, h = losses(logp, ref[sub].to(logp.device), best, cfg)
+        w = mb.weights.to(each.device) if mb.weights is not None else torch.ones_like(each)
+        ((each * w).sum() / len(idx)).backward()
+        part = {"loss": each.detach().mean()} | preference_stats(h.detach(), best)
+        for k in STATS:
+            sums[k] += float(part[k]) * len(sub) / len(idx)
+    return sums
+
+
+def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons, ctx: TaskContext, *, ref_lm=None,
+              log=None, run_dir: Path | None = None, resume: bool = False) -> dict:  # fmt: skip
+    """dpo.epochs passes over `train`, each in a fresh order, dpo.batch_size labels a step; the held-out labels
+    evaluated before and after. ref_lm: the frozen reference (None: the policy's base with its adapter off, LoRA).
+    run_dir: a checkpoint every run.save_interval steps (None: none); resume: continue from it, bitwise as a run
+    that never stopped. Returns the summary; the caller saves the policy."""
+    d, t0 = cfg.dpo, time.time()
+    params = trained_parameters(policy)
+    opt = TFAdam(params, lr=d.lr)
+    ref_batch = d.microbatch or d.batch_size
+    bar = progress(len(train) + len(held), "reference log-probabilities")
+    ref = all_logprobs(policy, train, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar)  # [N, S]
+    held_ref = all_logprobs(policy, held, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar)
+    bar.close()
+    n, bs, digest = len(train), d.batch_size, labels_digest(train, held)
+    total = math.ceil(n / bs) * d.epochs
+    if resume:
+        if run_dir is None:
+            raise ValueError("train_dpo: resume needs the run_dir of the checkpoint")
+        done, initial = _load_checkpoint(run_dir, cfg, params, opt, digest)
+        print(f"resuming {run_dir} at step {done}/{total}", flush=True)
+    else:
+        done, initial = 0, evaluate(policy, held, held_ref, cfg, ctx)
+    policy.train()  # dropout is off in the config (load_lm); train() only for modules that check the mode
+    bar, step, stats = progress(total, "train-dpo", initial=done), 0, {}
+    try:
+        for epoch in range(d.epochs):
+            perm = epoch_order(cfg.run.seed, epoch, n)
+            for start in range(0, n, bs):
+                if step < done:  # trained before the checkpoint this run resumed from
+                    step += 1
+                    continue
+                for group in opt.param_groups:  # linear decay to 0, as every lmprefs trainer
+                    group["lr"] = d.lr * (1 - step / total)
+                opt.zero_grad(set_to_none=True)
+                sums = _step(policy, train, ref, perm[start : start + bs], cfg, ctx)
+                opt.step()
+                stats = {f"dpo/{k}": v for k, v in sums.items()} | {"dpo/lr": opt.param_groups[0]["lr"],
+                                                                     "dpo/epoch": epoch + start / n}  # fmt: skip
+                if not all(math.isfinite(v) for v in stats.values()):
+                    raise FloatingPointError(f"DPO diverged at step {step}: {stats}")
+                if log is not None and step % max(1, cfg.run.log_interval) == 0:
+                    log.scalars(stats, step, phase="dpo")
+                    crash_point("dpo:logged")
+                bar.update(1)
+                bar.set_postfix(loss=f"{stats['dpo/loss']:.3f}", acc=f"{stats['dpo/accuracy']:.2f}")
+                step += 1
+                if run_dir is not None and step % max(1, cfg.run.save_interval) == 0 and step < total:
+                    _save_checkpoint(run_dir, cfg, step, params, opt, initial, digest)
+                    crash_point("dpo:saved")
+    finally:
+        bar.close()
+    policy.eval()
+    final = evaluate(policy, held, held_ref, cfg, ctx)
+    summary = {f"initial_{k}": v for k, v in initial.items()} | final
+    summary |= {"dpo/labels_train": n, "dpo/steps": total, "elapsed/time": time.time() - t0}
+    if log is not None:
+        log.scalars(summary, total, phase="dpo")
+    return summary

@@ -1,0 +1,110 @@
+"""lmprefs train-dpo on the tiny preset: labels of a simulated labeler with a preference the tiny model can learn
+(more commas), a run that raises the held-out preference accuracy and margin and saves a policy `lmprefs sample`
+reads, a run killed after a checkpoint that resumes to bitwise the same weights, and LoRA with the listwise loss."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmprefs.cli.dispatch import main
+from lmprefs.io.jsonl import read_jsonl
+from lmprefs.labels.labelers import ScoreLabeler, label_items
+from lmprefs.labels.store import LabelStore
+
+# 96 pairs, a quarter held out: 9 steps of 8 labels
+PAIRS = ["--labels.type", "best_of_2", "--labels.num-train", "1000", "--labels.heldout-fraction", "0.25",
+         "--dpo.lr", "2e-3", "--dpo.batch-size", "8", "--run.save-interval", "3"]  # fmt: skip
+
+
+def commas(texts: list[str]) -> list[float]:
+    """The simulated labeler's score: commas in the response (ties are broken at random, as a labeler's are)."""
+    return [float(t.count(",")) for t in texts]
+
+
+def labeled_store(path, n: int, label_type: str):
+    """A label store of n questions sampled from the tiny preset's initial policy, answered by `commas`."""
+    assert main(["label", "tiny", "--db", str(path), "--n", str(n), "--labeler", "none",
+                 "--labels.type", label_type]) == 0  # fmt: skip
+    assert label_items(LabelStore(path), ScoreLabeler(commas, seed=0), "commas") == n
+    return path
+
+
+@pytest.fixture(scope="module")
+def dpo_run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dpo")
+    db = labeled_store(d / "pairs.sqlite", 96, "best_of_2")
+    assert main(["train-dpo", "tiny", "--db", str(db), "--out", str(d / "run"), *PAIRS]) == 0
+    return d
+
+
+def dpo_rows(run_dir):
+    return [{k: v for k, v in r.items() if k != "elapsed/time"} for r in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+def test_dpo_raises_heldout_preference_accuracy_and_margin(dpo_run, capsys):
+    run = dpo_run / "run"
+    rows = [r for r in read_jsonl(run / "metrics.jsonl") if r["phase"] == "dpo"]
+    steps = [r for r in rows if "dpo/loss" in r]
+    assert [r["step"] for r in steps] == list(range(9))
+    summary = rows[-1]
+    # the policy starts as its reference: every implicit reward is 0, the loss log 2, and no chosen response is ahead
+    assert summary["initial_heldout/loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert summary["initial_heldout/accuracy"] == 0 and summary["initial_heldout/margin"] == 0
+    assert summary["heldout/accuracy"] > 0.6 and summary["heldout/margin"] > 0.03, summary  # chance: 0.5
+    assert summary["heldout/loss"] < summary["initial_heldout/loss"]
+    assert steps[-1]["dpo/margin"] > steps[0]["dpo/margin"]
+    assert {"dpo/loss", "dpo/accuracy", "dpo/margin", "dpo/chosen_reward", "dpo/rejected_reward"} <= set(steps[0])
+    assert list((run / "logs" / "dpo").glob("events.out.tfevents.*"))
+    # saved as train-policy saves a policy: a Hugging Face directory `lmprefs sample` loads
+    assert (run / "policy" / "model.safetensors").is_file()
+    assert json.loads((run / "policy" / "lmprefs.json").read_text())["kind"] == "policy"
+    capsys.readouterr()
+    assert main(["sample", str(run), "--n", "2"]) == 0
+    assert capsys.readouterr().out.count("=" * 80) == 2
+
+
+def test_a_killed_dpo_run_resumes_to_bitwise_the_same_policy(dpo_run, tmp_path, monkeypatch):
+    from lmprefs.io import atomic
+
+    class Killed(BaseException):  # what no lmprefs code catches, as a kill -9 would end the run
+        pass
+
+    def die_after_step_7(at: str, hits=[]) -> None:  # noqa: B006 (counts arrivals across calls)
+        if at == "dpo:logged":
+            hits.append(at)
+            if len(hits) == 8:  # steps 0..7 logged; the last checkpoint holds 6 steps
+                raise Killed
+
+    monkeypatch.setattr(atomic, "crash_hook", die_after_step_7)
+    run = tmp_path / "run"
+    args = ["train-dpo", "tiny", "--db", str(dpo_run / "pairs.sqlite"), "--run-dir", str(run), *PAIRS]
+    with pytest.raises(Killed):
+        main(args)
+    monkeypatch.setattr(atomic, "crash_hook", None)
+    assert not (run / "policy").exists()
+    assert main(args) == 2  # a second start would train over the checkpoint from scratch
+    assert main(["train-dpo", "tiny", "--run-dir", str(run), "--db", str(tmp_path / "other.sqlite"), "--resume"]) == 2
+    assert main(["train-dpo", "tiny", "--run-dir", str(run), "--resume"]) == 0
+    a = load_file(run / "policy" / "model.safetensors")
+    b = load_file(dpo_run / "run" / "policy" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert dpo_rows(run) == dpo_rows(dpo_run / "run")  # steps 6 and 7 logged again, each once
+
+
+def test_lora_listwise_dpo_on_best_of_4_saves_an_adapter_and_starts_at_its_reference(tmp_path, capsys):
+    db = labeled_store(tmp_path / "four.sqlite", 32, "best_of_4")
+    run = tmp_path / "run"
+    assert main(["train-dpo", "tiny", "--db", str(db), "--run-dir", str(run), "--dpo.loss", "listwise",
+                 "--lora.rank", "4", "--dpo.lr", "1e-2", "--dpo.batch-size", "8",
+                 "--labels.heldout-fraction", "0.25"]) == 0  # fmt: skip
+    assert "held-out" in capsys.readouterr().out
+    summary = read_jsonl(run / "metrics.jsonl")[-1]
+    # the reference is the base with the adapter off: at the start the top-1 Plackett-Luce loss is log 4 exactly
+    assert summary["initial_heldout/loss"] == pytest.approx(math.log(4), abs=1e-6)
+    assert summary["heldout/loss"] < summary["initial_heldout/loss"], summary
+    adapter = json.loads((run / "policy" / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and (run / "policy" / "model.safetensors").is_file()  # and the merged model
+    assert main(["sample", str(run), "--n", "1"]) == 0
