@@ -119,7 +119,7 @@ def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> H
         if undo and undo[1] == item.id:
             undo = None  # already answering it again
     return render(request, "label.html", user=user, csrf=user.session.csrf, item=item, options=options,
-                  progress=progress, flash=flash, redo=redo, undo=undo)  # fmt: skip
+                  progress=progress, flash=flash, redo=redo, undo=undo, undo_seconds=st.undo_seconds)  # fmt: skip
 
 
 def _order(st: State, labeler: str, item_id: int, n: int) -> list[int]:

@@ -166,7 +166,7 @@ def failure_keys(request: Request, token: str) -> list[str]:
 def too_many(wait: float) -> tuple[str, dict[str, str]]:
     """The 429's message and headers for a client that must wait `wait` seconds."""
     seconds = max(1, math.ceil(wait))
-    return f"Too many wrong tokens from your address; try again in {seconds} s.", {"Retry-After": str(seconds)}
+    return f"Too many wrong tokens; try again in {seconds} s.", {"Retry-After": str(seconds)}
 
 
 def client_of(request: Request) -> str:

@@ -109,6 +109,15 @@ def test_every_route_but_sign_in_and_static_needs_a_session(app, db):
     assert counts(db) == before
 
 
+def test_head_answers_like_get_without_a_body(app, tokens):
+    anonymous, alice = TestClient(app, follow_redirects=False), sign_in(app, tokens["alice"])
+    for client, path in ((anonymous, "/login"), (alice, "/label"), (alice, "/admin"), (anonymous, "/label")):
+        get, head = client.get(path), client.head(path)
+        assert head.status_code == get.status_code in (200, 303), path
+        assert head.content == b"" and head.headers.get("content-type") == get.headers.get("content-type"), path
+        assert head.headers.get("location") == get.headers.get("location"), path
+
+
 def test_sign_in_sets_a_safe_cookie_and_never_puts_the_token_in_a_url(app, tokens):
     client = TestClient(app, follow_redirects=False)
     form = client.get("/login")
