@@ -35,6 +35,9 @@ def cmd_serve(argv: list[str]) -> int:
     p.add_argument("--no-shuffle", action="store_true", help="show options in stored order (no position-bias check)")
     p.add_argument("--undo-seconds", type=float, default=60, help="how long a labeler can change an answer")
     p.add_argument("--fast-seconds", type=float, default=3, help="answers quicker than this are marked too fast")
+    p.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDRESS",
+                   help="address or network (10.0.0.0/8) of a reverse proxy in front of the app whose "
+                        "X-Forwarded-For and -Proto are believed (repeatable; default: believe no one)")  # fmt: skip
     a = p.parse_args(argv)
     if not 0 <= a.port <= 65535:
         raise UserError(f"--port {a.port}: must be 0..65535")
@@ -48,6 +51,12 @@ def cmd_serve(argv: list[str]) -> int:
     for flag, value in (("--undo-seconds", a.undo_seconds), ("--fast-seconds", a.fast_seconds)):
         if not 0 <= value < 86400:
             raise UserError(f"{flag} {value}: must be in [0, 86400)")
+    from lmprefs.server.live import proxy_addresses
+
+    try:
+        trusted = proxy_addresses(a.trusted_proxy)
+    except ValueError as e:
+        raise UserError(f"--trusted-proxy {e}") from None
     store = _existing_store(a.db)
     if a.batch is not None and not store.item_count(batch=a.batch):
         known = sorted(set(store.item_batches("").values()) - {None})
@@ -76,7 +85,7 @@ def cmd_serve(argv: list[str]) -> int:
     print(f"lmprefs serve: {url(sock)}/  task {a.task}, {pending} items pending, {tokens} labelers with tokens"
           + ("" if tokens else f" (add one: lmprefs labelers add NAME --admin --db {a.db})"), flush=True)  # fmt: skip
     try:
-        server(app).run(sockets=[sock])  # returns after Ctrl-C
+        server(app, trusted_proxies=trusted).run(sockets=[sock])  # returns after Ctrl-C
     finally:
         sock.close()
     return 0

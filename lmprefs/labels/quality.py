@@ -2,7 +2,8 @@
 interval, agreement with the majority of the other labelers and chance-corrected agreement (Cohen's kappa per pair,
 Fleiss' kappa over everyone), which displayed position they pick (position bias), and their time on task.
 
-All of it counts `label`s on best_of_N items only; skips and flags are not judgements. Answers are compared by the
+All of it counts `label`s on best_of_N items only; skips and flags are not judgements. Gold accuracy counts each
+labeler's first answer to a gold question, so changing an answer with undo cannot raise it. Answers are compared by the
 stored sample index (`best`), so two labelers shown different orders still agree when they pick the same text.
 """
 
@@ -103,15 +104,15 @@ def quality(store) -> Quality:
     seconds: dict[str, list[float]] = defaultdict(list)
     by_item: dict[int, dict[str, int]] = defaultdict(dict)
     width = 0
-    for item_id, name, kind, best, shown, secs, gold_best in rows:
+    for item_id, name, kind, best, shown, secs, gold_best, first_kind, first_best in rows:
         if secs is not None:
             seconds[name].append(secs)
+        if gold_best is not None and first_kind == "label":  # the first answer: an undo cannot improve it
+            gold[name][0] += first_best == gold_best
+            gold[name][1] += 1
         if kind != "label":
             continue
         by_item[item_id][name] = best
-        if gold_best is not None:
-            gold[name][0] += best == gold_best
-            gold[name][1] += 1
         if shown:
             width = max(width, len(shown))
             positions[name][shown.index(best)] += 1

@@ -2,7 +2,8 @@
 
 Every call needs `Authorization: Bearer TOKEN` with an admin's token from `lmprefs labelers add NAME --admin`; no
 cookie is read here, so a web page cannot make a signed-in browser call the API (no CSRF), and wrong tokens are
-throttled with the sign-in form's. The schema is at /api/openapi.json.
+throttled with the sign-in form's. The schema is at /api/openapi.json: it names the bearer scheme, so generated
+clients send the token, and documents each call's errors, whose body is always `{"detail": "one line"}` (ErrorOut).
 
   GET  /api/me                 who the token belongs to
   POST /api/items              queue questions (with an optional gold answer); idempotent like LabelStore.add_item
@@ -14,18 +15,44 @@ throttled with the sign-in form's. The schema is at /api/openapi.json.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Path, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.quality import quality as quality_of
 from lmprefs.labels.store import Item
-from lmprefs.server.security import Caller, client_of
+from lmprefs.server.security import Caller, failure_keys, too_many
 
 MAX_ITEMS = 1000  # per POST /api/items; the client sends larger lists in chunks
+
+
+class ErrorOut(BaseModel):
+    """Every error the API answers, 4xx or 5xx: one line saying what went wrong and how to fix it."""
+
+    detail: str = Field(description="what went wrong, in one line")
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "No token, or a wrong one (send `Authorization: Bearer TOKEN`)."},
+    403: {"description": "The token is a labeler's, not an admin's."},
+    404: {"description": "There is no such item."},
+    413: {"description": "The request body is over 4 MiB (send at most 1000 questions per call)."},
+    422: {"description": "A parameter or the body is invalid; the detail names which and why. Nothing was stored."},
+    429: {
+        "description": "Too many wrong tokens from this address or starting like this one; wait for Retry-After "
+        "seconds. A right token is never refused.",
+        "headers": {"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}},
+    },
+}
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI `responses` of these error codes, each with the body every API error has (ErrorOut)."""
+    return {code: {"model": ErrorOut, **ERRORS[code]} for code in codes}
 
 
 class ItemIn(BaseModel):
@@ -87,18 +114,26 @@ class QualityOut(BaseModel):
     fleiss_items: int
 
 
-def api_user(request: Request, authorization: Annotated[str | None, Header(max_length=300)] = None) -> Caller:
-    """The admin whose bearer token authorizes this call."""
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
+                    description="An admin's token from `lmprefs labelers add NAME --admin`.")  # fmt: skip
+
+
+def api_user(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)]
+) -> Caller:
+    """The admin whose bearer token authorizes this call. Only wrong tokens are throttled: a right one always
+    gets in, whoever else shares its address."""
     st = request.app.state.lmprefs
-    wait = st.throttle.wait(client_of(request))
-    if wait:
-        raise HTTPException(429, f"Too many wrong tokens from your address; try again in {wait:.0f} s.")
-    scheme, _, token = (authorization or "").partition(" ")
-    labeler = st.store.labeler_for_token(token.strip()) if scheme.lower() == "bearer" and token.strip() else None
+    token = credentials.credentials.strip() if credentials else ""
+    labeler = st.store.labeler_for_token(token) if 0 < len(token) <= 200 else None
     if labeler is None:
-        if authorization:
-            st.throttle.failed(client_of(request))
-        raise HTTPException(401, "Send an admin's token as 'Authorization: Bearer TOKEN' (lmprefs labelers add).")
+        if request.headers.get("authorization"):  # a token was sent, and it is wrong
+            wait = st.throttle.failed(failure_keys(request, token))
+            if wait:
+                message, headers = too_many(wait)
+                raise HTTPException(429, message, headers=headers)
+        raise HTTPException(401, "Send an admin's token as 'Authorization: Bearer TOKEN' (lmprefs labelers add).",
+                            headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
     if not labeler.is_admin:
         raise HTTPException(403, f"{labeler.name!r} is not an admin; the API is for admins' tokens.")
     return Caller(labeler.id, labeler.name, True)  # no session: the API keeps none
@@ -142,7 +177,7 @@ def get_item(request: Request, user: Admin, item_id: Annotated[int, Path(ge=1, l
 def labels(
     request: Request,
     user: Admin,
-    since_id: Annotated[int, Query(ge=0)] = 0,
+    since_id: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # a label id is a signed 64-bit integer
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     label_type: Annotated[str | None, Query(max_length=30)] = None,
 ) -> LabelsOut:
@@ -180,14 +215,15 @@ def quality(request: Request, user: Admin) -> QualityOut:
 
 def install(app: FastAPI) -> None:
     """Add the API's routes to `app` (on the app itself, so they list among app.routes like the pages)."""
-    for method, path, endpoint in (
-        ("GET", "/api/me", me),
-        ("POST", "/api/items", add_items),
-        ("GET", "/api/items/{item_id}", get_item),
-        ("GET", "/api/labels", labels),
-        ("GET", "/api/quality", quality),
+    every = (401, 403, 429)  # every call needs an admin's token
+    for method, path, endpoint, failures in (
+        ("GET", "/api/me", me, every),
+        ("POST", "/api/items", add_items, (*every, 413, 422)),
+        ("GET", "/api/items/{item_id}", get_item, (*every, 404, 422)),
+        ("GET", "/api/labels", labels, (*every, 422)),
+        ("GET", "/api/quality", quality, every),
     ):
-        app.add_api_route(path, endpoint, methods=[method], tags=["api"])
+        app.add_api_route(path, endpoint, methods=[method], tags=["api"], responses=errors(*sorted(failures)))
 
 
 # -- errors: JSON under /api, the HTML error page elsewhere -------------------------------------------------------

@@ -1,12 +1,13 @@
 """The labeling web app: `create_app(store_path, task)` builds the FastAPI application.
 
-Routes (all pages server-rendered with Jinja2, autoescaped; one small script for the keyboard):
+Routes (all pages server-rendered with Jinja2, autoescaped; one small script for the keyboard; every GET page answers
+HEAD too):
   GET  /login, POST /login   sign in with a token from `lmprefs labelers add` (the only open routes, with /static)
   POST /logout
   GET  /label                the labeler's current question (options in this labeler's shuffled order), progress
   POST /label                one answer to the item leased to this labeler: item_id, choice = displayed position
                              0..N-1 | "skip" | "flag", optional note; 303 to /label
-  POST /undo                 answer the last item again (within `undo_seconds`); the new answer replaces the old
+  POST /undo                 answer the last item again (within `undo_seconds` of the answer); the new one replaces it
   GET  /admin                counts, throughput, quality control, flags, export form (admins only)
   POST /admin/item           retire / restore an item, or mark it gold with its right answer (admins only)
   GET  /admin/export         ?format=openai|pairs|comparisons[&label_type=...]: download (admins only)
@@ -36,7 +37,7 @@ from lmprefs.server import admin, api, labeling
 from lmprefs.server.instructions import TASKS
 from lmprefs.server.pages import ITEM_ID, State, render, single_valued
 from lmprefs.server.queue import Queue
-from lmprefs.server.security import NotSignedIn, SecurityMiddleware, Sessions, Throttle
+from lmprefs.server.security import CROSS_SITE, NotSignedIn, SecurityMiddleware, Sessions, Throttle, cross_site
 
 HERE = Path(__file__).parent
 
@@ -47,6 +48,8 @@ HERE = Path(__file__).parent
 def _not_signed_in(request: Request, exc: NotSignedIn) -> Response:
     if request.method in ("GET", "HEAD"):
         return RedirectResponse("/login", 303)
+    if cross_site(request):  # a forgery, sent without the victim's cookie (SameSite): their session has not ended
+        return render(request, "error.html", 403, status=403, message=CROSS_SITE)
     if request.url.path == "/label":  # an answer lost to an expired session (a restart): say so, and come back to it
         form = getattr(request, "_form", None)  # parsed by the dependencies before the session check failed
         item = form.get("item_id") if form is not None else None
@@ -126,15 +129,16 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, api.http_error(_http_error))  # ours, and 404/405 from routing
     app.add_exception_handler(RequestValidationError, api.invalid(_invalid))
     html: dict[str, Any] = {"response_class": HTMLResponse, "include_in_schema": False}
+    page: dict[str, Any] = {**html, "methods": ["GET", "HEAD"]}  # HEAD: the GET's status and headers, no body
     form: dict[str, Any] = {**html, "dependencies": [Depends(single_valued)]}
-    app.get("/", **html)(labeling.index)
-    app.get("/login", **html)(labeling.login_form)
+    app.api_route("/", **page)(labeling.index)
+    app.api_route("/login", **page)(labeling.login_form)
     app.post("/login", **form)(labeling.login)
     app.post("/logout", **form)(labeling.logout)
-    app.get("/label", **html)(labeling.label_page)
+    app.api_route("/label", **page)(labeling.label_page)
     app.post("/label", **form)(labeling.submit_label)
     app.post("/undo", **form)(labeling.undo)
-    app.get("/admin", **html)(admin.admin_page)
+    app.api_route("/admin", **page)(admin.admin_page)
     app.post("/admin/item", **form)(admin.admin_item)
     app.get("/admin/export", include_in_schema=False)(admin.export)
     api.install(app)

@@ -23,14 +23,15 @@ from lmprefs.server.security import (
     SESSION_COOKIE,
     NotSignedIn,
     User,
-    client_of,
     cookie_name,
     cross_site,
     csrf_checked,
     delete_cookie,
+    failure_keys,
     same,
     set_cookie,
     signed_in,
+    too_many,
 )
 
 
@@ -66,18 +67,22 @@ def login(
     if cross_site(request) or not same(csrf, request.cookies.get(cookie_name(request, LOGIN_COOKIE))):
         return login_page(request, 403, "The sign-in form expired or came from another site; please try again.",
                           resume_id)  # fmt: skip
-    wait = st.throttle.wait(client_of(request))
-    if wait:
-        return login_page(request, 429, f"Too many wrong tokens from your address; try again in {wait:.0f} s.",
-                          resume_id)  # fmt: skip
-    labeler = st.store.labeler_for_token(token.strip())
-    if labeler is None:
-        st.throttle.failed(client_of(request))
+    token = token.strip()
+    labeler = st.store.labeler_for_token(token)
+    if labeler is None:  # only wrong tokens count and wait: a right one always gets in
+        wait = st.throttle.failed(failure_keys(request, token))
+        if wait:
+            message, headers = too_many(wait)
+            refused = login_page(request, 429, message, resume_id)
+            refused.headers.update(headers)
+            return refused
         return login_page(request, 401, "That token is not valid. Ask an admin for one (lmprefs labelers add).",
                           resume_id)  # fmt: skip
     st.sessions.close(request.cookies.get(cookie_name(request, SESSION_COOKIE)))  # a fresh id each sign-in
-    session = st.sessions.open(labeler.id, token_hash(token.strip()), st.store.store_id)
-    if resume_id is not None and st.queue.take(labeler.name, resume_id):
+    session = st.sessions.open(labeler.id, token_hash(token), st.store.store_id)
+    # `resume` only names the item whose answer was lost, for the message: what is served is the labeler's own lease,
+    # or the queue's next pick, never an item the form chose (a forged or edited form could name any item)
+    if resume_id is not None and (item := st.queue.current(labeler.name)) is not None and item.id == resume_id:
         session.flash = f"Signed in again: here is item {resume_id}, whose answer was not saved. Please answer again."
     response = RedirectResponse("/label", 303)
     set_cookie(response, request, SESSION_COOKIE, session.sid)
@@ -104,7 +109,7 @@ def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> H
     st = state(request)
     item = st.queue.current(user.name)
     flash, user.session.flash = user.session.flash, None
-    progress = st.queue.progress(user.id, user.name)
+    progress = st.queue.progress(user.id, user.name, serving=item is not None)
     options, redo, undo = [], False, _last_answer(st, user)
     if item is not None:
         order = _order(st, user.name, item.id, len(item.samples))
@@ -114,7 +119,7 @@ def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> H
         if undo and undo[1] == item.id:
             undo = None  # already answering it again
     return render(request, "label.html", user=user, csrf=user.session.csrf, item=item, options=options,
-                  progress=progress, flash=flash, redo=redo, undo=undo)  # fmt: skip
+                  progress=progress, flash=flash, redo=redo, undo=undo, undo_seconds=st.undo_seconds)  # fmt: skip
 
 
 def _order(st: State, labeler: str, item_id: int, n: int) -> list[int]:
@@ -169,7 +174,7 @@ def undo(request: Request, user: Annotated[User, Depends(csrf_checked)]) -> Resp
     last = _last_answer(st, user)
     if last is None:
         raise HTTPException(409, f"There is no answer of yours from the last {st.undo_seconds:.0f} s to undo.")
-    if not st.queue.take(user.name, last[1], redo=True):
+    if not st.queue.redo(user.name, last[1]):
         raise HTTPException(409, f"Item {last[1]} was retired by an admin; its answer cannot be changed.")
     user.session.flash = f"Answer item {last[1]} again: your new answer replaces the earlier one."
     return RedirectResponse("/label", 303)

@@ -3,6 +3,7 @@ starts) and `running`, a context manager that serves an app from a background th
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 import threading
 import time
@@ -33,16 +34,41 @@ def url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def server(app, *, log_level: str = "info", access_log: bool = True) -> uvicorn.Server:
-    # server_header off: no need to tell the world the server's name and version
-    return uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=access_log, server_header=False))
+def server(
+    app, *, log_level: str = "info", access_log: bool = True, trusted_proxies: list[str] | None = None
+) -> uvicorn.Server:
+    """A uvicorn server for `app`. `X-Forwarded-For` and `X-Forwarded-Proto` are read only from the addresses or
+    networks in `trusted_proxies` (none by default): uvicorn would trust them from 127.0.0.1, so anything on this
+    machine could pose as any address (and dodge the wrong-token throttle) or as HTTPS."""
+    config = uvicorn.Config(
+        app,
+        log_level=log_level,
+        access_log=access_log,
+        server_header=False,  # no need to tell the world the server's name and version
+        proxy_headers=bool(trusted_proxies),
+        forwarded_allow_ips=list(trusted_proxies or []),
+    )
+    return uvicorn.Server(config)
+
+
+def proxy_addresses(values: list[str]) -> list[str]:
+    """The `--trusted-proxy` values, each an IP address or network (10.0.0.0/8); raises ValueError naming a bad
+    one. A name or `*` is refused: the proxy must be the one machine (or network) the admin runs."""
+    for value in values:
+        try:
+            ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address or network (like 127.0.0.1 or 10.0.0.0/8)") from None
+    return values
 
 
 @contextmanager
-def running(app, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+def running(
+    app, host: str = "127.0.0.1", port: int = 0, *, trusted_proxies: list[str] | None = None
+) -> Iterator[str]:
     """Serve `app` on host:port from a daemon thread; yields the base URL, stops the server on exit."""
     sock = bind(host, port)
-    srv = server(app, log_level="warning", access_log=False)
+    srv = server(app, log_level="warning", access_log=False, trusted_proxies=trusted_proxies)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20

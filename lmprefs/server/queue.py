@@ -38,7 +38,7 @@ class Progress:
     labeled: int
     skipped: int
     flagged: int
-    remaining: int  # pending best_of_N items this labeler has not answered
+    remaining: int  # pending best_of_N items this labeler has not answered, and gold questions they may be served
 
 
 @dataclass(frozen=True)
@@ -87,9 +87,9 @@ class Queue:
     def answered(self, item_id: int, labeler: str) -> bool:
         return self.store.has_answered(item_id, labeler)
 
-    def _servable(self, item_id: int, labeler: str, redo: bool = False, queued: bool = False) -> bool:
-        """See `LabelStore.servable`; `queued`: an item this queue serves (its batch, or gold)."""
-        return self.store.servable(item_id, labeler, batch=self.batch, redo=redo, queued=queued)
+    def _servable(self, item_id: int, labeler: str, redo: bool = False) -> bool:
+        """See `LabelStore.servable`."""
+        return self.store.servable(item_id, labeler, redo=redo)
 
     def apply_overlap(self) -> None:
         """Items added since the last call that fall in the shared pool want at least overlap_k labels."""
@@ -161,18 +161,25 @@ class Queue:
             if labeler in self._current and self._current[labeler].item_id == item_id:
                 del self._current[labeler]
 
-    def take(self, labeler: str, item_id: int, *, redo: bool = False) -> bool:
-        """Lease `item_id` to `labeler` now if it may be served to them: after an undo (`redo`: they answer it again)
-        or after signing in again to answer the item a lost session took away (then only an item this queue would
-        serve them). False if not servable."""
-        if not self._servable(item_id, labeler, redo, queued=not redo):
+    def redo(self, labeler: str, item_id: int) -> bool:
+        """After an undo: lease `item_id` to `labeler` again, to answer it anew (the answer replaces theirs). False
+        if the item can no longer be served (an admin retired it). The only way a labeler is handed a given item:
+        what they are served otherwise is the queue's choice."""
+        if not self._servable(item_id, labeler, redo=True):
             return False
         now = time.time()
         with self._lock:
-            self._current[labeler] = Lease(item_id, now + self.lease_seconds, now, redo)
+            self._current[labeler] = Lease(item_id, now + self.lease_seconds, now, redo=True)
         return True
 
-    def progress(self, labeler_id: int, labeler: str) -> Progress:
+    def progress(self, labeler_id: int, labeler: str, *, serving: bool = True) -> Progress:
+        """`labeler`'s answers so far and how many items are left for them; `serving`: whether they have an item now
+        (without one, nothing is left). The gold questions they may still be served count as left too, so the count
+        drops by one with every answer, gold or not: a count that stood still would mark the answer as gold."""
         kinds = self.store.answer_counts(labeler_id)
-        remaining = self.store.open_count(labeler, batch=self.batch)
+        remaining = 0
+        if serving:
+            remaining = self.store.open_count(labeler, batch=self.batch)
+            if self.gold_rate:
+                remaining += len(self.store.unanswered_gold(labeler))
         return Progress(kinds.get("label", 0), kinds.get("skip", 0), kinds.get("flag", 0), remaining)

@@ -9,17 +9,23 @@ row, so `lmprefs labelers revoke` ends the labeler's open sessions at once and a
 Cookies are per server: browsers scope cookies by host, not port, so every server on one host would otherwise share
 one cookie (two lmprefs servers would sign each other out, and a page on another local port could plant a session).
 The cookie name carries a hash of this store's id and the listening port, and the `__Host-` prefix under HTTPS (the
-browser then refuses the cookie from plain http or with a Domain). Wrong sign-in tokens are throttled per client.
+browser then refuses the cookie from plain http or with a Domain). Wrong tokens are throttled per address and per
+token prefix; a right token always gets in. The address is the connection's: `X-Forwarded-For` and
+`X-Forwarded-Proto` are read only from a proxy the admin named (`lmprefs serve --trusted-proxy`, see live.py).
 
 CSRF: every POST carries the session's CSRF token (hidden form field or `X-CSRF-Token` header), compared in constant
 time; the sign-in form, which has no session yet, uses a double-submit cookie instead. On top of that the session
-cookie is SameSite=Strict and a POST whose `Origin` or `Sec-Fetch-Site` says it came from another site is refused.
+cookie is SameSite=Strict and a POST whose `Origin` or `Sec-Fetch-Site` says it came from another site is refused
+with 403. A forged POST arrives without the session cookie (SameSite keeps it back), so it is refused as a forgery,
+never answered as if the victim's session had ended: their session stays open.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
+import math
 import secrets
 import threading
 import time
@@ -34,7 +40,8 @@ SESSION_COOKIE = "lmprefs_session"  # the cookie names' stem; see cookie_name()
 LOGIN_COOKIE = "lmprefs_login"  # double-submit CSRF token of the sign-in form
 MAX_BODY = 64 * 1024  # a judgement is a few hundred bytes; anything bigger is not ours
 MAX_API_BODY = 4 * 1024 * 1024  # POST /api/items: up to 1000 questions per call
-MAX_FAILURES, FAILURE_WINDOW = 5, 60.0  # wrong tokens per client per window before it must wait
+MAX_FAILURES, FAILURE_WINDOW = 5, 60.0  # wrong tokens per address or token prefix per window before 429
+TOKEN_PREFIX = 8  # wrong tokens that start alike count together, from any address
 
 # no inline script or style anywhere, so the policy can forbid both
 CSP = (
@@ -120,32 +127,54 @@ class Sessions:
 
 
 class Throttle:
-    """At most `max_failures` wrong sign-in tokens per client in `window` seconds; after that the client waits until
-    the oldest failure leaves the window. Thread-safe; memory is bounded by pruning stale clients."""
+    """Wrong tokens, counted per key (the client's address, the first characters of the token tried): once a key has
+    `max_failures` wrong tokens in `window` seconds, its next wrong tokens are answered 429 until the oldest failure
+    leaves the window. Only wrong tokens are counted and refused, never a right one: labelers behind one NAT or proxy,
+    or an admin's training client beside them, keep signing in while someone there types wrong tokens (a token has
+    256 random bits, so the 429 is a signal to stop, not the guard against guessing). Thread-safe; memory is bounded
+    by pruning stale keys."""
 
     def __init__(self, max_failures: int = MAX_FAILURES, window: float = FAILURE_WINDOW) -> None:
         self.max_failures, self.window = max_failures, window
         self._failures: dict[str, list[float]] = {}
         self._lock = threading.Lock()
 
-    def wait(self, client: str) -> float:
-        """Seconds `client` must wait before its next try (0: may try now)."""
-        now = time.time()
-        with self._lock:
-            recent = [t for t in self._failures.get(client, []) if now - t < self.window]
-            return recent[0] + self.window - now if len(recent) >= self.max_failures else 0.0
-
-    def failed(self, client: str) -> None:
-        now = time.time()
+    def failed(self, keys: list[str]) -> float:
+        """Count one wrong token against each of `keys`. Returns the seconds to wait before trying again if a key
+        was already at the limit (answer 429), else 0 (answer 401)."""
+        now, wait = time.time(), 0.0
         with self._lock:
             if len(self._failures) > 10_000:
                 self._failures = {k: v for k, v in self._failures.items() if now - v[-1] < self.window}
-            recent = [t for t in self._failures.get(client, []) if now - t < self.window]
-            self._failures[client] = (recent + [now])[-self.max_failures :]
+            for key in keys:
+                recent = [t for t in self._failures.get(key, []) if now - t < self.window]
+                if len(recent) >= self.max_failures:
+                    wait = max(wait, recent[0] + self.window - now)
+                self._failures[key] = (recent + [now])[-self.max_failures :]
+        return wait
+
+
+def failure_keys(request: Request, token: str) -> list[str]:
+    """What a wrong token counts against: the client's address (the connection's, or the one a proxy the admin
+    trusts reports) and, for a token of some length, its first characters."""
+    keys = [f"address:{client_of(request)}"]
+    if len(token) >= TOKEN_PREFIX:
+        keys.append(f"token:{token[:TOKEN_PREFIX]}")
+    return keys
+
+
+def too_many(wait: float) -> tuple[str, dict[str, str]]:
+    """The 429's message and headers for a client that must wait `wait` seconds."""
+    seconds = max(1, math.ceil(wait))
+    return f"Too many wrong tokens; try again in {seconds} s.", {"Retry-After": str(seconds)}
 
 
 def client_of(request: Request) -> str:
     return request.client.host if request.client else "?"
+
+
+CROSS_SITE = ("This request came from another site, so it was refused and nothing was saved. If you are signed in "
+              "here, you still are: open the labeling page and go on.")
 
 
 def cross_site(request: Request) -> bool:
@@ -230,9 +259,10 @@ def csrf_checked(
 
 class SecurityMiddleware:
     """Adds the security headers to every response, `Cache-Control: no-store` to pages (they hold CSRF tokens and
-    labelers' progress), and refuses request bodies over MAX_BODY (MAX_API_BODY under /api/) with 413. The body is
-    read here in full before the app sees it (it is small): a chunked body has no content-length to check up front,
-    and an error raised mid-parse would reach the app's form parser, which answers 400."""
+    labelers' progress), and refuses request bodies over MAX_BODY (MAX_API_BODY under /api/) with 413 (as JSON under
+    /api/, like the API's other errors). The body is read here in full before the app sees it (it is small): a
+    chunked body has no content-length to check up front, and an error raised mid-parse would reach the app's form
+    parser, which answers 400. A HEAD request gets the GET response's status and headers without its body."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -241,10 +271,11 @@ class SecurityMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = MAX_API_BODY if scope["path"].startswith("/api/") else MAX_BODY
+        api = scope["path"].startswith("/api/")
+        limit = MAX_API_BODY if api else MAX_BODY
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
-            await self._reply(send, 413, b"request body too large")
+            await self._too_large(send, limit, api)
             return
         chunks, seen, more = [], 0, True
         while more:
@@ -253,7 +284,7 @@ class SecurityMiddleware:
                 return
             seen += len(message.get("body", b""))
             if seen > limit:
-                await self._reply(send, 413, b"request body too large")
+                await self._too_large(send, limit, api)
                 return
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
@@ -272,12 +303,19 @@ class SecurityMiddleware:
                 if not scope["path"].startswith("/static/"):
                     headers.append((b"cache-control", b"no-store"))
                 message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body" and scope["method"] == "HEAD":
+                message = {**message, "body": b""}
             await send(message)
 
         await self.app(scope, replay, send_with_headers)
 
     @staticmethod
-    async def _reply(send: Send, status: int, body: bytes) -> None:
-        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": headers + HEADERS})
+    async def _too_large(send: Send, limit: int, api: bool) -> None:
+        text = f"request body too large (at most {limit // 1024} KiB)"
+        if api:
+            body, kind = json.dumps({"detail": text}).encode(), b"application/json"
+        else:
+            body, kind = text.encode(), b"text/plain; charset=utf-8"
+        headers = [(b"content-type", kind), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers + HEADERS})
         await send({"type": "http.response.body", "body": body})

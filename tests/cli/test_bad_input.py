@@ -108,6 +108,8 @@ ROWS = [
     (["serve", "--db", "missing.sqlite"], "does not exist"),
     (["serve", "--db", "adir"], "is a directory"),
     (["serve", "--port", "70000"], "--port 70000"),
+    (["serve", "--trusted-proxy", "proxy.example"], "--trusted-proxy 'proxy.example' is not an IP address"),
+    (["serve", "--trusted-proxy", "*"], "--trusted-proxy '*' is not an IP address"),
     (["labelers", "add", "bob", "--db", "adir"], "is a directory"),
     (["labelers", "add", "bob", "--db", "notdb.sqlite"], "not an SQLite file"),
     (["labelers", "add", "bob", "--db", "nofolder/x.sqlite"], "nofolder does not exist"),

@@ -234,3 +234,16 @@ def test_processes_share_a_store(tmp_path):
     assert [p.exitcode for p in procs] == [0, 0, 0]
     with LabelStore(path) as s:
         assert len(s.labeled_examples()) == 60
+
+
+def test_a_replaced_answer_keeps_its_time_and_its_first_answer(store):
+    item = store.add_item("q", SAMPLES, source="t")
+    store.set_gold(item, 1)
+    label = store.add_label(item, "bob", best=0)
+    (created,) = store.connection().execute("SELECT created FROM labels WHERE id = ?", (label,)).fetchone()
+    for answer in ({"best": 1}, {"kind": "skip"}, {"best": 1}):  # undo after undo: the first answer stays first
+        assert store.add_label(item, "bob", replace=True, **answer) == label
+    row = store.connection().execute("SELECT kind, best, created, first_kind, first_best FROM labels").fetchall()
+    assert row == [("label", 1, created, "label", 0)]
+    assert store.last_answer(store.labelers()[0].id, source="")[2] == created  # the undo window runs from it
+    assert store.gold_accuracy() == {"bob": (0, 1)} and [e.best for e in store.labeled_examples()] == [1]

@@ -99,7 +99,7 @@ def test_every_route_but_sign_in_and_static_needs_a_session(app, db):
         r = client.request(method, path.replace("{item_id}", "1"), data=form)
         if path.startswith("/api/"):
             assert r.status_code == 401 and "Bearer" in r.json()["detail"], path
-        elif method == "GET":
+        elif method in ("GET", "HEAD"):
             assert (r.status_code, r.headers["location"]) == (303, "/login"), path
         else:
             assert r.status_code == 401, path
@@ -107,6 +107,15 @@ def test_every_route_but_sign_in_and_static_needs_a_session(app, db):
     assert client.get("/admin").status_code == 303
     assert client.get("/static/style.css").status_code == 200 and client.get("/login").status_code == 200
     assert counts(db) == before
+
+
+def test_head_answers_like_get_without_a_body(app, tokens):
+    anonymous, alice = TestClient(app, follow_redirects=False), sign_in(app, tokens["alice"])
+    for client, path in ((anonymous, "/login"), (alice, "/label"), (alice, "/admin"), (anonymous, "/label")):
+        get, head = client.get(path), client.head(path)
+        assert head.status_code == get.status_code in (200, 303), path
+        assert head.content == b"" and head.headers.get("content-type") == get.headers.get("content-type"), path
+        assert head.headers.get("location") == get.headers.get("location"), path
 
 
 def test_sign_in_sets_a_safe_cookie_and_never_puts_the_token_in_a_url(app, tokens):

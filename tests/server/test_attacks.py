@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 import time
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from lmprefs.labels.store import LabelStore
 from lmprefs.server import stats
 from lmprefs.server.app import create_app
+from lmprefs.server.live import running
 
 
 @pytest.fixture
@@ -116,16 +118,45 @@ def test_the_session_cookie_has_the_host_prefix_under_https(db, tokens):
     assert "Path=/" in cookie and client.get("/label").status_code == 200
 
 
-# -- 3. wrong tokens are throttled; a chunked body over the limit is 413 ----------------------------------------
+# -- 3. wrong tokens are throttled, right ones never; a chunked body over the limit is 413 ---------------------
 
 
-def test_wrong_sign_in_tokens_are_throttled(db, tokens):
-    client = TestClient(create_app(db), follow_redirects=False)
-    for _ in range(5):
-        r = client.post("/login", data={"token": "guess", "csrf": csrf_of(client.get("/login").text)})
-        assert r.status_code == 401
-    r = client.post("/login", data={"token": tokens["bob"], "csrf": csrf_of(client.get("/login").text)})
-    assert r.status_code == 429 and "try again in" in r.text  # even the right token waits: no oracle
+def test_wrong_tokens_are_throttled_but_a_right_token_always_gets_in(db, tokens):
+    app = create_app(db)
+    nat = ("203.0.113.7", 40000)  # one address shared by every labeler behind a NAT
+    attacker = TestClient(app, follow_redirects=False, client=nat)
+
+    def try_token(client: TestClient, token: str):
+        return client.post("/login", data={"token": token, "csrf": csrf_of(client.get("/login").text)})
+
+    assert [try_token(attacker, f"guess{k}").status_code for k in range(6)] == [401] * 5 + [429]
+    r = try_token(attacker, "guess")
+    assert r.status_code == 429 and "try again in" in r.text and int(r.headers["retry-after"]) >= 1
+    api = TestClient(app, client=nat)
+    r = api.get("/api/me", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 429 and r.json()["detail"].startswith("Too many wrong tokens")
+    # the right tokens from the same address still get in: a labeler's sign-in and the admin's training client
+    assert try_token(TestClient(app, follow_redirects=False, client=nat), tokens["bob"]).status_code == 303
+    assert api.get("/api/me", headers={"Authorization": f"Bearer {tokens['alice']}"}).status_code == 200
+    # wrong tokens that start alike count together, whatever address they come from
+    near = [tokens["carol"][:8] + f"x{k}" for k in range(6)]
+    codes = [try_token(TestClient(app, follow_redirects=False, client=(f"198.51.100.{k}", 1)), t).status_code
+             for k, t in enumerate(near)]  # fmt: skip
+    assert codes == [401] * 5 + [429]
+    elsewhere = TestClient(app, follow_redirects=False, client=("198.51.100.9", 1))
+    assert try_token(elsewhere, tokens["carol"]).status_code == 303
+
+
+def test_x_forwarded_for_is_believed_only_from_a_proxy_the_admin_trusts(db, tokens):
+    def statuses(url: str) -> list[int]:
+        with httpx.Client(base_url=url) as client:
+            return [client.get("/api/me", headers={"Authorization": "Bearer wrong", "X-Forwarded-For": f"192.0.2.{k}"})
+                    .status_code for k in range(6)]  # fmt: skip
+
+    with running(create_app(db)) as url:  # by default: the connection's address, whatever the header says
+        assert statuses(url) == [401] * 5 + [429]
+    with running(create_app(db), trusted_proxies=["127.0.0.1"]) as url:  # a proxy on this machine, named
+        assert statuses(url) == [401] * 6  # each forwarded address counts on its own
 
 
 def test_a_chunked_body_over_the_limit_is_413(db, tokens):
@@ -225,3 +256,47 @@ def test_resuming_after_sign_in_cannot_pick_an_item_the_queue_would_not_serve(db
         form = {"token": tokens["bob"], "csrf": csrf_of(client.get("/login").text), "resume": str(item)}
         assert client.post("/login", data=form).status_code == 303
         assert page(client)[0] == 1 and "was not saved" not in client.get("/label").text
+
+
+def test_resuming_after_sign_in_serves_only_the_labelers_own_item(db, tokens):
+    app = create_app(db, batch="b1")
+    bob, carol = sign_in(app, tokens["bob"]), sign_in(app, tokens["carol"])
+    mine, _ = page(bob)
+    theirs, _ = page(carol)
+    never_shown = next(i for i in range(1, 7) if i not in (mine, theirs))
+
+    def sign_in_resuming(item: int) -> str:
+        client = TestClient(app, follow_redirects=False)
+        form = {"token": tokens["bob"], "csrf": csrf_of(client.get("/login").text), "resume": str(item)}
+        assert client.post("/login", data=form).status_code == 303
+        return client.get("/label").text
+
+    for item in (theirs, never_shown):  # carol's item; one the queue has not reached
+        html = sign_in_resuming(item)
+        assert item_of(html) == mine and "was not saved" not in html
+    html = sign_in_resuming(mine)  # the item leased to bob: it comes back, with the message
+    assert item_of(html) == mine and f"here is item {mine}, whose answer was not saved" in html
+    assert page(carol)[0] == theirs
+
+
+# -- 7. a forged cross-site post is refused without touching the victim's session ------------------------------
+
+
+def test_a_cross_site_post_is_403_and_keeps_the_victims_session(db, tokens):
+    app = create_app(db)
+    alice = sign_in(app, tokens["alice"])
+    item, csrf = page(alice)
+    before = counts(db)
+    # the forged form: SameSite=Strict keeps the session cookie back, so it arrives without one
+    forged = TestClient(app, follow_redirects=False)
+    evil = {"origin": "http://evil.example", "sec-fetch-site": "cross-site"}
+    for path, form in (("/label", {"item_id": str(item), "choice": "0"}), ("/undo", {}), ("/logout", {}),
+                       ("/admin/item", {"item_id": str(item), "action": "retire"})):  # fmt: skip
+        r = forged.post(path, data={**form, "csrf": "forged"}, headers=evil)
+        assert r.status_code == 403 and "came from another site" in r.text, path
+        assert "session ended" not in r.text and 'name="token"' not in r.text, path
+    # a browser that sends the cookie anyway: refused too
+    r = alice.post("/logout", data={"csrf": csrf}, headers=evil)
+    assert r.status_code == 403 and "set-cookie" not in r.headers
+    assert counts(db) == before
+    assert page(alice) == (item, csrf)  # the same session, the same question

@@ -1,8 +1,10 @@
-"""A real browser: Playwright drives Debian's Chromium (headless) against the app on loopback. It signs in, answers
-with the keyboard only (three picks, a skip, a flag with a note, and one answer changed with `u`), and the store must
-hold exactly those judgements; the options are shuffled per labeler, so each stored pick must be the sample whose
-text was on the key pressed.
-Also checks that the page runs under its CSP without errors and that a `<script>` in a sample is shown as text.
+"""A real browser: Playwright drives Debian's Chromium (headless) against the app on loopback, one browser for the
+module. It signs in, answers with the keyboard only (three picks, a skip, a flag with a note, and one answer changed
+with `u`), and the store must hold exactly those judgements; the options are shuffled per labeler, so each stored pick
+must be the sample whose text was on the key pressed.
+Also checks that the page runs under its CSP without errors and that a `<script>` in a sample is shown as text, and
+that the pages fit a phone (375x740) and a desktop (1280x800): the first option on screen without scrolling, nothing
+wider than the window, even with an 80-character labeler name.
 CI installs Chromium with scripts/ci_browser_deps.sh; never `playwright install` (it downloads browsers)."""
 
 from __future__ import annotations
@@ -29,10 +31,29 @@ ARGS = [
 XSS = "<script>alert('xss')</script>"
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing: run scripts/ci_browser_deps.sh")
-def test_label_with_the_keyboard_in_chromium(tmp_path):
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: run scripts/ci_browser_deps.sh")
     from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def sign_in(page, url: str, token: str) -> None:
+    page.goto(url + "/label")  # not signed in: sent to the sign-in page
+    assert page.url == url + "/login"
+    page.fill("#token", token)
+    page.keyboard.press("Enter")
+    page.wait_for_url(url + "/label")
+
+
+def test_label_with_the_keyboard_in_chromium(browser, tmp_path):
     path = tmp_path / "labels.sqlite"
     with LabelStore(path) as store:
         store.add_item(f"The first query. {XSS}", [f" first {j} {XSS}" for j in range(4)], source="t")
@@ -43,19 +64,14 @@ def test_label_with_the_keyboard_in_chromium(tmp_path):
     problems: list[str] = []
     answered: list[tuple[int, str]] = []
     picked: dict[int, str] = {}  # item -> text of the option pressed
-    with running(create_app(path)) as url, sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+    with running(create_app(path)) as url:
+        page = browser.new_page()
         try:
-            page = browser.new_page()
             page.set_default_timeout(10_000)
             page.on("dialog", lambda d: (problems.append(f"dialog: {d.message}"), d.dismiss()))
             page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: problems.append(str(e)))
-            page.goto(url + "/label")  # not signed in: sent to the sign-in page
-            assert page.url == url + "/login"
-            page.fill("#token", token)
-            page.keyboard.press("Enter")
-            page.wait_for_url(url + "/label")
+            sign_in(page, url, token)
             assert XSS in page.inner_text(".query .text")  # shown as text, never run
 
             orders = []
@@ -90,7 +106,7 @@ def test_label_with_the_keyboard_in_chromium(tmp_path):
             answer("3", "picked option 3")
             assert page.inner_text("#done-count") == "4"
         finally:
-            browser.close()
+            page.close()
 
     assert not problems, problems
     assert len({item for item, _ in answered}) == 5
@@ -104,3 +120,45 @@ def test_label_with_the_keyboard_in_chromium(tmp_path):
     for item, _, best, _ in rows:  # each stored index points at the text that was on the key pressed
         if item in picked:
             assert texts[item][best].strip() == picked[item].strip()
+
+
+PASSAGE = ("She walked into the room and looked around. The furniture was old but well kept, and the windows let in a "
+           "pale light that fell across the floor in long stripes.")  # fmt: skip
+ENDINGS = [
+    " The chair creaked as she sat down, and for a moment she thought she heard someone on the stairs.",
+    " Nothing moved. The house was quiet, the way it always was in the hour before dinner.",
+    " She smiled, remembering the summers she had spent here as a child, running through the garden.",
+    " A letter lay on the table, its envelope torn open, the handwriting unmistakably her mother's.",
+]
+
+
+def test_the_pages_fit_a_phone_and_a_desktop_without_scrolling_sideways(browser, tmp_path):
+    path = tmp_path / "labels.sqlite"
+    long_name = "x" * 80  # no spaces to break at
+    with LabelStore(path) as store:
+        ids = [store.add_item(f"{PASSAGE} ({i})", ENDINGS, source="t") for i in range(6)]
+        store.set_gold(ids[5], 1)
+        token = store.add_labeler(long_name, admin=True)
+        for i in ids[:3]:  # the admin page's tables: labelers, quality, agreement, flags, held and gold items
+            store.add_label(i, long_name[:-1] + "y", best=1, shown=[0, 1, 2, 3], seconds=4.0)
+            store.add_label(i, "carol", best=1, shown=[1, 0, 2, 3], seconds=5.0)
+        store.add_label(ids[3], "carol", kind="flag", note="n" * 120)
+    with running(create_app(path, gold_rate=0.1)) as url:
+        page = browser.new_page(viewport={"width": 375, "height": 740})
+        try:
+            sign_in(page, url, token)
+            assert "u change your last answer" in page.inner_text("#keys")  # every key is in the hint
+            for width, height in ((375, 740), (1280, 800)):
+                page.set_viewport_size({"width": width, "height": height})
+                for where in ("/label", "/admin"):
+                    page.goto(url + where)
+                    page.screenshot(path=tmp_path / f"{where[1:]}-{width}.png", full_page=True)
+                    wide, window = page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
+                    assert wide <= window, (where, width, wide)
+                page.goto(url + "/label")
+                box = page.locator("button.option").first.bounding_box()
+                assert page.evaluate("scrollY") == 0
+                assert box["x"] >= 0 and box["x"] + box["width"] <= width, (width, box)
+                assert box["y"] >= 0 and box["y"] + box["height"] <= height, (width, box)  # seen without scrolling
+        finally:
+            page.close()

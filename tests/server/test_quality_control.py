@@ -206,6 +206,32 @@ def test_undo_replaces_the_last_answer_in_place(tmp_path):
         assert store.table_counts()["labels"] == 1
 
 
+def test_the_undo_window_runs_from_the_answer_and_a_change_does_not_restart_it(tmp_path):
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        for q, s in questions(3):
+            store.add_item(q, s, source="t")
+        token = store.add_labeler("bob")
+    bob = sign_in(create_app(path, undo_seconds=60), token)
+
+    def age(seconds: float) -> None:  # as if the answer had been given `seconds` earlier
+        with LabelStore(path) as store, store.transaction():
+            store.connection().execute("UPDATE labels SET created = created - ?", (seconds,))
+
+    html = bob.get("/label").text
+    item = item_of(html)
+    assert bob.post("/label", data={"item_id": item, "choice": "0", "csrf": csrf_of(html)}).status_code == 303
+    age(50)  # 10 s of the window left: change the answer
+    assert bob.post("/undo", data={"csrf": csrf_of(bob.get("/label").text)}).status_code == 303
+    html = bob.get("/label").text
+    assert bob.post("/label", data={"item_id": item, "choice": "1", "csrf": csrf_of(html)}).status_code == 303
+    age(15)  # 65 s after the answer, 15 s after the change: the window has closed
+    html = bob.get("/label").text
+    assert "Change my last answer" not in html
+    r = bob.post("/undo", data={"csrf": csrf_of(html)})
+    assert r.status_code == 409 and "no answer of yours from the last 60 s" in r.text
+
+
 # -- the JSON API and its client -------------------------------------------------------------------------------
 
 

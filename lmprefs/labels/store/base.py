@@ -35,6 +35,9 @@ class StoreBase:
         except sqlite3.OperationalError as e:  # a folder that cannot be written, a file that cannot be opened
             self.close()
             raise UserError(f"label store {self.path}: cannot open or create it ({e})") from None
+        except UserError:  # a store from newer code: refused before anything is written
+            self.close()
+            raise
 
     # -- connections and transactions ------------------------------------------------------------------------
 

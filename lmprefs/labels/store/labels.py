@@ -47,7 +47,8 @@ def add_label(
     options were displayed in (displayed position p showed sample shown[p]); `seconds`: time on task.
     Raises DuplicateLabelError if `labeler` already answered this item, ValueError on an invalid value.
     `replace=True` (undo in the web app) overwrites this labeler's answer to the item instead, in the same
-    transaction and the same row, so the item never holds two answers from one labeler."""
+    transaction and the same row, so the item never holds two answers from one labeler; the row keeps the time of
+    the first answer and the first answer itself (`first_kind`, `first_best`), which gold accuracy counts."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} must be one of {KINDS}")
     if seconds is not None and not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0):
@@ -69,12 +70,14 @@ def add_label(
             "SELECT id, kind, best, score, difference FROM labels WHERE item_id = ? AND labeler_id = ?",
             (item_id, lid),
         ).fetchone()
-        values = (kind, best, score, difference, note, source, time.time(), json.dumps(shown) if shown else None,
-                  seconds)  # fmt: skip
+        values = (kind, best, score, difference, note, source, json.dumps(shown) if shown else None, seconds)
         if old and replace:
+            # the row keeps its time (the undo window runs from the first answer, not from each change) and the
+            # first answer (gold accuracy counts it); SET reads the row as it was before this statement
             c.execute(
-                "UPDATE labels SET kind = ?, best = ?, score = ?, difference = ?, note = ?, source = ?,"
-                " created = ?, shown = ?, seconds = ? WHERE id = ?",
+                "UPDATE labels SET kind = ?, best = ?, score = ?, difference = ?, note = ?, source = ?, shown = ?,"
+                " seconds = ?, first_kind = COALESCE(first_kind, kind),"
+                " first_best = CASE WHEN first_kind IS NULL THEN best ELSE first_best END WHERE id = ?",
                 (*values, old[0]),
             )
             label_id = old[0]
@@ -87,9 +90,9 @@ def add_label(
             raise ValueError(f"labeler {labeler!r} has no answer to item {item_id} to replace")
         else:
             label_id = c.execute(
-                "INSERT INTO labels (item_id, labeler_id, kind, best, score, difference, note, source, created,"
-                " shown, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (item_id, lid, *values),
+                "INSERT INTO labels (item_id, labeler_id, kind, best, score, difference, note, source, shown,"
+                " seconds, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (item_id, lid, *values, time.time()),
             ).lastrowid
         (done, flags) = c.execute(
             "SELECT COUNT(*) FILTER (WHERE kind = 'label'), COUNT(*) FILTER (WHERE kind = 'flag') FROM labels"
@@ -215,9 +218,10 @@ def answers_since(
 
 
 def last_answer(store: StoreBase, labeler_id: int, *, source: str) -> tuple[int, int, float] | None:
-    """(label id, item id, time) of labeler `labeler_id`'s latest answer from `source` on a best_of_N item."""
+    """(label id, item id, time) of labeler `labeler_id`'s latest answer from `source` on a best_of_N item; the time
+    is when it was first given (an undo's new answer keeps it)."""
     return store.connection().execute(
         "SELECT l.id, l.item_id, l.created FROM labels l JOIN items i ON i.id = l.item_id WHERE l.labeler_id = ?"
-        " AND l.source = ? AND i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.created DESC LIMIT 1",
+        " AND l.source = ? AND i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.created DESC, l.id DESC LIMIT 1",
         (labeler_id, source),
     ).fetchone()

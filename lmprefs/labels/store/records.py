@@ -166,6 +166,8 @@ class BestOfAnswer(NamedTuple):
     shown: list[int] | None
     seconds: float | None
     gold: int | None  # the item's right answer, if it is a gold question
+    first_kind: str  # the labeler's first answer (kind, best): what gold accuracy counts, however an undo changed it
+    first_best: int | None
 
 
 class Flag(NamedTuple):

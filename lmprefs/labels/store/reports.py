@@ -80,21 +80,27 @@ def held_items(store: StoreBase, limit: int = 50) -> list[HeldItem]:
     return [HeldItem(*r) for r in store.connection().execute(sql, (limit,))]
 
 
+# a labeler's first answer to an item (an undo may have replaced it since): what gold accuracy counts
+_FIRST_KIND = "COALESCE(l.first_kind, l.kind)"
+_FIRST_BEST = "(CASE WHEN l.first_kind IS NULL THEN l.best ELSE l.first_best END)"
+
+
 def gold_items(store: StoreBase) -> list[GoldItem]:
-    """The gold questions with their labels and right labels, by id."""
+    """The gold questions with their labels and right labels (each labeler's first answer), by id."""
     sql = (
-        "SELECT i.id, i.gold, COUNT(l.id), COALESCE(SUM(l.best = i.gold), 0), q.text FROM items i"
-        " JOIN queries q ON q.id = i.query_id LEFT JOIN labels l ON l.item_id = i.id AND l.kind = 'label'"
+        f"SELECT i.id, i.gold, COUNT(l.id), COALESCE(SUM({_FIRST_BEST} = i.gold), 0), q.text FROM items i"
+        f" JOIN queries q ON q.id = i.query_id LEFT JOIN labels l ON l.item_id = i.id AND {_FIRST_KIND} = 'label'"
         " WHERE i.gold IS NOT NULL GROUP BY i.id ORDER BY i.id"
     )
     return [GoldItem(*r) for r in store.connection().execute(sql)]
 
 
 def gold_accuracy(store: StoreBase) -> dict[str, tuple[int, int]]:
-    """{labeler: (correct, answered)} on gold questions, for labelers who answered at least one."""
+    """{labeler: (correct, answered)} on gold questions, by each labeler's first answer (an undo cannot improve
+    it), for labelers who answered at least one."""
     sql = (
-        "SELECT b.name, SUM(l.best = i.gold), COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-        " JOIN items i ON i.id = l.item_id WHERE l.kind = 'label' AND i.gold IS NOT NULL GROUP BY b.name"
+        f"SELECT b.name, SUM({_FIRST_BEST} = i.gold), COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+        f" JOIN items i ON i.id = l.item_id WHERE {_FIRST_KIND} = 'label' AND i.gold IS NOT NULL GROUP BY b.name"
     )
     return {name: (int(k), n) for name, k, n in store.connection().execute(sql)}
 
@@ -105,8 +111,9 @@ def best_of_answers(store: StoreBase) -> tuple[list[str], list[BestOfAnswer]]:
     with store.snapshot() as c:
         names = [n for (n,) in c.execute("SELECT name FROM labelers ORDER BY name")]
         rows = c.execute(
-            "SELECT l.item_id, b.name, l.kind, l.best, l.shown, l.seconds, i.gold FROM labels l"
-            " JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
+            f"SELECT l.item_id, b.name, l.kind, l.best, l.shown, l.seconds, i.gold, {_FIRST_KIND}, {_FIRST_BEST}"
+            " FROM labels l JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
             " WHERE i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.item_id, b.name"
         ).fetchall()
-    return names, [BestOfAnswer(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None, r[5], r[6]) for r in rows]
+    return names, [BestOfAnswer(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None, r[5], r[6], r[7], r[8])
+                   for r in rows]  # fmt: skip

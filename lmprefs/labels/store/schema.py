@@ -10,6 +10,10 @@ quality control: `items.gold` (the known best sample of a gold question), `items
 flags it, 'retired' by an admin: held items are not served), `labels.shown` (the order the options were displayed
 in: displayed position p showed sample shown[p]; `best` always indexes the stored samples) and `labels.seconds`
 (time on task), and a random `store_id` in `meta` that names this store (the web app's cookies use it).
+
+Version 3 keeps a labeler's first answer when an undo in the web app replaces it (`labels.first_kind`,
+`labels.first_best`; NULL while the answer was never replaced): gold accuracy counts the first answer, so undo cannot
+turn a wrong gold answer into a right one. A store from newer code (a larger version) is refused, never written.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -66,6 +70,10 @@ MIGRATIONS = {
         "UPDATE items SET hold = 'flagged' WHERE id IN (SELECT item_id FROM labels WHERE kind = 'flag')",
         "INSERT OR IGNORE INTO meta VALUES ('store_id', lower(hex(randomblob(16))))",
     ],
+    3: [
+        "ALTER TABLE labels ADD COLUMN first_kind TEXT CHECK (first_kind IN ('label', 'skip', 'flag'))",
+        "ALTER TABLE labels ADD COLUMN first_best INTEGER",
+    ],
 }
 TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels")
 
@@ -92,7 +100,8 @@ def upgrade(c: sqlite3.Connection, path: Path) -> str:
     c.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', '1')")
     (v,) = c.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if int(v) > SCHEMA_VERSION:
-        raise ValueError(f"{path} has label-store schema version {v}, this code reads {SCHEMA_VERSION}")
+        raise UserError(f"label store {path}: written by a newer lmprefs (schema version {v}; this one reads up to "
+                        f"{SCHEMA_VERSION}); upgrade lmprefs to open it")  # fmt: skip
     for version in range(int(v) + 1, SCHEMA_VERSION + 1):
         for sql in MIGRATIONS[version]:
             c.execute(sql)

@@ -54,18 +54,12 @@ def unanswered_gold(store: StoreBase, labeler: str) -> list[int]:
     return [i for (i,) in store.connection().execute(_GOLD, {"labeler": labeler})]
 
 
-def servable(
-    store: StoreBase, item_id: int, labeler: str, *, batch: str | None, redo: bool = False, queued: bool = False
-) -> bool:
+def servable(store: StoreBase, item_id: int, labeler: str, *, redo: bool = False) -> bool:
     """The item is a best_of_N, not held, and not yet answered by `labeler`; or, for an undo (`redo`), not retired
-    (the answer being undone may be the flag that holds it). `queued`: also one the queue of `batch` serves
-    (pending and in the batch, or gold), so a labeler cannot pick an item by its id."""
+    (the answer being undone may be the flag that holds it)."""
     held = "i.hold IS NOT 'retired'" if redo else f"i.hold IS NULL AND {_NOT_MINE}"
-    if queued:
-        held += " AND (i.gold IS NOT NULL OR (i.status = 'pending' AND (:batch IS NULL OR i.batch = :batch)))"
     sql = f"SELECT 1 FROM items i WHERE i.id = :id AND {_IS_BEST_OF} AND {held}"
-    args = {"id": item_id, "labeler": labeler, "batch": batch}
-    return store.connection().execute(sql, args).fetchone() is not None
+    return store.connection().execute(sql, {"id": item_id, "labeler": labeler}).fetchone() is not None
 
 
 def items_wanting_fewer(store: StoreBase, labels: int, *, after_id: int) -> list[int]:
