@@ -2,6 +2,7 @@
 imports. The original-format file is built here by encoding texts with the real GPT-2 BPE and padding with 50259."""
 
 import json
+import re
 
 import pytest
 
@@ -254,3 +255,38 @@ def test_detect_format_and_atomic_export(tmp_path, store, tok):
         export_file(store, out, format="comparisons", label_type="best_of_2")
     store.labeled_examples = monkey_rows
     assert out.read_text() == "old" and [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_trls_implicit_prompt_and_conversational_pairs_import_as_the_explicit_form(tmp_path, store):
+    user = [{"role": "user", "content": "What color is the sky?"}]
+    rows = [
+        {"chosen": "The sky is blue.", "rejected": "The sky is green."},  # implicit prompt
+        {"prompt": user, "chosen": [{"role": "assistant", "content": "It is blue."}],
+         "rejected": [{"role": "assistant", "content": "It is green."}]},
+        {"chosen": [*user, {"role": "assistant", "content": "Blue."}],  # implicit conversational
+         "rejected": [*user, {"role": "assistant", "content": "Green."}]},
+    ]  # fmt: skip
+    f = tmp_path / "trl.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert import_file(store, f).labels_added == 3
+    got = [(e.query, e.samples, e.best) for e in store.labeled_examples("best_of_2")]
+    assert got == [("The sky is", [" blue.", " green."], 0),
+                   ("What color is the sky?", ["It is blue.", "It is green."], 0),
+                   ("What color is the sky?", ["Blue.", "Green."], 0)]  # fmt: skip
+
+
+@pytest.mark.parametrize("row,needle", [
+    ({"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Hi"}],
+      "chosen": [{"role": "assistant", "content": "Hello"}], "rejected": [{"role": "assistant", "content": "Go"}]},
+     "line 1: the prompt is 2 message(s) with roles ['system', 'user']"),
+    ({"prompt": [{"role": "user", "content": "Hi"}], "chosen": [{"role": "user", "content": "Hello"}],
+      "rejected": [{"role": "assistant", "content": "Go"}]}, "field 'chosen' must answer with one assistant message"),
+    ({"prompt": [{"role": "user"}], "chosen": [], "rejected": []}, "field 'prompt' must be a list of messages"),
+    ({"chosen": "same", "rejected": "same"}, "are the same text"),
+])  # fmt: skip
+def test_trl_rows_a_label_cannot_hold_are_refused_with_the_row(tmp_path, store, row, needle):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    with pytest.raises(LabelFileError, match=re.escape(needle)):
+        import_file(store, f, format="pairs")
+    assert store.labeled_examples("best_of_2") == []

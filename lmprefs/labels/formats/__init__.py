@@ -5,7 +5,8 @@
   label_types.py @cbfd210): best_of_N rows `query, sample0..sample{N-1}, best`; scalar_rating rows `query, sample,
   score`; scalar_compare rows `query, sample0, sample1, difference`. Pads are stripped, the ids decoded with the
   GPT-2 tokenizer, and both text and ids (under tokenizer name "gpt2") are stored.
-- "pairs": TRL-style preference JSONL, one `{"prompt", "chosen", "rejected"}` per line. Imported as best_of_2
+- "pairs": TRL-style preference JSONL, one `{"prompt", "chosen", "rejected"}` per line, or any other of TRL's
+  preference forms: an implicit prompt (full texts) or conversational messages (`trl_pairs`). Imported as best_of_2
   items with samples in the order [chosen, rejected] and best=0: the order is kept rather than shuffled because
   the reward model scores each sample on its own, so PickBest's loss does not depend on the position of the chosen
   sample. Exported from best_of_N labels with rejected = the first sample whose text differs from the chosen one
@@ -22,8 +23,8 @@
   written for a prompt, or ratings. Imported as scalar_rating items (one sample each); train-reward regresses them or
   compares the responses to each prompt (labels.scores_as).
 
-`readers` imports files (`import_file`, `detect_format`), `writers` exports them (`export_file`), and `shared`
-holds what both use.
+`readers` imports files (`import_file`, `detect_format`), `writers` exports them (`export_file`), `trl_pairs` reads
+TRL's preference rows, and `shared` holds what both use.
 """
 
 from lmprefs.labels.formats.readers import ImportReport, detect_format, import_file

@@ -25,6 +25,7 @@ from lmprefs.config import label_type_shape
 from lmprefs.data.summarize import comparison_query
 from lmprefs.io.jsonl import JsonRowsError, json_rows
 from lmprefs.labels.formats.shared import GPT2_PAD, GPT2_VOCAB, IMPORT_FORMATS, LabelFileError, sample_keys
+from lmprefs.labels.formats.trl_pairs import pair_texts
 from lmprefs.labels.store import SPLIT_NAME, ImportRow, LabelStore
 
 
@@ -163,10 +164,7 @@ def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
     out = []
     for where, row in rows:
         if fmt == "pairs":
-            strs = [
-                _field(name, where, row, k, str, "a string (conversational rows are not supported)")
-                for k in ("prompt", "chosen", "rejected")
-            ]
+            strs = pair_texts(name, where, row)
             _check_pair(name, where, *strs)
             r = dict(query=strs[0], samples=strs[1:], label_type="best_of_2", best=0, labeler=labeler)
         else:
