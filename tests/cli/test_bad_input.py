@@ -168,6 +168,13 @@ ROWS = [
     (["sample", "--preset", "tiny", "--temperature", "nan"], "--temperature nan"),
     (["sample", "--preset", "tiny", "--temperature", "inf"], "--temperature inf"),
     (["sample", "--preset", "tiny", "--temperature", "-1"], "--temperature -1"),
+    (["sample", "--preset", "tiny", "--best-of", "0", "--reward", "vader"], "--best-of 0: must be at least 1"),
+    (["sample", "--preset", "tiny", "--best-of", "-3", "--reward", "vader"], "--best-of -3: must be at least 1"),
+    (["sample", "--preset", "tiny", "--best-of", "4"], "--best-of 4: needs a reward"),
+    (["sample", "--preset", "tiny", "--reward", "vader"], "--reward vader: ranks samples only with --best-of N"),
+    (["sample", "--preset", "tiny", "--best-of", "2", "--reward", "nope"], "--reward 'nope'"),
+    (["sample", "--preset", "tiny", "--best-of", "2", "--reward-model", "afile"], "--reward-model"),
+    (["sample", "--preset", "tiny", "--best-of", "2", "--reward-model", "foreign_rm"], "differs from the policy's"),
 ] + ([] if CUDA else [
     (["train-policy", "tiny", "--run.device", "cuda", "--run-dir", "out"], "CUDA is not available"),
     (["train-reward", "tiny", "--run.device", "cuda:0", "--run-dir", "out"], "CUDA is not available"),
