@@ -183,6 +183,13 @@ class PPOConfig:
     """Andon cord for over-optimization: stop when the running mean of the true reward (objective/true_reward, logged
     where a true reward is known: quickstart, experiments, train-policy --true-reward) falls this far below its best,
     in the true reward's own units, while the reward model's score may still rise (None = never)."""
+    estimator: Literal["ppo", "rloo"] = "ppo"
+    """ppo: the original's value head, GAE and clipped value loss. rloo: REINFORCE leave-one-out (Ahmadian et al.
+    2024): ppo.rloo_k samples per query, each one's advantage its return (score - beta * summed KL) minus the mean of
+    the query's other samples' returns; PPO's clipped ratio with that advantage on every token, no value loss (the
+    value head is left untrained), no reward whitening or GAE."""
+    rloo_k: int = 2
+    """With ppo.estimator=rloo: samples per query (at least 2, dividing ppo.batch_size, which counts samples)."""
 
     @property
     def num_updates(self) -> int:

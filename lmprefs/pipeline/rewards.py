@@ -97,12 +97,12 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         # (docs/results.md).
         gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
         q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
-        raw = dist.gather_rows(_checked_scores(fn, decode(t.tok, r), reward, decode(t.tok, q)))
+        raw = dist.gather_rows(checked_scores(fn, decode(t.tok, r), reward, decode(t.tok, q)))
         mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
         if dist.is_main():
             print(f"reward {reward}: normalized with mean {mean:+.4f}, std {std:.4f} of {len(raw)} initial-policy "
                   "samples", flush=True)  # fmt: skip
-        return text_score_fn(lambda texts, queries: _checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
+        return text_score_fn(lambda texts, queries: checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
                              std, t.prefix, t.suffix), {"reward": reward}  # fmt: skip
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
     info: dict[str, object] = {"reward": "model", "reward_model": str(rm_dir)}
@@ -150,7 +150,7 @@ def normalize_foreign(t: Task, rm, rm_dir: Path) -> None:
               f"{mean:+.4f}, std {std:.4f} of {len(raw)} initial-policy samples", flush=True)  # fmt: skip
 
 
-def _checked_scores(fn, texts: list[str], name: str, queries: list[str] | None = None) -> torch.Tensor:
+def checked_scores(fn, texts: list[str], name: str, queries: list[str] | None = None) -> torch.Tensor:
     """fn(texts) (or fn(texts, queries) for a judge that reads the query) as float64 [len(texts)], or a UserError
     saying what the reward function returned instead."""
 

@@ -1,5 +1,6 @@
 """`lmprefs sample`: continuations from the initial model of a preset or from a trained policy, printed in the
-original's sample.py format (a rule of '=', the query, the response; newlines shown as ⏎)."""
+original's sample.py format (a rule of '=', the query, the response; newlines shown as ⏎); with best-of-n, the
+highest-scoring of n continuations per query."""
 
 from __future__ import annotations
 
@@ -9,19 +10,20 @@ from pathlib import Path
 import torch
 
 from lmprefs.data.queries import task_queries
-from lmprefs.data.tasks import decode, format_queries
+from lmprefs.data.tasks import apply_penalty, decode, format_queries, truncate_responses
 from lmprefs.errors import UserError
-from lmprefs.models.artifacts import load_policy
+from lmprefs.io.inputs import input_dir
+from lmprefs.models.artifacts import is_reward_model_dir, load_policy, load_reward_model
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.models.sampling import sample, sampler_options
+from lmprefs.pipeline.rewards import check_same_tokenizer, checked_scores, reward_function
 from lmprefs.pipeline.task import HELDOUT_QUERIES
 from lmprefs.runtime.device import autocast, setup_torch
 
 
-def sample_texts(cfg, n: int, policy_dir: Path | None = None, temperature: float | None = None,
-                 seed: int | None = None, split: str = "heldout") -> list[tuple[str, str]]:  # fmt: skip
-    """(query, response) texts: n queries of the split continued by a saved policy, or by cfg's initial model."""
-
+def _setup(cfg, n: int, policy_dir: Path | None, temperature: float | None, seed: int | None, split: str):
+    """(model, tokenizer, n queries of the split [n, Q], the task's prefix and suffix, the sampling generator,
+    the temperature, device, dtype) for `lmprefs sample`."""
     device, dtype = setup_torch(cfg.run)
     temperature = temperature if temperature is not None else cfg.task.temperature
     if not (math.isfinite(temperature) and temperature > 0):  # nan and inf sample nothing but end-of-text tokens
@@ -36,8 +38,58 @@ def sample_texts(cfg, n: int, policy_dir: Path | None = None, temperature: float
     seed = cfg.run.seed if seed is None else seed
     gen = torch.Generator(device=device).manual_seed(seed)
     pick = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[:n]
-    queries = pool[pick].to(device)
+    return model, tok, pool[pick].to(device), prefix, suffix, gen, temperature, device, dtype
+
+
+def sample_texts(cfg, n: int, policy_dir: Path | None = None, temperature: float | None = None,
+                 seed: int | None = None, split: str = "heldout") -> list[tuple[str, str]]:  # fmt: skip
+    """(query, response) texts: n queries of the split continued by a saved policy, or by cfg's initial model."""
+
+    model, tok, queries, prefix, suffix, gen, temperature, device, dtype = _setup(cfg, n, policy_dir, temperature,
+                                                                                   seed, split)  # fmt: skip
     with autocast(device, dtype):
         responses, _ = sample(model, format_queries(queries, prefix, suffix), cfg.task.response_length,
                               temperature, len(tok), gen, **sampler_options(cfg.run))  # fmt: skip
     return list(zip(decode(tok, queries), decode(tok, responses), strict=True))
+
+
+def reward_scorer(tok, device, reward_model: Path | None = None, reward: str | None = None):
+    """score(formatted queries [B, Q], responses [B, T], query texts) -> [B] float: a reward model's (it reads the
+    policy's token ids, so it must share its tokenizer) or a reward function's (vader, module:function) scores."""
+    if reward_model is not None:
+        path = input_dir(reward_model, "--reward-model", "reward-model directory")
+        if not is_reward_model_dir(path):
+            raise UserError(f"--reward-model {path}: not a reward-model directory (no sequence classifier with "
+                            "num_labels=1)")  # fmt: skip
+        check_same_tokenizer(path, tok, f"--reward-model {path}")
+        rm = load_reward_model(path, device).eval().requires_grad_(False)
+        return lambda q, r, texts: rm(q, r).float()
+    name, fn = reward_function(reward)
+    return lambda q, r, texts: checked_scores(fn, decode(tok, r), name, texts).float().to(r.device)
+
+
+def best_of_n(cfg, n: int, best_of: int, policy_dir: Path | None = None, temperature: float | None = None,
+              seed: int | None = None, split: str = "heldout", *, reward_model: Path | None = None,
+              reward: str | None = None) -> list[dict]:  # fmt: skip
+    """Best-of-`best_of` as a policy: for each of n queries, `best_of` samples (one prefill per query), scored as a
+    rollout scores them (truncated, with the task's penalty) and the first of the highest kept. One dict per query:
+    query, response (the chosen one, untruncated as `sample_texts` prints it), score, and every drawn response and
+    its score (`responses`, `scores`, in draw order)."""
+    if best_of < 1:
+        raise UserError(f"--best-of {best_of}: must be at least 1")
+    model, tok, queries, prefix, suffix, gen, temperature, device, dtype = _setup(cfg, n, policy_dir, temperature,
+                                                                                   seed, split)  # fmt: skip
+    score = reward_scorer(tok, device, reward_model, reward)
+    task, q = cfg.task, format_queries(queries, prefix, suffix)
+    with autocast(device, dtype):
+        responses, _ = sample(model, q, task.response_length, temperature, len(tok), gen, repeats=best_of,
+                              **sampler_options(cfg.run))  # fmt: skip
+        post = truncate_responses(responses, task.truncate_token, task.truncate_after)
+        texts = [t for t in decode(tok, queries) for _ in range(best_of)]
+        raw = score(q.repeat_interleave(best_of, 0), post, texts)  # [n * best_of]
+    scores = apply_penalty(raw.float(), post, task).view(-1, best_of).cpu()  # [n, best_of]
+    pick = scores.argmax(1)  # [n]
+    drawn = decode(tok, responses)
+    return [{"query": qt, "response": drawn[i * best_of + int(j)], "score": scores[i, j].item(),
+             "responses": drawn[i * best_of : (i + 1) * best_of], "scores": scores[i].tolist()}
+            for i, (qt, j) in enumerate(zip(decode(tok, queries), pick, strict=True))]  # fmt: skip

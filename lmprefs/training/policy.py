@@ -7,7 +7,8 @@ One update, numbered as the original's PPOTrainer.step:
  2. score logprobs and values of the policy, and logprobs of the frozen reference, on the full responses
  3. truncate responses, score them, give penalty_reward_value to those that did not truncate
  4. per-token rewards -beta * KL with the score on the last token
- 5. noptepochs x nminibatches of clipped PPO (whitening and GAE per minibatch, in ppo_update)
+ 5. noptepochs x nminibatches of clipped PPO (whitening and GAE per minibatch, in ppo_update); with
+    ppo.estimator=rloo, k samples per query in 1 and leave-one-out advantages in 4 instead (`rloo`)
  6. update the KL controller, log, checkpoint
 """
 
@@ -101,6 +102,14 @@ def training_forward(model, compile: str, device: torch.device) -> Callable:
 
 
 
+def queries_per_rollout(cfg: Config, episodes: int) -> int:
+    """Queries a rank's rollout of `episodes` samples draws: all of them for PPO, one per ppo.rloo_k for RLOO."""
+    k = cfg.ppo.rloo_k if cfg.ppo.estimator == "rloo" else 1
+    if episodes % k:
+        raise UserError(f"ppo.rloo_k={k} must divide each rank's share of ppo.batch_size ({episodes})")
+    return episodes // k
+
+
 def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: Path, ctx: TaskContext,
                  on_update: Callable[[PolicyRun, dict], object] | None = None) -> dict:  # fmt: skip
     """The outer loop, from run.update to ppo.num_updates. Returns the last update's stats."""
@@ -116,6 +125,7 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         return {k: v for k, v in rows[-1].items() if k not in ("phase", "step")} if rows else {}
     # each rank samples and updates on its share of the global batch, in nminibatches minibatches of its own
     B_rank = dist.split_global(B, "ppo.batch_size", cfg.ppo.nminibatches)
+    n_queries = queries_per_rollout(cfg, B_rank)
     model = parallel.wrap(run.policy, cfg.run.parallel)  # DDP (or FSDP, sharded in build_run) averages the gradients
     forward = training_forward(model, cfg.run.compile, ctx.device)
     bar = progress(n_updates, "PPO updates", initial=run.update)
@@ -128,7 +138,7 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         vf_lr = (cfg.ppo.vf_lr or cfg.ppo.lr) * (1 - run.update / n_updates)
         for g in run.value_optimizer.param_groups if run.value_optimizer is not None else []:
             g["lr"] = vf_lr
-        rollout, stats, extra = make_rollout(run, score_fn, run.stream.next(B_rank), cfg, ctx)
+        rollout, stats, extra = make_rollout(run, score_fn, run.stream.next(n_queries), cfg, ctx)
         stats = dist.all_reduce_mean(stats)  # the KL controller, the andon cord and the logs see all ranks' batch
         run.policy.train()
         opt = run.optimizer if run.value_optimizer is None else run.optimizers  # a separate value model's own too

@@ -1,7 +1,8 @@
 """The PPO math of lm-human-preferences: whitening, KL-penalized rewards, GAE, KL controllers, the clipped losses and
-one `ppo_update` over a rollout batch. Ported from `lm_human_preferences/train_policy.py` and `utils/core.py` at
-openai/lm-human-preferences@cbfd210 (cited as `train_policy.py#Lxx`); every piece has a NumPy parity test in
-tests/training/test_ppo_math.py. Imports only torch, so the math can be read and tested without models or tokenizers.
+one `ppo_update` over a rollout batch (RLOO's loss, `rloo`, where the rollout carries its advantages). Ported from
+`lm_human_preferences/train_policy.py` and `utils/core.py` at openai/lm-human-preferences@cbfd210 (cited as
+`train_policy.py#Lxx`); every piece has a NumPy parity test in tests/training/test_ppo_math.py. Imports only torch,
+so the math can be read and tested without models or tokenizers.
 
 Shapes: B = rollout batch, b = minibatch, Q = query length, T = response length.
 """
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+from lmprefs.training.rloo import rloo_losses
 
 if TYPE_CHECKING:
     from lmprefs.config import PPOConfig, RewardsConfig
@@ -179,6 +182,7 @@ class Rollout:
     scores: Tensor  # [B] reward-model score after truncation/penalty
     rewards: Tensor  # [B, T] -kl_coef * KL, plus the score on the last token
     prefix: object = None  # FrozenPrefix [B, L, d] of query+response, or None: what the forward may reuse
+    advantages: Tensor | None = None  # [B] RLOO's leave-one-out advantages (ppo.estimator=rloo), None for PPO
 
     def __getitem__(self, idx: Tensor | slice) -> Rollout:
         # not dataclasses.astuple/asdict: they deep-copy every tensor
@@ -224,18 +228,9 @@ def ppo_update(
         order = order.to(rollout.responses.device)
         for start in range(0, B, mb_size):
             mb = rollout[order[start : start + mb_size]]
-            # The original whitens rewards and advantages per minibatch, inside loss() (#L324-L339)
-            with torch.no_grad():
-                rewards = whiten(mb.rewards, shift_mean=False) if cfg.whiten_rewards else mb.rewards  # [b, T]
-                advantages, returns = gae(mb.values, rewards, cfg.gamma, cfg.lam)  # [b, T]
-                advantages = whiten(advantages)
-
             with autocast():
                 logprobs, vpred, entropy = forward(mb)  # [b, T] each
-            loss, stats = ppo_losses(
-                logprobs.float(), mb.logprobs, vpred.float(), mb.values, advantages, returns,
-                cfg.cliprange, cfg.cliprange_value, cfg.vf_coef,
-            )  # fmt: skip
+            loss, stats = _minibatch_loss(mb, logprobs.float(), vpred.float(), cfg)
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -250,6 +245,20 @@ def ppo_update(
     out = reduce(dict(zip(keys, means, strict=True)))
     # record_step_stats (#L241): from the minibatch-averaged stats, i.e. how well the *current* value head
     # (vpred, before each step) explains the returns: 1 - E[(vpred - R)^2] / Var[R]
-    returns_var = out["ppo/returns/var"]
-    out["ppo/val/var_explained"] = 1.0 - out["ppo/val/error"] / returns_var if returns_var > 0 else float("nan")
+    if "ppo/returns/var" in out:  # RLOO has no value head to explain the returns
+        returns_var = out["ppo/returns/var"]
+        out["ppo/val/var_explained"] = 1.0 - out["ppo/val/error"] / returns_var if returns_var > 0 else float("nan")
     return out
+
+
+def _minibatch_loss(mb: Rollout, logprobs: Tensor, vpred: Tensor, cfg: PPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss of one minibatch: RLOO's when the rollout carries its advantages, else PPO's."""
+    if mb.advantages is not None:
+        return rloo_losses(logprobs, mb.logprobs, vpred, mb.advantages, cfg.cliprange)
+    # The original whitens rewards and advantages per minibatch, inside loss() (#L324-L339)
+    with torch.no_grad():
+        rewards = whiten(mb.rewards, shift_mean=False) if cfg.whiten_rewards else mb.rewards  # [b, T]
+        advantages, returns = gae(mb.values, rewards, cfg.gamma, cfg.lam)  # [b, T]
+        advantages = whiten(advantages)
+    return ppo_losses(logprobs, mb.logprobs, vpred, mb.values, advantages, returns,
+                      cfg.cliprange, cfg.cliprange_value, cfg.vf_coef)  # fmt: skip

@@ -16,6 +16,7 @@ from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, logprobs_and_entropy, response_logits_hidden
 from lmprefs.training.policy_run import PolicyRun, ScoreFn
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards
+from lmprefs.training.rloo import rloo_advantages, rloo_returns
 
 
 def rm_score_fn(rm) -> ScoreFn:
@@ -49,29 +50,33 @@ def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float,
 
 @torch.no_grad()
 def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config, ctx: TaskContext):
-    """Steps 1-4 of an update: (Rollout, stats, texts for printing)."""
+    """Steps 1-4 of an update: (Rollout, stats, texts for printing). With ppo.estimator=rloo, each of the queries
+    [B / k, Q] is answered by k = ppo.rloo_k samples (rows i * k + j), sampled from one prefill of the query."""
 
     policy, task = run.policy, cfg.task
+    k = cfg.ppo.rloo_k if cfg.ppo.estimator == "rloo" else 1
     q = ctx.format(queries)
 
     def policy_pass():
         # logprobs and values come from the sampling pass itself (policy.respond in the original): no extra forward
         with using(policy.lm, policy.adapter):
             responses, logprobs, hidden = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab,
-                                                 run.gen_sample, return_hidden=True,
+                                                 run.gen_sample, return_hidden=True, repeats=k,
                                                  **sampler_options(cfg.run))  # fmt: skip
+        q_rows = q.repeat_interleave(k, 0) if k > 1 else q  # [B, Q] one row per sample
         # with LoRA in the top blocks, the frozen blocks below run once here for the reference, the reward model
         # and every PPO epoch of this batch (None when all blocks train)
-        prefix = frozen_prefix(policy.lm, torch.cat([q, responses], dim=1))
-        values = policy.values_from(q, responses, hidden, prefix)
-        return responses, logprobs, values, prefix
+        prefix = frozen_prefix(policy.lm, torch.cat([q_rows, responses], dim=1))
+        # RLOO's baseline is the other samples' returns: the value head is neither read nor trained
+        values = torch.zeros_like(logprobs) if k > 1 else policy.values_from(q_rows, responses, hidden, prefix)
+        return q_rows, responses, logprobs, values, prefix
 
     def ref_pass():
         with using(policy.lm, None):  # with LoRA the reference is the shared base, adapters off
             return ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab, prefix)
 
     with ctx.autocast():  # under FSDP each pass gathers its model's shards first (a collective)
-        responses, logprobs, values, prefix = parallel.gathered(policy, policy_pass)
+        q, responses, logprobs, values, prefix = parallel.gathered(policy, policy_pass)
         ref = parallel.gathered(run.ref_lm, ref_pass) if run.ref_lm is not None else ref_pass()
     logprobs, values, ref = logprobs.float(), values.float(), ref.float()
     post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
@@ -87,5 +92,11 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         "objective/score_total": (non_score.sum(1) + scores).mean().item(),
         "objective/penalized_fraction": (scores != raw).float().mean().item(),
     }
-    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards, prefix)
+    advantages = None
+    if k > 1:
+        returns = rloo_returns(scores, kl, run.kl_ctl.value)  # [B]
+        advantages = rloo_advantages(returns, k)  # [B]
+        stats |= {"rloo/advantage_std": advantages.std(correction=0).item(), "rloo/return_mean": returns.mean().item(),
+                  "rloo/return_std": returns.std(correction=0).item()}  # fmt: skip
+    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards, prefix, advantages)
     return rollout, stats, {"responses": post, "kl": kl.sum(1)}
