@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -117,7 +116,6 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
     rm_dir = run_dir / "reward_model"
     if NEEDS_RM & set(plan.arms) and "reward_model" not in res.data:
         print(f"[reward model] training on {cfg.labels.num_train} labels of {store_path}", flush=True)
-        shutil.rmtree(rm_dir, ignore_errors=True)  # one a killed run left half-written
         log = reward_logger(run_dir, cfg)
         try:
             summary = train_reward_model(t, label_source(str(store_path)), rm_dir, log)[1]
