@@ -63,7 +63,7 @@ def plan_from_args(a: argparse.Namespace):
     return Plan(arms=tuple(dict.fromkeys(arms)), seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
                 kl_coefs=_positive(a.kl_coefs or DEFAULT_BETAS, "--kl-coefs", "KL coefficient"),
                 dpo_betas=_positive(a.dpo_betas or DEFAULT_BETAS, "--dpo-betas", "beta"), labels=labels,
-                n_eval=a.eval_queries, eval_samples=a.eval_samples, samples=a.samples,
+                n_eval=a.eval_queries or 0, eval_samples=a.eval_samples, samples=a.samples,
                 betas=_positive(a.betas, "--betas", "beta") if a.betas is not None else FRONTIER_BETAS,
                 min_ess=a.min_ess, db=Path(a.db).resolve() if a.db else None)  # fmt: skip
 

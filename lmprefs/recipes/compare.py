@@ -58,7 +58,7 @@ DEFAULT_EVAL_QUERIES = 64
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """What `experiment compare` runs. labels: the store's label count (None: labels.num_train); n_eval: held-out
-    queries (None: 64, or all the task sets aside if fewer); db: an existing store instead of sampling and labeling
+    queries (0: 64, or all the task sets aside if fewer); db: an existing store instead of sampling and labeling
     one."""
 
     arms: tuple[str, ...] = ARMS
@@ -67,7 +67,7 @@ class Plan:
     best_of: tuple[int, ...] = (2, 4, 8, 16)
     seeds: int = 1
     labels: int | None = None
-    n_eval: int | None = None
+    n_eval: int = 0
     eval_samples: int = 2
     samples: int = 256
     betas: tuple[float, ...] = DEFAULT_BETAS
@@ -132,8 +132,8 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
             arm_cfg = R(cfg, run=R(cfg.run, seed=cfg.run.seed + s))
             t0 = time.time()
             if kind in PPO_FAMILY:
-                arm_cfg = R(arm_cfg, ppo=R(cfg.ppo, **PPO_FAMILY[kind]),
-                            rewards=R(cfg.rewards, kl_coef=value, kl_target=None, trained_model=str(rm_dir)))
+                rewards = R(cfg.rewards, kl_coef=value, kl_target=None, trained_model=str(rm_dir))
+                arm_cfg = R(arm_cfg, ppo=R(cfg.ppo, **PPO_FAMILY[kind]), rewards=rewards)
                 ev = train_arm(arm_cfg, run_dir / key, key, f"{kind}, {setting}", plan.n_eval, plan.eval_samples,
                                true_name)  # fmt: skip
                 episodes = arm_cfg.ppo.num_updates * arm_cfg.ppo.batch_size
@@ -170,6 +170,10 @@ def _check_store(t: Task, plan: Plan, run_dir: Path, res: Results) -> Path:
     if started is not None and started != str(path):
         raise UserError(f"{run_dir} is an experiment on the label store {started}, not {path}; rerun it with its own "
                         "--db, or choose another --run-dir")  # fmt: skip
+    had = res.data.get("labels", {}).get("num_train", t.cfg.labels.num_train)
+    if had != t.cfg.labels.num_train:  # its reward model and finished arms learned from that many
+        raise UserError(f"--labels {t.cfg.labels.num_train}: {run_dir} is an experiment on {had} labels; rerun it "
+                        "with its own --labels, or choose another --run-dir")  # fmt: skip
     return path
 
 
@@ -217,7 +221,7 @@ def best_of_n_policy(t: Task, rm, queries: torch.Tensor, true_fn, n: int, sample
             r, _ = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen, repeats=k,
                           **sampler_options(t.cfg.run))  # fmt: skip
             post = truncate_responses(r, task.truncate_token, task.truncate_after)
-            proxy = apply_penalty(score(formatted.repeat_interleave(k, 0), post).float(), post, task)
+            proxy = apply_penalty(score(formatted.repeat_interleave(k, 0), post, None).float(), post, task)
         articles = [x for x in decode(t.tok, q) for _ in range(k)]  # a judge may read the query
         true = torch.tensor(score_texts(true_fn, decode(t.tok, post), articles), dtype=torch.float64)
         pick = proxy.view(len(q), samples, n).argmax(2, keepdim=True).cpu()  # the first of the highest
