@@ -17,10 +17,35 @@ KEYS = ["ppo-beta0.1", "ppo-separate-beta0.1", "rloo-beta0.1", "dpo-pairwise-bet
         "best-of-4"]  # fmt: skip
 
 
-def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys):
+def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys, monkeypatch):
+    from lmprefs.io import atomic
+
+    class Killed(BaseException):
+        pass
+
+    seen = []
+
+    def crash(at: str) -> None:  # the second DPO arm (listwise) is killed after its first logged step
+        seen.append(at)
+        if seen.count("dpo:logged") == 2:
+            raise Killed(at)
+
     run_dir = tmp_path / "cmp"
     args = ["experiment", "compare", *SMALL, "--run-dir", str(run_dir)]
+    monkeypatch.setattr(atomic, "crash_hook", crash)
+    with pytest.raises(Killed):
+        main(args + CONFIG)
+    monkeypatch.undo()
+    assert (run_dir / "dpo-listwise-beta0.1" / "run.json").is_file()
+    assert "dpo-listwise-beta0.1" not in json.loads((run_dir / "results.json").read_text())
+    capsys.readouterr()
+    # rerunning the command: the finished arms are skipped, the killed one resumes, the rest run
     assert main(args + CONFIG) == 0
+    out = capsys.readouterr().out
+    assert all(f"[{k}] done" in out for k in KEYS[:4]), out
+    assert "[dpo-listwise-beta0.1] resuming" in out and "[best-of-4] sampling" in out
+    assert "[labels]" not in out and "[frontier]" not in out and "[reward model]" not in out
+    assert "| rloo | kl_coef 0.1 |" in out
     res = json.loads((run_dir / "results.json").read_text())
     assert {"labels", "initial", "frontier", "reward_model", "summary", *KEYS} <= set(res)
     for key in KEYS:
@@ -34,13 +59,10 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     assert (run_dir / "compare.png").read_bytes()[:4] == b"\x89PNG"
     report = (run_dir / "report.md").read_text()
     assert "| dpo-listwise | dpo.beta 0.1 |" in report and "(analytic)" in report
-    out = capsys.readouterr().out
-    assert "| rloo | kl_coef 0.1 |" in out
-    # the same command again: every arm is done, nothing is sampled, labeled or trained again
-    assert main(args + CONFIG) == 0
+    # the same command again: every arm is done
+    assert main(args) == 0
     out = capsys.readouterr().out
     assert all(f"[{k}] done" in out for k in KEYS), out
-    assert "[labels]" not in out and "[frontier]" not in out and "[reward model]" not in out
 
 
 @pytest.mark.parametrize("argv,needle", [
