@@ -1,11 +1,13 @@
-"""`lmprefs experiment`: the paper's Figure 2 (mock-sentiment) and Figure 3 (kl-frontier), and the
-writing-prompts demo; each resumes when its command line is run again."""
+"""`lmprefs experiment`: the paper's Figure 2 (mock-sentiment) and Figure 3 (kl-frontier), the methods side by side
+on Figure 3's axes (compare, lmprefs.cli.compare), and the writing-prompts demo; each resumes when its command line
+is run again."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from lmprefs.cli import compare
 from lmprefs.cli.common import (
     ArgumentParser,
     command_parser,
@@ -23,15 +25,18 @@ DEFAULT_KL_COEFS = "0.01,0.03,0.1,0.3"  # fixed betas that spread the arms' KL o
 # each experiment's own flags: saved with the run, so that rerunning its command (or the bare command) resumes it
 FLAGS = {"mock-sentiment": ("labels", "seeds", "eval_queries", "eval_samples"),
          "kl-frontier": ("queries", "samples", "betas", "kl_targets", "kl_coefs", "true_reward", "min_ess", "figure2",
-                         "eval_samples", "fit_cut")}  # fmt: skip
+                         "eval_samples", "fit_cut"),
+         "compare": compare.FLAGS}  # fmt: skip
 
 
 def _parser() -> ArgumentParser:
-    p = command_parser("experiment", "lmprefs experiment {mock-sentiment,kl-frontier,writing-prompts} [PRESET] "
-                       "[--run-dir DIR] [...]")  # fmt: skip
-    p.add_argument("name", choices=["mock-sentiment", "kl-frontier", "writing-prompts"],
+    p = command_parser("experiment", "lmprefs experiment {mock-sentiment,kl-frontier,compare,writing-prompts} "
+                       "[PRESET] [--run-dir DIR] [...]")  # fmt: skip
+    p.add_argument("name", choices=["mock-sentiment", "kl-frontier", "compare", "writing-prompts"],
                    help="mock-sentiment: the paper's Figure 2 (reward models from N labels vs direct access); "
-                   "kl-frontier: Figure 3 (KL vs true reward of PPO runs beside the optimal policy); writing-prompts: "
+                   "kl-frontier: Figure 3 (KL vs true reward of PPO runs beside the optimal policy); compare: PPO, "
+                   "PPO with a separate value model, RLOO, DPO and best-of-n from one label store on Figure 3's axes; "
+                   "writing-prompts: "
                    "SFT, a reward model from scores and PPO with a separate value model (lmprefs experiment "
                    "writing-prompts --help)")  # fmt: skip
     p.add_argument("preset_arg", nargs="?", metavar="PRESET", help="preset every arm starts from (default quickstart)")
@@ -60,6 +65,7 @@ def _parser() -> ArgumentParser:
     g.add_argument("--figure2", default=None, help="a mock-sentiment run directory whose arms are added as points")
     g.add_argument("--fit-cut", type=float, default=None, help="Gao et al.'s forms are fitted to the points with KL "
                    "up to this many nats and predict those beyond (default: each set's median KL)")  # fmt: skip
+    compare.add_flags(p)
     return p
 
 
@@ -83,13 +89,16 @@ def cmd_experiment(argv: list[str]) -> int:
     wrong = [act.option_strings[0] for act in p._actions if act.dest in other & given]
     if wrong:
         raise UserError(f"{wrong[0]} is not an option of `experiment {a.name}` (see lmprefs experiment --help)")
+    if a.name == "compare" and a.db:  # saved with the run: a rerun from elsewhere reads the same store
+        a.db = str(Path(a.db).resolve())
     run_dir = run_dir_for(a.run_dir, resolve_config(preset_name, []), "experiment", a.name)
     cfg, flags, on_start = experiment_setup(run_dir, preset_name, pairs, {k: getattr(a, k) for k in FLAGS[a.name]},
                                             given)  # fmt: skip
     a = argparse.Namespace(**{**vars(a), **flags})
     if a.eval_samples < 1:
         raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
-    out = (_mock_sentiment if a.name == "mock-sentiment" else _kl_frontier)(a, cfg, run_dir, on_start)
+    run = {"mock-sentiment": _mock_sentiment, "kl-frontier": _kl_frontier, "compare": compare.compare}[a.name]
+    out = run(a, cfg, run_dir, on_start)
     print(f"figure: {out['figure']}")
     return 0
 

@@ -32,8 +32,6 @@ def run_kl_frontier(cfg: Config, run_dir: Path, *, queries: int, samples: int, b
     KL target, one per fixed KL coefficient), evaluated on the same queries; Gao et al.'s forms fitted to the
     best-of-n and the PPO points with KL up to fit_cut (None: each set's median KL), predicting the rest.
     figure2: a mock-sentiment run directory whose arms are added as points."""
-    import torch
-
     if fit_cut is not None and fit_cut >= bon_kl(samples):
         raise UserError(f"--fit-cut {fit_cut:g}: beyond every best-of-n point (the largest, best of {samples}, is at "
                         f"KL {bon_kl(samples):.2f} nats)")  # fmt: skip
@@ -46,21 +44,8 @@ def run_kl_frontier(cfg: Config, run_dir: Path, *, queries: int, samples: int, b
     run_dir.mkdir(parents=True, exist_ok=True)
     res = Results(run_dir)
     heldout = t.heldout_queries[:queries]
-    scores_path = run_dir / "frontier_scores.json"  # [queries][samples] true rewards of the initial policy's samples
-    if not scores_path.exists():
-        print(f"[frontier] sampling {samples} responses of the initial policy for each of {queries} held-out queries",
-              flush=True)  # fmt: skip
-        e = evaluate_policy(t, heldout, true_fn, None, samples, cfg.run.seed + 7, desc="frontier: sampling rho")
-        atomic_write_text(scores_path, json.dumps(e["scores"]))
-    scores = torch.tensor(json.loads(scores_path.read_text()), dtype=torch.float64)  # [Q, M]
-    if tuple(scores.shape) != (queries, samples):
-        raise UserError(f"{run_dir} holds the frontier of {scores.shape[0]} queries x {scores.shape[1]} samples, not "
-                        f"--queries {queries} --samples {samples}; pass those or choose another --run-dir")
-    rows = frontier(scores, betas, min_ess)
-    per_query = scores.mean(1)
-    res.save("initial", {"mean": per_query.mean().item(), "stderr": (per_query.std() / math.sqrt(queries)).item(),
-                         "kl": 0.0, "kl_stderr": 0.0, "n_queries": queries, "samples_per_query": samples})
-    res.save("frontier", {"samples_per_query": samples, "queries": queries, "min_ess": min_ess, "points": rows})
+    scores = frontier_scores(t, run_dir, heldout, true_fn, samples, cfg.run.seed + 7, "--queries")
+    save_frontier(res, scores, betas, min_ess)
     ns = [2**i for i in range(int(math.log2(samples)) + 1)]
     res.save("best_of_n", [best_of_n(scores, n) for n in ns])
     del t
@@ -80,6 +65,35 @@ def run_kl_frontier(cfg: Config, run_dir: Path, *, queries: int, samples: int, b
     res.save("gao_fits", gao_fits(res.data, [a[0] for a in arms], fit_cut))
     fig = plot_figure3(run_dir, res.data, [a[0] for a in arms])
     return {"results": res.data, "figure": fig}
+
+
+def frontier_scores(t, run_dir: Path, heldout, true_fn, samples: int, seed: int, flag: str):
+    """[Q, M] float64: the true rewards of M samples of the initial policy on each held-out query, drawn once and
+    kept in run_dir/frontier_scores.json; a run directory holding another Q x M is refused."""
+    import torch
+
+    queries = len(heldout)
+    scores_path = run_dir / "frontier_scores.json"  # [queries][samples] true rewards of the initial policy's samples
+    if not scores_path.exists():
+        print(f"[frontier] sampling {samples} responses of the initial policy for each of {queries} held-out queries",
+              flush=True)  # fmt: skip
+        e = evaluate_policy(t, heldout, true_fn, None, samples, seed, desc="frontier: sampling rho")
+        atomic_write_text(scores_path, json.dumps(e["scores"]))
+    scores = torch.tensor(json.loads(scores_path.read_text()), dtype=torch.float64)  # [Q, M]
+    if tuple(scores.shape) != (queries, samples):
+        raise UserError(f"{run_dir} holds the frontier of {scores.shape[0]} queries x {scores.shape[1]} samples, not "
+                        f"{flag} {queries} --samples {samples}; pass those or choose another --run-dir")
+    return scores
+
+
+def save_frontier(res: Results, scores, betas: list[float], min_ess: float) -> None:
+    """results.json's initial (the true reward of rho's samples, mean +/- s.e. over queries) and frontier."""
+    queries, samples = scores.shape
+    per_query = scores.mean(1)
+    res.save("initial", {"mean": per_query.mean().item(), "stderr": (per_query.std() / math.sqrt(queries)).item(),
+                         "kl": 0.0, "kl_stderr": 0.0, "n_queries": queries, "samples_per_query": samples})
+    res.save("frontier", {"samples_per_query": samples, "queries": queries, "min_ess": min_ess,
+                          "points": frontier(scores, betas, min_ess)})  # fmt: skip
 
 
 def gao_fits(data: dict, arms: list[str], cut: float | None) -> dict:
@@ -142,16 +156,7 @@ def plot_figure3(run_dir: Path, data: dict, arms: list[str]) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
-    fr = data["frontier"]
-    pts = fr["points"]
-    good = [p for p in pts if p["trusted"]]
-    ax.plot([p["kl"] for p in pts], [p["reward"] for p in pts], ls=":", color="k", alpha=0.5,
-            label=f"optimal pi* (ESS < {fr['min_ess']:g}: not trusted)")  # fmt: skip
-    ax.plot([p["kl"] for p in good], [p["reward"] for p in good], "-", color="k",
-            label=f"optimal pi* ({fr['queries']} queries x {fr['samples_per_query']} samples)")  # fmt: skip
-    ax.axvline(math.log(fr["samples_per_query"]), color="grey", lw=0.8, ls="--")
-    ax.errorbar([0], [data["initial"]["mean"]], yerr=[data["initial"]["stderr"]], fmt="s", color="grey",
-                capsize=3, label="initial policy")  # fmt: skip
+    plot_frontier(ax, data)
     for name in arms:
         if name in data:
             d = data[name]
@@ -171,3 +176,18 @@ def plot_figure3(run_dir: Path, data: dict, arms: list[str]) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def plot_frontier(ax, data: dict) -> None:
+    """The sampled optimal frontier (dotted where its ESS is too small to trust it), the log M line beyond which M
+    samples cannot show KL, and the initial policy."""
+    fr = data["frontier"]
+    pts = fr["points"]
+    good = [p for p in pts if p["trusted"]]
+    ax.plot([p["kl"] for p in pts], [p["reward"] for p in pts], ls=":", color="k", alpha=0.5,
+            label=f"optimal pi* (ESS < {fr['min_ess']:g}: not trusted)")  # fmt: skip
+    ax.plot([p["kl"] for p in good], [p["reward"] for p in good], "-", color="k",
+            label=f"optimal pi* ({fr['queries']} queries x {fr['samples_per_query']} samples)")  # fmt: skip
+    ax.axvline(math.log(fr["samples_per_query"]), color="grey", lw=0.8, ls="--")
+    ax.errorbar([0], [data["initial"]["mean"]], yerr=[data["initial"]["stderr"]], fmt="s", color="grey",
+                capsize=3, label="initial policy")  # fmt: skip

@@ -1,0 +1,78 @@
+"""`lmprefs experiment compare`: its flags, their checks and its printed table (lmprefs.recipes.compare)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from lmprefs.cli.common import parse_numbers
+from lmprefs.errors import UserError
+
+DEFAULT_ARMS = "ppo,ppo-separate,rloo,dpo-pairwise,dpo-listwise,best-of-n"
+DEFAULT_BETAS = "0.03,0.1,0.3"  # KL coefficients of the PPO-family arms and DPO's betas alike
+DEFAULT_BEST_OF = "2,4,8,16"
+FLAGS = ("arms", "labels", "seeds", "eval_queries", "eval_samples", "samples", "betas", "min_ess", "kl_coefs",
+         "dpo_betas", "best_of", "db")  # fmt: skip
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """compare's own flags; --labels, --seeds, --eval-queries, --samples, --betas, --min-ess and --kl-coefs are
+    shared with the other experiments."""
+    g = p.add_argument_group("compare (also --labels N: the store's label count, --seeds, --eval-queries, "
+                             "--samples, --betas, --min-ess, --kl-coefs)")  # fmt: skip
+    g.add_argument("--arms", default=None, help=f"arms to run (default {DEFAULT_ARMS})")
+    g.add_argument("--dpo-betas", default=None, help=f"dpo.beta of each DPO arm (default {DEFAULT_BETAS})")
+    g.add_argument("--best-of", default=None, help=f"n of each best-of-n arm (default {DEFAULT_BEST_OF})")
+    g.add_argument("--db", default=None, help="an existing label store (.sqlite or a label file) instead of one "
+                   "sampled and labeled by labels.labeler")  # fmt: skip
+
+
+def _positive(text: str, flag: str, what: str, kind=float) -> tuple:
+    xs = parse_numbers(text, flag, kind)
+    bad = [x for x in xs if not 0 < x < float("inf")]
+    if not xs or bad:
+        raise UserError(f"{flag} {text!r}: every {what} must be a positive number" + (f" (not {bad[0]:g})" if bad
+                                                                                      else ""))  # fmt: skip
+    return tuple(xs)
+
+
+def plan_from_args(a: argparse.Namespace):
+    """The Plan of the command line, or one line naming the bad value."""
+    from lmprefs.recipes.compare import ARMS, Plan
+    from lmprefs.training.frontier import DEFAULT_BETAS as FRONTIER_BETAS
+
+    arms = tuple(x.strip() for x in (a.arms or DEFAULT_ARMS).split(",") if x.strip())
+    unknown = [x for x in arms if x not in ARMS]
+    if not arms or unknown:
+        raise UserError(f"--arms {a.arms!r}: unknown arm {unknown[0] if unknown else ''!r}; choose from "
+                        f"{', '.join(ARMS)}")  # fmt: skip
+    if a.seeds < 1:
+        raise UserError(f"--seeds {a.seeds}: must be at least 1")
+    best_of = _positive(a.best_of or DEFAULT_BEST_OF, "--best-of", "n", int)
+    labels = None
+    if a.labels is not None:
+        counts = parse_numbers(a.labels, "--labels", int)
+        if len(counts) != 1 or counts[0] < 1:
+            raise UserError(f"--labels {a.labels!r}: one positive label count (the store's)")
+        labels = counts[0]
+    for flag, v in (("--eval-queries", a.eval_queries), ("--samples", a.samples)):
+        if v is not None and v < 2:
+            raise UserError(f"{flag} {v}: must be at least 2 (a standard error needs two)")
+    if a.min_ess < 1:
+        raise UserError(f"--min-ess {a.min_ess}: must be at least 1")
+    return Plan(arms=tuple(dict.fromkeys(arms)), seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
+                kl_coefs=_positive(a.kl_coefs or DEFAULT_BETAS, "--kl-coefs", "KL coefficient"),
+                dpo_betas=_positive(a.dpo_betas or DEFAULT_BETAS, "--dpo-betas", "beta"), labels=labels,
+                n_eval=a.eval_queries or 0, eval_samples=a.eval_samples, samples=a.samples,
+                betas=_positive(a.betas, "--betas", "beta") if a.betas is not None else FRONTIER_BETAS,
+                min_ess=a.min_ess, db=Path(a.db).resolve() if a.db else None)  # fmt: skip
+
+
+def compare(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
+    from lmprefs.recipes.compare import run_compare, table
+
+    plan = plan_from_args(a)
+    out = run_compare(cfg, run_dir, plan, on_start)
+    print("\n".join(table(out["results"], plan)))
+    print(f"report: {out['report']}")
+    return out

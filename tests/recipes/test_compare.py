@@ -1,0 +1,86 @@
+"""`experiment compare` on the tiny preset: every arm kind runs from one store and one reward model and lands in
+results.json with finite figures, the figure is a PNG, a rerun skips finished arms; bad input is one line, exit 2,
+nothing written."""
+
+import json
+import math
+
+import pytest
+
+from lmprefs.cli.dispatch import main
+
+SMALL = ["--preset", "tiny", "--eval-samples", "1", "--labels", "16", "--eval-queries", "4", "--samples", "8",
+         "--kl-coefs", "0.1", "--dpo-betas", "0.1", "--best-of", "4", "--betas", "0.1,1",
+         "--min-ess", "2"]  # fmt: skip
+CONFIG = ["--ppo.total-episodes", "16", "--labels.heldout-fraction", "0.2", "--dpo.lr", "2e-3"]
+KEYS = ["ppo-beta0.1", "ppo-separate-beta0.1", "rloo-beta0.1", "dpo-pairwise-beta0.1", "dpo-listwise-beta0.1",
+        "best-of-4"]  # fmt: skip
+
+
+def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys, monkeypatch):
+    from lmprefs.io import atomic
+
+    class Killed(BaseException):
+        pass
+
+    seen = []
+
+    def crash(at: str) -> None:  # the second DPO arm (listwise) is killed after its first logged step
+        seen.append(at)
+        if seen.count("dpo:logged") == 2:
+            raise Killed(at)
+
+    run_dir = tmp_path / "cmp"
+    args = ["experiment", "compare", *SMALL, "--run-dir", str(run_dir)]
+    monkeypatch.setattr(atomic, "crash_hook", crash)
+    with pytest.raises(Killed):
+        main(args + CONFIG)
+    monkeypatch.undo()
+    assert (run_dir / "dpo-listwise-beta0.1" / "run.json").is_file()
+    assert "dpo-listwise-beta0.1" not in json.loads((run_dir / "results.json").read_text())
+    capsys.readouterr()
+    # rerunning the command: the finished arms are skipped, the killed one resumes, the rest run
+    assert main(args + CONFIG) == 0
+    out = capsys.readouterr().out
+    assert all(f"[{k}] done" in out for k in KEYS[:4]), out
+    assert "[dpo-listwise-beta0.1] resuming" in out and "[best-of-4] sampling" in out
+    assert "[labels]" not in out and "[frontier]" not in out and "[reward model]" not in out
+    assert "| rloo | kl_coef 0.1 |" in out
+    res = json.loads((run_dir / "results.json").read_text())
+    assert {"labels", "initial", "frontier", "reward_model", "summary", *KEYS} <= set(res)
+    for key in KEYS:
+        d = res[key]
+        assert d["n_queries"] == 4 and d["seconds"] > 0 and d["episodes"] > 0, (key, d)
+        assert all(math.isfinite(d[k]) for k in ("mean", "stderr", "kl", "kl_stderr", "episodes_per_s")), (key, d)
+    assert res["best-of-4"]["kl"] == pytest.approx(math.log(4) - 3 / 4) and res["best-of-4"]["kl_analytic"]
+    assert res["ppo-beta0.1"]["episodes"] == 16 and res["dpo-pairwise-beta0.1"]["episodes"] == 16
+    # the PPO-family arms read the one reward model instead of training their own
+    assert not any((run_dir / k / "reward_model").exists() for k in KEYS[:3])
+    assert (run_dir / "compare.png").read_bytes()[:4] == b"\x89PNG"
+    report = (run_dir / "report.md").read_text()
+    assert "| dpo-listwise | dpo.beta 0.1 |" in report and "(analytic)" in report
+    # the same command again: every arm is done
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert all(f"[{k}] done" in out for k in KEYS), out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--arms", "ppo,sft"], "--arms 'ppo,sft': unknown arm 'sft'"),
+    (["--kl-coefs", "0.1,0"], "--kl-coefs '0.1,0': every KL coefficient must be a positive number (not 0)"),
+    (["--dpo-betas", "-0.1"], "--dpo-betas '-0.1': every beta must be a positive number (not -0.1)"),
+    (["--seeds", "0"], "--seeds 0: must be at least 1"),
+    (["--best-of", "0"], "--best-of '0': every n must be a positive number (not 0)"),
+    (["--labels", "8,16"], "--labels '8,16': one positive label count"),
+    (["--eval-queries", "1"], "--eval-queries 1: must be at least 2"),
+    (["--db", "missing.sqlite"], "missing.sqlite"),
+    (["--db", "scores.jsonl"], "the label store holds no best-of-N or pairwise labels"),
+    (["--fit-cut", "1"], "--fit-cut is not an option of `experiment compare`"),
+])  # fmt: skip
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, argv, needle):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "scores.jsonl").write_text(json.dumps({"prompt": "q", "response": "a", "score": 1.0}) + "\n")
+    assert main(["experiment", "compare", "tiny", "--run-dir", "cmp", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "cmp").exists()
