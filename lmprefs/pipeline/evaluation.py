@@ -122,7 +122,7 @@ def plot_curves(metrics: list[dict], out: Path, labeler: str | None = "vader") -
     import matplotlib.pyplot as plt
 
     true = f"true reward: {true_reward_name(labeler)}" if labeler else "true reward"
-    panels = [("objective/score", "reward-model score"), ("objective/true_reward", true),
+    panels = [("objective/score", "the reward PPO optimizes"), ("objective/true_reward", true),
               ("objective/kl", "KL(policy || initial), nats"),
               ("objective/kl_coef", "KL coefficient beta")]  # fmt: skip
     fig, axes = plt.subplots(2, 2, figsize=(10, 7))
@@ -134,6 +134,7 @@ def plot_curves(metrics: list[dict], out: Path, labeler: str | None = "vader") -
             ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
         ax.set_title(f"{key}\n{title}", fontsize=10)
         ax.set_xlabel("PPO update")
+        ax.ticklabel_format(axis="y", useOffset=False)  # beta moves in its 5th digit: plain values, not an offset
         ax.grid(alpha=0.3)
     fig.tight_layout()
     path = out / "curves.png"
