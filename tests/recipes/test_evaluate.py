@@ -86,3 +86,16 @@ def test_a_foreign_reward_model_is_normalized_unless_told_not_to(run, tmp_path, 
     assert "not normalized (rewards.normalize=false); its scores have mean" in capsys.readouterr().out
     assert normalized["reference_eval"]["mean"] != raw["reference_eval"]["mean"]
     assert normalized["policy_eval"]["kl"] == raw["policy_eval"]["kl"]  # the same samples
+
+
+def test_prompts_from_a_file_and_a_model_directory(run, tmp_path):
+    """--queries FILE: its prompts in order; a model directory (here the run's policy/, evaluated with the run's
+    config) is evaluated as its run is."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("It was a truth universally acknowledged\n\nShe smiled at him\n\nThe weather was\n")
+    s = _evaluate(run / "policy", tmp_path / "ev", "--reward", "vader", "--queries", str(prompts), "--eval-queries",
+                  "3", "--eval-samples", "1")  # fmt: skip
+    assert s["queries"] == f"--queries {prompts}" and s["run"] == str(run) and s["n_queries"] == 3
+    rows = [json.loads(x) for x in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    assert [r["query"] for r in rows] == ["It was a truth universally acknowledged", "She smiled at him",
+                                          "The weather was"]  # fmt: skip
