@@ -39,7 +39,7 @@ def cmd_evaluate(argv: list[str]) -> int:
     from lmprefs.recipes.evaluate import check_inputs, evaluate, resolve_target
     from lmprefs.runtime.runlog import default_run_dir
 
-    check_inputs(a.target, a.reward, a.reward_model, a.queries, a.eval_queries, a.eval_samples)
+    check_inputs(a.target, a.reward, a.reward_model, a.queries, a.eval_queries, a.eval_samples, a.reference)
     out = Path(a.out) if a.out else default_run_dir("evaluate", Path(a.target).resolve().name)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out}: is a file, not a directory")

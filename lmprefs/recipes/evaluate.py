@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,8 @@ def resolve_target(given: str, preset: str, pairs, reference: str | None) -> Tar
 
 def load_evaluated(target: Target, device):
     """The policy to evaluate as evaluate_model takes it (.lm, .adapter) and its tokenizer."""
-    if (target.policy_dir / "lmprefs.json").is_file():
+    meta = target.policy_dir / "lmprefs.json"
+    if meta.is_file() and json.loads(meta.read_text()).get("kind") == "policy":  # else a plain LM, e.g. train-sft's
         p = load_policy(target.policy_dir, device)
         return types.SimpleNamespace(lm=p.lm, adapter=None), p.tokenizer
     lm, tok = load_lm(str(target.policy_dir), device)
@@ -151,7 +153,7 @@ def eval_queries(t: Task, queries_file: str | None, n: int | None):
 
 
 def check_inputs(target_dir: str, reward: str | None, reward_model: str | None, queries: str | None,
-                 eval_queries: int | None, eval_samples: int) -> None:  # fmt: skip
+                 eval_queries: int | None, eval_samples: int, reference: str | None = None) -> None:  # fmt: skip
     """What can be checked before any model loads."""
     if (reward is None) == (reward_model is None):
         raise UserError("give one of --reward NAME (vader, descriptiveness, module:function: the true reward) or "
@@ -169,6 +171,8 @@ def check_inputs(target_dir: str, reward: str | None, reward_model: str | None, 
         if not Path(_local_path(queries)).exists():
             raise UserError(f"--queries {queries} does not exist")
     input_dir(target_dir, "RUN_OR_MODEL", "run or model directory")
+    if reference is not None and reference.startswith(("/", ".", "~")):  # a path, not an asset or hub name
+        input_dir(os.path.expanduser(reference), "--reference", "model directory")
 
 
 def _local_path(spec: str) -> str:

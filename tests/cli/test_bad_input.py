@@ -183,6 +183,8 @@ ROWS = [
      "--eval-queries 5: --queries texts.txt gives only 1 queries"),
     (["evaluate", "run", "--reward", "vader", "--queries", "texts.txt"], "--queries texts.txt gives only 1 queries;"),
     (["evaluate", "run", "--reward", "vader", "--out", "afile"], "--out afile: is a file"),
+    (["evaluate", "run", "--reward", "vader", "--reference", "./missing_model"],
+     "--reference ./missing_model does not exist"),
     # sampling temperatures that are not a positive finite number
     (["sample", "--preset", "tiny", "--temperature", "nan"], "--temperature nan"),
     (["sample", "--preset", "tiny", "--temperature", "inf"], "--temperature inf"),
