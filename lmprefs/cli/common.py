@@ -32,6 +32,8 @@ COMMANDS = {
     "Plackett-Luce listwise loss; the initial policy is the reference), no reward model",
     "train-policy": "fine-tune the policy with PPO against a reward model (trained first unless given) or a reward "
     "function",
+    "evaluate": "a trained policy on held-out prompts beside its reference: the true reward or a reward model's "
+    "score (mean +/- s.e.) and the KL from the reference; report.md, results.json, samples.jsonl, a plot",
 }
 
 

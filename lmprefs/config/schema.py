@@ -140,6 +140,11 @@ class RewardsConfig:
     """Adaptive controller horizon in episodes."""
     trained_model: str | None = None
     """A trained reward-model directory; None = train one first (as the original's train_new_model)."""
+    normalize: bool = True
+    """Normalize a reward model lmprefs did not train (no lmprefs.json beside it, e.g. TRL's) to mean 0, std 1 on
+    initial-policy samples before using it, as lmprefs normalizes its own when it trains them (the original's
+    set_reward_norm): kl_coef and the KL target are set for rewards of that scale. false: its raw scores. Either way
+    the run prints the mean and std of its scores on those samples."""
 
 
 @dataclass(frozen=True)

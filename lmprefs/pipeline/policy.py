@@ -18,6 +18,7 @@ from lmprefs.io.config_file import save_config
 from lmprefs.io.locks import run_lock
 from lmprefs.models.lora import add_adapter
 from lmprefs.models.policy import Policy
+from lmprefs.pipeline.evaluation import plot_curves
 from lmprefs.pipeline.labeling import label_source, open_store
 from lmprefs.pipeline.online import OnlineRewards, online_summary
 from lmprefs.pipeline.reward_model import training_labels
@@ -30,7 +31,7 @@ from lmprefs.pipeline.rewards import (
 )
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
-from lmprefs.runtime.runlog import open_logger
+from lmprefs.runtime.runlog import open_logger, read_metrics
 from lmprefs.training.policy import train_policy
 from lmprefs.training.policy_checkpoint import find_checkpoint, load_checkpoint
 from lmprefs.training.policy_run import build_run
@@ -136,6 +137,8 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
                              lambda r, st: [h(r, st) for h in hooks])  # fmt: skip
     finally:
         log.close()
+    if dist.is_main():  # the quickstart's learning curves, under the original's metric names
+        plot_curves(read_metrics(run_dir / "metrics.jsonl", "policy"), run_dir, true_reward)
     if online:
         info["online_summary"] = online_summary(run_dir)
     return {"stats": stats, **info, "run": run, "task": t}

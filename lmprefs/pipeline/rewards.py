@@ -131,23 +131,28 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
     return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
 
 
-def normalize_foreign(t: Task, rm, rm_dir: Path) -> None:
+def normalize_foreign(t: Task, rm, rm_dir: Path, what: str | None = None) -> None:
     """Normalize a reward model lmprefs did not train (e.g. TRL's: no lmprefs.json) to mean 0, std 1 on samples of
     the initial policy, as lmprefs normalizes its own when it trains them and reward functions: its scale is
-    arbitrary, and kl_coef and the KL target weigh a reward of that scale. Deterministic (its own generator), so a
-    resumed run normalizes it as the first did."""
+    arbitrary, and kl_coef and the KL target weigh a reward of that scale. With rewards.normalize false it is left
+    as it is; either way one line says which, with the mean and std found. Deterministic (its own generator), so a
+    resumed run normalizes it as the first did. `what`: the flag that named it, for the messages."""
     cfg = t.cfg
+    what = what or f"rewards.trained_model={rm_dir}"
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
     q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
     raw = dist.gather_rows(rm_rewards(rm, q, r, t.ctx).double())
     mean, std = raw.mean().item(), raw.std(unbiased=False).item()
-    if not std > 1e-6:
-        raise UserError(f"rewards.trained_model={rm_dir}: gives every one of {len(raw)} initial-policy samples the "
-                        f"reward {mean:+.4f}; it cannot rank responses (is it trained?)")  # fmt: skip
-    rm.set_norm(mean, std)
+    if cfg.rewards.normalize and not std > 1e-6:
+        raise UserError(f"{what}: gives every one of {len(raw)} initial-policy samples the reward {mean:+.4f}; it "
+                        "cannot rank responses (is it trained?)")  # fmt: skip
+    if cfg.rewards.normalize:
+        rm.set_norm(mean, std)
     if dist.is_main():
-        print(f"rewards.trained_model={rm_dir}: not trained by lmprefs (no lmprefs.json): normalized with mean "
-              f"{mean:+.4f}, std {std:.4f} of {len(raw)} initial-policy samples", flush=True)  # fmt: skip
+        how = ("normalized with" if cfg.rewards.normalize else
+               "not normalized (rewards.normalize=false); its scores have")  # fmt: skip
+        print(f"{what}: not trained by lmprefs (no lmprefs.json): {how} mean {mean:+.4f}, std {std:.4f} on "
+              f"{len(raw)} initial-policy samples", flush=True)  # fmt: skip
 
 
 def checked_scores(fn, texts: list[str], name: str, queries: list[str] | None = None) -> torch.Tensor:

@@ -25,11 +25,11 @@ from pathlib import Path
 from lmprefs.config import Config
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
+from lmprefs.pipeline.evaluation import evaluate_arm
 from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.policy import run_train_policy
 from lmprefs.pipeline.rewards import reward_function
-from lmprefs.pipeline.task import Task, setup_task
-from lmprefs.recipes.quickstart import evaluate_policy
+from lmprefs.pipeline.task import setup_task
 from lmprefs.runtime.runlog import read_metrics
 
 R = dataclasses.replace
@@ -55,18 +55,6 @@ def true_reward_fn(name: str):
         return reward_function(name)[1]
     except UserError as e:
         raise UserError(str(e).replace("--reward", "--true-reward", 1)) from None
-
-
-def evaluate_arm(t, policy, queries, true_fn, samples: int, seed: int, desc: str) -> dict:
-    """True reward (mean +/- s.e. over queries) and KL(pi, rho) on policy samples (sum over the response of log pi -
-    log rho at the task temperature, mean +/- s.e. over samples) of a trained policy (None: the initial one)."""
-
-    adapter = policy.adapter if policy is not None else None
-    task = t if policy is None or adapter else Task(**{**t.__dict__, "model": policy.lm})
-    e = evaluate_policy(task, queries, true_fn, adapter, samples, seed, desc=desc,
-                        ref_model=None if policy is None else t.model)  # fmt: skip
-    out = {k: e[k] for k in ("mean", "stderr", "n_queries", "samples_per_query")}
-    return out | ({"kl": e["kl"], "kl_stderr": e["kl_stderr"]} if "kl" in e else {"kl": 0.0, "kl_stderr": 0.0})
 
 
 def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, samples: int, true_name: str, *,

@@ -16,9 +16,9 @@ from pathlib import Path
 from lmprefs.config import Config
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
+from lmprefs.pipeline.evaluation import evaluate_policy
 from lmprefs.pipeline.task import setup_task
 from lmprefs.recipes.experiment import R, Results, check_heldout, summarize_seeds, train_arm, true_reward_fn
-from lmprefs.recipes.quickstart import evaluate_policy
 from lmprefs.training.frontier import frontier
 from lmprefs.training.scaling_laws import best_of_n, bon_kl, fit_gao
 

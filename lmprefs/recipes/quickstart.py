@@ -14,122 +14,28 @@ import math
 import time
 from pathlib import Path
 
-import torch
-
 from lmprefs.config import Config, label_type_shape
 from lmprefs.data.queries import QueryStream
-from lmprefs.data.tasks import decode, show, truncate_responses
-from lmprefs.labels.labelers import score_fn, score_texts
+from lmprefs.data.tasks import decode, show
+from lmprefs.labels.labelers import score_fn
 from lmprefs.models import parallel
-from lmprefs.models.lora import using
-from lmprefs.models.sampling import sample, sampler_options
+from lmprefs.pipeline.evaluation import evaluate_policy, plot_curves, true_reward_name
 from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.policy import policy_for
 from lmprefs.pipeline.reward_model import train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
-from lmprefs.runtime.runlog import open_logger, progress, read_metrics
+from lmprefs.runtime.runlog import open_logger, read_metrics
 from lmprefs.training.policy import train_policy
 from lmprefs.training.policy_run import build_run
-from lmprefs.training.rollout import ref_logprobs, rm_score_fn
-
-# what each simulated labeler stands for, in reports and plots
-TRUE_REWARD_NAMES = {"vader": "mock sentiment (VADER)", "descriptiveness": "mock descriptiveness",
-                     "faithfulness": "summaries (MiniLM faithfulness judge)"}  # fmt: skip
-
-
-def true_reward_name(labeler: str) -> str:
-    return TRUE_REWARD_NAMES.get(labeler, labeler)
+from lmprefs.training.rollout import rm_score_fn
 
 
 def chance(cfg: Config) -> float:
     """A reward model's held-out accuracy by chance: 1/N for best_of_N."""
 
     return 1 / label_type_shape(cfg.labels.type)[1]
-
-
-@torch.no_grad()
-def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None, samples_per_query: int,
-                    seed: int, *, batch_size: int = 64, desc: str = "evaluating", ref_model=None) -> dict:  # fmt: skip
-    """True reward of a policy on held-out queries: mean and standard error over queries (each query's reward is
-    the mean over its samples), every sample's reward ("scores", [queries][samples]), and the texts of the first
-    sample of each query. With `ref_model` (the initial policy: adapters off), also the KL of the policy from it,
-    sum over the response of logp - logp_ref as in objective/kl, averaged over every sample: a steadier figure than
-    the last training batch's.
-    Under several ranks each rank evaluates its strided share of the queries with its own seed (seed + rank *
-    100003) and the shares are gathered, so every rank returns the same figures over all queries in 1/N of the
-    time; a collective, every rank calls it."""
-
-    task = t.cfg.task
-    gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
-    per_query, texts, kls, every = [], [], [], []
-    bar = progress(len(queries), desc)
-    mine = dist.shard(queries)
-    for i in range(0, len(mine), max(1, batch_size // samples_per_query)):
-        q = mine[i : i + max(1, batch_size // samples_per_query)].to(t.device)
-        formatted = t.ctx.format(q)
-        with t.ctx.autocast(), using(t.model, adapter):
-            r, logp = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen,
-                             repeats=samples_per_query, **sampler_options(t.cfg.run))
-        if ref_model is not None:
-            with t.ctx.autocast(), using(ref_model, None):
-                ref = ref_logprobs(ref_model, formatted, r, task.temperature, len(t.tok), repeats=samples_per_query)
-            kls += (logp.float() - ref.float()).sum(1).tolist()
-        post = truncate_responses(r, task.truncate_token, task.truncate_after)
-        resp = decode(t.tok, post)
-        articles = [x for x in decode(t.tok, q) for _ in range(samples_per_query)]  # a judge may read the query
-        scores = torch.tensor(score_texts(true_fn, resp, articles)).view(len(q), samples_per_query)
-        per_query += scores.mean(1).tolist()
-        every += scores.tolist()
-        texts += resp[::samples_per_query]
-        bar.update(len(q) * dist.world())
-    bar.close()
-    if dist.world() > 1:  # every rank's share, back in the queries' order (rank r held queries r, r + N, ...)
-        parts = dist.all_gather_objects((per_query, texts, kls, every))
-        per_query, texts = _interleave([p[0] for p in parts]), _interleave([p[1] for p in parts])
-        every = _interleave([p[3] for p in parts])
-        kls = [k for p in parts for k in p[2]]
-    x = torch.tensor(per_query, dtype=torch.float64)
-    out = {"mean": x.mean().item(), "stderr": (x.std() / math.sqrt(len(x))).item(), "n_queries": len(x),
-           "samples_per_query": samples_per_query, "per_query": per_query, "scores": every,
-           "texts": texts}  # fmt: skip
-    if kls:
-        k = torch.tensor(kls, dtype=torch.float64)
-        out |= {"kl": k.mean().item(), "kl_stderr": (k.std() / math.sqrt(len(k))).item()}
-    return out
-
-
-def _interleave(parts: list[list]) -> list:
-    out: list = [None] * sum(len(p) for p in parts)
-    for r, p in enumerate(parts):
-        out[r :: len(parts)] = p
-    return out
-
-
-def plot_curves(metrics: list[dict], out: Path, labeler: str = "vader") -> list[str]:
-    """PNG learning curves: score, true reward, KL and beta over updates."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [("objective/score", "reward-model score"),
-              ("objective/true_reward", f"true reward: {true_reward_name(labeler)}"),
-              ("objective/kl", "KL(policy || initial), nats"),
-              ("objective/kl_coef", "KL coefficient beta")]  # fmt: skip
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    steps = [m["step"] for m in metrics]
-    for ax, (key, title) in zip(axes.flat, panels, strict=True):
-        ax.plot(steps, [m.get(key, float("nan")) for m in metrics], marker=".")
-        ax.set_title(title)
-        ax.set_xlabel("PPO update")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = out / "curves.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return [path.name]
 
 
 def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before: dict, after: dict, *, queries,

@@ -36,12 +36,12 @@ from lmprefs.labels.formats import LabelFileError, import_file
 from lmprefs.labels.labelers import SCORE_FNS
 from lmprefs.models.artifacts import load_policy
 from lmprefs.models.sampling import sampler_options
+from lmprefs.pipeline.evaluation import evaluate_policy
 from lmprefs.pipeline.labeling import open_store
 from lmprefs.pipeline.policy import run_train_policy
 from lmprefs.pipeline.reward_model import reward_logger, train_reward_model
 from lmprefs.pipeline.rewards import reward_function
 from lmprefs.pipeline.task import Task, setup_task
-from lmprefs.recipes.quickstart import evaluate_policy
 from lmprefs.runtime.runlog import RunLogger, progress
 from lmprefs.training.reward import sample_comparisons
 from lmprefs.training.sft import checkpoint_step, resume_log_step, train_sft

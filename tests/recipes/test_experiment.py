@@ -61,7 +61,7 @@ def exact_logprobs(model, query):
 
 
 def test_sampled_frontier_agrees_with_the_exact_optimal_policy():
-    from lmprefs.recipes.quickstart import evaluate_policy
+    from lmprefs.pipeline.evaluation import evaluate_policy
 
     t = enumerable_task(0)
     M, betas = 4000, [0.25, 0.5, 1.0, 4.0]
@@ -88,7 +88,7 @@ def test_sampled_frontier_agrees_with_the_exact_optimal_policy():
 
 
 def test_heldout_kl_on_policy_samples_agrees_with_the_exact_kl():
-    from lmprefs.recipes.experiment import evaluate_arm
+    from lmprefs.pipeline.evaluation import evaluate_arm
 
     rho, pi = enumerable_task(0), enumerable_task(1)  # another random model plays the trained policy
     ev = evaluate_arm(rho, types.SimpleNamespace(adapter=None, lm=pi.model), rho.heldout_queries, letter_reward, 3000,

@@ -107,8 +107,8 @@ def ppo_step(cfg, model, tok):
 def heldout_eval(cfg, model, tok) -> dict:
     """The quickstart's evaluation of 7 held-out queries (an odd number: the ranks hold unequal shares)."""
     from lmprefs.labels.labelers import SCORE_FNS
+    from lmprefs.pipeline.evaluation import evaluate_policy
     from lmprefs.pipeline.task import Task
-    from lmprefs.recipes.quickstart import evaluate_policy
 
     none = torch.empty(0, 0, dtype=torch.long)
     t = Task(cfg, torch.device("cpu"), torch.float32, model, tok, none, none, [], [])
