@@ -17,12 +17,14 @@ both).
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 
 import torch
 from torch import Tensor
 
 from lmprefs.data.tasks import PAD
+from lmprefs.models.precast import precast
 from lmprefs.models.trunk import lm_logits, model_inputs
 
 
@@ -172,11 +174,20 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     them, so a rollout needs no second forward pass (the original's policy.respond returns values this way).
     repeats=k samples each query k times: rows [B * k] as for queries.repeat_interleave(k, 0), with the same draws,
     but each query runs through the model once and its keys and values are copied k times (`_prefill`).
-    cache (run.kv_cache) and compile (run.compile): see the module doc and `sampler_mode`."""
+    cache (run.kv_cache) and compile (run.compile): see the module doc and `sampler_mode`. Under autocast, frozen
+    weights are cast once for the call (`precast`), except for a compiled step, whose guards would see new
+    forwards at every call."""
+    static, compile = sampler_mode(cache, compile, queries.device)
+    with contextlib.nullcontext() if compile else precast(model, queries.device.type):
+        return _sample(model, queries, length, temperature, vocab, generator, return_hidden, repeats=repeats,
+                       static=static, compile=compile)  # fmt: skip
+
+
+def _sample(model, queries: Tensor, length: int, temperature: float, vocab: int, generator, return_hidden: bool, *,
+            repeats: int, static: bool, compile: bool):  # fmt: skip
     B, Q = queries.shape
     N = B * repeats
     device = queries.device
-    static, compile = sampler_mode(cache, compile, device)
     h, mask, past = _prefill(model, queries, repeats, _static_cache(model, N, Q + length) if static else None)
     if static:
         mask = torch.cat([mask, mask.new_ones(N, length)], dim=1)  # [N, Q+T], the same tensor every step
