@@ -60,7 +60,8 @@ class LabelsConfig:
     """Which judgments train the reward model, and who gives them."""
 
     type: str = "best_of_4"
-    """Label type (label_types.py): best_of_N, scalar_rating or scalar_compare."""
+    """Label type (label_types.py): best_of_N, ranking_K (a full order of K samples, K 2 to 9), scalar_rating or
+    scalar_compare."""
     num_train: int = 4992
     """Labels used for one epoch of reward-model training (the original's books tasks use 4,992)."""
     source: str | None = None

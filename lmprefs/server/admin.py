@@ -70,8 +70,9 @@ def admin_item(
         n = len(item.samples)
         if action == "gold" and not (best.isascii() and best.isdigit() and 1 <= int(best) <= n):
             raise HTTPException(422, f"best={best!r} must be the right option, 1..{n}, for gold item {iid}.")
-        if item.label_type != f"best_of_{n}":
-            raise HTTPException(422, f"Item {iid} is a {item.label_type} question; gold items are best-of-N.")
+        if item.label_type not in (f"best_of_{n}", f"ranking_{n}"):
+            raise HTTPException(422, f"Item {iid} is a {item.label_type} question; gold items are best-of-N or "
+                                     "rankings (by their top choice).")  # fmt: skip
         st.store.set_gold(iid, int(best) - 1 if action == "gold" else None)
         user.session.flash = f"Item {iid} is {'a gold item' if action == 'gold' else 'no longer a gold item'}."
     else:

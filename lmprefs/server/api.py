@@ -64,7 +64,8 @@ class ItemIn(BaseModel):
     batch: str | None = Field(None, max_length=200)
     priority: int = Field(0, ge=-(2**31), le=2**31)
     want_labels: int = Field(1, ge=1, le=1000)
-    gold: int | None = Field(None, ge=0, description="the right answer (stored sample index) of a gold question")
+    gold: int | None = Field(None, ge=0, description="the right answer (stored sample index) of a gold question; for "
+                             "a ranking_K question, the right top choice")  # fmt: skip
 
 
 class ItemsIn(BaseModel):
@@ -88,6 +89,8 @@ class LabelOut(BaseModel):
     created: float
     shown: list[int] | None = Field(description="display order: position p showed stored sample shown[p]")
     seconds: float | None = Field(description="time on task")
+    ranking: list[int] | None = Field(description="ranking_K: the stored samples' indices, best first (`best` is the "
+                                      "top one)")  # fmt: skip
     too_fast: bool | None = Field(description="answered quicker than the server's --fast-seconds")
 
 

@@ -126,12 +126,46 @@ def _order(st: State, labeler: str, item_id: int, n: int) -> list[int]:
     return display_order(st.store.store_id, labeler, item_id, n) if st.shuffle else list(range(n))
 
 
+def _parse_ranking(text: str, n: int, iid: int) -> list[int]:
+    """The form's ranking, option numbers as shown (1..n) best first, as displayed positions 0..n-1; a 422 naming a
+    repeated, missing or unknown option."""
+    parts = text.split(",") if text else []
+    if not all(p.isascii() and p.isdigit() and len(p) == 1 for p in parts):
+        raise HTTPException(422, f"ranking={text!r:.40} must be the option numbers 1..{n}, best first, separated by "
+                                 f"commas (like 2,1,3), for item {iid}.")  # fmt: skip
+    options = [int(p) for p in parts]
+    if bad := [o for o in options if not 1 <= o <= n]:
+        raise HTTPException(422, f"The ranking names option {bad[0]}; item {iid} has options 1..{n}.")
+    if repeated := sorted({o for o in options if options.count(o) > 1}):
+        raise HTTPException(422, f"The ranking names option {repeated[0]} twice; rank each option once (nothing "
+                                 "was saved).")  # fmt: skip
+    if missing := [o for o in range(1, n + 1) if o not in options]:
+        raise HTTPException(422, f"The ranking leaves out option {missing[0]}; rank all {n} options (nothing was "
+                                 "saved).")  # fmt: skip
+    return [o - 1 for o in options]
+
+
+def _answer(choice: str, ranking: str, value_field: str, n: int, iid: int) -> tuple[str, int | None, list | None]:
+    """(kind, displayed position picked, displayed positions ranked) of a form's answer, or a 422."""
+    if choice in ("skip", "flag"):
+        return choice, None, None
+    if value_field == "ranking":
+        if choice != "rank":
+            raise HTTPException(422, f"Item {iid} asks for a ranking: choice={choice!r} must be 'rank' (with the "
+                                     "ranking), 'skip' or 'flag'.")  # fmt: skip
+        return "label", None, _parse_ranking(ranking, n, iid)
+    if not (choice.isascii() and choice.isdigit()) or not 0 <= int(choice) < n:  # "٣".isdigit() is True
+        raise HTTPException(422, f"choice={choice!r} must be 0..{n - 1}, 'skip' or 'flag' for item {iid}.")
+    return "label", int(choice), None
+
+
 def submit_label(
     request: Request,
     user: Annotated[User, Depends(csrf_checked)],
     item_id: Annotated[str, Form(max_length=20)],
     choice: Annotated[str, Form(min_length=1, max_length=8)],
     note: Annotated[str, Form(max_length=1000)] = "",
+    ranking: Annotated[str, Form(max_length=40)] = "",
 ) -> Response:
     st = state(request)
     iid = form_item_id(item_id)  # the form's text, parsed
@@ -139,13 +173,10 @@ def submit_label(
     if item is None:
         raise HTTPException(404, f"There is no item {iid}.")
     value_field, n = label_type_shape(item.label_type)
-    if value_field != "best":
-        raise HTTPException(422, f"Item {iid} is a {item.label_type} question; this page answers best-of-N only.")
-    kind, position = (choice, None) if choice in ("skip", "flag") else ("label", None)
-    if kind == "label":
-        if not (choice.isascii() and choice.isdigit()) or not 0 <= int(choice) < n:  # "٣".isdigit() is True
-            raise HTTPException(422, f"choice={choice!r} must be 0..{n - 1}, 'skip' or 'flag' for item {iid}.")
-        position = int(choice)
+    if value_field not in ("best", "ranking"):
+        raise HTTPException(422, f"Item {iid} is a {item.label_type} question; this page answers best-of-N and "
+                                 "rankings only.")  # fmt: skip
+    kind, position, ranked = _answer(choice, ranking, value_field, n, iid)
     lease = st.queue.claim(user.name, iid)  # first come, first served: a raced second post gets None
     if lease is None:
         if st.queue.answered(iid, user.name):
@@ -154,17 +185,21 @@ def submit_label(
                                  "Open the labeling page for your current question.")  # fmt: skip
     order = _order(st, user.name, iid, n)
     best = order[position] if position is not None else None  # displayed position -> stored sample
+    stored_ranking = [order[p] for p in ranked] if ranked is not None else None
     saved = False
     seconds = round(time.time() - lease.shown_at, 3)  # time on task: from when the item was first shown
     try:
-        st.store.add_label(iid, user.name, best=best, kind=kind, note=note.strip() or None, source="web",
-                           shown=order, seconds=seconds, replace=lease.redo)  # fmt: skip
+        st.store.add_label(iid, user.name, best=best, ranking=stored_ranking, kind=kind, note=note.strip() or None,
+                           source="web", shown=order, seconds=seconds, replace=lease.redo)  # fmt: skip
         saved = True
     except DuplicateLabelError:
         raise HTTPException(409, f"You already answered item {iid}; that answer stands.") from None
     finally:
         st.queue.finish(user.name, iid, saved)
-    done = {"label": f"picked option {(position or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
+    if ranked is not None:
+        done = "ranked options " + ", ".join(str(p + 1) for p in ranked)
+    else:
+        done = {"label": f"picked option {(position or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
     user.session.flash = f"{'Changed' if lease.redo else 'Saved'}: item {iid} {done}."
     return RedirectResponse("/label", 303)
 

@@ -24,6 +24,7 @@ from lmprefs.labels.store.records import (
     ImportRow,
     Item,
     Labeler,
+    check_ranking,
     source_split,
 )
 from lmprefs.labels.store.schema import SCHEMA_VERSION, check_store_path
@@ -41,6 +42,7 @@ __all__ = [
     "Item",
     "LabelStore",
     "Labeler",
+    "check_ranking",
     "check_store_path",
     "source_split",
     "token_hash",

@@ -156,13 +156,15 @@ def table_counts(store: StoreBase) -> dict[str, int]:
 
 
 def set_gold(store: StoreBase, item_id: int, best: int | None) -> None:
-    """Make `item_id` a gold question whose right answer is stored sample `best` (None: an ordinary item again)."""
+    """Make `item_id` a gold question whose right answer is stored sample `best` (None: an ordinary item again); for
+    a ranking_K item, the right top choice."""
     with store._tx() as c:
         row = c.execute("SELECT label_type FROM items WHERE id = ?", (item_id,)).fetchone()
         if row is None:
             raise ValueError(f"no item with id {item_id}")
         if best is not None:
-            check_label_value(row[0], best, None, None, f"gold item {item_id}")
+            as_best = row[0].replace("ranking_", "best_of_")  # a ranking's gold is its top choice
+            check_label_value(as_best, best, None, None, f"gold item {item_id}")
         c.execute("UPDATE items SET gold = ? WHERE id = ?", (best, item_id))
 
 

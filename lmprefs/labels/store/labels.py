@@ -21,6 +21,7 @@ from lmprefs.labels.store.records import (
     ImportRow,
     check_label_value,
 )
+from lmprefs.labels.store.schema import CHOICE_ITEM
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
@@ -35,6 +36,7 @@ def add_label(
     best: int | None = None,
     score: float | None = None,
     difference: float | None = None,
+    ranking: list[int] | None = None,
     kind: str = "label",
     source: str = "",
     note: str | None = None,
@@ -44,7 +46,8 @@ def add_label(
 ) -> int:
     """Record one judgement and return its id. `kind="skip"`/`"flag"` carry no value (a note, perhaps); a flag
     holds the item (it is no longer served) until an admin restores or retires it. `shown`: the order the
-    options were displayed in (displayed position p showed sample shown[p]); `seconds`: time on task.
+    options were displayed in (displayed position p showed sample shown[p]); `seconds`: time on task. A ranking_K
+    label gives `ranking` (every stored sample once, best first); its top choice is stored as `best` too.
     Raises DuplicateLabelError if `labeler` already answered this item, ValueError on an invalid value.
     `replace=True` (undo in the web app) overwrites this labeler's answer to the item instead, in the same
     transaction and the same row, so the item never holds two answers from one labeler; the row keeps the time of
@@ -59,9 +62,11 @@ def add_label(
             raise ValueError(f"no item with id {item_id}")
         label_type, want = row
         if kind == "label":
-            check_label_value(label_type, best, score, difference, f"item {item_id}")
-        elif (best, score, difference) != (None, None, None):
-            raise ValueError(f"a {kind} carries no value, got best={best}, score={score}, difference={difference}")
+            check_label_value(label_type, best, score, difference, f"item {item_id}", ranking)
+            best = ranking[0] if ranking is not None else best
+        elif (best, score, difference, ranking) != (None, None, None, None):
+            raise ValueError(f"a {kind} carries no value, got best={best}, score={score}, difference={difference}, "
+                             f"ranking={ranking}")  # fmt: skip
         n = label_type_shape(label_type)[1]
         if shown is not None and sorted(shown) != list(range(n)):
             raise ValueError(f"shown={shown!r} must be an order of 0..{n - 1} for item {item_id}")
@@ -70,13 +75,14 @@ def add_label(
             "SELECT id, kind, best, score, difference FROM labels WHERE item_id = ? AND labeler_id = ?",
             (item_id, lid),
         ).fetchone()
-        values = (kind, best, score, difference, note, source, json.dumps(shown) if shown else None, seconds)
+        values = (kind, best, score, difference, note, source, json.dumps(shown) if shown else None, seconds,
+                  None if ranking is None else json.dumps(ranking))  # fmt: skip
         if old and replace:
             # the row keeps its time (the undo window runs from the first answer, not from each change) and the
             # first answer (gold accuracy counts it); SET reads the row as it was before this statement
             c.execute(
                 "UPDATE labels SET kind = ?, best = ?, score = ?, difference = ?, note = ?, source = ?, shown = ?,"
-                " seconds = ?, first_kind = COALESCE(first_kind, kind),"
+                " seconds = ?, ranking = ?, first_kind = COALESCE(first_kind, kind),"
                 " first_best = CASE WHEN first_kind IS NULL THEN best ELSE first_best END WHERE id = ?",
                 (*values, old[0]),
             )
@@ -91,7 +97,7 @@ def add_label(
         else:
             label_id = c.execute(
                 "INSERT INTO labels (item_id, labeler_id, kind, best, score, difference, note, source, shown,"
-                " seconds, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " seconds, ranking, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (item_id, lid, *values, time.time()),
             ).lastrowid
         (done, flags) = c.execute(
@@ -129,14 +135,17 @@ def import_batch(store: LabelStore, rows: Iterable[ImportRow]) -> ImportCounts:
                 sample_tokens=r.sample_tokens,
             )
             old = c.execute(
-                "SELECT l.kind, l.best, l.score, l.difference FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-                " WHERE l.item_id = ? AND b.name = ?",
+                "SELECT l.kind, l.best, l.score, l.difference, l.ranking FROM labels l"
+                " JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = ? AND b.name = ?",
                 (item_id, r.labeler),
             ).fetchone()
-            if old is not None and old == ("label", r.best, r.score, r.difference):
+            ranking = None if r.ranking is None else json.dumps(r.ranking)
+            best = r.ranking[0] if r.ranking else r.best
+            if old is not None and old == ("label", best, r.score, r.difference, ranking):
                 counts.labels_present += 1
                 continue
-            store.add_label(item_id, r.labeler, best=r.best, score=r.score, difference=r.difference, source=r.source)
+            store.add_label(item_id, r.labeler, best=r.best, score=r.score, difference=r.difference,
+                            ranking=r.ranking, source=r.source)  # fmt: skip
             counts.labels_added += 1
         counts.items_added = c.execute("SELECT COUNT(*) FROM items").fetchone()[0] - items_before
     counts.items_present = counts.rows - counts.items_added  # rows whose question was already there
@@ -155,7 +164,7 @@ def labeled_examples(
     with store.snapshot() as c:
         labels = c.execute(
             f"WITH chosen AS ({chosen}) SELECT l.id, l.item_id, b.name, q.text, l.best, l.score, l.difference,"
-            " qt.ids FROM chosen JOIN labels l ON l.id = chosen.id JOIN labelers b ON b.id = l.labeler_id"
+            " l.ranking, qt.ids FROM chosen JOIN labels l ON l.id = chosen.id JOIN labelers b ON b.id = l.labeler_id"
             " JOIN items i ON i.id = l.item_id JOIN queries q ON q.id = i.query_id"
             " LEFT JOIN query_tokens qt ON qt.query_id = q.id AND qt.tokenizer = :tok ORDER BY l.id",
             args,
@@ -170,7 +179,7 @@ def labeled_examples(
         ):
             samples[item_id].append((text, ids))
     out = []
-    for lid, item_id, name, query, best, score, difference, qids in labels:
+    for lid, item_id, name, query, best, score, difference, ranking, qids in labels:
         texts, ids = zip(*samples[item_id], strict=True)
         have = tokenizer is not None and qids is not None and None not in ids
         out.append(
@@ -184,6 +193,7 @@ def labeled_examples(
                 best,
                 score,
                 difference,
+                ranking=json.loads(ranking) if ranking else None,
                 query_tokens=json.loads(qids) if have else None,
                 sample_tokens=[json.loads(i) for i in ids] if have else None,
             )
@@ -209,19 +219,21 @@ def answers_since(
     """Labels, skips and flags with an id above `since_id` (on items of `label_type`, or any), oldest first."""
     rows = store.connection().execute(
         "SELECT l.id, l.item_id, b.name, l.kind, l.best, l.score, l.difference, l.note, l.source, l.created,"
-        " l.shown, l.seconds FROM labels l JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
+        " l.shown, l.seconds, l.ranking FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+        " JOIN items i ON i.id = l.item_id"
         " WHERE l.id > ? AND (? IS NULL OR i.label_type = ?) ORDER BY l.id LIMIT ?",
         (since_id, label_type, label_type, limit),
     )
     return [Answer(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], json.loads(r[10]) if r[10] else None,
-                   r[11]) for r in rows]  # fmt: skip
+                   r[11], json.loads(r[12]) if r[12] else None) for r in rows]  # fmt: skip
 
 
 def last_answer(store: StoreBase, labeler_id: int, *, source: str) -> tuple[int, int, float] | None:
-    """(label id, item id, time) of labeler `labeler_id`'s latest answer from `source` on a best_of_N item; the time
+    """(label id, item id, time) of labeler `labeler_id`'s latest answer from `source` on a served (best_of_N or
+    ranking_K) item; the time
     is when it was first given (an undo's new answer keeps it)."""
     return store.connection().execute(
         "SELECT l.id, l.item_id, l.created FROM labels l JOIN items i ON i.id = l.item_id WHERE l.labeler_id = ?"
-        " AND l.source = ? AND i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.created DESC, l.id DESC LIMIT 1",
+        f" AND l.source = ? AND {CHOICE_ITEM} ORDER BY l.created DESC, l.id DESC LIMIT 1",
         (labeler_id, source),
     ).fetchone()

@@ -57,6 +57,7 @@ class Example:
     best: int | None = None
     score: float | None = None
     difference: float | None = None
+    ranking: list[int] | None = None  # ranking_K: the stored samples' order, best first (`best` is its top)
     query_tokens: list[int] | None = None  # only when labeled_examples(tokenizer=...) has ids for them
     sample_tokens: list[list[int]] | None = None
 
@@ -77,6 +78,7 @@ class Answer:
     created: float
     shown: list[int] | None  # display order: position p showed stored sample shown[p]
     seconds: float | None  # time on task
+    ranking: list[int] | None = None  # ranking_K: the stored samples' order, best first
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class ImportRow:
     best: int | None = None
     score: float | None = None
     difference: float | None = None
+    ranking: list[int] | None = None
     key: str | None = None
     tokenizer: str | None = None
     query_tokens: list[int] | None = None
@@ -135,8 +138,29 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_label_value(label_type: str, best, score, difference, where: str) -> None:
+def check_ranking(ranking, n: int, where: str) -> None:
+    """A full order of the n options, each once: a repeated or missing option is named."""
+    if not isinstance(ranking, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ranking):
+        raise ValueError(f"{where}: ranking={ranking!r:.80} must be a list of option indices")
+    if bad := [i for i in ranking if not 0 <= i < n]:
+        raise ValueError(f"{where}: ranking has option {bad[0]}, outside 0..{n - 1}")
+    if repeated := sorted({i for i in ranking if ranking.count(i) > 1}):
+        raise ValueError(f"{where}: ranking names option {repeated[0]} more than once; rank each option once")
+    if missing := [i for i in range(n) if i not in ranking]:
+        raise ValueError(f"{where}: ranking leaves out option {missing[0]}; rank all {n} options")
+
+
+def check_label_value(label_type: str, best, score, difference, where: str, ranking=None) -> None:
     value_field, n = label_type_shape(label_type)
+    if value_field == "ranking":  # a ranking carries its order; `best` may repeat its top choice, nothing else
+        if ranking is None or score is not None or difference is not None:
+            raise ValueError(f"{where} is {label_type}: a label needs ranking=[...] (all {n} options, best first)")
+        check_ranking(ranking, n, f"{where} is {label_type}")
+        if best is not None and best != ranking[0]:
+            raise ValueError(f"{where} is {label_type}: best={best!r} is not the ranking's top choice {ranking[0]}")
+        return
+    if ranking is not None:
+        raise ValueError(f"{where} is {label_type}: only ranking_K items take a ranking")
     given = {k: v for k, v in (("best", best), ("score", score), ("difference", difference)) if v is not None}
     if set(given) != {value_field}:
         raise ValueError(f"{where} is {label_type}: a label needs exactly {value_field}=..., got {given or 'nothing'}")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from lmprefs.labels.store.labelers import read_labelers
 from lmprefs.labels.store.records import KINDS, Agreement, BestOfAnswer, Flag, GoldItem, HeldItem, Labeler
+from lmprefs.labels.store.schema import CHOICE_ITEM
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
@@ -106,14 +107,14 @@ def gold_accuracy(store: StoreBase) -> dict[str, tuple[int, int]]:
 
 
 def best_of_answers(store: StoreBase) -> tuple[list[str], list[BestOfAnswer]]:
-    """Every labeler's name, and every answer (labels, skips, flags) on best_of_N items ordered by item, then
-    labeler; one snapshot."""
+    """Every labeler's name, and every answer (labels, skips, flags) on best_of_N items (and ranking_K ones, by their
+    top choice) ordered by item, then labeler; one snapshot."""
     with store.snapshot() as c:
         names = [n for (n,) in c.execute("SELECT name FROM labelers ORDER BY name")]
         rows = c.execute(
             f"SELECT l.item_id, b.name, l.kind, l.best, l.shown, l.seconds, i.gold, {_FIRST_KIND}, {_FIRST_BEST}"
             " FROM labels l JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
-            " WHERE i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.item_id, b.name"
+            f" WHERE {CHOICE_ITEM} ORDER BY l.item_id, b.name"
         ).fetchall()
     return names, [BestOfAnswer(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None, r[5], r[6], r[7], r[8])
                    for r in rows]  # fmt: skip

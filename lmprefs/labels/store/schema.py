@@ -13,7 +13,11 @@ in: displayed position p showed sample shown[p]; `best` always indexes the store
 
 Version 3 keeps a labeler's first answer when an undo in the web app replaces it (`labels.first_kind`,
 `labels.first_best`; NULL while the answer was never replaced): gold accuracy counts the first answer, so undo cannot
-turn a wrong gold answer into a right one. A store from newer code (a larger version) is refused, never written.
+turn a wrong gold answer into a right one.
+
+Version 4 adds full rankings (`ranking_K` items): `labels.ranking` holds the order of the stored samples, best first,
+as JSON; `best` holds its top choice, so every reader of best-of-N answers (gold, agreement, exports as best-of-N)
+reads a ranking as its top pick. A store from newer code (a larger version) is refused, never written.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -74,7 +78,11 @@ MIGRATIONS = {
         "ALTER TABLE labels ADD COLUMN first_kind TEXT CHECK (first_kind IN ('label', 'skip', 'flag'))",
         "ALTER TABLE labels ADD COLUMN first_best INTEGER",
     ],
+    4: ["ALTER TABLE labels ADD COLUMN ranking TEXT"],
 }
+# items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
+# and the quality measures read
+CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
 TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels")
 
 
