@@ -91,6 +91,9 @@ class LabelsConfig:
     """Weight each labeler's labels in the reward-model loss by their chance-corrected gold accuracy,
     (accuracy - 1/N) / (1 - 1/N) floored at 0 (a labeler at chance counts for nothing); labelers without gold answers
     weigh 1. Weights are scaled to mean 1 over the labels."""
+    weight_by_confidence: bool = False
+    """Weight each label in the reward-model loss by its labeler's confidence / 3 (given in the labeling app, 1 a
+    guess to 3 sure; labels without one weigh 1), times the labels.weight_by_gold weight where both are set."""
     scores_as: Literal["rating", "comparisons"] = "rating"
     """How per-response scores (scalar_rating labels: imported comment scores or ratings, `import-labels --format
     scores`) train the reward model: rating = regress each score (the original's scalar_rating loss, MSE);

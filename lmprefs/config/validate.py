@@ -103,6 +103,8 @@ def _labels(lab) -> list[str]:
     need(not (lab.weight_by_gold and lab.type == "scalar_rating"),
          "labels.weight_by_gold weighs labelers by their answers to gold best_of_N questions; scalar_rating labels "
          "have none")
+    need(not (lab.weight_by_confidence and lab.type.startswith("scalar_")),
+         f"labels.weight_by_confidence weighs best_of_N and ranking_K labels; {lab.type} losses take no weights")
     need(lab.online_questions > 0, f"labels.online_questions={lab.online_questions} must be positive")
     need(lab.online_interval > 0, f"labels.online_interval={lab.online_interval} must be positive")
     need(lab.online_retrains >= 0, f"labels.online_retrains={lab.online_retrains} must be >= 0")

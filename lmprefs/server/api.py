@@ -91,6 +91,7 @@ class LabelOut(BaseModel):
     seconds: float | None = Field(description="time on task")
     ranking: list[int] | None = Field(description="ranking_K: the stored samples' indices, best first (`best` is the "
                                       "top one)")  # fmt: skip
+    confidence: int | None = Field(description="the labeler's confidence, 1 (a guess) to 3 (sure), if given")
     too_fast: bool | None = Field(description="answered quicker than the server's --fast-seconds")
 
 

@@ -7,7 +7,8 @@ HEAD too):
   GET  /label                the labeler's current question (options in this labeler's shuffled order), progress
   POST /label                one answer to the item leased to this labeler: item_id, choice = displayed position
                              0..N-1 | "skip" | "flag" (a ranking_K item: "rank" with ranking = the displayed option
-                             numbers 1..K best first, like "2,1,3"), optional note; 303 to /label
+                             numbers 1..K best first, like "2,1,3"), optional confidence 1..3 and note; 303 to
+                             /label
   POST /undo                 answer the last item again (within `undo_seconds` of the answer); the new one replaces it
   GET  /admin                counts, throughput, quality control, flags, export form (admins only)
   POST /admin/item           retire / restore an item, or mark it gold with its right answer (admins only)

@@ -166,6 +166,7 @@ def submit_label(
     choice: Annotated[str, Form(min_length=1, max_length=8)],
     note: Annotated[str, Form(max_length=1000)] = "",
     ranking: Annotated[str, Form(max_length=40)] = "",
+    confidence: Annotated[str, Form(max_length=8)] = "",
 ) -> Response:
     st = state(request)
     iid = form_item_id(item_id)  # the form's text, parsed
@@ -177,6 +178,9 @@ def submit_label(
         raise HTTPException(422, f"Item {iid} is a {item.label_type} question; this page answers best-of-N and "
                                  "rankings only.")  # fmt: skip
     kind, position, ranked = _answer(choice, ranking, value_field, n, iid)
+    if confidence not in ("", "1", "2", "3"):
+        raise HTTPException(422, f"confidence={confidence!r} must be 1 (a guess), 2 or 3 (sure), or left out.")
+    sure = int(confidence) if confidence and kind == "label" else None  # a skip or flag is no judgement
     lease = st.queue.claim(user.name, iid)  # first come, first served: a raced second post gets None
     if lease is None:
         if st.queue.answered(iid, user.name):
@@ -190,7 +194,8 @@ def submit_label(
     seconds = round(time.time() - lease.shown_at, 3)  # time on task: from when the item was first shown
     try:
         st.store.add_label(iid, user.name, best=best, ranking=stored_ranking, kind=kind, note=note.strip() or None,
-                           source="web", shown=order, seconds=seconds, replace=lease.redo)  # fmt: skip
+                           source="web", shown=order, seconds=seconds, replace=lease.redo,
+                           confidence=sure)  # fmt: skip
         saved = True
     except DuplicateLabelError:
         raise HTTPException(409, f"You already answered item {iid}; that answer stands.") from None
@@ -200,7 +205,8 @@ def submit_label(
         done = "ranked options " + ", ".join(str(p + 1) for p in ranked)
     else:
         done = {"label": f"picked option {(position or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
-    user.session.flash = f"{'Changed' if lease.redo else 'Saved'}: item {iid} {done}."
+    sure_text = f" (confidence {sure})" if sure else ""
+    user.session.flash = f"{'Changed' if lease.redo else 'Saved'}: item {iid} {done}{sure_text}."
     return RedirectResponse("/label", 303)
 
 

@@ -165,8 +165,8 @@ def test_the_pages_fit_a_phone_and_a_desktop_without_scrolling_sideways(browser,
 
 
 def test_rank_with_the_keyboard_in_chromium(browser, tmp_path):
-    """Keys 1-4 build the order on screen, Backspace and r take it back, Enter submits; the store holds the samples in
-    the order of the texts on the keys pressed."""
+    """Keys 1-4 build the order on screen, Backspace and r take it back, x sets confidence 2, Enter submits; the store
+    holds the samples in the order of the texts on the keys pressed."""
     path = tmp_path / "labels.sqlite"
     with LabelStore(path) as store:
         store.add_item("Rank these.", [f" sample {j}" for j in range(4)], source="t", label_type="ranking_4")
@@ -192,11 +192,13 @@ def test_rank_with_the_keyboard_in_chromium(browser, tmp_path):
             page.keyboard.press("Backspace")
             page.keyboard.press("3")
             assert page.inner_text("button.option[data-key='4'] .rank") == "#2"
+            page.keyboard.press("x")  # fairly sure
             page.keyboard.press("Enter")
-            page.wait_for_selector('.flash:has-text("ranked options 2, 4, 1, 3")')
+            page.wait_for_selector('.flash:has-text("ranked options 2, 4, 1, 3 (confidence 2)")')
         finally:
             page.close()
     assert not problems, problems
     with LabelStore(path) as store:
         (ex,) = store.labeled_examples("ranking_4")
     assert [ex.samples[i].strip() for i in ex.ranking] == [texts[k - 1].strip() for k in (2, 4, 1, 3)]
+    assert ex.confidence == 2

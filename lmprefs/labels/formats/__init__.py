@@ -13,7 +13,7 @@
   ranking_K label, every pair the ranking implies (K(K-1)/2: each sample against every one ranked below it).
 - "comparisons": plain text JSONL, one `{"query": str, "samples": [str, ...], "best": int, "labeler"?: str}`
   per line (`score` or `difference` instead of `best` for the scalar types, `ranking`: [int, ...], every sample's
-  index best first, for ranking_K).
+  index best first, for ranking_K), and `"confidence": 1..3` where the labeler gave one.
 A ranking_K label exported as "openai" is a best_of_K row whose `best` is the ranking's top choice.
 - "summarize" (import only): the comparison JSONL of the later summarization work (openai/summarize-from-feedback),
   one `{"info": {"post", "title"?, "subreddit"?} or {"article"}, "summaries": [{"text"}, {"text"}], "choice": 0|1,

@@ -191,6 +191,10 @@ def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
                   "difference": "scalar_compare"}[given[0]]  # fmt: skip
             who = _field(name, where, row, "labeler", str, "a string") if "labeler" in row else labeler
             r = dict(query=query, samples=samples, label_type=lt, labeler=who)
+            if "confidence" in row:
+                r["confidence"] = _field(name, where, row, "confidence", int, "an integer")
+                if r["confidence"] not in (1, 2, 3):
+                    raise LabelFileError(f"{name} {where}: field 'confidence' = {r['confidence']} is not 1, 2 or 3")
             if label_type is None:
                 try:
                     label_type_shape(lt)

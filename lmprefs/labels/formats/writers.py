@@ -68,7 +68,8 @@ def export_file(
         for ex in store.labeled_examples(lt, tokenizer="gpt2" if format == "openai" else None):
             value = getattr(ex, value_field)
             if format == "comparisons":
-                out.append({"query": ex.query, "samples": ex.samples, value_field: value, "labeler": ex.labeler})
+                row = {"query": ex.query, "samples": ex.samples, value_field: value, "labeler": ex.labeler}
+                out.append(row if ex.confidence is None else {**row, "confidence": ex.confidence})
             elif format == "pairs":
                 out += _pairs(ex, pairs)
             else:

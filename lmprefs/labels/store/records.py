@@ -58,6 +58,7 @@ class Example:
     score: float | None = None
     difference: float | None = None
     ranking: list[int] | None = None  # ranking_K: the stored samples' order, best first (`best` is its top)
+    confidence: int | None = None  # the labeler's confidence, 1 (a guess) to 3 (sure), if they gave one
     query_tokens: list[int] | None = None  # only when labeled_examples(tokenizer=...) has ids for them
     sample_tokens: list[list[int]] | None = None
 
@@ -79,6 +80,7 @@ class Answer:
     shown: list[int] | None  # display order: position p showed stored sample shown[p]
     seconds: float | None  # time on task
     ranking: list[int] | None = None  # ranking_K: the stored samples' order, best first
+    confidence: int | None = None  # 1 (a guess) to 3 (sure)
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,7 @@ class ImportRow:
     score: float | None = None
     difference: float | None = None
     ranking: list[int] | None = None
+    confidence: int | None = None
     key: str | None = None
     tokenizer: str | None = None
     query_tokens: list[int] | None = None
@@ -148,6 +151,14 @@ def check_ranking(ranking, n: int, where: str) -> None:
         raise ValueError(f"{where}: ranking names option {repeated[0]} more than once; rank each option once")
     if missing := [i for i in range(n) if i not in ranking]:
         raise ValueError(f"{where}: ranking leaves out option {missing[0]}; rank all {n} options")
+
+
+CONFIDENCE = (1, 2, 3)  # a guess, fairly sure, sure
+
+
+def check_confidence(confidence, where: str) -> None:
+    if confidence is not None and (isinstance(confidence, bool) or confidence not in CONFIDENCE):
+        raise ValueError(f"{where}: confidence={confidence!r:.20} must be 1 (a guess), 2 or 3 (sure)")
 
 
 def check_label_value(label_type: str, best, score, difference, where: str, ranking=None) -> None:

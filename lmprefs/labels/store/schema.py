@@ -17,7 +17,11 @@ turn a wrong gold answer into a right one.
 
 Version 4 adds full rankings (`ranking_K` items): `labels.ranking` holds the order of the stored samples, best first,
 as JSON; `best` holds its top choice, so every reader of best-of-N answers (gold, agreement, exports as best-of-N)
-reads a ranking as its top pick. A store from newer code (a larger version) is refused, never written.
+reads a ranking as its top pick.
+
+Version 5 adds a labeler's optional confidence in an answer, 1 (a guess) to 3 (sure): `labels.confidence`.
+
+A store from newer code (a larger version) is refused, never written.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -79,6 +83,7 @@ MIGRATIONS = {
         "ALTER TABLE labels ADD COLUMN first_best INTEGER",
     ],
     4: ["ALTER TABLE labels ADD COLUMN ranking TEXT"],
+    5: ["ALTER TABLE labels ADD COLUMN confidence INTEGER CHECK (confidence BETWEEN 1 AND 3)"],
 }
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read

@@ -1,9 +1,9 @@
-// Keyboard for the labeling page: 1-9 pick that option, s skips, f moves to the flag note (Enter sends the flag,
-// Esc leaves the note), u changes the last answer (while the server offers it). On a ranking question 1-9 (or a
-// click) add that option to the order instead, Backspace takes back the last one, r starts over and Enter submits
-// once every option is ranked; the server checks the order again. Each answer is sent once: a second key press or
-// click while the page reloads is ignored, so a fast double press cannot post a replay (the server would refuse it
-// with 409 anyway).
+// Keyboard for the labeling page: z, x, c set the confidence (1-3) the answer is sent with, 1-9 pick that option,
+// s skips, f moves to the flag note (Enter sends the flag, Esc leaves the note), u changes the last answer (while
+// the server offers it). On a ranking question 1-9 (or a click) add that option to the order instead, Backspace
+// takes back the last one, r starts over and Enter submits once every option is ranked; the server checks the
+// order again. Each answer is sent once: a second key press or click while the page reloads is ignored, so a fast
+// double press cannot post a replay (the server would refuse it with 409 anyway).
 (() => {
   "use strict";
   const form = document.getElementById("label-form");
@@ -47,7 +47,9 @@
       else if (event.key === "Escape") { note.blur(); }
       return;
     }
-    if (event.target.closest("input, textarea, select")) return;
+    if (event.target.closest("input:not([type=radio]), textarea, select")) return;
+    const sure = /^[zxc]$/i.test(event.key) && form.querySelector(`input[name=confidence][data-key="${event.key.toLowerCase()}"]`);
+    if (sure) { event.preventDefault(); sure.checked = true; return; }
     if (ranking && /^[1-9]$/.test(event.key)) {
       event.preventDefault();
       if (Number(event.key) <= options.length) rank(Number(event.key));
