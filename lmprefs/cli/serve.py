@@ -35,6 +35,11 @@ def cmd_serve(argv: list[str]) -> int:
     p.add_argument("--no-shuffle", action="store_true", help="show options in stored order (no position-bias check)")
     p.add_argument("--undo-seconds", type=float, default=60, help="how long a labeler can change an answer")
     p.add_argument("--fast-seconds", type=float, default=3, help="answers quicker than this are marked too fast")
+    p.add_argument("--onboarding", type=int, default=None, metavar="N",
+                   help="new labelers first answer N gold questions as practice, with the right answer after each "
+                        "(0: off; saved in the store, the admin page edits it)")  # fmt: skip
+    p.add_argument("--admit-accuracy", type=float, default=None, metavar="A",
+                   help="practice accuracy that admits a new labeler (default 0.8; saved in the store)")
     p.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDRESS",
                    help="address or network (10.0.0.0/8) of a reverse proxy in front of the app whose "
                         "X-Forwarded-For and -Proto are believed (repeatable; default: believe no one)")  # fmt: skip
@@ -51,6 +56,10 @@ def cmd_serve(argv: list[str]) -> int:
     for flag, value in (("--undo-seconds", a.undo_seconds), ("--fast-seconds", a.fast_seconds)):
         if not 0 <= value < 86400:
             raise UserError(f"{flag} {value}: must be in [0, 86400)")
+    if a.onboarding is not None and not 0 <= a.onboarding <= 1000:
+        raise UserError(f"--onboarding {a.onboarding}: must be 0..1000 practice questions")
+    if a.admit_accuracy is not None and not 0 <= a.admit_accuracy <= 1:
+        raise UserError(f"--admit-accuracy {a.admit_accuracy}: must be in [0, 1]")
     from lmprefs.server.live import proxy_addresses
 
     try:
@@ -63,6 +72,10 @@ def cmd_serve(argv: list[str]) -> int:
         store.close()
         raise UserError(f"--batch {a.batch!r}: {a.db} holds no items of that batch"
                         + (f" (its batches: {', '.join(known[:8])})" if known else " (its items have no batch)"))
+    if a.onboarding is not None or a.admit_accuracy is not None:
+        items, bar = store.onboarding_settings()
+        store.set_onboarding(items if a.onboarding is None else a.onboarding,
+                             bar if a.admit_accuracy is None else a.admit_accuracy)  # fmt: skip
     tokens = store.labelers_with_tokens()
     pending = store.pending_count(batch=a.batch)
     store.close()

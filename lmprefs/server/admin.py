@@ -38,6 +38,9 @@ def admin_page(request: Request, user: Annotated[User, Depends(admin)]) -> HTMLR
         gold_rate=st.queue.gold_rate,
         overlap=(st.queue.overlap_fraction, st.queue.overlap_k),
         gold_items=st.store.gold_items(),
+        onboarding=st.store.onboarding_settings(),
+        practice=st.store.practice_summary(),
+        labelers=st.store.labelers(),
         held=st.store.held_items(),
         flags=st.store.recent_flags(),
         chance=stats.chance_agreement(st.store),
@@ -54,6 +57,7 @@ def admin_item(
     item_id: Annotated[str, Form(max_length=20)],
     action: Annotated[str, Form(max_length=10)],
     best: Annotated[str, Form(max_length=3)] = "",
+    note: Annotated[str, Form(max_length=2000)] = "",
 ) -> Response:
     """retire / restore an item, or `gold` with best = the right option (1-based, in the stored order) / `ungold`."""
     if not user.is_admin:
@@ -73,10 +77,49 @@ def admin_item(
         if item.label_type not in (f"best_of_{n}", f"ranking_{n}"):
             raise HTTPException(422, f"Item {iid} is a {item.label_type} question; gold items are best-of-N or "
                                      "rankings (by their top choice).")  # fmt: skip
-        st.store.set_gold(iid, int(best) - 1 if action == "gold" else None)
+        st.store.set_gold(iid, int(best) - 1 if action == "gold" else None, note.strip() or None)
         user.session.flash = f"Item {iid} is {'a gold item' if action == 'gold' else 'no longer a gold item'}."
     else:
         raise HTTPException(422, f"action={action!r} must be retire, restore, gold or ungold.")
+    return RedirectResponse("/admin", 303)
+
+
+def admin_onboarding(
+    request: Request,
+    user: Annotated[User, Depends(csrf_checked)],
+    items: Annotated[str, Form(max_length=5)],
+    accuracy: Annotated[str, Form(max_length=10)],
+) -> Response:
+    """The onboarding settings: practice questions per new labeler (0: none) and the accuracy that admits them."""
+    if not user.is_admin:
+        raise HTTPException(403, "This page is for admins only.")
+    try:
+        n, bar = int(items), float(accuracy)
+        state(request).store.set_onboarding(n, bar)
+    except ValueError:
+        raise HTTPException(422, f"items={items!r} must be a whole number 0..1000 and accuracy={accuracy!r} a "
+                                 "number from 0 to 1 (like 0.8).") from None  # fmt: skip
+    user.session.flash = f"Onboarding: {n} practice questions, admitted at {bar:.0%}." if n else "Onboarding is off."
+    return RedirectResponse("/admin", 303)
+
+
+def admin_labeler(
+    request: Request,
+    user: Annotated[User, Depends(csrf_checked)],
+    name: Annotated[str, Form(max_length=100)],
+    action: Annotated[str, Form(max_length=10)],
+) -> Response:
+    """Admit a labeler who did not pass onboarding (`admit`), or hold one back from real work (`hold`)."""
+    if not user.is_admin:
+        raise HTTPException(403, "This page is for admins only.")
+    st = state(request)
+    labeler = next((b for b in st.store.labelers() if b.name == name), None)
+    if labeler is None:
+        raise HTTPException(404, f"There is no labeler {name!r}.")
+    if action not in ("admit", "hold"):
+        raise HTTPException(422, f"action={action!r} must be admit or hold.")
+    st.store.set_admitted(labeler.id, action == "admit")
+    user.session.flash = f"{name} {'is admitted' if action == 'admit' else 'is held back from real work'}."
     return RedirectResponse("/admin", 303)
 
 

@@ -66,6 +66,8 @@ class ItemIn(BaseModel):
     want_labels: int = Field(1, ge=1, le=1000)
     gold: int | None = Field(None, ge=0, description="the right answer (stored sample index) of a gold question; for "
                              "a ranking_K question, the right top choice")  # fmt: skip
+    gold_note: str | None = Field(None, max_length=2000, description="why the gold answer is right (onboarding "
+                                  "shows it to new labelers)")  # fmt: skip
 
 
 class ItemsIn(BaseModel):
@@ -162,7 +164,7 @@ def add_items(request: Request, user: Admin, body: ItemsIn) -> ItemsOut:
                                             want_labels=it.want_labels, batch=it.batch, priority=it.priority,
                                             key=it.key)  # fmt: skip
                 if it.gold is not None:
-                    st.store.set_gold(item_id, it.gold)
+                    st.store.set_gold(item_id, it.gold, it.gold_note)
             except ValueError as e:
                 raise HTTPException(422, f"items[{k}]: {e}") from None
             ids.append(item_id)

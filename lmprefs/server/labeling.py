@@ -16,8 +16,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, token_hash
+from lmprefs.server.answers import order_of, read_answer, read_confidence
+from lmprefs.server.onboarding import practice, practice_page
 from lmprefs.server.pages import ITEM_ID, State, form_item_id, render, state
-from lmprefs.server.queue import display_order
 from lmprefs.server.security import (
     LOGIN_COOKIE,
     SESSION_COOKIE,
@@ -107,56 +108,23 @@ def _last_answer(st: State, user: User) -> tuple[int, int, float] | None:
 
 def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> HTMLResponse:
     st = state(request)
+    feedback, user.session.feedback = user.session.feedback, None  # the last practice answer's right answer
+    if (p := practice(st, user)) is not None:
+        return practice_page(request, st, user, p, feedback)
     item = st.queue.current(user.name)
     flash, user.session.flash = user.session.flash, None
     progress = st.queue.progress(user.id, user.name, serving=item is not None)
     options, redo, undo = [], False, _last_answer(st, user)
     if item is not None:
-        order = _order(st, user.name, item.id, len(item.samples))
+        order = order_of(st, user.name, item.id, len(item.samples))
         options = [(position, item.samples[k]) for position, k in enumerate(order)]
         lease = st.queue.lease(user.name)
         redo = bool(lease and lease.redo and lease.item_id == item.id)
         if undo and undo[1] == item.id:
             undo = None  # already answering it again
     return render(request, "label.html", user=user, csrf=user.session.csrf, item=item, options=options,
-                  progress=progress, flash=flash, redo=redo, undo=undo, undo_seconds=st.undo_seconds)  # fmt: skip
-
-
-def _order(st: State, labeler: str, item_id: int, n: int) -> list[int]:
-    return display_order(st.store.store_id, labeler, item_id, n) if st.shuffle else list(range(n))
-
-
-def _parse_ranking(text: str, n: int, iid: int) -> list[int]:
-    """The form's ranking, option numbers as shown (1..n) best first, as displayed positions 0..n-1; a 422 naming a
-    repeated, missing or unknown option."""
-    parts = text.split(",") if text else []
-    if not all(p.isascii() and p.isdigit() and len(p) == 1 for p in parts):
-        raise HTTPException(422, f"ranking={text!r:.40} must be the option numbers 1..{n}, best first, separated by "
-                                 f"commas (like 2,1,3), for item {iid}.")  # fmt: skip
-    options = [int(p) for p in parts]
-    if bad := [o for o in options if not 1 <= o <= n]:
-        raise HTTPException(422, f"The ranking names option {bad[0]}; item {iid} has options 1..{n}.")
-    if repeated := sorted({o for o in options if options.count(o) > 1}):
-        raise HTTPException(422, f"The ranking names option {repeated[0]} twice; rank each option once (nothing "
-                                 "was saved).")  # fmt: skip
-    if missing := [o for o in range(1, n + 1) if o not in options]:
-        raise HTTPException(422, f"The ranking leaves out option {missing[0]}; rank all {n} options (nothing was "
-                                 "saved).")  # fmt: skip
-    return [o - 1 for o in options]
-
-
-def _answer(choice: str, ranking: str, value_field: str, n: int, iid: int) -> tuple[str, int | None, list | None]:
-    """(kind, displayed position picked, displayed positions ranked) of a form's answer, or a 422."""
-    if choice in ("skip", "flag"):
-        return choice, None, None
-    if value_field == "ranking":
-        if choice != "rank":
-            raise HTTPException(422, f"Item {iid} asks for a ranking: choice={choice!r} must be 'rank' (with the "
-                                     "ranking), 'skip' or 'flag'.")  # fmt: skip
-        return "label", None, _parse_ranking(ranking, n, iid)
-    if not (choice.isascii() and choice.isdigit()) or not 0 <= int(choice) < n:  # "٣".isdigit() is True
-        raise HTTPException(422, f"choice={choice!r} must be 0..{n - 1}, 'skip' or 'flag' for item {iid}.")
-    return "label", int(choice), None
+                  progress=progress, flash=flash, redo=redo, undo=undo, undo_seconds=st.undo_seconds,
+                  action="/label", practice=None, feedback=feedback)  # fmt: skip
 
 
 def submit_label(
@@ -177,17 +145,15 @@ def submit_label(
     if value_field not in ("best", "ranking"):
         raise HTTPException(422, f"Item {iid} is a {item.label_type} question; this page answers best-of-N and "
                                  "rankings only.")  # fmt: skip
-    kind, position, ranked = _answer(choice, ranking, value_field, n, iid)
-    if confidence not in ("", "1", "2", "3"):
-        raise HTTPException(422, f"confidence={confidence!r} must be 1 (a guess), 2 or 3 (sure), or left out.")
-    sure = int(confidence) if confidence and kind == "label" else None  # a skip or flag is no judgement
+    kind, position, ranked = read_answer(choice, ranking, value_field, n, iid)
+    sure = read_confidence(confidence, kind)
     lease = st.queue.claim(user.name, iid)  # first come, first served: a raced second post gets None
     if lease is None:
         if st.queue.answered(iid, user.name):
             raise HTTPException(409, f"You already answered item {iid}; that answer stands.")
         raise HTTPException(409, f"Item {iid} is not the question you were shown (it was not saved). "
                                  "Open the labeling page for your current question.")  # fmt: skip
-    order = _order(st, user.name, iid, n)
+    order = order_of(st, user.name, iid, n)
     best = order[position] if position is not None else None  # displayed position -> stored sample
     stored_ranking = [order[p] for p in ranked] if ranked is not None else None
     saved = False

@@ -8,6 +8,7 @@ from __future__ import annotations
 from lmprefs.labels.store import items as _items
 from lmprefs.labels.store import labelers as _labelers
 from lmprefs.labels.store import labels as _labels
+from lmprefs.labels.store import onboarding as _onboarding
 from lmprefs.labels.store import reports as _reports
 from lmprefs.labels.store import serving as _serving
 from lmprefs.labels.store.base import StoreBase
@@ -48,6 +49,16 @@ class LabelStore(StoreBase):
     labelers = _labelers.labelers
     labelers_with_tokens = _labelers.labelers_with_tokens
     revoke_token = _labelers.revoke_token
+
+    # -- onboarding (onboarding.py) ---------------------------------------------------------------------------
+
+    onboarding_settings = _onboarding.onboarding_settings
+    set_onboarding = _onboarding.set_onboarding
+    practice_items = _onboarding.practice_items
+    practice_answers = _onboarding.practice_answers
+    set_admitted = _onboarding.set_admitted
+    is_admitted = _onboarding.is_admitted
+    practice_summary = _onboarding.practice_summary
 
     # -- what the admin page and the quality measures read (reports.py) --------------------------------------
 

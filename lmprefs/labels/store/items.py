@@ -87,7 +87,7 @@ def _items(store: StoreBase, where: str, args: tuple) -> list[Item]:
     with store.snapshot() as c:
         rows = c.execute(
             "SELECT i.id, q.text, i.label_type, i.source, i.batch, i.priority, i.want_labels, i.status, i.created,"
-            f" i.gold, i.hold FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
+            f" i.gold, i.hold, i.gold_note FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
             args,
         ).fetchall()
         for r in rows:
@@ -155,9 +155,11 @@ def table_counts(store: StoreBase) -> dict[str, int]:
     return {t: store.connection().execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in TABLES}
 
 
-def set_gold(store: StoreBase, item_id: int, best: int | None) -> None:
+def set_gold(store: StoreBase, item_id: int, best: int | None, note: str | None = None) -> None:
     """Make `item_id` a gold question whose right answer is stored sample `best` (None: an ordinary item again); for
-    a ranking_K item, the right top choice."""
+    a ranking_K item, the right top choice. `note`: why that answer is right, shown to labelers in onboarding."""
+    if note is not None and (not isinstance(note, str) or len(note) > 2000):
+        raise ValueError(f"gold note for item {item_id} must be a string of at most 2000 characters")
     with store._tx() as c:
         row = c.execute("SELECT label_type FROM items WHERE id = ?", (item_id,)).fetchone()
         if row is None:
@@ -165,7 +167,8 @@ def set_gold(store: StoreBase, item_id: int, best: int | None) -> None:
         if best is not None:
             as_best = row[0].replace("ranking_", "best_of_")  # a ranking's gold is its top choice
             check_label_value(as_best, best, None, None, f"gold item {item_id}")
-        c.execute("UPDATE items SET gold = ? WHERE id = ?", (best, item_id))
+        c.execute("UPDATE items SET gold = ?, gold_note = ? WHERE id = ?", (best, note if best is not None else None,
+                                                                            item_id))  # fmt: skip
 
 
 def set_hold(store: StoreBase, item_id: int, hold: str | None) -> None:

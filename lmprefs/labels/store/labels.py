@@ -36,6 +36,7 @@ class AnswerMeta(TypedDict, total=False):
     shown: list[int] | None  # display order: position p showed stored sample shown[p]
     seconds: float | None  # time on task
     confidence: int | None  # the labeler's, 1 (a guess) to 3 (sure), on a label only
+    practice: bool  # given in onboarding: never trains a reward model, counts in no quality measure
 
 
 def _check_answer(label_type: str, item_id: int, kind: str, value: dict, meta: AnswerMeta) -> int | None:
@@ -99,13 +100,13 @@ def add_label(
         shown = meta.get("shown")
         order = None if ranking is None else json.dumps(ranking)
         values = (kind, best, score, difference, meta.get("note"), source, json.dumps(shown) if shown else None,
-                  meta.get("seconds"), order, meta.get("confidence"))  # fmt: skip
+                  meta.get("seconds"), order, meta.get("confidence"), int(bool(meta.get("practice"))))  # fmt: skip
         if old and replace:
             # the row keeps its time (the undo window runs from the first answer, not from each change) and the
             # first answer (gold accuracy counts it); SET reads the row as it was before this statement
             c.execute(
                 "UPDATE labels SET kind = ?, best = ?, score = ?, difference = ?, note = ?, source = ?, shown = ?,"
-                " seconds = ?, ranking = ?, confidence = ?, first_kind = COALESCE(first_kind, kind),"
+                " seconds = ?, ranking = ?, confidence = ?, practice = ?, first_kind = COALESCE(first_kind, kind),"
                 " first_best = CASE WHEN first_kind IS NULL THEN best ELSE first_best END WHERE id = ?",
                 (*values, old[0]),
             )
@@ -120,7 +121,7 @@ def add_label(
         else:
             label_id = c.execute(
                 "INSERT INTO labels (item_id, labeler_id, kind, best, score, difference, note, source, shown,"
-                " seconds, ranking, confidence, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " seconds, ranking, confidence, practice, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (item_id, lid, *values, time.time()),
             ).lastrowid
         _update_item(c, item_id, want, kind)
@@ -183,11 +184,12 @@ def import_batch(store: LabelStore, rows: Iterable[ImportRow]) -> ImportCounts:
 def labeled_examples(
     store: StoreBase, label_type: str = "best_of_4", *, since_id: int | None = None, tokenizer: str | None = None
 ) -> list[Example]:
-    """Every `label` (not skips or flags) on items of `label_type`, oldest first; `since_id` keeps labels with a
-    larger id (for online training). With `tokenizer`, attach the ids stored under that name (None if absent)."""
+    """Every `label` (not skips or flags, nor practice answers from onboarding) on items of `label_type`, oldest
+    first; `since_id` keeps labels with a larger id (for online training). With `tokenizer`, attach the ids stored
+    under that name (None if absent)."""
     # the labels wanted, then the samples of their items: two queries for the whole result, not one per item
     chosen = "SELECT l.id, l.item_id FROM labels l JOIN items i ON i.id = l.item_id"
-    chosen += " WHERE l.kind = 'label' AND i.label_type = :type AND l.id > :since"
+    chosen += " WHERE l.kind = 'label' AND l.practice = 0 AND i.label_type = :type AND l.id > :since"
     args = {"tok": tokenizer, "type": label_type, "since": since_id or 0}
     with store.snapshot() as c:
         labels = c.execute(
@@ -246,12 +248,13 @@ def answer_counts(store: StoreBase, labeler_id: int) -> dict[str, int]:
 def answers_since(
     store: StoreBase, since_id: int = 0, *, limit: int = 1000, label_type: str | None = None
 ) -> list[Answer]:
-    """Labels, skips and flags with an id above `since_id` (on items of `label_type`, or any), oldest first."""
+    """Labels, skips and flags with an id above `since_id` (on items of `label_type`, or any), oldest first; not
+    practice answers from onboarding."""
     rows = store.connection().execute(
         "SELECT l.id, l.item_id, b.name, l.kind, l.best, l.score, l.difference, l.note, l.source, l.created,"
         " l.shown, l.seconds, l.ranking, l.confidence FROM labels l JOIN labelers b ON b.id = l.labeler_id"
         " JOIN items i ON i.id = l.item_id"
-        " WHERE l.id > ? AND (? IS NULL OR i.label_type = ?) ORDER BY l.id LIMIT ?",
+        " WHERE l.id > ? AND l.practice = 0 AND (? IS NULL OR i.label_type = ?) ORDER BY l.id LIMIT ?",
         (since_id, label_type, label_type, limit),
     )
     return [Answer(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], json.loads(r[10]) if r[10] else None,

@@ -42,6 +42,7 @@ class Item:
     created: float  # unix time (UTC)
     gold: int | None = None  # the known best sample of a gold question
     hold: str | None = None  # "flagged" or "retired": not served
+    gold_note: str | None = None  # the researcher's note on the gold answer
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class Labeler:
     is_admin: bool
     created: float
     has_token: bool  # can sign in
+    admitted: float | None = None  # when they passed onboarding (None: not yet)
 
 
 @dataclass(frozen=True)

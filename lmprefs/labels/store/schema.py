@@ -21,6 +21,11 @@ reads a ranking as its top pick.
 
 Version 5 adds a labeler's optional confidence in an answer, 1 (a guess) to 3 (sure): `labels.confidence`.
 
+Version 6 adds onboarding: `items.gold_note` (the researcher's note on a gold question's right answer, shown to a new
+labeler after a practice answer), `labels.practice` (1: an answer given in onboarding, which never trains a reward
+model and counts in no quality measure) and `labelers.admitted` (when the labeler passed onboarding; labelers from
+before version 6 count as admitted). The onboarding settings live in `meta` (`onboarding_items`, `admit_accuracy`).
+
 A store from newer code (a larger version) is refused, never written.
 """
 
@@ -31,7 +36,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -84,6 +89,12 @@ MIGRATIONS = {
     ],
     4: ["ALTER TABLE labels ADD COLUMN ranking TEXT"],
     5: ["ALTER TABLE labels ADD COLUMN confidence INTEGER CHECK (confidence BETWEEN 1 AND 3)"],
+    6: [
+        "ALTER TABLE items ADD COLUMN gold_note TEXT",
+        "ALTER TABLE labels ADD COLUMN practice INTEGER NOT NULL DEFAULT 0 CHECK (practice IN (0, 1))",
+        "ALTER TABLE labelers ADD COLUMN admitted REAL",
+        "UPDATE labelers SET admitted = created",
+    ],
 }
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read
