@@ -8,15 +8,17 @@ import tempfile
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import Depends, Form, HTTPException, Request
+from fastapi import Depends, Form, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.background import BackgroundTask
 
 from lmprefs.errors import UserError
 from lmprefs.labels.formats import FORMATS, export_file
 from lmprefs.labels.quality import quality
+from lmprefs.labels.store import ITEM_STATES
 from lmprefs.server import stats
 from lmprefs.server.pages import form_item_id, render, state
+from lmprefs.server.pages import state as _state
 from lmprefs.server.security import User, admin, csrf_checked
 
 
@@ -51,6 +53,35 @@ def admin_page(request: Request, user: Annotated[User, Depends(admin)]) -> HTMLR
     )
 
 
+PAGE = 50  # items per page of the item browser
+
+
+def item_browser(
+    request: Request,
+    user: Annotated[User, Depends(admin)],
+    q: Annotated[str, Query(max_length=200)] = "",
+    state: Annotated[str, Query(max_length=10)] = "",
+    before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+) -> HTMLResponse:
+    """Items whose query or an option contains `q`, in `state` (pending, done, flagged, gold, retired; "" any),
+    newest first, each with every option, its gold answer and note, and its actions."""
+    if state and state not in ITEM_STATES:
+        raise HTTPException(422, f"state={state!r} must be one of {', '.join(ITEM_STATES)}, or left out.")
+    st = _state(request)
+    items = st.store.search_items(q, state or None, limit=PAGE + 1, before_id=before)
+    flash, user.session.flash = user.session.flash, None
+    return render(request, "items.html", user=user, csrf=user.session.csrf, flash=flash, items=items[:PAGE],
+                  more=items[PAGE - 1].id if len(items) > PAGE else None, q=q, state=state,
+                  states=ITEM_STATES, back=str(request.url.path) + ("?" + request.url.query if request.url.query
+                                                                  else ""))  # fmt: skip
+
+
+def _back(back: str) -> str:
+    """Where an item action returns to: the item browser (with its search) if it sent the form, else /admin."""
+    ok = back.startswith("/admin/items") and "//" not in back and "\\" not in back
+    return back if ok else "/admin"
+
+
 def admin_item(
     request: Request,
     user: Annotated[User, Depends(csrf_checked)],
@@ -58,6 +89,7 @@ def admin_item(
     action: Annotated[str, Form(max_length=10)],
     best: Annotated[str, Form(max_length=3)] = "",
     note: Annotated[str, Form(max_length=2000)] = "",
+    back: Annotated[str, Form(max_length=500)] = "",
 ) -> Response:
     """retire / restore an item, or `gold` with best = the right option (1-based, in the stored order) / `ungold`."""
     if not user.is_admin:
@@ -81,7 +113,7 @@ def admin_item(
         user.session.flash = f"Item {iid} is {'a gold item' if action == 'gold' else 'no longer a gold item'}."
     else:
         raise HTTPException(422, f"action={action!r} must be retire, restore, gold or ungold.")
-    return RedirectResponse("/admin", 303)
+    return RedirectResponse(_back(back), 303)
 
 
 def admin_onboarding(

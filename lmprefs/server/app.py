@@ -12,6 +12,7 @@ HEAD too):
   POST /onboarding           a practice answer (onboarding.py): item_id, choice or ranking, as POST /label
   POST /undo                 answer the last item again (within `undo_seconds` of the answer); the new one replaces it
   GET  /admin                counts, throughput, quality control, flags, export form (admins only)
+  GET  /admin/items          the item browser: search by text and state, every option, gold and its note, actions
   POST /admin/item           retire / restore an item, or mark it gold with its right answer and a note (admins only)
   POST /admin/onboarding     how many practice questions a new labeler answers, and the accuracy that admits them
   POST /admin/labeler        admit a labeler, or hold one back from real work
@@ -145,6 +146,7 @@ def create_app(
     app.post("/undo", **form)(labeling.undo)
     app.post("/onboarding", **form)(onboarding.submit_practice)
     app.api_route("/admin", **page)(admin.admin_page)
+    app.api_route("/admin/items", **page)(admin.item_browser)
     app.post("/admin/item", **form)(admin.admin_item)
     app.post("/admin/onboarding", **form)(admin.admin_onboarding)
     app.post("/admin/labeler", **form)(admin.admin_labeler)

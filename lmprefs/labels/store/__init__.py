@@ -12,6 +12,7 @@ tables and their columns are known only here. Never imports torch.
 """
 
 from lmprefs.labels.store.core import LabelStore
+from lmprefs.labels.store.items import ITEM_STATES
 from lmprefs.labels.store.labelers import token_hash
 from lmprefs.labels.store.records import (
     HOLDS,
@@ -31,6 +32,7 @@ from lmprefs.labels.store.schema import SCHEMA_VERSION, check_store_path
 
 __all__ = [
     "HOLDS",
+    "ITEM_STATES",
     "KINDS",
     "SCHEMA_VERSION",
     "SPLIT_NAME",

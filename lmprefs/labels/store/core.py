@@ -21,6 +21,7 @@ class LabelStore(StoreBase):
 
     add_item = _items.add_item
     get_item = _items.get_item
+    search_items = _items.search_items
     next_item = _items.next_item
     pending_count = _items.pending_count
     item_count = _items.item_count

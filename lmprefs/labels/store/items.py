@@ -82,7 +82,7 @@ def add_item(
         return cur.lastrowid
 
 
-def _items(store: StoreBase, where: str, args: tuple) -> list[Item]:
+def _items(store: StoreBase, where: str, args: tuple | dict) -> list[Item]:
     out = []
     with store.snapshot() as c:
         rows = c.execute(
@@ -101,6 +101,31 @@ def _items(store: StoreBase, where: str, args: tuple) -> list[Item]:
             ]
             out.append(Item(r[0], r[1], texts, *r[2:]))
     return out
+
+
+ITEM_STATES = ("pending", "done", "flagged", "gold", "retired")
+_STATE_SQL = {
+    "pending": "i.status = 'pending' AND i.hold IS NULL",
+    "done": "i.status = 'done' AND i.hold IS NULL",
+    "flagged": "i.hold = 'flagged'",
+    "gold": "i.gold IS NOT NULL",
+    "retired": "i.hold = 'retired'",
+}
+
+
+def search_items(store: StoreBase, text: str = "", state: str | None = None, *, limit: int = 50,
+                 before_id: int | None = None) -> list[Item]:  # fmt: skip
+    """Items whose query or a sample contains `text` (any case, for ASCII letters) in `state` (ITEM_STATES; None:
+    any), newest first, at most `limit`, with ids below `before_id` (the next page)."""
+    if state is not None and state not in ITEM_STATES:
+        raise ValueError(f"state={state!r} must be one of {', '.join(ITEM_STATES)}")
+    pattern = "%" + "".join("!" + ch if ch in "!%_" else ch for ch in text) + "%"
+    where = (
+        "(q.text LIKE :p ESCAPE '!' OR EXISTS (SELECT 1 FROM item_samples x JOIN samples s ON s.id = x.sample_id"
+        " WHERE x.item_id = i.id AND s.text LIKE :p ESCAPE '!'))"
+        f" AND {_STATE_SQL[state] if state else '1'} AND i.id < :before ORDER BY i.id DESC LIMIT :limit"
+    )
+    return _items(store, where, {"p": pattern, "before": before_id or 2**63 - 1, "limit": limit})
 
 
 def get_item(store: StoreBase, item_id: int) -> Item | None:
