@@ -16,7 +16,7 @@ from lmprefs.errors import UserError
 from lmprefs.labels.formats import FORMATS, export_file
 from lmprefs.labels.quality import quality
 from lmprefs.labels.store import ITEM_STATES
-from lmprefs.server import stats
+from lmprefs.server import drift, stats
 from lmprefs.server.pages import form_item_id, render, state
 from lmprefs.server.pages import state as _state
 from lmprefs.server.security import User, admin, csrf_checked
@@ -43,6 +43,8 @@ def admin_page(request: Request, user: Annotated[User, Depends(admin)]) -> HTMLR
         onboarding=st.store.onboarding_settings(),
         practice=st.store.practice_summary(),
         labelers=st.store.labelers(),
+        anchor_every=(every := st.store.anchor_every()),
+        drift=drift.charts(st.store.drift(every)) if every else [],
         held=st.store.held_items(),
         flags=st.store.recent_flags(),
         chance=stats.chance_agreement(st.store),
@@ -102,6 +104,12 @@ def admin_item(
     if action in ("retire", "restore"):
         st.store.set_hold(iid, "retired" if action == "retire" else None)
         user.session.flash = f"Item {iid} {'retired' if action == 'retire' else 'restored'}."
+    elif action in ("anchor", "unanchor"):
+        try:
+            st.store.set_anchor(iid, action == "anchor")
+        except ValueError as e:
+            raise HTTPException(422, f"{e}.") from None
+        user.session.flash = f"Item {iid} is {'a drift anchor' if action == 'anchor' else 'no longer a drift anchor'}."
     elif action in ("gold", "ungold"):
         n = len(item.samples)
         if action == "gold" and not (best.isascii() and best.isdigit() and 1 <= int(best) <= n):
@@ -112,7 +120,7 @@ def admin_item(
         st.store.set_gold(iid, int(best) - 1 if action == "gold" else None, note.strip() or None)
         user.session.flash = f"Item {iid} is {'a gold item' if action == 'gold' else 'no longer a gold item'}."
     else:
-        raise HTTPException(422, f"action={action!r} must be retire, restore, gold or ungold.")
+        raise HTTPException(422, f"action={action!r} must be retire, restore, gold, ungold, anchor or unanchor.")
     return RedirectResponse(_back(back), 303)
 
 
@@ -152,6 +160,20 @@ def admin_labeler(
         raise HTTPException(422, f"action={action!r} must be admit or hold.")
     st.store.set_admitted(labeler.id, action == "admit")
     user.session.flash = f"{name} {'is admitted' if action == 'admit' else 'is held back from real work'}."
+    return RedirectResponse("/admin", 303)
+
+
+def admin_drift(
+    request: Request, user: Annotated[User, Depends(csrf_checked)], every: Annotated[str, Form(max_length=7)]
+) -> Response:
+    """Labels per drift interval: each labeler answers every anchor once per interval (0: no anchors served)."""
+    if not user.is_admin:
+        raise HTTPException(403, "This page is for admins only.")
+    try:
+        state(request).store.set_anchor_every(int(every))
+    except ValueError:
+        raise HTTPException(422, f"every={every!r} must be a whole number of labels 0..100000 (0: off).") from None
+    user.session.flash = f"Drift anchors every {int(every)} labels." if int(every) else "Drift anchors are off."
     return RedirectResponse("/admin", 303)
 
 

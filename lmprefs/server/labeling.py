@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, token_hash
 from lmprefs.server.answers import order_of, read_answer, read_confidence
+from lmprefs.server.drift import anchor_page, due_anchor
 from lmprefs.server.onboarding import practice, practice_page
 from lmprefs.server.pages import ITEM_ID, State, form_item_id, render, state
 from lmprefs.server.security import (
@@ -111,6 +112,8 @@ def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> H
     feedback, user.session.feedback = user.session.feedback, None  # the last practice answer's right answer
     if (p := practice(st, user)) is not None:
         return practice_page(request, st, user, p, feedback)
+    if (anchor := due_anchor(st, user)) is not None:
+        return anchor_page(request, st, user, anchor, feedback)
     item = st.queue.current(user.name)
     flash, user.session.flash = user.session.flash, None
     progress = st.queue.progress(user.id, user.name, serving=item is not None)

@@ -7,8 +7,8 @@ tables and their columns are known only here. Never imports torch.
 - `schema`: the tables, the upgrades of an older file, opening a connection, checking a path given on the command line
 - `records`: what the methods take and return (`Item`, `Example`, `Labeler`, ...) and the checks on written values
 - `core`: `LabelStore`, its connections and transactions
-- `items`, `labels`, `labelers`, `onboarding`: the methods, by what they touch; `reports`: what the admin page and
-  the quality measures read; `serving`: what the web app's queue asks
+- `items`, `labels`, `labelers`, `onboarding`, `drift`: the methods, by what they touch; `reports`: what the admin
+  page and the quality measures read; `serving`: what the web app's queue asks
 """
 
 from lmprefs.labels.store.core import LabelStore

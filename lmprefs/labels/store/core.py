@@ -5,6 +5,7 @@ it by. The methods are plain functions of the store, kept in the modules named a
 
 from __future__ import annotations
 
+from lmprefs.labels.store import drift as _drift
 from lmprefs.labels.store import items as _items
 from lmprefs.labels.store import labelers as _labelers
 from lmprefs.labels.store import labels as _labels
@@ -60,6 +61,16 @@ class LabelStore(StoreBase):
     set_admitted = _onboarding.set_admitted
     is_admitted = _onboarding.is_admitted
     practice_summary = _onboarding.practice_summary
+
+    # -- drift anchors (drift.py) ------------------------------------------------------------------------------
+
+    anchor_every = _drift.anchor_every
+    set_anchor_every = _drift.set_anchor_every
+    set_anchor = _drift.set_anchor
+    labeler_interval = _drift.labeler_interval
+    due_anchors = _drift.due_anchors
+    add_anchor_answer = _drift.add_anchor_answer
+    drift = _drift.drift
 
     # -- what the admin page and the quality measures read (reports.py) --------------------------------------
 

@@ -87,7 +87,7 @@ def _items(store: StoreBase, where: str, args: tuple | dict) -> list[Item]:
     with store.snapshot() as c:
         rows = c.execute(
             "SELECT i.id, q.text, i.label_type, i.source, i.batch, i.priority, i.want_labels, i.status, i.created,"
-            f" i.gold, i.hold, i.gold_note FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
+            f" i.gold, i.hold, i.gold_note, i.anchor FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
             args,
         ).fetchall()
         for r in rows:
@@ -99,17 +99,19 @@ def _items(store: StoreBase, where: str, args: tuple | dict) -> list[Item]:
                     (r[0],),
                 )
             ]
-            out.append(Item(r[0], r[1], texts, *r[2:]))
+            out.append(Item(r[0], r[1], texts, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11],
+                            bool(r[12])))  # fmt: skip
     return out
 
 
-ITEM_STATES = ("pending", "done", "flagged", "gold", "retired")
+ITEM_STATES = ("pending", "done", "flagged", "gold", "retired", "anchor")
 _STATE_SQL = {
     "pending": "i.status = 'pending' AND i.hold IS NULL",
     "done": "i.status = 'done' AND i.hold IS NULL",
     "flagged": "i.hold = 'flagged'",
     "gold": "i.gold IS NOT NULL",
     "retired": "i.hold = 'retired'",
+    "anchor": "i.anchor = 1",
 }
 
 
@@ -139,7 +141,7 @@ def next_item(store: StoreBase, labeler: str, *, batch: str | None = None) -> It
     are kept."""
     items = _items(
         store,
-        "i.status = 'pending' AND i.hold IS NULL AND (?1 IS NULL OR i.batch = ?1)"
+        "i.status = 'pending' AND i.hold IS NULL AND i.anchor = 0 AND (?1 IS NULL OR i.batch = ?1)"
         " AND NOT EXISTS (SELECT 1 FROM labels l"
         " JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id AND b.name = ?2)"
         " ORDER BY i.priority DESC, i.id LIMIT 1",

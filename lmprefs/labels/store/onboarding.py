@@ -40,7 +40,8 @@ def set_onboarding(store: StoreBase, items: int, accuracy: float) -> None:
 
 def practice_items(store: StoreBase, n: int) -> list[tuple[int, int]]:
     """(item id, right answer) of the first `n` gold questions by id, not retired: the practice set."""
-    sql = f"SELECT i.id, i.gold FROM items i WHERE i.gold IS NOT NULL AND {CHOICE_ITEM} AND i.hold IS NOT 'retired'"
+    sql = f"SELECT i.id, i.gold FROM items i WHERE i.gold IS NOT NULL AND {CHOICE_ITEM} AND i.anchor = 0"
+    sql += " AND i.hold IS NOT 'retired'"
     return store.connection().execute(sql + " ORDER BY i.id LIMIT ?", (n,)).fetchall()
 
 

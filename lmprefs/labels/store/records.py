@@ -43,6 +43,7 @@ class Item:
     gold: int | None = None  # the known best sample of a gold question
     hold: str | None = None  # "flagged" or "retired": not served
     gold_note: str | None = None  # the researcher's note on the gold answer
+    anchor: bool = False  # a drift anchor: re-served to every labeler once per interval
 
 
 @dataclass(frozen=True)

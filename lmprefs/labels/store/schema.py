@@ -26,6 +26,10 @@ labeler after a practice answer), `labels.practice` (1: an answer given in onboa
 model and counts in no quality measure) and `labelers.admitted` (when the labeler passed onboarding; labelers from
 before version 6 count as admitted). The onboarding settings live in `meta` (`onboarding_items`, `admit_accuracy`).
 
+Version 7 adds drift anchors: `items.anchor` (1: a fixed item re-served to every labeler once per interval of their
+answers, never through the queue and never for training) and `anchor_answers`, one row per (anchor, labeler,
+interval); the interval length lives in `meta` (`anchor_every`).
+
 A store from newer code (a larger version) is refused, never written.
 """
 
@@ -36,7 +40,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -95,11 +99,19 @@ MIGRATIONS = {
         "ALTER TABLE labelers ADD COLUMN admitted REAL",
         "UPDATE labelers SET admitted = created",
     ],
+    7: [
+        "ALTER TABLE items ADD COLUMN anchor INTEGER NOT NULL DEFAULT 0 CHECK (anchor IN (0, 1))",
+        "CREATE TABLE anchor_answers (id INTEGER PRIMARY KEY, item_id INTEGER NOT NULL REFERENCES items(id),"
+        " labeler_id INTEGER NOT NULL REFERENCES labelers(id), interval INTEGER NOT NULL CHECK (interval >= 0),"
+        " best INTEGER NOT NULL, ranking TEXT, seconds REAL, created REAL NOT NULL,"
+        " UNIQUE (item_id, labeler_id, interval))",
+    ],
 }
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read
 CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
-TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels")
+TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels",
+          "anchor_answers")  # fmt: skip
 
 
 def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
 
 _IS_BEST_OF = CHOICE_ITEM
-_BEST_OF = f"{_IS_BEST_OF} AND i.hold IS NULL"
+_BEST_OF = f"{_IS_BEST_OF} AND i.hold IS NULL AND i.anchor = 0"  # anchors come round by their own schedule
 _NOT_MINE = (
     "NOT EXISTS (SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id"
     " AND b.name = :labeler)"
