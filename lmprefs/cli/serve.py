@@ -13,7 +13,7 @@ def _existing_store(db: str) -> LabelStore:
     return LabelStore(check_store_path(db, must_exist=True))
 
 
-def cmd_serve(argv: list[str]) -> int:
+def _serve_parser() -> ArgumentParser:
     from lmprefs.server.instructions import TASKS
 
     p = ArgumentParser(
@@ -35,10 +35,22 @@ def cmd_serve(argv: list[str]) -> int:
     p.add_argument("--no-shuffle", action="store_true", help="show options in stored order (no position-bias check)")
     p.add_argument("--undo-seconds", type=float, default=60, help="how long a labeler can change an answer")
     p.add_argument("--fast-seconds", type=float, default=3, help="answers quicker than this are marked too fast")
+    p.add_argument("--onboarding", type=int, default=None, metavar="N",
+                   help="new labelers first answer N gold questions as practice, with the right answer after each "
+                        "(0: off; saved in the store, the admin page edits it)")  # fmt: skip
+    p.add_argument("--admit-accuracy", type=float, default=None, metavar="A",
+                   help="practice accuracy that admits a new labeler (default 0.8; saved in the store)")
+    p.add_argument("--anchor-every", type=int, default=None, metavar="N",
+                   help="serve every drift anchor to each labeler again in each interval of N of their labels (0: "
+                        "off; saved in the store, the admin page edits it)")  # fmt: skip
     p.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDRESS",
                    help="address or network (10.0.0.0/8) of a reverse proxy in front of the app whose "
                         "X-Forwarded-For and -Proto are believed (repeatable; default: believe no one)")  # fmt: skip
-    a = p.parse_args(argv)
+    return p
+
+
+def _check_serve_flags(a) -> None:
+    """One line naming the first bad flag, before anything is opened."""
     if not 0 <= a.port <= 65535:
         raise UserError(f"--port {a.port}: must be 0..65535")
     if a.lease_minutes <= 0:
@@ -51,6 +63,27 @@ def cmd_serve(argv: list[str]) -> int:
     for flag, value in (("--undo-seconds", a.undo_seconds), ("--fast-seconds", a.fast_seconds)):
         if not 0 <= value < 86400:
             raise UserError(f"{flag} {value}: must be in [0, 86400)")
+    if a.onboarding is not None and not 0 <= a.onboarding <= 1000:
+        raise UserError(f"--onboarding {a.onboarding}: must be 0..1000 practice questions")
+    if a.admit_accuracy is not None and not 0 <= a.admit_accuracy <= 1:
+        raise UserError(f"--admit-accuracy {a.admit_accuracy}: must be in [0, 1]")
+    if a.anchor_every is not None and not 0 <= a.anchor_every <= 100_000:
+        raise UserError(f"--anchor-every {a.anchor_every}: must be 0..100000 labels (0: off)")
+
+
+def _save_settings(store: LabelStore, a) -> None:
+    """The onboarding and drift settings given on the command line, kept in the store (the admin page edits them)."""
+    if a.onboarding is not None or a.admit_accuracy is not None:
+        items, bar = store.onboarding_settings()
+        store.set_onboarding(items if a.onboarding is None else a.onboarding,
+                             bar if a.admit_accuracy is None else a.admit_accuracy)  # fmt: skip
+    if a.anchor_every is not None:
+        store.set_anchor_every(a.anchor_every)
+
+
+def cmd_serve(argv: list[str]) -> int:
+    a = _serve_parser().parse_args(argv)
+    _check_serve_flags(a)
     from lmprefs.server.live import proxy_addresses
 
     try:
@@ -63,6 +96,7 @@ def cmd_serve(argv: list[str]) -> int:
         store.close()
         raise UserError(f"--batch {a.batch!r}: {a.db} holds no items of that batch"
                         + (f" (its batches: {', '.join(known[:8])})" if known else " (its items have no batch)"))
+    _save_settings(store, a)
     tokens = store.labelers_with_tokens()
     pending = store.pending_count(batch=a.batch)
     store.close()

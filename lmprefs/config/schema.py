@@ -60,7 +60,8 @@ class LabelsConfig:
     """Which judgments train the reward model, and who gives them."""
 
     type: str = "best_of_4"
-    """Label type (label_types.py): best_of_N, scalar_rating or scalar_compare."""
+    """Label type (label_types.py): best_of_N, ranking_K (a full order of K samples, K 2 to 9), scalar_rating or
+    scalar_compare."""
     num_train: int = 4992
     """Labels used for one epoch of reward-model training (the original's books tasks use 4,992)."""
     source: str | None = None
@@ -90,6 +91,9 @@ class LabelsConfig:
     """Weight each labeler's labels in the reward-model loss by their chance-corrected gold accuracy,
     (accuracy - 1/N) / (1 - 1/N) floored at 0 (a labeler at chance counts for nothing); labelers without gold answers
     weigh 1. Weights are scaled to mean 1 over the labels."""
+    weight_by_confidence: bool = False
+    """Weight each label in the reward-model loss by its labeler's confidence / 3 (given in the labeling app, 1 a
+    guess to 3 sure; labels without one weigh 1), times the labels.weight_by_gold weight where both are set."""
     scores_as: Literal["rating", "comparisons"] = "rating"
     """How per-response scores (scalar_rating labels: imported comment scores or ratings, `import-labels --format
     scores`) train the reward model: rating = regress each score (the original's scalar_rating loss, MSE);

@@ -103,6 +103,8 @@ def _labels(lab) -> list[str]:
     need(not (lab.weight_by_gold and lab.type == "scalar_rating"),
          "labels.weight_by_gold weighs labelers by their answers to gold best_of_N questions; scalar_rating labels "
          "have none")
+    need(not (lab.weight_by_confidence and lab.type.startswith("scalar_")),
+         f"labels.weight_by_confidence weighs best_of_N and ranking_K labels; {lab.type} losses take no weights")
     need(lab.online_questions > 0, f"labels.online_questions={lab.online_questions} must be positive")
     need(lab.online_interval > 0, f"labels.online_interval={lab.online_interval} must be positive")
     need(lab.online_retrains >= 0, f"labels.online_retrains={lab.online_retrains} must be >= 0")
@@ -223,8 +225,12 @@ def _dpo(d) -> list[str]:
     return out
 
 
+RANKING_MAX = 9  # a labeler orders the options with the keys 1-9
+
+
 def label_type_shape(label_type: str) -> tuple[str, int]:
-    """(label field, samples per item) of a label-type name, without importing torch: best_of_4 -> ("best", 4)."""
+    """(label field, samples per item) of a label-type name, without importing torch: best_of_4 -> ("best", 4),
+    ranking_4 -> ("ranking", 4) (a full order of the 4 samples, best first)."""
     if label_type == "scalar_rating":
         return "score", 1
     if label_type == "scalar_compare":
@@ -232,6 +238,8 @@ def label_type_shape(label_type: str) -> tuple[str, int]:
     m = re.fullmatch(r"best_of_(\d+)", label_type)
     if m and int(m.group(1)) >= 2:
         return "best", int(m.group(1))
-    raise ValueError(
-        f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'scalar_rating' or 'scalar_compare'"
-    )
+    m = re.fullmatch(r"ranking_(\d)", label_type)
+    if m and 2 <= int(m.group(1)) <= RANKING_MAX:
+        return "ranking", int(m.group(1))
+    raise ValueError(f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'ranking_K' (K 2 to "
+                     f"{RANKING_MAX}), 'scalar_rating' or 'scalar_compare'")  # fmt: skip

@@ -36,6 +36,7 @@ class LabelValue(TypedDict, total=False):
     best: int
     score: float
     difference: float
+    ranking: list[int]
 
 
 def reads_query(fn):
@@ -59,6 +60,9 @@ class ScoreLabeler:
 
     best_of_N: P(pick i) = random_rate / N + (1 - random_rate) * softmax(scores / temperature)_i; temperature 0 is
     the argmax (ties broken uniformly at random, so identical samples carry no position bias).
+    ranking_K: the same noise as a Plackett-Luce draw: with probability random_rate a uniformly random order, else
+    the options picked one after another, each by softmax(scores / temperature) over those left (temperature 0:
+    sorted by score, ties in random order).
     scalar_rating: score of the sample; scalar_compare: score(sample1) - score(sample0) (both noiseless).
     """
 
@@ -109,6 +113,23 @@ class ScoreLabeler:
         m = max(z)
         return self.rng.choices(range(len(samples)), weights=[math.exp(v - m) for v in z])[0]
 
+    def rank(self, samples: list[str], query: str = "") -> list[int]:
+        """The samples' indices, best first (a Plackett-Luce draw from the scores; see the class docstring)."""
+        scores = self.scores(samples, query)
+        left = list(range(len(samples)))
+        if self.rng.random() < self.random_rate:
+            self.rng.shuffle(left)
+            return left
+        if self.temperature == 0:
+            self.rng.shuffle(left)  # ties fall in random order: identical samples carry no position bias
+            return sorted(left, key=lambda i: -scores[i])
+        order = []
+        while left:
+            m = max(scores[i] / self.temperature for i in left)
+            w = [math.exp(scores[i] / self.temperature - m) for i in left]
+            order.append(left.pop(self.rng.choices(range(len(left)), weights=w)[0]))
+        return order
+
     def answer(self, label_type: str, query: str, samples: list[str]) -> LabelValue:
         """The label for a question of `label_type`, as keyword arguments of `LabelStore.add_label`."""
         value_field, n = label_type_shape(label_type)
@@ -116,6 +137,8 @@ class ScoreLabeler:
             raise ValueError(f"{label_type} needs {n} samples, got {len(samples)}")
         if value_field == "best":
             return {"best": self.pick(samples, query)}
+        if value_field == "ranking":
+            return {"ranking": self.rank(samples, query)}
         scores = self.scores(samples, query)
         return {"score": scores[0]} if value_field == "score" else {"difference": scores[1] - scores[0]}
 

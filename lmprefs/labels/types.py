@@ -5,6 +5,8 @@ sample; here the caller scores every sample first and passes `rewards` [B, N] (t
 model's batching stays the caller's business).
 
     best_of_N       PickBest(N)        softmax cross-entropy of the N rewards against `best`   (used for every task)
+    ranking_K       Ranking(K)         Plackett-Luce: -log P(ranking) of the K rewards; its first term, the top
+                                       choice alone, is best_of_K's loss                     (not in the original)
     scalar_rating   ScalarRating()     MSE between the reward of `sample` and `score`
     scalar_compare  ScalarComparison() MSE between r(sample1) - r(sample0) and `difference`
 
@@ -103,6 +105,56 @@ class PickBest:
         return {"loss": loss, "error": error, "accuracy": accuracy}
 
 
+def plackett_luce(rewards: Tensor, ranking: Tensor) -> Tensor:
+    """-log of the Plackett-Luce probability of each (partial) ranking, [B]: the sum over positions k of
+    -log softmax(rewards over the options not ranked before k)[ranking[:, k]]. rewards [B, N]; ranking [B, K], K <= N
+    distinct options, best first. K = 1 is softmax cross-entropy against the top choice, PickBest's loss. The same
+    function of scores as training/dpo.py:plackett_luce_losses, which imports nothing of lmprefs (and this layer may
+    not import training), so a test holds the two equal."""
+    taken = torch.zeros_like(rewards, dtype=torch.bool)  # [B, N]: the options ranked so far
+    out = rewards.new_zeros(rewards.shape[0])  # [B]
+    for k in range(ranking.shape[1]):
+        pick = ranking[:, k : k + 1]  # [B, 1]
+        log_z = torch.logsumexp(rewards.masked_fill(taken, float("-inf")), dim=1)  # [B]: over the options left
+        out = out + log_z - rewards.gather(1, pick).squeeze(1)
+        taken = taken.scatter(1, pick, True)
+    return out
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Order all K responses, best first. Label: `ranking` [K], the stored samples' indices. Trained with the
+    Plackett-Luce listwise loss (a ranking is K-1 successive best-of choices among the options left)."""
+
+    num_samples: int
+
+    @property
+    def name(self) -> str:
+        return f"ranking_{self.num_samples}"
+
+    @property
+    def question_schemas(self) -> dict[str, torch.dtype]:
+        return _question_schemas([f"sample{i}" for i in range(self.num_samples)])
+
+    @property
+    def label_schemas(self) -> dict[str, torch.dtype]:
+        return {"ranking": torch.long}
+
+    def target_scales(self, labels: dict[str, Tensor]) -> tuple[Tensor, Tensor] | None:
+        return None  # an order carries no scale, like a choice
+
+    def loss(self, rewards: Tensor, labels: dict[str, Tensor]) -> dict[str, Tensor]:
+        """rewards [B, K]; labels["ranking"] [B, K]; optional labels["weight"] [B] as in PickBest.loss."""
+        _check_rewards(self.name, rewards, self.num_samples)
+        ranking = labels["ranking"].long()
+        each = plackett_luce(rewards, ranking)  # [B]
+        error = each.mean()
+        loss = error if labels.get("weight") is None else (each * labels["weight"].to(each.dtype)).mean()
+        # how often the reward model's best is the labeler's top choice (comparable with best_of_K's accuracy)
+        accuracy = (rewards.argmax(dim=1) == ranking[:, 0]).float().mean()
+        return {"loss": loss, "error": error, "accuracy": accuracy}
+
+
 @dataclass(frozen=True)
 class ScalarRating:
     """Rate one response with a scalar (label_types.py:ScalarRating @cbfd210). Label: `score`."""
@@ -171,12 +223,13 @@ class ScalarComparison:
         return {"loss": error, "error": error, "accuracy": accuracy}
 
 
-def get(label_type: str) -> PickBest | ScalarRating | ScalarComparison:
-    """Parse a label-type name (label_types.py:get @cbfd210): "best_of_N" (N >= 2), "scalar_rating",
-    "scalar_compare" (the one parser of those names is config.label_type_shape; its ValueError names them)."""
+def get(label_type: str) -> PickBest | Ranking | ScalarRating | ScalarComparison:
+    """Parse a label-type name (label_types.py:get @cbfd210): "best_of_N" (N >= 2), "ranking_K" (K 2 to 9),
+    "scalar_rating", "scalar_compare" (the one parser of those names is config.label_type_shape; its ValueError
+    names them)."""
     field, n = label_type_shape(label_type)
     if field == "score":
         return ScalarRating()
     if field == "difference":
         return ScalarComparison()
-    return PickBest(n)
+    return Ranking(n) if field == "ranking" else PickBest(n)

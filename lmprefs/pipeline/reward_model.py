@@ -53,7 +53,8 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
     splits off held-out labels and keeps labels.num_train); per-response scores as they are, or compared within each
     prompt into best_of_2 questions (labels.scores_as=comparisons); without the labels of labelers under
     labels.min_gold_accuracy. `report`, if given, receives {labeler: {"labels", "gold", "dropped", "weight"}}
-    (quality.select_labelers); with labels.weight_by_gold the comparisons carry those weights, scaled to mean 1."""
+    (quality.select_labelers); with labels.weight_by_gold the comparisons carry those weights, scaled to mean 1, and
+    with labels.weight_by_confidence each label's confidence / 3 (times the gold weight where both are set)."""
 
     examples = store.labeled_examples(cfg.labels.type, tokenizer=tokenizer_id(tok))
     examples = [e for e in examples if e.item_id not in exclude_items]
@@ -83,6 +84,9 @@ def load_examples(cfg: Config, store, tok, report: dict | None = None, exclude_i
             raise UserError(f"labels.weight_by_gold: every labeler is at chance on gold questions "
                             f"({describe(by_labeler)})")  # fmt: skip
         data.weights = w / w.mean()  # mean 1: the loss keeps its scale, and the learning rate its meaning
+    if cfg.labels.weight_by_confidence:  # an unsure label counts for less; one without a confidence counts whole
+        sure = torch.tensor([(e.confidence or 3) / 3 for e in examples], dtype=torch.float32)  # [N]
+        data.weights = sure if data.weights is None else data.weights * sure
     return data
 
 

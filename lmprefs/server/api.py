@@ -64,7 +64,10 @@ class ItemIn(BaseModel):
     batch: str | None = Field(None, max_length=200)
     priority: int = Field(0, ge=-(2**31), le=2**31)
     want_labels: int = Field(1, ge=1, le=1000)
-    gold: int | None = Field(None, ge=0, description="the right answer (stored sample index) of a gold question")
+    gold: int | None = Field(None, ge=0, description="the right answer (stored sample index) of a gold question; for "
+                             "a ranking_K question, the right top choice")  # fmt: skip
+    gold_note: str | None = Field(None, max_length=2000, description="why the gold answer is right (onboarding "
+                                  "shows it to new labelers)")  # fmt: skip
 
 
 class ItemsIn(BaseModel):
@@ -88,6 +91,9 @@ class LabelOut(BaseModel):
     created: float
     shown: list[int] | None = Field(description="display order: position p showed stored sample shown[p]")
     seconds: float | None = Field(description="time on task")
+    ranking: list[int] | None = Field(description="ranking_K: the stored samples' indices, best first (`best` is the "
+                                      "top one)")  # fmt: skip
+    confidence: int | None = Field(description="the labeler's confidence, 1 (a guess) to 3 (sure), if given")
     too_fast: bool | None = Field(description="answered quicker than the server's --fast-seconds")
 
 
@@ -158,7 +164,7 @@ def add_items(request: Request, user: Admin, body: ItemsIn) -> ItemsOut:
                                             want_labels=it.want_labels, batch=it.batch, priority=it.priority,
                                             key=it.key)  # fmt: skip
                 if it.gold is not None:
-                    st.store.set_gold(item_id, it.gold)
+                    st.store.set_gold(item_id, it.gold, it.gold_note)
             except ValueError as e:
                 raise HTTPException(422, f"items[{k}]: {e}") from None
             ids.append(item_id)

@@ -6,10 +6,18 @@ HEAD too):
   POST /logout
   GET  /label                the labeler's current question (options in this labeler's shuffled order), progress
   POST /label                one answer to the item leased to this labeler: item_id, choice = displayed position
-                             0..N-1 | "skip" | "flag", optional note; 303 to /label
+                             0..N-1 | "skip" | "flag" (a ranking_K item: "rank" with ranking = the displayed option
+                             numbers 1..K best first, like "2,1,3"), optional confidence 1..3 and note; 303 to
+                             /label
+  POST /onboarding           a practice answer (onboarding.py): item_id, choice or ranking, as POST /label
+  POST /anchor               an answer to a drift anchor (drift.py), once per anchor and interval
   POST /undo                 answer the last item again (within `undo_seconds` of the answer); the new one replaces it
   GET  /admin                counts, throughput, quality control, flags, export form (admins only)
-  POST /admin/item           retire / restore an item, or mark it gold with its right answer (admins only)
+  GET  /admin/items          the item browser: search by text and state, every option, gold and its note, actions
+  POST /admin/item           retire / restore an item, or mark it gold with its right answer and a note (admins only)
+  POST /admin/onboarding     how many practice questions a new labeler answers, and the accuracy that admits them
+  POST /admin/labeler        admit a labeler, or hold one back from real work
+  POST /admin/drift          labels per drift interval (0: no anchors served)
   GET  /admin/export         ?format=openai|pairs|comparisons[&label_type=...]: download (admins only)
   /api/...                   the JSON API for scripts (api.py; bearer token, documented at /api/openapi.json)
 Every form POST needs the session's CSRF token, and every form field may appear once. The labeler's routes are in
@@ -33,7 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from lmprefs.labels.store import LabelStore
-from lmprefs.server import admin, api, labeling
+from lmprefs.server import admin, api, drift, labeling, onboarding
 from lmprefs.server.instructions import TASKS
 from lmprefs.server.pages import ITEM_ID, State, render, single_valued
 from lmprefs.server.queue import Queue
@@ -138,8 +146,14 @@ def create_app(
     app.api_route("/label", **page)(labeling.label_page)
     app.post("/label", **form)(labeling.submit_label)
     app.post("/undo", **form)(labeling.undo)
+    app.post("/onboarding", **form)(onboarding.submit_practice)
+    app.post("/anchor", **form)(drift.submit_anchor)
     app.api_route("/admin", **page)(admin.admin_page)
+    app.api_route("/admin/items", **page)(admin.item_browser)
     app.post("/admin/item", **form)(admin.admin_item)
+    app.post("/admin/onboarding", **form)(admin.admin_onboarding)
+    app.post("/admin/labeler", **form)(admin.admin_labeler)
+    app.post("/admin/drift", **form)(admin.admin_drift)
     app.get("/admin/export", include_in_schema=False)(admin.export)
     api.install(app)
     return app

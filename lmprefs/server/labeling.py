@@ -16,8 +16,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, token_hash
+from lmprefs.server.answers import order_of, read_answer, read_confidence
+from lmprefs.server.drift import anchor_page, due_anchor
+from lmprefs.server.onboarding import practice, practice_page
 from lmprefs.server.pages import ITEM_ID, State, form_item_id, render, state
-from lmprefs.server.queue import display_order
 from lmprefs.server.security import (
     LOGIN_COOKIE,
     SESSION_COOKIE,
@@ -107,23 +109,25 @@ def _last_answer(st: State, user: User) -> tuple[int, int, float] | None:
 
 def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> HTMLResponse:
     st = state(request)
+    feedback, user.session.feedback = user.session.feedback, None  # the last practice answer's right answer
+    if (p := practice(st, user)) is not None:
+        return practice_page(request, st, user, p, feedback)
+    if (anchor := due_anchor(st, user)) is not None:
+        return anchor_page(request, st, user, anchor, feedback)
     item = st.queue.current(user.name)
     flash, user.session.flash = user.session.flash, None
     progress = st.queue.progress(user.id, user.name, serving=item is not None)
     options, redo, undo = [], False, _last_answer(st, user)
     if item is not None:
-        order = _order(st, user.name, item.id, len(item.samples))
+        order = order_of(st, user.name, item.id, len(item.samples))
         options = [(position, item.samples[k]) for position, k in enumerate(order)]
         lease = st.queue.lease(user.name)
         redo = bool(lease and lease.redo and lease.item_id == item.id)
         if undo and undo[1] == item.id:
             undo = None  # already answering it again
     return render(request, "label.html", user=user, csrf=user.session.csrf, item=item, options=options,
-                  progress=progress, flash=flash, redo=redo, undo=undo, undo_seconds=st.undo_seconds)  # fmt: skip
-
-
-def _order(st: State, labeler: str, item_id: int, n: int) -> list[int]:
-    return display_order(st.store.store_id, labeler, item_id, n) if st.shuffle else list(range(n))
+                  progress=progress, flash=flash, redo=redo, undo=undo, undo_seconds=st.undo_seconds,
+                  action="/label", practice=None, feedback=feedback)  # fmt: skip
 
 
 def submit_label(
@@ -132,6 +136,8 @@ def submit_label(
     item_id: Annotated[str, Form(max_length=20)],
     choice: Annotated[str, Form(min_length=1, max_length=8)],
     note: Annotated[str, Form(max_length=1000)] = "",
+    ranking: Annotated[str, Form(max_length=40)] = "",
+    confidence: Annotated[str, Form(max_length=8)] = "",
 ) -> Response:
     st = state(request)
     iid = form_item_id(item_id)  # the form's text, parsed
@@ -139,33 +145,37 @@ def submit_label(
     if item is None:
         raise HTTPException(404, f"There is no item {iid}.")
     value_field, n = label_type_shape(item.label_type)
-    if value_field != "best":
-        raise HTTPException(422, f"Item {iid} is a {item.label_type} question; this page answers best-of-N only.")
-    kind, position = (choice, None) if choice in ("skip", "flag") else ("label", None)
-    if kind == "label":
-        if not (choice.isascii() and choice.isdigit()) or not 0 <= int(choice) < n:  # "٣".isdigit() is True
-            raise HTTPException(422, f"choice={choice!r} must be 0..{n - 1}, 'skip' or 'flag' for item {iid}.")
-        position = int(choice)
+    if value_field not in ("best", "ranking"):
+        raise HTTPException(422, f"Item {iid} is a {item.label_type} question; this page answers best-of-N and "
+                                 "rankings only.")  # fmt: skip
+    kind, position, ranked = read_answer(choice, ranking, value_field, n, iid)
+    sure = read_confidence(confidence, kind)
     lease = st.queue.claim(user.name, iid)  # first come, first served: a raced second post gets None
     if lease is None:
         if st.queue.answered(iid, user.name):
             raise HTTPException(409, f"You already answered item {iid}; that answer stands.")
         raise HTTPException(409, f"Item {iid} is not the question you were shown (it was not saved). "
                                  "Open the labeling page for your current question.")  # fmt: skip
-    order = _order(st, user.name, iid, n)
+    order = order_of(st, user.name, iid, n)
     best = order[position] if position is not None else None  # displayed position -> stored sample
+    stored_ranking = [order[p] for p in ranked] if ranked is not None else None
     saved = False
     seconds = round(time.time() - lease.shown_at, 3)  # time on task: from when the item was first shown
     try:
-        st.store.add_label(iid, user.name, best=best, kind=kind, note=note.strip() or None, source="web",
-                           shown=order, seconds=seconds, replace=lease.redo)  # fmt: skip
+        st.store.add_label(iid, user.name, best=best, ranking=stored_ranking, kind=kind, note=note.strip() or None,
+                           source="web", shown=order, seconds=seconds, replace=lease.redo,
+                           confidence=sure)  # fmt: skip
         saved = True
     except DuplicateLabelError:
         raise HTTPException(409, f"You already answered item {iid}; that answer stands.") from None
     finally:
         st.queue.finish(user.name, iid, saved)
-    done = {"label": f"picked option {(position or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
-    user.session.flash = f"{'Changed' if lease.redo else 'Saved'}: item {iid} {done}."
+    if ranked is not None:
+        done = "ranked options " + ", ".join(str(p + 1) for p in ranked)
+    else:
+        done = {"label": f"picked option {(position or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
+    sure_text = f" (confidence {sure})" if sure else ""
+    user.session.flash = f"{'Changed' if lease.redo else 'Saved'}: item {iid} {done}{sure_text}."
     return RedirectResponse("/label", 303)
 
 

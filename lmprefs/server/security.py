@@ -87,6 +87,7 @@ class Session:
     seen: float
     store_id: str = ""  # the store that issued it: a session from another store is refused
     flash: str | None = field(default=None)  # one-line message for the next page ("Saved: ...")
+    feedback: dict | None = field(default=None)  # onboarding: the right answer to the last practice question
 
 
 class Sessions:

@@ -30,7 +30,8 @@ class Comparisons:
     (`best` for best_of_N questions, `score` for scalar_rating ones), the store's item id of each question [N] (None
     when they did not come from a store), optional loss weights [N] (per-labeler weights from
     labels.weight_by_gold) and, for per-response scores, the prompt of each question [N] (a hash of its text): the
-    held-out split and the comparisons derived from scores go by prompt."""
+    held-out split and the comparisons derived from scores go by prompt. ranking_K questions carry `ranking` [N, K]
+    (the stored samples best first) and its top choice as `best`."""
 
     queries: Tensor
     samples: Tensor
@@ -39,17 +40,19 @@ class Comparisons:
     weights: Tensor | None = None
     score: Tensor | None = None
     groups: Tensor | None = None
+    ranking: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.queries)
 
     def __getitem__(self, idx) -> Comparisons:
-        rest = (self.best, self.items, self.weights, self.score, self.groups)
+        rest = (self.best, self.items, self.weights, self.score, self.groups, self.ranking)
         return Comparisons(self.queries[idx], self.samples[idx], *(None if v is None else v[idx] for v in rest))
 
     def labels(self, device=None) -> dict[str, Tensor]:
-        """The label tensors the label type's loss reads: {"best"} or {"score"}, and "weight" when weighted."""
-        pairs = (("best", self.best), ("score", self.score), ("weight", self.weights))
+        """The label tensors the label type's loss reads: {"best"}, {"score"} or {"ranking", "best"}, and "weight"
+        when weighted."""
+        pairs = (("best", self.best), ("score", self.score), ("weight", self.weights), ("ranking", self.ranking))
         return {k: v.to(device) for k, v in pairs if v is not None}
 
     def split_keys(self) -> Tensor | None:
@@ -128,7 +131,8 @@ def _pad(ids: list[int], n: int) -> list[int]:
 def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
     """Store examples -> tensors in `tok`'s ids: the stored ids when they exist for this tokenizer, else the texts
     re-encoded (the original's files are GPT-2 ids; any other model re-tokenizes the decoded text). Examples are of
-    one label type: best_of_N (-> `best`) or scalar_rating (-> `score` and the prompt of each, `groups`)."""
+    one label type: best_of_N (-> `best`), ranking_K (-> `ranking` and its top as `best`) or scalar_rating (->
+    `score` and the prompt of each, `groups`)."""
     qs, ss, labels, items = [], [], [], []
     for e in examples:
         if e.query_tokens is not None and e.sample_tokens is not None:
@@ -147,6 +151,8 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
         cut = truncate_responses(samples.flatten(0, 1), task.truncate_token, task.truncate_after)
         samples = cut.view(samples.shape)
     out = Comparisons(torch.tensor(qs), samples, None, torch.tensor(items))
+    if examples and examples[0].ranking is not None:
+        out.ranking = torch.tensor([e.ranking for e in examples], dtype=torch.long)
     if examples and examples[0].best is None:  # scalar_rating: scores, grouped by prompt
         out.score = torch.tensor(labels, dtype=torch.float32)
         out.groups = torch.tensor([prompt_id(e.query) for e in examples], dtype=torch.long)

@@ -91,7 +91,8 @@ def test_every_route_but_sign_in_and_static_needs_a_session(app, db):
     before = counts(db)
     client = TestClient(app, follow_redirects=False)
     routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods if r.path != "/login"]
-    pages = {"/", "/logout", "/label", "/undo", "/admin", "/admin/item", "/admin/export"}
+    pages = {"/", "/logout", "/label", "/undo", "/onboarding", "/anchor", "/admin", "/admin/items", "/admin/item",
+             "/admin/onboarding", "/admin/labeler", "/admin/drift", "/admin/export"}
     assert {p for _, p in routes} == pages | {"/api/me", "/api/items", "/api/items/{item_id}", "/api/labels",
                                               "/api/quality"}  # fmt: skip
     for method, path in routes:

@@ -162,3 +162,43 @@ def test_the_pages_fit_a_phone_and_a_desktop_without_scrolling_sideways(browser,
                 assert box["y"] >= 0 and box["y"] + box["height"] <= height, (width, box)  # seen without scrolling
         finally:
             page.close()
+
+
+def test_rank_with_the_keyboard_in_chromium(browser, tmp_path):
+    """Keys 1-4 build the order on screen, Backspace and r take it back, x sets confidence 2, Enter submits; the store
+    holds the samples in the order of the texts on the keys pressed."""
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        store.add_item("Rank these.", [f" sample {j}" for j in range(4)], source="t", label_type="ranking_4")
+        token = store.add_labeler("ranker")
+    problems: list[str] = []
+    with running(create_app(path)) as url:
+        page = browser.new_page()
+        try:
+            page.set_default_timeout(10_000)
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            sign_in(page, url, token)
+            texts = page.locator("button.option .text").all_inner_texts()
+            for key in "31":
+                page.keyboard.press(key)
+            assert page.inner_text("#ranking-order") == "1. option 3 · 2. option 1"
+            assert page.is_disabled("#ranking-submit")
+            page.keyboard.press("Enter")  # incomplete: nothing is sent
+            page.keyboard.press("r")
+            assert page.inner_text("#ranking-order") == "none yet"
+            for key in "2413":
+                page.keyboard.press(key)
+            page.keyboard.press("Backspace")
+            page.keyboard.press("3")
+            assert page.inner_text("button.option[data-key='4'] .rank") == "#2"
+            page.keyboard.press("x")  # fairly sure
+            page.keyboard.press("Enter")
+            page.wait_for_selector('.flash:has-text("ranked options 2, 4, 1, 3 (confidence 2)")')
+        finally:
+            page.close()
+    assert not problems, problems
+    with LabelStore(path) as store:
+        (ex,) = store.labeled_examples("ranking_4")
+    assert [ex.samples[i].strip() for i in ex.ranking] == [texts[k - 1].strip() for k in (2, 4, 1, 3)]
+    assert ex.confidence == 2

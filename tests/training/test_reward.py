@@ -62,6 +62,54 @@ def test_tiny_reward_model_learns_a_scripted_preference(tiny_lm):
     assert after["heldout/loss"] < before["heldout/loss"]
 
 
+def test_a_reward_model_learns_from_rankings_with_the_plackett_luce_loss(tiny_lm):
+    """ranking_4 labels: the marked sample first, the others in a random order; the minibatches carry the ranking,
+    and training lowers the held-out Plackett-Luce loss."""
+    model, tok = tiny_lm
+    g = torch.Generator().manual_seed(1)
+
+    def ranked(n):
+        data = _scripted(n, g)
+        rest = torch.argsort(torch.rand(n, 4, generator=g), dim=1)
+        rest = rest[rest != data.best.unsqueeze(1).expand(n, 4)].view(n, 3)  # the other three, shuffled
+        data.ranking = torch.cat([data.best.unsqueeze(1), rest], dim=1)
+        return data
+
+    train, held = ranked(160), ranked(48)
+    cfg = preset("tiny")
+    cfg = R(cfg, train_reward=R(cfg.train_reward, batch_size=8, lr=2e-3))
+    rm, lt = RewardModel(copy.deepcopy(model), tok), get_label_type("ranking_4")
+    ctx = TaskContext([], [], torch.device("cpu"), torch.float32)
+    assert set(train[:2].labels()) == {"best", "ranking"}
+    before = evaluate(rm, held, lt, ctx)
+    rm.train()
+    train_epoch(rm, train, lt, cfg, ctx)
+    after = evaluate(rm.eval(), held, lt, ctx)
+    assert after["heldout/loss"] < before["heldout/loss"] and after["heldout/accuracy"] > before["heldout/accuracy"]
+
+
+def test_confidence_weights_the_loss_by_confidence_over_3(tiny_lm, tmp_path):
+    from lmprefs.labels.store import LabelStore
+    from lmprefs.pipeline.reward_model import load_examples
+
+    _, tok = tiny_lm
+    with LabelStore(tmp_path / "c.sqlite") as store:
+        for k, sure in enumerate((1, 2, 3, None)):
+            item = store.add_item(f"Query {k}.", [f" answer {k}.{j}" for j in range(4)], source="t")
+            store.add_label(item, "ann", best=k, confidence=sure)
+        cfg = preset("tiny")
+        plain = load_examples(cfg, store, tok)
+        data = load_examples(R(cfg, labels=R(cfg.labels, weight_by_confidence=True)), store, tok)
+    assert plain.weights is None and torch.allclose(data.weights, torch.tensor([1 / 3, 2 / 3, 1.0, 1.0]))
+    rewards = torch.tensor([[0.0, 1.0, 2.0, 3.0], [1.0, 0.0, 0.0, 0.0], [0.5, 0.5, 2.0, 0.0], [0.0, 0.0, 0.0, 1.0]])
+    each = [torch.logsumexp(r, 0) - r[b] for r, b in zip(rewards, data.best.tolist(), strict=True)]  # by hand
+    by_hand = sum(x * w for x, w in zip(each, [1 / 3, 2 / 3, 1, 1], strict=True)) / 4
+    lt = get_label_type("best_of_4")
+    out = lt.loss(rewards, data.labels())
+    assert torch.allclose(out["loss"], by_hand) and torch.allclose(out["error"], sum(each) / 4)
+    assert not torch.allclose(out["loss"], lt.loss(rewards, plain.labels())["loss"])
+
+
 def test_cached_frozen_blocks_and_microbatches_train_the_same_reward_model(tiny_lm):
     from lmprefs.config import LoraConfig
     from lmprefs.models.lora import add_adapter

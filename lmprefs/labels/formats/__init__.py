@@ -10,9 +10,12 @@
   items with samples in the order [chosen, rejected] and best=0: the order is kept rather than shuffled because
   the reward model scores each sample on its own, so PickBest's loss does not depend on the position of the chosen
   sample. Exported from best_of_N labels with rejected = the first sample whose text differs from the chosen one
-  (TRL's own conversion of these files, `pairs="first"`) or every distinct other sample (`pairs="all"`).
+  (TRL's own conversion of these files, `pairs="first"`) or every distinct other sample (`pairs="all"`); from a
+  ranking_K label, every pair the ranking implies (K(K-1)/2: each sample against every one ranked below it).
 - "comparisons": plain text JSONL, one `{"query": str, "samples": [str, ...], "best": int, "labeler"?: str}`
-  per line (`score` or `difference` instead of `best` for the scalar types).
+  per line (`score` or `difference` instead of `best` for the scalar types, `ranking`: [int, ...], every sample's
+  index best first, for ranking_K), and `"confidence": 1..3` where the labeler gave one.
+A ranking_K label exported as "openai" is a best_of_K row whose `best` is the ranking's top choice.
 - "summarize" (import only): the comparison JSONL of the later summarization work (openai/summarize-from-feedback),
   one `{"info": {"post", "title"?, "subreddit"?} or {"article"}, "summaries": [{"text"}, {"text"}], "choice": 0|1,
   "worker": str, "split": str}` per line. Imported as best_of_2 items (samples in the file's order, best = choice)

@@ -26,7 +26,7 @@ from lmprefs.data.summarize import comparison_query
 from lmprefs.io.jsonl import JsonRowsError, json_rows
 from lmprefs.labels.formats.shared import GPT2_PAD, GPT2_VOCAB, IMPORT_FORMATS, LabelFileError, sample_keys
 from lmprefs.labels.formats.trl_pairs import pair_texts
-from lmprefs.labels.store import SPLIT_NAME, ImportRow, LabelStore
+from lmprefs.labels.store import SPLIT_NAME, ImportRow, LabelStore, check_ranking
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,13 @@ def _field(name: str, where: str, row: object, key: str, types: type | tuple[typ
 
 def _label(name: str, where: str, row: dict, label_type: str) -> dict:
     value_field, n = label_type_shape(label_type)
+    if value_field == "ranking":
+        ranking = _field(name, where, row, "ranking", list, "a list of sample indices, best first")
+        try:
+            check_ranking(ranking, n, f"{name} {where}")
+        except ValueError as e:
+            raise LabelFileError(str(e)) from None
+        return {"ranking": ranking}
     if value_field == "best":
         v = _field(name, where, row, "best", int, "an integer")
     else:
@@ -174,14 +181,18 @@ def _text_rows(name, fmt, rows, label_type, labeler) -> list[dict]:
                 raise LabelFileError(f"{name} {where}: field 'samples' must hold only strings")
             if any("\0" in s for s in (query, *samples)):
                 raise LabelFileError(f"{name} {where}: a text holds a NUL character")
-            given = [k for k in ("best", "score", "difference") if k in row]
+            given = [k for k in ("best", "ranking", "score", "difference") if k in row]
             if len(given) != 1:
-                raise LabelFileError(f"{name} {where}: needs exactly one of fields 'best', 'score', 'difference'")
-            lt = {"best": f"best_of_{len(samples)}", "score": "scalar_rating", "difference": "scalar_compare"}[
-                given[0]
-            ]
+                raise LabelFileError(f"{name} {where}: needs exactly one of fields 'best', 'ranking', 'score', "
+                                     "'difference'")  # fmt: skip
+            lt = {"best": f"best_of_{len(samples)}", "ranking": f"ranking_{len(samples)}", "score": "scalar_rating",
+                  "difference": "scalar_compare"}[given[0]]  # fmt: skip
             who = _field(name, where, row, "labeler", str, "a string") if "labeler" in row else labeler
             r = dict(query=query, samples=samples, label_type=lt, labeler=who)
+            if "confidence" in row:
+                r["confidence"] = _field(name, where, row, "confidence", int, "an integer")
+                if r["confidence"] not in (1, 2, 3):
+                    raise LabelFileError(f"{name} {where}: field 'confidence' = {r['confidence']} is not 1, 2 or 3")
             if label_type is None:
                 try:
                     label_type_shape(lt)

@@ -18,6 +18,22 @@ def _pad(ids: list[int], length: int, what: str) -> list[int]:
     return ids + [GPT2_PAD] * (length - len(ids))
 
 
+_CHOICES = ("best", "ranking")  # the label fields a TRL pair can come from
+
+
+def _pairs(ex, pairs: str) -> list[dict]:
+    """TRL rows of one best_of_N or ranking_K example (see the module docstring of `formats`)."""
+    if ex.ranking is not None:  # every implied pair, each sample against every one ranked below it
+        ranked = [ex.samples[i] for i in ex.ranking]
+        return [{"prompt": ex.query, "chosen": a, "rejected": b}
+                for k, a in enumerate(ranked) for b in ranked[k + 1 :] if a != b]  # fmt: skip
+    assert ex.best is not None  # labeled best-of-N examples all have one
+    chosen = ex.samples[ex.best]
+    rejected = list(dict.fromkeys(s for s in ex.samples if s != chosen))  # distinct, in order
+    return [{"prompt": ex.query, "chosen": chosen, "rejected": r}
+            for r in (rejected[:1] if pairs == "first" else rejected)]  # fmt: skip
+
+
 def export_file(
     store: LabelStore,
     path: str | Path,
@@ -31,10 +47,11 @@ def export_file(
 ) -> int:
     """Write the store's labels (not skips or flags) to `path` atomically; returns the number of rows written.
 
-    "openai": one label type (default best_of_4); stored "gpt2" ids are used, texts without them are encoded with
-        `tokenizer` (default: the GPT-2 BPE); right-padded with 50259 to `query_length`/`response_length` (default:
-        the longest in the file).
-    "pairs": best_of_N labels (`label_type` or all best_of_N types); `pairs` = "first" | "all" (module docstring).
+    "openai": one label type (default best_of_4; a ranking_K as best_of_K, by its top choice); stored "gpt2" ids are
+        used, texts without them are encoded with `tokenizer` (default: the GPT-2 BPE); right-padded with 50259 to
+        `query_length`/`response_length` (default: the longest in the file).
+    "pairs": best_of_N and ranking_K labels (`label_type` or all such types); `pairs` = "first" | "all" (module
+        docstring); a ranking gives every pair it implies.
     "comparisons": every label type, or only `label_type`.
     """
     path = Path(path)
@@ -44,20 +61,17 @@ def export_file(
     if format == "openai":
         types = [label_type or "best_of_4"]
     elif format == "pairs":
-        types = [t for t in types if label_type_shape(t)[0] == "best"]
+        types = [t for t in types if label_type_shape(t)[0] in _CHOICES]
     out: list[dict] = []
     for lt in types:
         value_field = label_type_shape(lt)[0]
         for ex in store.labeled_examples(lt, tokenizer="gpt2" if format == "openai" else None):
             value = getattr(ex, value_field)
             if format == "comparisons":
-                out.append({"query": ex.query, "samples": ex.samples, value_field: value, "labeler": ex.labeler})
+                row = {"query": ex.query, "samples": ex.samples, value_field: value, "labeler": ex.labeler}
+                out.append(row if ex.confidence is None else {**row, "confidence": ex.confidence})
             elif format == "pairs":
-                assert ex.best is not None  # labeled best-of-N examples all have one
-                chosen = ex.samples[ex.best]
-                rejected = list(dict.fromkeys(s for s in ex.samples if s != chosen))  # distinct, in order
-                for r in rejected[:1] if pairs == "first" else rejected:
-                    out.append({"prompt": ex.query, "chosen": chosen, "rejected": r})
+                out += _pairs(ex, pairs)
             else:
                 if ex.query_tokens is None:
                     if tokenizer is None:
@@ -66,10 +80,12 @@ def export_file(
                 else:
                     assert ex.sample_tokens is not None  # stored with the query's tokens
                     enc = [ex.query_tokens, *ex.sample_tokens]
-                out.append({"query": enc[0], **dict(zip(sample_keys(lt), enc[1:], strict=True)), value_field: value})
+                field = "best" if value_field == "ranking" else value_field  # a ranking as best-of-K: its top
+                value = ex.best if value_field == "ranking" else value
+                out.append({"query": enc[0], **dict(zip(sample_keys(lt), enc[1:], strict=True)), field: value})
     others = [t for t in store.label_types() if t not in types]
     if not out and others:  # the store holds questions of other types: an empty file would hide them
-        fit = [t for t in others if format != "pairs" or label_type_shape(t)[0] == "best"]
+        fit = [t for t in others if format != "pairs" or label_type_shape(t)[0] in _CHOICES]
         hint = (f"; export them with label_type {fit[0]} (--label-type)" if fit
                 else f"; the {format} format holds only best_of_N labels")  # fmt: skip
         raise LabelFileError(f"the store holds no {' or '.join(types) or 'best_of_N'} labels to export as {format} "

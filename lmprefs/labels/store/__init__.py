@@ -7,11 +7,12 @@ tables and their columns are known only here. Never imports torch.
 - `schema`: the tables, the upgrades of an older file, opening a connection, checking a path given on the command line
 - `records`: what the methods take and return (`Item`, `Example`, `Labeler`, ...) and the checks on written values
 - `core`: `LabelStore`, its connections and transactions
-- `items`, `labels`, `labelers`: the methods, by what they touch; `reports`: what the admin page and the quality
-  measures read; `serving`: what the web app's queue asks
+- `items`, `labels`, `labelers`, `onboarding`, `drift`: the methods, by what they touch; `reports`: what the admin
+  page and the quality measures read; `serving`: what the web app's queue asks
 """
 
 from lmprefs.labels.store.core import LabelStore
+from lmprefs.labels.store.items import ITEM_STATES
 from lmprefs.labels.store.labelers import token_hash
 from lmprefs.labels.store.records import (
     HOLDS,
@@ -24,12 +25,14 @@ from lmprefs.labels.store.records import (
     ImportRow,
     Item,
     Labeler,
+    check_ranking,
     source_split,
 )
 from lmprefs.labels.store.schema import SCHEMA_VERSION, check_store_path
 
 __all__ = [
     "HOLDS",
+    "ITEM_STATES",
     "KINDS",
     "SCHEMA_VERSION",
     "SPLIT_NAME",
@@ -41,6 +44,7 @@ __all__ = [
     "Item",
     "LabelStore",
     "Labeler",
+    "check_ranking",
     "check_store_path",
     "source_split",
     "token_hash",

@@ -5,9 +5,11 @@ it by. The methods are plain functions of the store, kept in the modules named a
 
 from __future__ import annotations
 
+from lmprefs.labels.store import drift as _drift
 from lmprefs.labels.store import items as _items
 from lmprefs.labels.store import labelers as _labelers
 from lmprefs.labels.store import labels as _labels
+from lmprefs.labels.store import onboarding as _onboarding
 from lmprefs.labels.store import reports as _reports
 from lmprefs.labels.store import serving as _serving
 from lmprefs.labels.store.base import StoreBase
@@ -20,6 +22,7 @@ class LabelStore(StoreBase):
 
     add_item = _items.add_item
     get_item = _items.get_item
+    search_items = _items.search_items
     next_item = _items.next_item
     pending_count = _items.pending_count
     item_count = _items.item_count
@@ -48,6 +51,26 @@ class LabelStore(StoreBase):
     labelers = _labelers.labelers
     labelers_with_tokens = _labelers.labelers_with_tokens
     revoke_token = _labelers.revoke_token
+
+    # -- onboarding (onboarding.py) ---------------------------------------------------------------------------
+
+    onboarding_settings = _onboarding.onboarding_settings
+    set_onboarding = _onboarding.set_onboarding
+    practice_items = _onboarding.practice_items
+    practice_answers = _onboarding.practice_answers
+    set_admitted = _onboarding.set_admitted
+    is_admitted = _onboarding.is_admitted
+    practice_summary = _onboarding.practice_summary
+
+    # -- drift anchors (drift.py) ------------------------------------------------------------------------------
+
+    anchor_every = _drift.anchor_every
+    set_anchor_every = _drift.set_anchor_every
+    set_anchor = _drift.set_anchor
+    labeler_interval = _drift.labeler_interval
+    due_anchors = _drift.due_anchors
+    add_anchor_answer = _drift.add_anchor_answer
+    drift = _drift.drift
 
     # -- what the admin page and the quality measures read (reports.py) --------------------------------------
 

@@ -82,12 +82,12 @@ def add_item(
         return cur.lastrowid
 
 
-def _items(store: StoreBase, where: str, args: tuple) -> list[Item]:
+def _items(store: StoreBase, where: str, args: tuple | dict) -> list[Item]:
     out = []
     with store.snapshot() as c:
         rows = c.execute(
             "SELECT i.id, q.text, i.label_type, i.source, i.batch, i.priority, i.want_labels, i.status, i.created,"
-            f" i.gold, i.hold FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
+            f" i.gold, i.hold, i.gold_note, i.anchor FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
             args,
         ).fetchall()
         for r in rows:
@@ -99,8 +99,35 @@ def _items(store: StoreBase, where: str, args: tuple) -> list[Item]:
                     (r[0],),
                 )
             ]
-            out.append(Item(r[0], r[1], texts, *r[2:]))
+            out.append(Item(r[0], r[1], texts, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11],
+                            bool(r[12])))  # fmt: skip
     return out
+
+
+ITEM_STATES = ("pending", "done", "flagged", "gold", "retired", "anchor")
+_STATE_SQL = {
+    "pending": "i.status = 'pending' AND i.hold IS NULL",
+    "done": "i.status = 'done' AND i.hold IS NULL",
+    "flagged": "i.hold = 'flagged'",
+    "gold": "i.gold IS NOT NULL",
+    "retired": "i.hold = 'retired'",
+    "anchor": "i.anchor = 1",
+}
+
+
+def search_items(store: StoreBase, text: str = "", state: str | None = None, *, limit: int = 50,
+                 before_id: int | None = None) -> list[Item]:  # fmt: skip
+    """Items whose query or a sample contains `text` (any case, for ASCII letters) in `state` (ITEM_STATES; None:
+    any), newest first, at most `limit`, with ids below `before_id` (the next page)."""
+    if state is not None and state not in ITEM_STATES:
+        raise ValueError(f"state={state!r} must be one of {', '.join(ITEM_STATES)}")
+    pattern = "%" + "".join("!" + ch if ch in "!%_" else ch for ch in text) + "%"
+    where = (
+        "(q.text LIKE :p ESCAPE '!' OR EXISTS (SELECT 1 FROM item_samples x JOIN samples s ON s.id = x.sample_id"
+        " WHERE x.item_id = i.id AND s.text LIKE :p ESCAPE '!'))"
+        f" AND {_STATE_SQL[state] if state else '1'} AND i.id < :before ORDER BY i.id DESC LIMIT :limit"
+    )
+    return _items(store, where, {"p": pattern, "before": before_id or 2**63 - 1, "limit": limit})
 
 
 def get_item(store: StoreBase, item_id: int) -> Item | None:
@@ -114,7 +141,7 @@ def next_item(store: StoreBase, labeler: str, *, batch: str | None = None) -> It
     are kept."""
     items = _items(
         store,
-        "i.status = 'pending' AND i.hold IS NULL AND (?1 IS NULL OR i.batch = ?1)"
+        "i.status = 'pending' AND i.hold IS NULL AND i.anchor = 0 AND (?1 IS NULL OR i.batch = ?1)"
         " AND NOT EXISTS (SELECT 1 FROM labels l"
         " JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id AND b.name = ?2)"
         " ORDER BY i.priority DESC, i.id LIMIT 1",
@@ -155,15 +182,20 @@ def table_counts(store: StoreBase) -> dict[str, int]:
     return {t: store.connection().execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in TABLES}
 
 
-def set_gold(store: StoreBase, item_id: int, best: int | None) -> None:
-    """Make `item_id` a gold question whose right answer is stored sample `best` (None: an ordinary item again)."""
+def set_gold(store: StoreBase, item_id: int, best: int | None, note: str | None = None) -> None:
+    """Make `item_id` a gold question whose right answer is stored sample `best` (None: an ordinary item again); for
+    a ranking_K item, the right top choice. `note`: why that answer is right, shown to labelers in onboarding."""
+    if note is not None and (not isinstance(note, str) or len(note) > 2000):
+        raise ValueError(f"gold note for item {item_id} must be a string of at most 2000 characters")
     with store._tx() as c:
         row = c.execute("SELECT label_type FROM items WHERE id = ?", (item_id,)).fetchone()
         if row is None:
             raise ValueError(f"no item with id {item_id}")
         if best is not None:
-            check_label_value(row[0], best, None, None, f"gold item {item_id}")
-        c.execute("UPDATE items SET gold = ? WHERE id = ?", (best, item_id))
+            as_best = row[0].replace("ranking_", "best_of_")  # a ranking's gold is its top choice
+            check_label_value(as_best, best, None, None, f"gold item {item_id}")
+        c.execute("UPDATE items SET gold = ?, gold_note = ? WHERE id = ?", (best, note if best is not None else None,
+                                                                            item_id))  # fmt: skip
 
 
 def set_hold(store: StoreBase, item_id: int, hold: str | None) -> None:

@@ -42,6 +42,8 @@ class Item:
     created: float  # unix time (UTC)
     gold: int | None = None  # the known best sample of a gold question
     hold: str | None = None  # "flagged" or "retired": not served
+    gold_note: str | None = None  # the researcher's note on the gold answer
+    anchor: bool = False  # a drift anchor: re-served to every labeler once per interval
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class Example:
     best: int | None = None
     score: float | None = None
     difference: float | None = None
+    ranking: list[int] | None = None  # ranking_K: the stored samples' order, best first (`best` is its top)
+    confidence: int | None = None  # the labeler's confidence, 1 (a guess) to 3 (sure), if they gave one
     query_tokens: list[int] | None = None  # only when labeled_examples(tokenizer=...) has ids for them
     sample_tokens: list[list[int]] | None = None
 
@@ -77,6 +81,8 @@ class Answer:
     created: float
     shown: list[int] | None  # display order: position p showed stored sample shown[p]
     seconds: float | None  # time on task
+    ranking: list[int] | None = None  # ranking_K: the stored samples' order, best first
+    confidence: int | None = None  # 1 (a guess) to 3 (sure)
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,7 @@ class Labeler:
     is_admin: bool
     created: float
     has_token: bool  # can sign in
+    admitted: float | None = None  # when they passed onboarding (None: not yet)
 
 
 @dataclass(frozen=True)
@@ -100,6 +107,8 @@ class ImportRow:
     best: int | None = None
     score: float | None = None
     difference: float | None = None
+    ranking: list[int] | None = None
+    confidence: int | None = None
     key: str | None = None
     tokenizer: str | None = None
     query_tokens: list[int] | None = None
@@ -135,8 +144,37 @@ def check_name(name: str) -> str:
     return name
 
 
-def check_label_value(label_type: str, best, score, difference, where: str) -> None:
+def check_ranking(ranking, n: int, where: str) -> None:
+    """A full order of the n options, each once: a repeated or missing option is named."""
+    if not isinstance(ranking, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ranking):
+        raise ValueError(f"{where}: ranking={ranking!r:.80} must be a list of option indices")
+    if bad := [i for i in ranking if not 0 <= i < n]:
+        raise ValueError(f"{where}: ranking has option {bad[0]}, outside 0..{n - 1}")
+    if repeated := sorted({i for i in ranking if ranking.count(i) > 1}):
+        raise ValueError(f"{where}: ranking names option {repeated[0]} more than once; rank each option once")
+    if missing := [i for i in range(n) if i not in ranking]:
+        raise ValueError(f"{where}: ranking leaves out option {missing[0]}; rank all {n} options")
+
+
+CONFIDENCE = (1, 2, 3)  # a guess, fairly sure, sure
+
+
+def check_confidence(confidence, where: str) -> None:
+    if confidence is not None and (isinstance(confidence, bool) or confidence not in CONFIDENCE):
+        raise ValueError(f"{where}: confidence={confidence!r:.20} must be 1 (a guess), 2 or 3 (sure)")
+
+
+def check_label_value(label_type: str, best, score, difference, where: str, ranking=None) -> None:
     value_field, n = label_type_shape(label_type)
+    if value_field == "ranking":  # a ranking carries its order; `best` may repeat its top choice, nothing else
+        if ranking is None or score is not None or difference is not None:
+            raise ValueError(f"{where} is {label_type}: a label needs ranking=[...] (all {n} options, best first)")
+        check_ranking(ranking, n, f"{where} is {label_type}")
+        if best is not None and best != ranking[0]:
+            raise ValueError(f"{where} is {label_type}: best={best!r} is not the ranking's top choice {ranking[0]}")
+        return
+    if ranking is not None:
+        raise ValueError(f"{where} is {label_type}: only ranking_K items take a ranking")
     given = {k: v for k, v in (("best", best), ("score", score), ("difference", difference)) if v is not None}
     if set(given) != {value_field}:
         raise ValueError(f"{where} is {label_type}: a label needs exactly {value_field}=..., got {given or 'nothing'}")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from lmprefs.labels.store.labelers import read_labelers
 from lmprefs.labels.store.records import KINDS, Agreement, BestOfAnswer, Flag, GoldItem, HeldItem, Labeler
+from lmprefs.labels.store.schema import CHOICE_ITEM
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
@@ -31,7 +32,7 @@ def agreement(store: StoreBase) -> Agreement:
     by_item: dict[int, list[tuple[str, int]]] = defaultdict(list)
     for item_id, name, best in store.connection().execute(
         "SELECT l.item_id, b.name, l.best FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-        " WHERE l.kind = 'label' AND l.best IS NOT NULL ORDER BY l.item_id, b.name"
+        " WHERE l.kind = 'label' AND l.practice = 0 AND l.best IS NOT NULL ORDER BY l.item_id, b.name"
     ):
         by_item[item_id].append((name, best))
     agree, total, items = 0, 0, 0
@@ -90,6 +91,7 @@ def gold_items(store: StoreBase) -> list[GoldItem]:
     sql = (
         f"SELECT i.id, i.gold, COUNT(l.id), COALESCE(SUM({_FIRST_BEST} = i.gold), 0), q.text FROM items i"
         f" JOIN queries q ON q.id = i.query_id LEFT JOIN labels l ON l.item_id = i.id AND {_FIRST_KIND} = 'label'"
+        " AND l.practice = 0"
         " WHERE i.gold IS NOT NULL GROUP BY i.id ORDER BY i.id"
     )
     return [GoldItem(*r) for r in store.connection().execute(sql)]
@@ -100,20 +102,21 @@ def gold_accuracy(store: StoreBase) -> dict[str, tuple[int, int]]:
     it), for labelers who answered at least one."""
     sql = (
         f"SELECT b.name, SUM({_FIRST_BEST} = i.gold), COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-        f" JOIN items i ON i.id = l.item_id WHERE {_FIRST_KIND} = 'label' AND i.gold IS NOT NULL GROUP BY b.name"
+        f" JOIN items i ON i.id = l.item_id WHERE {_FIRST_KIND} = 'label' AND l.practice = 0 AND i.gold IS NOT NULL"
+        " GROUP BY b.name"
     )
     return {name: (int(k), n) for name, k, n in store.connection().execute(sql)}
 
 
 def best_of_answers(store: StoreBase) -> tuple[list[str], list[BestOfAnswer]]:
-    """Every labeler's name, and every answer (labels, skips, flags) on best_of_N items ordered by item, then
-    labeler; one snapshot."""
+    """Every labeler's name, and every answer (labels, skips, flags) on best_of_N items (and ranking_K ones, by their
+    top choice) ordered by item, then labeler; one snapshot."""
     with store.snapshot() as c:
         names = [n for (n,) in c.execute("SELECT name FROM labelers ORDER BY name")]
         rows = c.execute(
             f"SELECT l.item_id, b.name, l.kind, l.best, l.shown, l.seconds, i.gold, {_FIRST_KIND}, {_FIRST_BEST}"
             " FROM labels l JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
-            " WHERE i.label_type LIKE 'best!_of!_%' ESCAPE '!' ORDER BY l.item_id, b.name"
+            f" WHERE {CHOICE_ITEM} AND l.practice = 0 ORDER BY l.item_id, b.name"
         ).fetchall()
     return names, [BestOfAnswer(r[0], r[1], r[2], r[3], json.loads(r[4]) if r[4] else None, r[5], r[6], r[7], r[8])
                    for r in rows]  # fmt: skip

@@ -13,7 +13,24 @@ in: displayed position p showed sample shown[p]; `best` always indexes the store
 
 Version 3 keeps a labeler's first answer when an undo in the web app replaces it (`labels.first_kind`,
 `labels.first_best`; NULL while the answer was never replaced): gold accuracy counts the first answer, so undo cannot
-turn a wrong gold answer into a right one. A store from newer code (a larger version) is refused, never written.
+turn a wrong gold answer into a right one.
+
+Version 4 adds full rankings (`ranking_K` items): `labels.ranking` holds the order of the stored samples, best first,
+as JSON; `best` holds its top choice, so every reader of best-of-N answers (gold, agreement, exports as best-of-N)
+reads a ranking as its top pick.
+
+Version 5 adds a labeler's optional confidence in an answer, 1 (a guess) to 3 (sure): `labels.confidence`.
+
+Version 6 adds onboarding: `items.gold_note` (the researcher's note on a gold question's right answer, shown to a new
+labeler after a practice answer), `labels.practice` (1: an answer given in onboarding, which never trains a reward
+model and counts in no quality measure) and `labelers.admitted` (when the labeler passed onboarding; labelers from
+before version 6 count as admitted). The onboarding settings live in `meta` (`onboarding_items`, `admit_accuracy`).
+
+Version 7 adds drift anchors: `items.anchor` (1: a fixed item re-served to every labeler once per interval of their
+answers, never through the queue and never for training) and `anchor_answers`, one row per (anchor, labeler,
+interval); the interval length lives in `meta` (`anchor_every`).
+
+A store from newer code (a larger version) is refused, never written.
 """
 
 from __future__ import annotations
@@ -23,7 +40,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 7
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -74,8 +91,27 @@ MIGRATIONS = {
         "ALTER TABLE labels ADD COLUMN first_kind TEXT CHECK (first_kind IN ('label', 'skip', 'flag'))",
         "ALTER TABLE labels ADD COLUMN first_best INTEGER",
     ],
+    4: ["ALTER TABLE labels ADD COLUMN ranking TEXT"],
+    5: ["ALTER TABLE labels ADD COLUMN confidence INTEGER CHECK (confidence BETWEEN 1 AND 3)"],
+    6: [
+        "ALTER TABLE items ADD COLUMN gold_note TEXT",
+        "ALTER TABLE labels ADD COLUMN practice INTEGER NOT NULL DEFAULT 0 CHECK (practice IN (0, 1))",
+        "ALTER TABLE labelers ADD COLUMN admitted REAL",
+        "UPDATE labelers SET admitted = created",
+    ],
+    7: [
+        "ALTER TABLE items ADD COLUMN anchor INTEGER NOT NULL DEFAULT 0 CHECK (anchor IN (0, 1))",
+        "CREATE TABLE anchor_answers (id INTEGER PRIMARY KEY, item_id INTEGER NOT NULL REFERENCES items(id),"
+        " labeler_id INTEGER NOT NULL REFERENCES labelers(id), interval INTEGER NOT NULL CHECK (interval >= 0),"
+        " best INTEGER NOT NULL, ranking TEXT, seconds REAL, created REAL NOT NULL,"
+        " UNIQUE (item_id, labeler_id, interval))",
+    ],
 }
-TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels")
+# items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
+# and the quality measures read
+CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
+TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels",
+          "anchor_answers")  # fmt: skip
 
 
 def connect(path: Path, busy_timeout: float) -> sqlite3.Connection:

@@ -3,8 +3,8 @@ labels each already has; the gold questions they have not answered; whether one 
 the labels the shared pool's items want. The leases themselves are the queue's own, in memory
 (`lmprefs.server.queue`). Methods of `StoreBase` (each takes the store first).
 
-Only best_of_N items are served (the page is a pick-the-best form), never a held one, and never one the labeler
-has answered (labeled, skipped or flagged).
+Only best_of_N and ranking_K items are served (the page picks the best option, or orders them all), never a held
+one, and never one the labeler has answered (labeled, skipped or flagged).
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lmprefs.labels.store.records import Candidate
+from lmprefs.labels.store.schema import CHOICE_ITEM
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
 
-_IS_BEST_OF = "i.label_type LIKE 'best!_of!_%' ESCAPE '!'"
-_BEST_OF = f"{_IS_BEST_OF} AND i.hold IS NULL"
+_IS_BEST_OF = CHOICE_ITEM
+_BEST_OF = f"{_IS_BEST_OF} AND i.hold IS NULL AND i.anchor = 0"  # anchors come round by their own schedule
 _NOT_MINE = (
     "NOT EXISTS (SELECT 1 FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id"
     " AND b.name = :labeler)"

@@ -1,0 +1,69 @@
+"""Drift anchors: each labeler answers every anchor once per interval of their labels, before their queue; a second
+answer in one interval is a 409 that stores nothing; the admin page charts self-consistency and gold accuracy."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from web_client import counts, page, sign_in
+
+from lmprefs.labels.store import LabelStore
+from lmprefs.server.app import create_app
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        anchors = [store.add_item(f"Anchor {i}.", [f" a{i}", f" b{i}"], source="t", label_type="best_of_2")
+                   for i in range(2)]  # fmt: skip
+        for item in anchors:
+            store.set_anchor(item)
+        store.set_gold(anchors[0], 1)
+        for i in range(4):
+            store.add_item(f"Real {i}.", [f" x{i}", f" y{i}"], source="t", label_type="best_of_2")
+        store.add_item("Rate.", [" one"], source="t", label_type="scalar_rating")
+        store.set_anchor_every(2)
+        tokens = {"ann": store.add_labeler("ann"), "root": store.add_labeler("root", admin=True)}
+    return path, anchors, tokens
+
+
+def post(client, url, choice, item=None):
+    shown, csrf = page(client)
+    return client.post(url, data={"item_id": str(item or shown), "csrf": csrf, "choice": choice})
+
+
+def test_anchors_come_round_once_per_interval_and_drift_is_charted(db):
+    path, anchors, tokens = db
+    app = create_app(path, shuffle=False)
+    ann = sign_in(app, tokens["ann"])
+    assert page(ann)[0] == anchors[0] and 'action="/anchor"' in ann.get("/label").text
+    assert post(ann, "/label", "1").status_code == 409  # not through the queue
+    assert post(ann, "/anchor", "1").status_code == 303  # right (gold 1)
+    assert page(ann)[0] == anchors[1]
+    assert post(ann, "/anchor", "0").status_code == 303
+    before = counts(path)
+    r = post(ann, "/anchor", "0", item=anchors[0])
+    assert r.status_code == 409 and "already answered" in r.text and "this interval" in r.text
+    assert counts(path) == before
+    for _ in range(2):  # two labels: the next interval, and the anchors are due again
+        assert page(ann)[0] not in anchors
+        assert post(ann, "/label", "0").status_code == 303
+    assert page(ann)[0] == anchors[0]
+    post(ann, "/anchor", "0")  # changed its mind, and wrong
+    post(ann, "/anchor", "0")  # the same as before
+    with LabelStore(path) as store:
+        assert store.drift(2) == {"ann": [(0, None, 1.0), (1, 0.5, 0.0)]}
+        assert {e.item_id for e in store.labeled_examples("best_of_2")}.isdisjoint(anchors)
+    root = sign_in(app, tokens["root"])
+    admin = root.get("/admin").text
+    chart = re.search(r'<figure class="drift-chart" data-labeler="ann">(.*?)</figure>', admin, re.S).group(1)
+    assert 'class="consistency" points="' in chart and "50% consistent, 0% gold (latest of 2)" in chart
+    csrf = re.search(r'name="csrf" value="([^"]+)"', admin).group(1)
+    r = root.post("/admin/item", data={"csrf": csrf, "item_id": "7", "action": "anchor"})
+    assert r.status_code == 422 and "drift anchors are best-of-N or rankings" in r.text
+    r = root.post("/admin/drift", data={"csrf": csrf, "every": "-3"})
+    assert r.status_code == 422 and "must be a whole number of labels" in r.text
+    assert root.post("/admin/drift", data={"csrf": csrf, "every": "0"}).status_code == 303
+    assert page(ann)[0] not in anchors  # off: anchors are no longer served

@@ -1,0 +1,93 @@
+"""Onboarding: a new labeler answers the practice (gold) questions first, sees the right answer and the researcher's
+note after each, and is admitted at the admin's accuracy (or by an admin); practice answers never train, and one
+posted by an admitted labeler is a 409 that stores nothing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from web_client import counts, page, sign_in
+
+from lmprefs.cli.dispatch import main
+from lmprefs.labels.store import LabelStore
+from lmprefs.server.app import create_app
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        for i in range(3):  # the practice set: right answer 1, with a note
+            item = store.add_item(f"Gold {i}.", [f" wrong {i}", f" right {i}"], source="t", label_type="best_of_2")
+            store.set_gold(item, 1, note=f"because {i}")
+        for i in range(3):
+            store.add_item(f"Real {i}.", [f" a{i}", f" b{i}"], source="t", label_type="best_of_2")
+        store.set_onboarding(3, 0.6)
+        tokens = {n: store.add_labeler(n, admin=n == "root") for n in ("ann", "bob", "root")}
+    return path, tokens
+
+
+def answer(client, url: str, choice: str):
+    item, csrf = page(client)
+    return client.post(url, data={"item_id": str(item), "csrf": csrf, "choice": choice}), item
+
+
+def test_practice_with_feedback_then_admission(db):
+    path, tokens = db
+    app = create_app(path, shuffle=False)
+    ann = sign_in(app, tokens["ann"])
+    html = ann.get("/label").text
+    assert "Practice question 1 of 3" in html and 'action="/onboarding"' in html
+    before = counts(path)
+    r, _ = answer(ann, "/label", "1")  # the real form: no lease on a practice question
+    assert r.status_code == 409 and counts(path) == before
+    assert answer(ann, "/onboarding", "skip")[0].status_code == 422 and counts(path) == before
+    r, _ = answer(ann, "/onboarding", "1")
+    assert r.status_code == 303
+    html = ann.get("/label").text
+    assert "Right!" in html and "because 0" in html and "Practice question 2 of 3" in html
+    answer(ann, "/onboarding", "0")
+    html = ann.get("/label").text
+    assert "Not quite." in html and "option 2: <span class=\"quote\"> right 1</span>" in html
+    answer(ann, "/onboarding", "1")  # 2 of 3 right: over 0.6
+    html = ann.get("/label").text
+    assert "Welcome aboard: 2 of 3" in html and "Real 0." in html and 'action="/label"' in html
+    before = counts(path)
+    r = ann.post("/onboarding", data={"item_id": "1", "csrf": page(ann)[1], "choice": "1"})
+    assert r.status_code == 409 and "practice answers are not taken" in r.text and counts(path) == before
+    assert answer(ann, "/label", "0")[0].status_code == 303
+    with LabelStore(path) as store:
+        assert [e.item_id for e in store.labeled_examples("best_of_2")] == [4]  # practice answers never train
+        assert store.gold_accuracy() == {} and store.answers_since(0)[0].item_id == 4
+
+
+def test_a_labeler_under_the_bar_waits_for_an_admin(db):
+    path, tokens = db
+    app = create_app(path, shuffle=False)
+    bob = sign_in(app, tokens["bob"])
+    for _ in range(3):
+        answer(bob, "/onboarding", "0")
+    html = bob.get("/label").text
+    assert "Practice finished" in html and "0 of 3" in html and 'name="item_id"' not in html
+    root = sign_in(app, tokens["root"])
+    admin = root.get("/admin").text
+    assert re.search(r'data-onboarding="bob"><td>bob</td><td class="num">0 of 3</td>\s*<td>practising', admin)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', admin).group(1)
+    assert root.post("/admin/labeler", data={"csrf": csrf, "name": "bob", "action": "admit"}).status_code == 303
+    assert "Real 0." in bob.get("/label").text
+    for items, accuracy in (("-1", "0.5"), ("3", "1.5"), ("x", "0.5")):
+        r = root.post("/admin/onboarding", data={"csrf": csrf, "items": items, "accuracy": accuracy})
+        assert r.status_code == 422 and "must be a whole number" in r.text
+    assert root.post("/admin/onboarding", data={"csrf": csrf, "items": "0", "accuracy": "0.9"}).status_code == 303
+    with LabelStore(path) as store:
+        assert store.onboarding_settings() == (0, 0.9)
+
+
+def test_serve_refuses_bad_onboarding_settings_in_one_line(db, capsys):
+    path, _ = db
+    for flags, why in ((["--onboarding", "-1"], "--onboarding -1: must be 0..1000"),
+                       (["--admit-accuracy", "2"], "--admit-accuracy 2.0: must be in [0, 1]")):  # fmt: skip
+        assert main(["serve", "--db", str(path), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert why in err and len(err.splitlines()) == 1
