@@ -31,8 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 from _common import ArgumentParser, positive_int, run_main, source_fingerprint
 
@@ -46,9 +47,9 @@ REDUCED = {"labels": 200, "updates": 5, "eval_queries": 64}
 EVAL_SAMPLES = 2  # the quickstart's default --eval-samples
 
 
-@dataclass(frozen=True)
-class Counts:
-    """What the FLOP count needs of a run beyond its config: the shapes and sizes it ran at."""
+class Counts(NamedTuple):
+    """What the FLOP count needs of a run beyond its config: the shapes and sizes it ran at. (Not a dataclass: the
+    tests import this script under a name that is not in sys.modules, which dataclasses need.)"""
 
     q_len: int
     """Tokens of a formatted query: prefix + task.query_length + suffix (padded rows run like real ones)."""
@@ -61,8 +62,8 @@ class Counts:
     labels_heldout: int
     updates: int
     shared_queries: bool = True
-    """Whether the model's attention lets a question's samples share one pass of its query (SDPA: trunk.shares_queries);
-    the sampler shares it whatever the attention."""
+    """Whether the model's attention lets a question's samples share one pass of its query (SDPA:
+    trunk.shares_queries); the sampler shares it whatever the attention."""
 
 
 def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
@@ -203,7 +204,8 @@ def parse(argv):
     p = ArgumentParser(prog="roofline.py", description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="quickstart", help="the quickstart's preset (default: quickstart)")
     p.add_argument("--full", action="store_true", help="the preset as it is, with the quickstart's own defaults")
-    p.add_argument("--labels", type=positive_int, default=None, help=f"labels.num_train (reduced: {REDUCED['labels']})")
+    p.add_argument("--labels", type=positive_int, default=None,
+                   help=f"labels.num_train (reduced: {REDUCED['labels']})")  # fmt: skip
     p.add_argument("--updates", type=positive_int, default=None,
                    help=f"PPO updates of ppo.batch_size (reduced: {REDUCED['updates']})")  # fmt: skip
     p.add_argument("--eval-queries", type=positive_int, default=None,
@@ -247,7 +249,8 @@ def run_overrides(a, pairs, batch_size: int) -> list[tuple[str, str]]:
 
 
 def fmt_row(cells, widths) -> str:
-    return "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+    pairs = enumerate(zip(cells, widths, strict=True))
+    return "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in pairs)
 
 
 def main(argv=None) -> int:
@@ -318,7 +321,8 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
         seconds, flops = float(report["stages"][stage]), sum(parts[stage].values())
         row = {"stage": stage, "seconds": seconds, "flops": flops, "gflop": flops / 1e9,
                "gflop_per_s": flops / 1e9 / seconds if seconds > 0 else 0.0, "peak_gflop_per_s": peak,
-               "floor_s": flops / 1e9 / peak, "parts_gflop": {k: v / 1e9 for k, v in parts[stage].items()}}  # fmt: skip
+               "floor_s": flops / 1e9 / peak,
+               "parts_gflop": {k: v / 1e9 for k, v in parts[stage].items()}}  # fmt: skip
         row["pct_of_peak"] = 100 * row["gflop_per_s"] / peak
         if counted is not None:
             c = counted.get(stage, 0)
@@ -327,8 +331,9 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
         rows.append(row)
     secs, flops = sum(r["seconds"] for r in rows), sum(r["flops"] for r in rows)
     gflop = flops / 1e9
-    total = {"stage": "total", "seconds": secs, "flops": flops, "gflop": gflop, "gflop_per_s": gflop / secs if secs > 0 else 0.0,
-             "peak_gflop_per_s": peak, "floor_s": gflop / peak}  # fmt: skip
+    total = {"stage": "total", "seconds": secs, "flops": flops, "gflop": gflop,
+             "gflop_per_s": gflop / secs if secs > 0 else 0.0, "peak_gflop_per_s": peak,
+             "floor_s": gflop / peak}  # fmt: skip
     total["pct_of_peak"] = 100 * total["gflop_per_s"] / peak
     if counted is not None:
         c = sum(counted.values())
@@ -366,7 +371,7 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
         res = {"bench": "roofline", "preset": a.preset, "full": a.full, "quickstart_argv": qs_argv,
                "device": device, "dtype": dtype, "threads": threads, "cpu": cpu_name(),
                "peak": {"gflop_per_s": peak, "size": size, "reps": a.peak_reps, "dtype": dtype},
-               "model": asdict(facts), "counts": asdict(counts), "stages": rows, "total": total,
+               "model": asdict(facts), "counts": counts._asdict(), "stages": rows, "total": total,
                "peak_rss_mib": rss_mib, "child_wall_s": wall, "loadavg_before": loads[0], "loadavg_after": loads[1],
                "lmprefs_source": source_fingerprint(), "count_flops": counted is not None}  # fmt: skip
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")

@@ -57,6 +57,7 @@ class ModelFacts:
         """From a Hugging Face config (the object or config.json's dict) of a GPT-2 or a Llama-style model."""
         c = dict(config) if isinstance(config, Mapping) else config.to_dict()
         kind = c.get("model_type")
+        linears: tuple[Linear, ...]
         if kind == "gpt2":
             d, heads = int(c["n_embd"]), int(c["n_head"])
             inner = int(c.get("n_inner") or 4 * d)
