@@ -187,6 +187,14 @@ def matmul_peak(device: str, dtype: str, threads: int, size: int, reps: int) -> 
     return 2 * size**3 / best / 1e9
 
 
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return cpu_name()
+
+
 def cpu_name() -> str:
     try:
         for line in open("/proc/cpuinfo"):
@@ -276,7 +284,11 @@ def main(argv=None) -> int:
         load_before = os.getloadavg()
         print(f"roofline: lmprefs quickstart {' '.join(qs_argv)}", flush=True)
         t0 = time.time()
-        code = subprocess.run(child, env=env).returncode
+        try:
+            code = subprocess.run(child, env=env).returncode
+        except KeyboardInterrupt:  # the child got the same interrupt and says where it stopped
+            print("roofline.py: interrupted", file=sys.stderr)
+            return 130
         wall = time.time() - t0
         rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         if code == 2:  # the quickstart's own one-line error (a missing asset, a run directory in use) is above
@@ -344,7 +356,7 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
         f"reduced: {cfg.labels.num_train} labels, {cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}")
     print(f"\nroofline of lmprefs quickstart --preset {a.preset} ({size_note}; {counts.eval_queries} held-out queries "
           f"x {a.eval_samples} samples)")  # fmt: skip
-    print(f"machine: {cpu_name() if device == 'cpu' else device}, {threads} threads, {dtype}; matmul peak "
+    print(f"machine: {device_name(device)}, {threads} threads, {dtype}; matmul peak "
           f"{peak:.1f} GFLOP/s ({dtype} {size}x{size}, best of {a.peak_reps}); load average "
           f"{loads[0][0]:.2f} before, {loads[1][0]:.2f} after")  # fmt: skip
     head = ["stage", "seconds", "GFLOP", "GFLOP/s", "peak GFLOP/s", "% of peak", "floor s"]
@@ -369,7 +381,7 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
 
     if a.json:
         res = {"bench": "roofline", "preset": a.preset, "full": a.full, "quickstart_argv": qs_argv,
-               "device": device, "dtype": dtype, "threads": threads, "cpu": cpu_name(),
+               "device": device, "dtype": dtype, "threads": threads, "machine": device_name(device),
                "peak": {"gflop_per_s": peak, "size": size, "reps": a.peak_reps, "dtype": dtype},
                "model": asdict(facts), "counts": counts._asdict(), "stages": rows, "total": total,
                "peak_rss_mib": rss_mib, "child_wall_s": wall, "loadavg_before": loads[0], "loadavg_after": loads[1],
