@@ -240,6 +240,8 @@ def parse(argv):
         p.error(f"--run-dir {a.run_dir}: not empty; name a new directory")
     if a.json and Path(a.json).is_dir():
         p.error(f"--json {a.json}: is a directory")
+    if a.json and not Path(a.json).resolve().parent.is_dir():
+        p.error(f"--json {a.json}: no directory {Path(a.json).parent}")
     return a, pairs
 
 
@@ -256,6 +258,23 @@ def run_overrides(a, pairs, batch_size: int) -> list[tuple[str, str]]:
     return out
 
 
+def check_model(name: str) -> None:
+    """A model the FLOP count cannot describe is refused before the run; one whose config cannot be read here (a
+    missing asset, a hub name offline) is left to the quickstart, which says why in one line."""
+    from lmprefs.assets.models import resolve_model
+    from lmprefs.errors import UserError
+    from lmprefs.models.flops import ModelFacts
+
+    try:
+        config = json.loads((Path(resolve_model(name)) / "config.json").read_text())
+    except Exception:
+        return
+    try:
+        ModelFacts.from_config(config)
+    except ValueError as e:
+        raise UserError(f"task.initial_model={name}: {e}") from None
+
+
 def fmt_row(cells, widths) -> str:
     pairs = enumerate(zip(cells, widths, strict=True))
     return "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in pairs)
@@ -269,6 +288,7 @@ def main(argv=None) -> int:
     # a bad preset or override: one line, before anything runs (the batch size may be an override too)
     overrides = run_overrides(a, pairs, resolve_config(a.preset, pairs).ppo.batch_size)
     cfg = resolve_config(a.preset, overrides)
+    check_model(cfg.task.initial_model)
     eval_queries = a.eval_queries or (256 if a.full else REDUCED["eval_queries"])
     qs_argv = ["--preset", a.preset, "--eval-queries", str(eval_queries), "--eval-samples", str(a.eval_samples),
                *[x for k, v in overrides for x in (f"--{k.replace('_', '-')}", v)]]  # fmt: skip

@@ -217,6 +217,16 @@ def test_roofline_counts_each_stage_as_flop_counter_mode_does(tmp_path):
     assert "[5/6] PPO against the reward model" in r.stdout  # the quickstart's own progress passes through
 
 
+def test_roofline_refuses_a_model_it_cannot_count_before_running_it(tmp_path, capsys, monkeypatch):
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    mod = _script("roofline", monkeypatch)
+    code = mod.run_main(lambda: mod.main(["--task.initial-model", str(tmp_path / "bert")]))
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert "model_type 'bert': the FLOP count knows GPT-2 and Llama-style models" in err
+
+
 def _script(name: str, monkeypatch):
     """A benchmark script imported as a module (its folder on sys.path, for _common), to call main(argv)."""
     import importlib.util

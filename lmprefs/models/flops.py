@@ -56,6 +56,13 @@ class ModelFacts:
     def from_config(cls, config: Mapping[str, Any] | Any, *, cuda: bool = False) -> ModelFacts:
         """From a Hugging Face config (the object or config.json's dict) of a GPT-2 or a Llama-style model."""
         c = dict(config) if isinstance(config, Mapping) else config.to_dict()
+        try:
+            return cls._from_dict(c, cuda)
+        except KeyError as e:
+            raise ValueError(f"model_type {c.get('model_type')!r}: its config has no {e.args[0]!r}") from None
+
+    @classmethod
+    def _from_dict(cls, c: dict[str, Any], cuda: bool) -> ModelFacts:
         kind = c.get("model_type")
         linears: tuple[Linear, ...]
         if kind == "gpt2":

@@ -124,6 +124,8 @@ def test_merge_counts_b_times_a_of_every_adapted_layer(model):
 def test_unknown_architectures_are_refused_in_one_line():
     with pytest.raises(ValueError, match="model_type 'bert': the FLOP count knows GPT-2 and Llama"):
         F.ModelFacts.from_config({"model_type": "bert"})
+    with pytest.raises(ValueError, match="model_type 'gpt2': its config has no 'n_head'"):
+        F.ModelFacts.from_config({"model_type": "gpt2", "n_embd": 32})
 
 
 def test_cuda_pads_the_lm_head_as_lm_logits_does():
