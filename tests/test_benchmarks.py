@@ -182,6 +182,51 @@ def test_scaling_runs_without_a_launcher_and_under_torchrun_with_two_processes(t
     assert re.search(r"2 processes x 1 thread ddp +[\d.]+ episodes/s \([\d.]+x\)", r.stdout), r.stdout
 
 
+ROOFLINE_STAGES = ["assets and model", "evaluate initial", "sample and label", "train reward model", "PPO",
+                   "evaluate final"]  # fmt: skip
+
+
+def test_roofline_counts_each_stage_as_flop_counter_mode_does(tmp_path):
+    """The tiny quickstart with LoRA in its top block (the frozen block below runs once per batch, and once for the
+    reward model's two epochs), some labels held out and two PPO updates: each stage's analytic FLOPs against torch's
+    FlopCounterMode counting the same stage of the same run (both count matmuls only, so they agree exactly), and a
+    table of finite figures for every stage."""
+    out = tmp_path / "r.json"
+    r = run_script("roofline.py", "--preset", "tiny", "--labels", "8", "--updates", "2", "--eval-queries", "4",
+                   "--peak-size", "128", "--peak-reps", "2", "--count-flops", "--json", str(out), "--lora.rank", "4",
+                   "--lora.layers", "1", "--train-reward.epochs", "2", "--labels.heldout-fraction", "0.3",
+                   "--run.report-to", "")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    stages = {s["stage"]: s for s in res["stages"]}
+    assert list(stages) == ROOFLINE_STAGES and res["dtype"] == "float32" and res["threads"] == 1
+    assert stages["assets and model"]["flops"] == stages["assets and model"]["counted_flops"] == 0
+    for name in ROOFLINE_STAGES[1:]:
+        st = stages[name]
+        assert st["flops"] > 0 and math.isclose(st["flops"], st["counted_flops"], rel_tol=0.01), (name, st)
+        assert st["seconds"] > 0 and math.isclose(st["floor_s"], st["gflop"] / res["peak"]["gflop_per_s"])
+    rm, ppo = stages["train reward model"]["parts_gflop"], stages["PPO"]["parts_gflop"]
+    assert rm["frozen prefix, once"] > 0 and rm["held-out evaluation"] > 0 and ppo["rollout: frozen prefix"] > 0
+    assert res["total"]["flops"] == sum(s["flops"] for s in stages.values()) and res["peak_rss_mib"] > 0
+    for name in [*ROOFLINE_STAGES, "total"]:  # seconds, GFLOP, GFLOP/s, peak, %, floor, counted, ratio
+        row = re.search(rf"^{re.escape(name)}  +(.+)$", r.stdout, re.M)
+        assert row, r.stdout
+        cells = [float(x) for x in row.group(1).split()]
+        assert len(cells) == 8 and all(math.isfinite(x) for x in cells), row.group(0)
+    assert re.search(r"^peak RSS of the run: \d+ MiB", r.stdout, re.M), r.stdout
+    assert "[5/6] PPO against the reward model" in r.stdout  # the quickstart's own progress passes through
+
+
+def test_roofline_refuses_a_model_it_cannot_count_before_running_it(tmp_path, capsys, monkeypatch):
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text('{"model_type": "bert"}')
+    mod = _script("roofline", monkeypatch)
+    code = mod.run_main(lambda: mod.main(["--task.initial-model", str(tmp_path / "bert")]))
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (out, err)
+    assert "model_type 'bert': the FLOP count knows GPT-2 and Llama-style models" in err
+
+
 def _script(name: str, monkeypatch):
     """A benchmark script imported as a module (its folder on sys.path, for _common), to call main(argv)."""
     import importlib.util
@@ -227,6 +272,14 @@ BAD_FLAGS = [
     ("scaling", ["--batch", "6", "--models", "tiny"], "--batch 6: tiny runs 4 minibatches"),
     ("scaling", ["--no-launcher-threads", "0"], "--no-launcher-threads '0'"),
     pytest.param("scaling", ["--device", "cuda"], "CUDA is not available", marks=NO_CUDA),
+    ("roofline", ["--full", "--labels", "10"], "--full runs the preset as it is: drop --labels"),
+    ("roofline", ["--updates", "0"], "argument --updates: must be at least 1, not 0"),
+    ("roofline", ["--eval-queries", "1"], "--eval-queries must be at least 2"),
+    ("roofline", ["--preset", "huge"], "unknown preset 'huge'"),
+    ("roofline", ["--ppo.nope", "1"], "ppo.nope"),
+    ("roofline", ["--ppo.lr"], "--ppo.lr needs a value"),
+    ("roofline", ["--run-dir", "{tmp}"], "not empty; name a new directory"),
+    pytest.param("roofline", ["--run.device", "cuda"], "CUDA is not available", marks=NO_CUDA),
 ]
 
 

@@ -1,0 +1,71 @@
+"""The quickstart as roofline.py runs it: `lmprefs quickstart ARGS` in this process, unchanged, recording what the
+FLOP count needs (the model's config, the task's query shapes, the device, dtype and threads the run used) and,
+with --count, the FLOPs of each stage as torch's FlopCounterMode counts them.
+
+    python benchmarks/_roofline_child.py OUT.json [--count] ARGS...
+
+The stages are the functions `run_quickstart` calls, wrapped in its module's namespace: each call is timed by the
+recipe as usual, and counted (--count) by a FlopCounterMode of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import _common  # noqa: F401 (offline hub, quiet tokenizers: set before transformers loads)
+
+# the functions run_quickstart calls in each of its stages; evaluate_policy serves two, told apart by its `desc`
+STAGE_OF = {"setup_task": "assets and model", "collect_labels": "sample and label",
+            "train_reward_model": "train reward model", "policy_for": "PPO", "build_run": "PPO",
+            "track_true_reward": "PPO", "train_policy": "PPO"}  # fmt: skip
+EVALUATIONS = {"initial policy": "evaluate initial", "final policy": "evaluate final"}
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    import lmprefs.recipes.quickstart as qs
+    from lmprefs.cli.dispatch import main as lmprefs_main
+    from lmprefs.models.flops import flop_counter
+
+    out, argv = Path(argv[0]), argv[1:]
+    count = argv[:1] == ["--count"]
+    argv = argv[1:] if count else argv
+    record: dict = {"counted": {} if count else None}
+
+    def counted(stage_of, fn):
+        def run(*args, **kwargs):
+            if not count:
+                return fn(*args, **kwargs)
+            stage = stage_of(kwargs)
+            with flop_counter() as mode:
+                result = fn(*args, **kwargs)
+            record["counted"][stage] = record["counted"].get(stage, 0) + mode.get_total_flops()
+            return result
+
+        return run
+
+    setup = qs.setup_task
+
+    def setup_task(cfg, *args, **kwargs):
+        t = setup(cfg, *args, **kwargs)
+        record.update(model_config=t.model.config.to_dict(),
+                      attention=getattr(t.model.config, "_attn_implementation", None),
+                      query_length=int(t.train_queries.shape[1]), prefix=len(t.prefix), suffix=len(t.suffix),
+                      train_queries=len(t.train_queries), device=str(t.device),
+                      dtype=str(t.dtype).removeprefix("torch."), threads=torch.get_num_threads())  # fmt: skip
+        return t
+
+    for name, stage in STAGE_OF.items():
+        fn = setup_task if name == "setup_task" else getattr(qs, name)
+        setattr(qs, name, counted(lambda _kw, s=stage: s, fn))
+    qs.evaluate_policy = counted(lambda kw: EVALUATIONS[kw["desc"]], qs.evaluate_policy)
+    code = lmprefs_main(["quickstart", *argv])
+    out.write_text(json.dumps(record))
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

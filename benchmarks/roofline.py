@@ -1,0 +1,414 @@
+#!/usr/bin/env python
+"""The quickstart's roofline: seconds, FLOPs, achieved GFLOP/s and the floor time of each of its six stages.
+
+What is measured
+  A reduced `lmprefs quickstart` by default (fewer labels, PPO updates and evaluation queries, through the
+  quickstart's own flags and overrides), or with --full the preset as it is, runs as a child process with its own
+  progress bars; its report.json gives each stage's seconds. For each stage the script counts the matmul FLOPs of
+  what the code runs (`stage_flops`, from the model's shape with lmprefs.models.flops: the frozen prefix below LoRA
+  adapters run once, a best-of-N question's query run once, the KV cache, the heads, forward and backward as the
+  code does them), and divides: achieved GFLOP/s, its share of this machine's matmul peak, and the floor, the time
+  the stage's FLOPs take at that peak. The peak is measured after the run: a square matmul in the dtype the run
+  computed in (run.dtype=auto: bf16 autocast on a CPU with native bf16 or a CUDA GPU, fp32 elsewhere), on its
+  device, at its thread count, best of --peak-reps. Also the largest process's peak RSS.
+
+  --count-flops counts each stage's FLOPs a second way, with torch's FlopCounterMode on the real run, and prints
+  both (its seconds then include the counter's overhead; the sampler and PPO forward are not compiled).
+
+    python benchmarks/roofline.py [--preset quickstart] [--labels 200] [--updates 5] [--eval-queries 64]
+        [--eval-samples 2] [--full] [--peak-size N] [--peak-reps 5] [--run-dir DIR] [--count-flops] [--json FILE]
+        [--section.key VALUE ...]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import NamedTuple
+
+from _common import ArgumentParser, positive_int, run_main, source_fingerprint
+
+HERE = Path(__file__).resolve().parent
+
+# report.json's stage names, in the order the quickstart runs them
+STAGES = ("assets and model", "evaluate initial", "sample and label", "train reward model", "PPO", "evaluate final")
+
+# the reduced run: about a quarter of the quickstart preset's labels (800), PPO updates (20) and held-out queries (256)
+REDUCED = {"labels": 200, "updates": 5, "eval_queries": 64}
+EVAL_SAMPLES = 2  # the quickstart's default --eval-samples
+
+
+class Counts(NamedTuple):
+    """What the FLOP count needs of a run beyond its config: the shapes and sizes it ran at. (Not a dataclass: the
+    tests import this script under a name that is not in sys.modules, which dataclasses need.)"""
+
+    q_len: int
+    """Tokens of a formatted query: prefix + task.query_length + suffix (padded rows run like real ones)."""
+    train_queries: int
+    eval_queries: int
+    eval_samples: int
+    questions: int
+    """Best-of-N questions sampled for labeling: labels.num_train / (1 - labels.heldout_fraction), rounded up."""
+    labels_train: int
+    labels_heldout: int
+    updates: int
+    shared_queries: bool = True
+    """Whether the model's attention lets a question's samples share one pass of its query (SDPA:
+    trunk.shares_queries); the sampler shares it whatever the attention."""
+
+
+def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
+    """{stage: {part: FLOPs}}: the matmul FLOPs of each stage of `run_quickstart` (lmprefs/recipes/quickstart.py) for
+    config `cfg`, model `facts` (lmprefs.models.flops.ModelFacts) and the run's sizes `n`, as the code runs them:
+
+    - evaluate initial / final: `evaluate_policy` samples eval_samples responses per held-out query (one prefill per
+      query); the final one also runs the reference (adapters off) on them for the KL, each query once;
+    - sample and label: `collect_labels` samples best-of-N questions, one prefill per question;
+    - train reward model: `train_reward_model` samples train_reward.normalize_samples responses and scores them
+      before and after training, evaluates the held-out labels before and after (one pass per question's query),
+      runs the frozen blocks below the LoRA adapters once for all epochs (`reward_prefixes`, when there are several
+      epochs and it fits PREFIX_CACHE_BYTES) and trains the adapted blocks (or the whole model) for its epochs;
+    - PPO: per update, `make_rollout` samples with the policy, runs the frozen prefix once, reads the values from
+      the sampler's hidden states (a separate value model runs its own forward), runs the reference and the reward
+      model on the blocks above the prefix, then noptepochs passes of forward and backward over the batch; at the
+      end the policy's adapters are merged for its export.
+    """
+    from lmprefs.config import label_type_shape
+    from lmprefs.models import flops as F
+    from lmprefs.pipeline.reward_model import PREFIX_CACHE_BYTES
+
+    T, Q = cfg.task.response_length, n.q_len
+    L = Q + T
+    static = cfg.run.kv_cache != "dynamic"
+    S = label_type_shape(cfg.labels.type)[1]
+    ad = F.Adapters.from_lora(facts, cfg.lora)  # the active adapter of the policy, the value and the reward model
+    start = ad.start if ad else 0  # blocks below run once per batch (the frozen prefix)
+    full_ft = ad is None
+
+    def sample(queries: int, repeats: int, adapter=None) -> int:
+        return F.sample_flops(facts, queries, Q, T, repeats, static=static, adapter=adapter)
+
+    def qr(queries: int, repeats: int) -> list:
+        return F.query_response_segments(queries, Q, T, repeats, shared=n.shared_queries)
+
+    def fwd_bwd(segments: list, lo: int, adapter) -> int:
+        """A training forward from block lo and its backward (adapter: the one that trains; None: every weight)."""
+        return F.trunk_flops(facts, segments, lo, None, adapter) + F.trunk_backward(facts, segments, lo, None, adapter)
+
+    out: dict[str, dict[str, int]] = {"assets and model": {}}
+    m = n.eval_samples
+    out["evaluate initial"] = {"sample": sample(n.eval_queries, m)}
+    out["sample and label"] = {"sample": sample(n.questions, S)}
+
+    tr = cfg.train_reward
+    rm: dict[str, int] = {}
+    norms = int(tr.normalize_before) + int(tr.normalize_after)
+    n_norm = min(tr.normalize_samples, n.train_queries)
+    if norms:
+        rm["normalize: sample"] = norms * sample(n_norm, 1)
+        rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), adapter=ad)
+                                          + F.scalar_head_flops(facts, n_norm))  # fmt: skip
+    if n.labels_heldout:
+        rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, qr(n.labels_heldout, S), adapter=ad)
+                                         + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
+    cached = tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= PREFIX_CACHE_BYTES
+    if cached:
+        rm["frozen prefix, once"] = F.trunk_flops(facts, qr(n.labels_train, S), 0, start)
+    # under FSDP a question's samples are repeated rows (reward.train_epoch); in one process the quickstart shares
+    train_segments = (qr(n.labels_train, S) if cfg.run.parallel != "fsdp"
+                      else F.plain_segments(n.labels_train * S, L))  # fmt: skip
+    head = F.scalar_head_flops(facts, n.labels_train * S)
+    rm["training"] = tr.epochs * (fwd_bwd(train_segments, start if cached else 0, ad)
+                                  + head + F.head_backward(head, True))  # fmt: skip
+    if ad and cfg.lora.merged_reward_model:
+        rm["export: merge adapter"] = F.merge_flops(facts, ad)
+    out["train reward model"] = rm
+
+    B, P = cfg.ppo.batch_size, cfg.ppo.noptepochs * cfg.ppo.batch_size  # rollout rows; rows trained per update
+    rows = F.plain_segments(B, L)
+    separate = cfg.ppo.value_model == "separate"
+    # a separate value model: an adapter above the prefix, or with full fine-tuning a whole trunk of its own
+    value_lo = start if ad else 0
+    ppo = {
+        "rollout: sample": sample(B, 1, ad),
+        "rollout: frozen prefix": F.trunk_flops(facts, rows, 0, start) if start else 0,
+        "rollout: values": F.scalar_head_flops(facts, B * T)
+        + (F.trunk_flops(facts, rows, value_lo, None, ad) if separate else 0),
+        "rollout: reference": F.trunk_flops(facts, rows, start) + F.lm_head_flops(facts, B * T),
+        "rollout: reward model": F.trunk_flops(facts, rows, start, None, ad) + F.scalar_head_flops(facts, B),
+    }
+    train = F.plain_segments(P, L)
+    lm_head, v_head = F.lm_head_flops(facts, P * T), F.scalar_head_flops(facts, P * T)
+    ppo["PPO epochs"] = (fwd_bwd(train, start, ad) + lm_head + F.head_backward(lm_head, full_ft)
+                         + v_head + F.head_backward(v_head, True)
+                         + (fwd_bwd(train, value_lo, ad) if separate else 0))  # fmt: skip
+    ppo = {k: v * n.updates for k, v in ppo.items() if v}
+    if ad:
+        ppo["export: merge adapters"] = F.merge_flops(facts, ad)
+    out["PPO"] = ppo
+
+    out["evaluate final"] = {"sample": sample(n.eval_queries, m, ad),
+                             "reference": F.trunk_flops(facts, qr(n.eval_queries, m))
+                             + F.lm_head_flops(facts, n.eval_queries * m * T)}  # fmt: skip
+    return out
+
+
+def matmul_peak(device: str, dtype: str, threads: int, size: int, reps: int) -> float:
+    """GFLOP/s of the best of `reps` [size, size] @ [size, size] matmuls in `dtype` on `device` at `threads` threads,
+    after one warm-up."""
+    import torch
+
+    torch.set_num_threads(threads)
+    dev = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(size, size, generator=g).to(dev, getattr(torch, dtype)) for _ in range(2))
+    c = torch.mm(a, b)
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    best = math.inf
+    for _ in range(reps):
+        sync()
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=c)
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best / 1e9
+
+
+def device_name(device: str) -> str:
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    return cpu_name()
+
+
+def cpu_name() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def parse(argv):
+    from lmprefs.config.overrides import split_overrides
+    from lmprefs.errors import UserError
+
+    p = ArgumentParser(prog="roofline.py", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", default="quickstart", help="the quickstart's preset (default: quickstart)")
+    p.add_argument("--full", action="store_true", help="the preset as it is, with the quickstart's own defaults")
+    p.add_argument("--labels", type=positive_int, default=None,
+                   help=f"labels.num_train (reduced: {REDUCED['labels']})")  # fmt: skip
+    p.add_argument("--updates", type=positive_int, default=None,
+                   help=f"PPO updates of ppo.batch_size (reduced: {REDUCED['updates']})")  # fmt: skip
+    p.add_argument("--eval-queries", type=positive_int, default=None,
+                   help=f"held-out queries of each evaluation (reduced: {REDUCED['eval_queries']}; --full: 256)")
+    p.add_argument("--eval-samples", type=positive_int, default=EVAL_SAMPLES, help="samples per held-out query")
+    p.add_argument("--peak-size", type=positive_int, default=None,
+                   help="side of the square matmul that measures the peak (2048 on a CPU, 8192 on CUDA)")
+    p.add_argument("--peak-reps", type=positive_int, default=5, help="timed matmuls; the best one is the peak")
+    p.add_argument("--run-dir", default=None, help="keep the quickstart's run here (default: a temporary directory)")
+    p.add_argument("--count-flops", action="store_true",
+                   help="also count each stage's FLOPs with torch's FlopCounterMode during the run (slower)")
+    p.add_argument("--json", default=None, help="also write the figures here as one JSON object")
+    try:
+        rest, pairs = split_overrides(list(argv))
+    except UserError as e:
+        p.error(str(e))
+    a = p.parse_args(rest)
+    sizes = [f for f in ("labels", "updates", "eval_queries") if getattr(a, f) is not None]
+    if a.full and sizes:
+        p.error(f"--full runs the preset as it is: drop --{sizes[0].replace('_', '-')}")
+    if a.eval_queries is not None and a.eval_queries < 2:
+        p.error("--eval-queries must be at least 2 (a standard error needs two queries)")
+    if a.run_dir and Path(a.run_dir).exists() and any(Path(a.run_dir).iterdir()):
+        p.error(f"--run-dir {a.run_dir}: not empty; name a new directory")
+    if a.json and Path(a.json).is_dir():
+        p.error(f"--json {a.json}: is a directory")
+    if a.json and not Path(a.json).resolve().parent.is_dir():
+        p.error(f"--json {a.json}: no directory {Path(a.json).parent}")
+    return a, pairs
+
+
+def run_overrides(a, pairs, batch_size: int) -> list[tuple[str, str]]:
+    """The overrides the quickstart runs with: the reduction (unless --full), then the user's own."""
+    out = []
+    if not a.full:
+        updates = a.updates or REDUCED["updates"]
+        out += [("labels.num_train", str(a.labels or REDUCED["labels"])),
+                ("ppo.total_episodes", str(updates * batch_size))]  # fmt: skip
+    out += list(pairs)
+    if a.count_flops:  # FlopCounterMode sees no operator inside a compiled graph
+        out.append(("run.compile", "off"))
+    return out
+
+
+def check_model(name: str) -> None:
+    """A model the FLOP count cannot describe is refused before the run; one whose config cannot be read here (a
+    missing asset, a hub name offline) is left to the quickstart, which says why in one line."""
+    from lmprefs.assets.models import resolve_model
+    from lmprefs.errors import UserError
+    from lmprefs.models.flops import ModelFacts
+
+    try:
+        config = json.loads((Path(resolve_model(name)) / "config.json").read_text())
+    except Exception:
+        return
+    try:
+        ModelFacts.from_config(config)
+    except ValueError as e:
+        raise UserError(f"task.initial_model={name}: {e}") from None
+
+
+def fmt_row(cells, widths) -> str:
+    pairs = enumerate(zip(cells, widths, strict=True))
+    return "  ".join(f"{c:<{w}}" if i == 0 else f"{c:>{w}}" for i, (c, w) in pairs)
+
+
+def main(argv=None) -> int:
+    a, pairs = parse(sys.argv[1:] if argv is None else argv)
+    import lmprefs
+    from lmprefs.runtime.resolve import resolve_config
+
+    # a bad preset or override: one line, before anything runs (the batch size may be an override too)
+    overrides = run_overrides(a, pairs, resolve_config(a.preset, pairs).ppo.batch_size)
+    cfg = resolve_config(a.preset, overrides)
+    check_model(cfg.task.initial_model)
+    eval_queries = a.eval_queries or (256 if a.full else REDUCED["eval_queries"])
+    qs_argv = ["--preset", a.preset, "--eval-queries", str(eval_queries), "--eval-samples", str(a.eval_samples),
+               *[x for k, v in overrides for x in (f"--{k.replace('_', '-')}", v)]]  # fmt: skip
+
+    with tempfile.TemporaryDirectory(prefix="roofline-") as tmp:
+        run_dir = Path(a.run_dir) if a.run_dir else Path(tmp) / "run"
+        record_path = Path(tmp) / "record.json"
+        child = [sys.executable, str(HERE / "_roofline_child.py"), str(record_path),
+                 *(["--count"] if a.count_flops else []), "--run-dir", str(run_dir), *qs_argv]  # fmt: skip
+        # the child imports this lmprefs, not another checkout's installed one
+        root = str(Path(lmprefs.__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        load_before = os.getloadavg()
+        print(f"roofline: lmprefs quickstart {' '.join(qs_argv)}", flush=True)
+        t0 = time.time()
+        try:
+            code = subprocess.run(child, env=env).returncode
+        except KeyboardInterrupt:  # the child got the same interrupt and says where it stopped
+            print("roofline.py: interrupted", file=sys.stderr)
+            return 130
+        wall = time.time() - t0
+        rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        if code == 2:  # the quickstart's own one-line error (a missing asset, a run directory in use) is above
+            return 2
+        if code != 0 or not (run_dir / "report.json").is_file() or not record_path.is_file():
+            print(f"roofline.py: error: the quickstart run failed (exit {code}); its messages are above",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        report = json.loads((run_dir / "report.json").read_text())
+        record = json.loads(record_path.read_text())
+    load_after = os.getloadavg()
+    return finish(a, cfg, report, record, qs_argv=qs_argv, wall=wall, rss_kib=rss_kib,
+                  loads=(load_before, load_after))  # fmt: skip
+
+
+def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
+    """The table (and --json) from the run's report.json and the child's record."""
+    from lmprefs.errors import UserError
+    from lmprefs.models.flops import ModelFacts
+
+    device, dtype, threads = record["device"], record["dtype"], record["threads"]
+    try:
+        facts = ModelFacts.from_config(record["model_config"], cuda=device.startswith("cuda"))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    fig = report["figures"]
+    counts = Counts(
+        q_len=record["prefix"] + record["query_length"] + record["suffix"], train_queries=record["train_queries"],
+        eval_queries=report["true_reward_before"]["n_queries"], eval_samples=a.eval_samples,
+        questions=math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction)),
+        labels_train=fig["rm_train"], labels_heldout=fig["rm_heldout"], updates=cfg.ppo.num_updates,
+        shared_queries=record["attention"] == "sdpa",
+    )  # fmt: skip
+    parts = stage_flops(cfg, facts, counts)
+    size = a.peak_size or (8192 if device.startswith("cuda") else 2048)
+    print(f"roofline: measuring the matmul peak ({dtype}, {size}x{size}, best of {a.peak_reps})", flush=True)
+    peak = matmul_peak(device, dtype, threads, size, a.peak_reps)  # GFLOP/s
+    counted = record.get("counted")
+
+    rows = []
+    for stage in STAGES:
+        seconds, flops = float(report["stages"][stage]), sum(parts[stage].values())
+        row = {"stage": stage, "seconds": seconds, "flops": flops, "gflop": flops / 1e9,
+               "gflop_per_s": flops / 1e9 / seconds if seconds > 0 else 0.0, "peak_gflop_per_s": peak,
+               "floor_s": flops / 1e9 / peak,
+               "parts_gflop": {k: v / 1e9 for k, v in parts[stage].items()}}  # fmt: skip
+        row["pct_of_peak"] = 100 * row["gflop_per_s"] / peak
+        if counted is not None:
+            c = counted.get(stage, 0)
+            row |= {"counted_flops": c, "counted_gflop": c / 1e9}
+            row["analytic_over_counted"] = flops / c if c else (1.0 if flops == 0 else math.inf)
+        rows.append(row)
+    secs, flops = sum(r["seconds"] for r in rows), sum(r["flops"] for r in rows)
+    gflop = flops / 1e9
+    total = {"stage": "total", "seconds": secs, "flops": flops, "gflop": gflop,
+             "gflop_per_s": gflop / secs if secs > 0 else 0.0, "peak_gflop_per_s": peak,
+             "floor_s": gflop / peak}  # fmt: skip
+    total["pct_of_peak"] = 100 * total["gflop_per_s"] / peak
+    if counted is not None:
+        c = sum(counted.values())
+        total |= {"counted_flops": c, "counted_gflop": c / 1e9,
+                  "analytic_over_counted": flops / c if c else math.inf}  # fmt: skip
+
+    size_note = "full preset" if a.full else (
+        f"reduced: {cfg.labels.num_train} labels, {cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}")
+    print(f"\nroofline of lmprefs quickstart --preset {a.preset} ({size_note}; {counts.eval_queries} held-out queries "
+          f"x {a.eval_samples} samples)")  # fmt: skip
+    print(f"machine: {device_name(device)}, {threads} threads, {dtype}; matmul peak "
+          f"{peak:.1f} GFLOP/s ({dtype} {size}x{size}, best of {a.peak_reps}); load average "
+          f"{loads[0][0]:.2f} before, {loads[1][0]:.2f} after")  # fmt: skip
+    head = ["stage", "seconds", "GFLOP", "GFLOP/s", "peak GFLOP/s", "% of peak", "floor s"]
+    if counted is not None:
+        head += ["counted GFLOP", "analytic/counted"]
+    widths = [max(len(h), 18) if i == 0 else max(len(h), 9) for i, h in enumerate(head)]
+    print(fmt_row(head, widths))
+    for r in [*rows, total]:
+        cells = [r["stage"], f"{r['seconds']:.2f}", f"{r['gflop']:.2f}", f"{r['gflop_per_s']:.2f}",
+                 f"{r['peak_gflop_per_s']:.1f}", f"{r['pct_of_peak']:.1f}", f"{r['floor_s']:.2f}"]  # fmt: skip
+        if counted is not None:
+            cells += [f"{r['counted_gflop']:.2f}", f"{r['analytic_over_counted']:.4f}"]
+        print(fmt_row(cells, widths))
+    rss_mib = rss_kib / 1024
+    print(f"peak RSS of the run: {rss_mib:.0f} MiB (its largest process); the whole child process took {wall:.1f} s")
+    print("\nFLOPs by part (analytic):")
+    for r in rows:
+        for part, g in r["parts_gflop"].items():
+            print(f"  {r['stage'] + ': ' + part:<44s} {g:12.3f} GFLOP  floor {g / peak:9.3f} s")
+    if counted is not None:
+        print("(--count-flops: seconds include FlopCounterMode's overhead)")
+
+    if a.json:
+        res = {"bench": "roofline", "preset": a.preset, "full": a.full, "quickstart_argv": qs_argv,
+               "device": device, "dtype": dtype, "threads": threads, "machine": device_name(device),
+               "peak": {"gflop_per_s": peak, "size": size, "reps": a.peak_reps, "dtype": dtype},
+               "model": asdict(facts), "counts": counts._asdict(), "stages": rows, "total": total,
+               "peak_rss_mib": rss_mib, "child_wall_s": wall, "loadavg_before": loads[0], "loadavg_after": loads[1],
+               "lmprefs_source": source_fingerprint(), "count_flops": counted is not None}  # fmt: skip
+        Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_main(main))
