@@ -51,7 +51,8 @@ def _rollout_and_policy(device):
     scores = torch.randn(B)
     rewards, _, _ = kl_penalized_rewards(logprobs, ref, scores, 0.1)
     rollout = Rollout(queries, responses, logprobs, ref, values, scores, rewards)
-    move = {f.name: getattr(rollout, f.name).to(device) for f in dataclasses.fields(rollout) if f.name != "prefix"}
+    fields = [f.name for f in dataclasses.fields(rollout) if f.name != "prefix"]
+    move = {k: v.to(device) for k in fields if (v := getattr(rollout, k)) is not None}  # PPO's rollout: no advantages
     return cfg, policy.to(device), Rollout(**move)
 
 

@@ -52,13 +52,15 @@ def test_tiny_reward_model_learns_a_scripted_preference(tiny_lm):
     train, held = _scripted(320, g), _scripted(64, g)
     cfg = preset("tiny")
     cfg = R(cfg, train_reward=R(cfg.train_reward, batch_size=8, lr=2e-3))
-    rm = RewardModel(copy.deepcopy(model), tok)
+    rm = RewardModel(copy.deepcopy(model), tok, seed=1)  # the head's init, whatever tests ran before
     lt = get_label_type("best_of_4")
     before = evaluate(rm, held, lt, TaskContext([], [], torch.device("cpu"), torch.float32))
     rm.train()
     train_epoch(rm, train, lt, cfg, TaskContext([], [], torch.device("cpu"), torch.float32))
     after = evaluate(rm.eval(), held, lt, TaskContext([], [], torch.device("cpu"), torch.float32))
-    assert after["heldout/accuracy"] > 0.7 > before["heldout/accuracy"] + 0.2, (before, after)
+    # a random head may already lean towards the marker token (0.3-0.7 over seeds); training makes it decisive
+    assert after["heldout/accuracy"] > 0.9 and after["heldout/accuracy"] > before["heldout/accuracy"] + 0.2, (before,
+                                                                                                            after)
     assert after["heldout/loss"] < before["heldout/loss"]
 
 
