@@ -50,7 +50,6 @@ def cmd_train_reward(argv: list[str]) -> int:
 
 
 def cmd_train_sft(argv: list[str]) -> int:
-    from lmprefs.runtime.resolve import resolve_config
 
     p, argv, pairs, name = preset_parser("train-sft", argv)
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-sft-PRESET-TIME)")
@@ -62,12 +61,7 @@ def cmd_train_sft(argv: list[str]) -> int:
     from lmprefs.runtime.runlog import RunLogger
     from lmprefs.training.sft import checkpoint_step, read_pairs, resume_log_step, train_sft
 
-    if a.resume:
-        if not a.run_dir or pairs:
-            raise UserError("--resume needs --run-dir and continues with the run's saved config (no overrides)")
-        cfg = resolve_config(a.preset, [], str(Path(a.run_dir) / "config.json"))
-    else:
-        cfg = resolve_config(a.preset, pairs, a.config)
+    cfg = _saved_or_new_config(a, pairs)
     if not cfg.sft.data:
         raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl (fields prompt and response, or "
                         "TRL's prompt and completion)")  # fmt: skip
@@ -143,7 +137,6 @@ def cmd_train_policy(argv: list[str]) -> int:
 
 
 def cmd_train_dpo(argv: list[str]) -> int:
-    from lmprefs.runtime.resolve import resolve_config
 
     p, argv, pairs, name = preset_parser("train-dpo", argv)
     p.add_argument("--db", default=None, help="label store to train on (default labels.source, else labels.sqlite)")
@@ -155,12 +148,7 @@ def cmd_train_dpo(argv: list[str]) -> int:
     a = p.parse_args(argv)
     from lmprefs.pipeline.dpo import run_train_dpo
 
-    if a.resume:
-        if not a.run_dir or pairs:
-            raise UserError("--resume needs --run-dir and continues with the run's saved config (no overrides)")
-        cfg = resolve_config(a.preset, [], str(Path(a.run_dir) / "config.json"))
-    else:
-        cfg = resolve_config(a.preset, pairs, a.config)
+    cfg = _saved_or_new_config(a, pairs)
     run_dir = run_dir_for(a.run_dir, cfg, "train-dpo", a.preset)
     s = run_train_dpo(cfg, run_dir, store_path=a.db, resume=a.resume)
     nan = float("nan")
@@ -171,3 +159,14 @@ def cmd_train_dpo(argv: list[str]) -> int:
           f"{s.get('initial_heldout/margin', nan):+.3f} -> {s.get('heldout/margin', nan):+.3f}")  # fmt: skip
     print(f"  sample from it: lmprefs sample {run_dir}")
     return 0
+
+
+def _saved_or_new_config(a, pairs):
+    """A resumed run's saved config (no overrides: the run continues as it began), or the preset's with them."""
+    from lmprefs.runtime.resolve import resolve_config
+
+    if a.resume:
+        if not a.run_dir or pairs:
+            raise UserError("--resume needs --run-dir and continues with the run's saved config (no overrides)")
+        return resolve_config(a.preset, [], str(Path(a.run_dir) / "config.json"))
+    return resolve_config(a.preset, pairs, a.config)

@@ -10,6 +10,8 @@ CI installs Chromium with scripts/ci_browser_deps.sh; never `playwright install`
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +124,9 @@ def test_label_with_the_keyboard_in_chromium(browser, tmp_path):
             assert texts[item][best].strip() == picked[item].strip()
 
 
+# LMPREFS_SCREENSHOTS=docs/img: the layout test also writes its screenshots there (the docs show them)
+SCREENSHOTS = Path(os.environ["LMPREFS_SCREENSHOTS"]) if os.environ.get("LMPREFS_SCREENSHOTS") else None
+
 PASSAGE = ("She walked into the room and looked around. The furniture was old but well kept, and the windows let in a "
            "pale light that fell across the floor in long stripes.")  # fmt: skip
 ENDINGS = [
@@ -152,7 +157,10 @@ def test_the_pages_fit_a_phone_and_a_desktop_without_scrolling_sideways(browser,
                 page.set_viewport_size({"width": width, "height": height})
                 for where in ("/label", "/admin"):
                     page.goto(url + where)
-                    page.screenshot(path=tmp_path / f"{where[1:]}-{width}.png", full_page=True)
+                    shot = tmp_path / f"{where[1:]}-{width}.png"
+                    page.screenshot(path=shot, full_page=True)
+                    if SCREENSHOTS:  # the docs' pictures of the app come from this test
+                        shutil.copyfile(shot, SCREENSHOTS / f"app-{where[1:]}-{width}.png")
                     wide, window = page.evaluate("[document.documentElement.scrollWidth, innerWidth]")
                     assert wide <= window, (where, width, wide)
                 page.goto(url + "/label")
