@@ -5,6 +5,8 @@ it by. The methods are plain functions of the store, kept in the modules named a
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from lmprefs.labels.store import drift as _drift
 from lmprefs.labels.store import items as _items
 from lmprefs.labels.store import labelers as _labelers
@@ -13,6 +15,7 @@ from lmprefs.labels.store import onboarding as _onboarding
 from lmprefs.labels.store import reports as _reports
 from lmprefs.labels.store import serving as _serving
 from lmprefs.labels.store.base import StoreBase
+from lmprefs.labels.store.records import ImportCounts, ImportRow
 
 
 class LabelStore(StoreBase):
@@ -36,7 +39,11 @@ class LabelStore(StoreBase):
     # -- labels (labels.py) ----------------------------------------------------------------------------------
 
     add_label = _labels.add_label
-    import_batch = _labels.import_batch
+
+    def import_batch(self, rows: Iterable[ImportRow]) -> ImportCounts:
+        # a wrapper: import_batch takes its store as a Protocol, which mypy does not accept as a bound method's self
+        return _labels.import_batch(self, rows)
+
     labeled_examples = _labels.labeled_examples
     has_answered = _labels.has_answered
     answer_counts = _labels.answer_counts

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, TypedDict, Unpack
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, Unpack
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store.labelers import labeler_id
@@ -26,7 +28,16 @@ from lmprefs.labels.store.schema import CHOICE_ITEM
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
-    from lmprefs.labels.store.core import LabelStore
+
+
+class _Importing(Protocol):
+    """What import_batch uses of a LabelStore (named here, not imported: the store's core binds this module)."""
+
+    def add_item(self, *args: Any, **kwargs: Any) -> int: ...
+
+    def add_label(self, *args: Any, **kwargs: Any) -> object: ...
+
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
 
 class AnswerMeta(TypedDict, total=False):
@@ -144,7 +155,7 @@ def _update_item(c, item_id: int, want: int, kind: str) -> None:
     )
 
 
-def import_batch(store: LabelStore, rows: Iterable[ImportRow]) -> ImportCounts:
+def import_batch(store: _Importing, rows: Iterable[ImportRow]) -> ImportCounts:
     """Add labeled rows in ONE transaction: all of them or, on any error, none. Re-importing a row is a no-op
     (the item exists and the labeler's identical label is counted as present); a *different* label by the same
     labeler raises DuplicateLabelError and rolls everything back."""
