@@ -51,8 +51,10 @@ def command_parser(cmd: str, usage: str | None = None) -> ArgumentParser:
 
 def run_dir_for(given: str | None, cfg, command: str, preset: str) -> Path:
     """The run directory from --run-dir, run.save_dir or a fresh default; refused when it names a file."""
+    from lmprefs.data.chat import check_chat_template
     from lmprefs.runtime.runlog import default_run_dir
 
+    check_chat_template(cfg.task)
     run_dir = Path(given or cfg.run.save_dir or default_run_dir(command, preset))
     if run_dir.exists() and not run_dir.is_dir():
         raise UserError(f"--run-dir {run_dir}: is a file, not a directory")

@@ -10,6 +10,8 @@ from lmprefs.config.schema import Config
 
 # keys that change how often things are written or how many threads run, never the numbers a run computes
 NOT_MATH = ("run.log_interval", "run.save_interval", "run.threads", "run.save_dir", "lora.merged_reward_model")
+# keys added to a section after configs were saved without them, and the value those configs computed with
+ADDED_KEYS = {"task.chat_template": "false"}
 
 
 def flat_config(cfg) -> dict:
@@ -30,9 +32,11 @@ def config_meta(cfg) -> dict:
 def math_changes(old: dict, new: dict) -> list[str]:
     """'key old -> new' for each value that changes the math between two flat configs. A section that `old` has no
     key of was added to lmprefs after it was saved (a checkpoint of an earlier version): at its defaults it changes
-    nothing that run computed."""
+    nothing that run computed; a key of ADDED_KEYS it lacks had the value given there."""
     keys = sorted((set(old) | set(new)) - set(NOT_MATH))
     added = {k.split(".")[0] for k in new} - {k.split(".")[0] for k in old} if old else set()
     defaults = flat_config(Config()) if added else {}
+    if old:
+        old = {**{k: v for k, v in ADDED_KEYS.items() if k not in old}, **old}
     return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)
             and not (k.split(".")[0] in added and new.get(k) == defaults.get(k))]  # fmt: skip

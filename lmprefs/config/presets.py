@@ -30,6 +30,7 @@ BOOKS_TASK = TaskConfig(
     truncate_after=16,
     temperature=0.7,
     initial_model="gpt2",
+    chat_template="false",  # the original's format: raw text, whatever the model
 )
 
 
@@ -44,6 +45,7 @@ SUMMARIZE_TASK = TaskConfig(
     truncate_after=55,
     temperature=0.7,
     initial_model="gpt2",
+    chat_template="false",
 )
 
 
@@ -109,7 +111,7 @@ SUMMARIZE_DEMO = Config(
     task=TaskConfig(query_dataset="lee-news", query_length=64, query_prefix="Article:\n\n",
                     query_suffix="\n\nTL;DR:", start_text=None, end_text=".", response_length=32,
                     truncate_token=198, truncate_after=2, penalty_reward_value=None, temperature=0.5,
-                    initial_model="smollm2-135m"),
+                    initial_model="smollm2-135m", chat_template="false"),
     # 360 labels (400 questions), 3 epochs as the quickstart: with the judge reading the first line and its length
     # penalty beyond 10 words, the reward model learns the judge well above chance; fewer labels and epochs, or the
     # judge reading whole responses, left it at chance (docs/results.md)
@@ -188,8 +190,9 @@ PRESETS: dict[str, tuple[str, Config]] = {
         "separate value model; SmolLM2-135M with LoRA.",
         Config(
             # prompts are whole texts (no start/end cut); a story is scored on all its tokens
+            # not one of the original's tasks: a model of your own with a chat template gets its chat format
             task=R(AUSTEN_TASK, query_dataset="austen", query_length=48, start_text=None, end_text=None,
-                   truncate_token=None),
+                   truncate_token=None, chat_template="auto"),
             labels=LabelsConfig(type="scalar_rating", scores_as="comparisons", num_train=100_000,
                                 heldout_fraction=0.1),
             train_reward=TrainRewardConfig(batch_size=16, lr=2e-3, epochs=3, rollout_batch_size=64,

@@ -53,6 +53,15 @@ class TaskConfig:
     initial_model: str = "gpt2"
     """The pretrained LM: an asset name (smollm2-135m, tiny-gpt2, tiny-gpt2-austen), a local Hugging Face directory,
     or a hub name."""
+    chat_template: Literal["auto", "true", "false"] = "auto"
+    """Frame every query as an instruct model's chat turn. true: the tokenizer's chat template renders the query
+    (with query_prefix and query_suffix) as a user turn followed by the assistant's generation prompt; the template's
+    text before the query is put before it, the end of the turn and the assistant's header after it, so the policy
+    and the reward model read the rendered turn, and samples, reports and labels keep the plain query text. false:
+    the original's raw text. auto: true for a model of your own (a local directory or a hub name) whose tokenizer
+    has a template; false for the bundled models (smollm2-135m, tiny-gpt2, tiny-gpt2-austen) and in the presets
+    that reproduce the original's experiments (sentiment, descriptiveness, tldr, cnndm, austen-sentiment,
+    austen-descriptiveness, quickstart, summarize), which set false so they keep raw text with any model."""
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,9 @@ import torch
 
 from lmprefs.assets.corpora import austen_passages, bundled_passages, lee_news_articles, paragraphs
 from lmprefs.config import TaskConfig
+from lmprefs.data.chat import task_frame
 from lmprefs.data.summarize import story_texts, tldr_texts
-from lmprefs.data.tasks import PAD, encode_fixed
+from lmprefs.data.tasks import PAD
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import read_text
 from lmprefs.io.jsonl import JsonRowsError, jsonl_lines
@@ -193,7 +194,7 @@ def task_queries(task: TaskConfig, tokenizer, max_positions: int, n_heldout: int
     """(train, heldout, prefix, suffix): the task's queries split by a fixed permutation, checked against the
     model's context (query + prefix + suffix + response must fit)."""
 
-    prefix, suffix = encode_fixed(tokenizer, task.query_prefix), encode_fixed(tokenizer, task.query_suffix)
+    prefix, suffix = task_frame(task, tokenizer)
     total = len(prefix) + task.query_length + len(suffix) + task.response_length
     if total > max_positions:
         raise QueryDataError(f"task.query_length={task.query_length} + prefix/suffix ({len(prefix) + len(suffix)}) + "

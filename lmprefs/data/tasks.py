@@ -33,6 +33,13 @@ class TaskContext:
     suffix: list[int]
     device: torch.device
     dtype: torch.dtype
+    template: tuple[int, int] = (0, 0)
+    """Ids of a chat template (task.chat_template) at the start of prefix and at the end of suffix: printed samples
+    leave them out, as they keep query_prefix and query_suffix."""
+
+    def shown(self, formatted: Tensor) -> Tensor:
+        """Formatted queries without the chat template's ids, as samples print them."""
+        return formatted[:, self.template[0] : formatted.shape[1] - self.template[1]]
 
     def format(self, queries: Tensor) -> Tensor:
         """queries [B, Q] framed and on the device: [B, len(prefix) + Q + len(suffix)]."""

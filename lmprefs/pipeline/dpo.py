@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from lmprefs.config import Config
-from lmprefs.data.queries import encode_fixed
+from lmprefs.data.chat import task_frame, template_lengths
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
 from lmprefs.io.locks import run_lock
@@ -37,14 +37,14 @@ def dpo_task(cfg: Config) -> Task:
     device, dtype = setup_torch(cfg.run)
     torch.manual_seed(cfg.run.seed)
     model, tok = load_lm(cfg.task.initial_model, device)
-    prefix, suffix = encode_fixed(tok, cfg.task.query_prefix), encode_fixed(tok, cfg.task.query_suffix)
+    prefix, suffix = task_frame(cfg.task, tok)
     total = len(prefix) + cfg.task.query_length + len(suffix) + cfg.task.response_length
     if total > max_positions(model):
         raise UserError(f"task.query_length={cfg.task.query_length} + prefix/suffix + task.response_length="
                         f"{cfg.task.response_length} = {total} tokens exceeds the model's context of "
                         f"{max_positions(model)}")  # fmt: skip
     none = torch.zeros(0, cfg.task.query_length, dtype=torch.long)
-    return Task(cfg, device, dtype, model, tok, none, none, prefix, suffix)
+    return Task(cfg, device, dtype, model, tok, none, none, prefix, suffix, template_lengths(cfg.task, tok))
 
 
 def dpo_labels(t: Task, store, source: str) -> TrainingLabels:

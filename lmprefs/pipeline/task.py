@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from lmprefs.config import Config
+from lmprefs.data.chat import template_lengths
 from lmprefs.data.queries import task_queries
 from lmprefs.data.tasks import TaskContext
 from lmprefs.models.loading import load_lm, max_positions
@@ -30,10 +31,11 @@ class Task:
     heldout_queries: torch.Tensor
     prefix: list[int]
     suffix: list[int]
+    template: tuple[int, int] = (0, 0)  # the chat template's ids in prefix and suffix (TaskContext.template)
 
     @property
     def ctx(self) -> TaskContext:
-        return TaskContext(self.prefix, self.suffix, self.device, self.dtype)
+        return TaskContext(self.prefix, self.suffix, self.device, self.dtype, self.template)
 
 
 def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
@@ -41,4 +43,4 @@ def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
     torch.manual_seed(cfg.run.seed)
     model, tok = load_lm(cfg.task.initial_model, device)
     train, heldout, prefix, suffix = task_queries(cfg.task, tok, max_positions(model), n_heldout)
-    return Task(cfg, device, dtype, model, tok, train, heldout, prefix, suffix)
+    return Task(cfg, device, dtype, model, tok, train, heldout, prefix, suffix, template_lengths(cfg.task, tok))

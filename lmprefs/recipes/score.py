@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.data.chat import chat_frame
 from lmprefs.data.tasks import PAD, encode_fixed, format_queries
 from lmprefs.errors import UserError
 from lmprefs.models.loading import max_positions
@@ -22,6 +23,9 @@ def score_texts(rm, task: dict, pairs: list[tuple[str, str]], device, batch_size
 
     tok = rm.tokenizer
     prefix, suffix = encode_fixed(tok, task["query_prefix"]), encode_fixed(tok, task["query_suffix"])
+    if task.get("chat_template"):  # the reward model was trained on queries framed as a chat turn
+        before, after = chat_frame(tok)
+        prefix, suffix = encode_fixed(tok, before) + prefix, suffix + encode_fixed(tok, after)
     Q, T = task["query_length"], task["response_length"]
     context = max_positions(rm.lm) - len(prefix) - len(suffix)
     counts = {"longer": 0, "cut": 0}

@@ -160,7 +160,7 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         stats |= dist.all_reduce_mean({k: stats[k] for k in ("elapsed/fps", "elapsed/time")})  # clocks differ
         log.scalars(stats, run.update)
         if (run.update % cfg.run.log_interval == 0 or run.update == 1) and dist.is_main():
-            _print_samples(run, rollout, extra, cfg, log)
+            _print_samples(run, rollout, extra, ctx, log)
         crash_point("train:logged")
         reason = andon_check(run, stats, cfg) or nonfinite_parameters(run)
         if reason:  # the poisoned state is not saved: the last good checkpoint stays what --resume finds
@@ -202,7 +202,7 @@ def andon_stop(run: PolicyRun, run_dir: Path, reason: str) -> AndonStop:
     return AndonStop(f"andon cord pulled at update {run.update}: {reason}; {kept}")
 
 
-def _print_samples(run: PolicyRun, rollout: Rollout, extra: dict, cfg: Config, log, n: int = 3) -> None:
+def _print_samples(run: PolicyRun, rollout: Rollout, extra: dict, ctx: TaskContext, log, n: int = 3) -> None:
     """Three samples in the original's format (train_policy.py#L423-L430), also appended to samples.jsonl."""
     from tqdm import tqdm
 
@@ -210,7 +210,7 @@ def _print_samples(run: PolicyRun, rollout: Rollout, extra: dict, cfg: Config, l
     beta = run.kl_ctl.value
     rows = []
     for i in range(min(n, len(rollout))):
-        q, r = decode(tok, rollout.queries[i : i + 1])[0], decode(tok, extra["responses"][i : i + 1])[0]
+        q, r = decode(tok, ctx.shown(rollout.queries[i : i + 1]))[0], decode(tok, extra["responses"][i : i + 1])[0]
         score, kl = rollout.scores[i].item(), extra["kl"][i].item()
         tqdm.write(f"{show(q)}\n{show(r)}\n  score = {score:+.3f}\n  kl = {kl:+.3f}\n"
                    f"  total = {score - beta * kl:+.3f}")

@@ -74,6 +74,7 @@ ROWS = [
     (["train-policy", "tiny", "--ppo.estimator", "rloo", "--ppo.rloo-k", "3"], "ppo.rloo_k=3 must divide"),
     (["train-policy", "tiny", "--ppo.estimator", "rloo", "--ppo.value-model", "separate"], "trains no value model"),
     (["train-policy", "tiny", "--ppo.lr", "nan"], "ppo.lr=nan"),
+    (["train-policy", "tiny", "--task.chat-template", "true"], "task.chat_template=true: 'tiny-gpt2-austen' has no"),
     (["label", "tiny", "--labels.type", "best_of_one"], "unknown label type 'best_of_one'"),
     (["label", "tiny", "--labels.labeler", "nope"], "labels.labeler='nope'"),
     (["label", "tiny", "--labeler", "nope"], "'nope'"),
