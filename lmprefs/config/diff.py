@@ -30,13 +30,12 @@ def config_meta(cfg) -> dict:
 
 
 def math_changes(old: dict, new: dict) -> list[str]:
-    """'key old -> new' for each value that changes the math between two flat configs. A section that `old` has no
-    key of was added to lmprefs after it was saved (a checkpoint of an earlier version): at its defaults it changes
-    nothing that run computed; a key of ADDED_KEYS it lacks had the value given there."""
+    """'key old -> new' for each value that changes the math between two flat configs. A key that `old` lacks was
+    added to lmprefs after it was saved (a checkpoint of an earlier version): the run computed as that key's value
+    in ADDED_KEYS says, or else as its default does (a new option starts at what the code did before it), so only
+    a value other than that is a change."""
     keys = sorted((set(old) | set(new)) - set(NOT_MATH))
-    added = {k.split(".")[0] for k in new} - {k.split(".")[0] for k in old} if old else set()
-    defaults = flat_config(Config()) if added else {}
     if old:
-        old = {**{k: v for k, v in ADDED_KEYS.items() if k not in old}, **old}
-    return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)
-            and not (k.split(".")[0] in added and new.get(k) == defaults.get(k))]  # fmt: skip
+        defaults = flat_config(Config())
+        old = {**{k: ADDED_KEYS.get(k, defaults.get(k)) for k in new if k not in old}, **old}
+    return [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]

@@ -179,15 +179,25 @@ def test_a_config_saved_before_a_field_existed_loads_as_its_run_was_computed(tmp
     assert preset("tiny").task.crop_local_files is False
 
 
-def test_a_checkpoint_saved_before_a_section_existed_resumes_while_the_section_keeps_its_defaults():
-    """A checkpoint's manifest of an earlier version has no key of a later section (dpo): at its defaults the new
-    section changes nothing that run computed; set otherwise, it is a change like any other."""
+@pytest.mark.parametrize("name", ["tiny", "quickstart"])
+def test_a_checkpoint_saved_before_options_existed_resumes_while_they_do_what_the_code_did(name):
+    """A checkpoint's manifest of an earlier version lacks the keys added since (a whole section, dpo, and single
+    options): at what the code did before them they change nothing that run computed; set otherwise, they are a
+    change like any other."""
     from lmprefs.config import DPOConfig
     from lmprefs.config.diff import flat_config, math_changes
 
-    now = flat_config(preset("tiny"))
-    before = {k: v for k, v in now.items() if not k.startswith("dpo.")}
+    now = flat_config(preset(name))
+    later = ("dpo.", "ppo.estimator", "ppo.rloo_k", "ppo.overoptimization_stop", "rewards.normalize")
+    # the original's presets set chat_template false, what the code did before it (tiny's auto is not that value)
+    later += ("task.chat_template",) if name == "quickstart" else ()
+    before = {k: v for k, v in now.items() if not k.startswith(later)}
     assert math_changes(before, now) == []
-    changed = flat_config(dataclasses.replace(preset("tiny"), dpo=DPOConfig(beta=0.5)))
-    assert math_changes(before, changed) == ["dpo.beta None -> 0.5"]
-    assert math_changes(before, dict(now, **{"ppo.lr": 1.0})) == ["ppo.lr 0.003 -> 1.0"]
+    changed = flat_config(dataclasses.replace(preset(name), dpo=DPOConfig(beta=0.5)))
+    assert math_changes(before, changed) == ["dpo.beta 0.1 -> 0.5"]
+    rloo = dict(now, **{"ppo.estimator": "rloo"})
+    assert math_changes(before, rloo) == ["ppo.estimator 'ppo' -> 'rloo'"]
+    if name == "quickstart":  # the original's presets keep the raw format the code had before templates
+        assert math_changes(before, dict(now, **{"task.chat_template": "true"})) == [
+            "task.chat_template 'false' -> 'true'"]
+    assert math_changes(before, dict(now, **{"ppo.lr": 1.0})) == [f"ppo.lr {now['ppo.lr']!r} -> 1.0"]
