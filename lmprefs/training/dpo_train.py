@@ -19,12 +19,10 @@ import torch
 from torch import Tensor
 
 from lmprefs.config import Config
-from lmprefs.config.diff import config_meta, math_changes
 from lmprefs.data.tasks import PAD, TaskContext
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
 from lmprefs.io.publish import latest_good
-from lmprefs.models.artifacts import atomic_dir
 from lmprefs.models.lora import lora_modules, using
 from lmprefs.models.policy import Policy
 from lmprefs.models.trunk import response_logits_hidden
@@ -39,6 +37,7 @@ from lmprefs.training.dpo import (
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.reward import Comparisons
 from lmprefs.training.sft import epoch_order
+from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
 
 STATS = ("loss", "accuracy", "margin", "chosen_reward", "rejected_reward")
 
@@ -122,29 +121,14 @@ def labels_digest(train: Comparisons, held: Comparisons) -> str:
 
 
 def _save_checkpoint(run_dir: Path, cfg: Config, step: int, params, opt, initial: dict, labels: str) -> None:
-    state = {"step": step, "params": [p.detach().cpu() for p in params], "optimizer": opt.state_dict(),
-             "initial": initial}  # fmt: skip
-    meta = {"step": step, "labels": labels, **config_meta(cfg)}
-    with atomic_dir(Path(run_dir) / "checkpoint", meta, keep=1) as tmp:
-        torch.save(state, tmp / "state.pt")
+    save_step_checkpoint(run_dir, cfg, step, params, opt, {"initial": initial}, {"labels": labels})
 
 
 def _load_checkpoint(run_dir: Path, cfg: Config, params, opt, labels: str) -> tuple[int, dict]:
-    found = latest_good(Path(run_dir) / "checkpoint")
-    if found is None:
-        raise UserError(f"{run_dir} has no DPO checkpoint to resume")
-    path, manifest = found
-    changed = math_changes(manifest.get("config", {}), config_meta(cfg)["config"])
-    if changed:
-        raise UserError(f"{run_dir}: the checkpoint was trained with another config ({'; '.join(changed[:3])})")
+    state, manifest = load_step_checkpoint(run_dir, cfg, params, opt, "DPO")
     if manifest.get("labels") != labels:
         raise UserError(f"{run_dir}: the label store's labels changed since the checkpoint was written (added, "
                         "removed or reweighted); resuming would train on others: start a new --run-dir")  # fmt: skip
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    with torch.no_grad():
-        for p, v in zip(params, state["params"], strict=True):
-            p.copy_(v)
-    opt.load_state_dict(state["optimizer"])
     return int(state["step"]), dict(state["initial"])
 
 

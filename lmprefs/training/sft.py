@@ -21,7 +21,6 @@ from torch import Tensor
 
 from lmprefs.assets.models import resolve_model
 from lmprefs.config import Config
-from lmprefs.config.diff import config_meta, math_changes
 from lmprefs.data.tasks import PAD
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
@@ -35,6 +34,7 @@ from lmprefs.models.trunk import model_inputs
 from lmprefs.runtime.device import autocast, setup_torch
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.optim import TFAdam
+from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
 
 
 class SFTDataError(UserError):
@@ -144,25 +144,11 @@ def resume_log_step(run_dir: Path) -> int | None:
 
 
 def _save_checkpoint(run_dir: Path, cfg: Config, step: int, params, opt, before: float) -> None:
-    state = {"step": step, "params": [p.detach().cpu() for p in params], "optimizer": opt.state_dict(),
-             "initial_loss": before}  # fmt: skip
-    with atomic_dir(Path(run_dir) / "checkpoint", {"step": step, **config_meta(cfg)}, keep=1) as tmp:
-        torch.save(state, tmp / "state.pt")
+    save_step_checkpoint(run_dir, cfg, step, params, opt, {"initial_loss": before}, {})
 
 
 def _load_checkpoint(run_dir: Path, cfg: Config, params, opt) -> tuple[int, float]:
-    found = latest_good(Path(run_dir) / "checkpoint")
-    if found is None:
-        raise UserError(f"{run_dir} has no SFT checkpoint to resume")
-    path, manifest = found
-    changed = math_changes(manifest.get("config", {}), config_meta(cfg)["config"])
-    if changed:
-        raise UserError(f"{run_dir}: the checkpoint was trained with another config ({'; '.join(changed[:3])})")
-    state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    with torch.no_grad():
-        for p, v in zip(params, state["params"], strict=True):
-            p.copy_(v)
-    opt.load_state_dict(state["optimizer"])
+    state, _ = load_step_checkpoint(run_dir, cfg, params, opt, "SFT")
     return int(state["step"]), float(state["initial_loss"])
 
 
