@@ -14,6 +14,12 @@ def order_of(st: State, labeler: str, item_id: int, n: int) -> list[int]:
     return display_order(st.store.store_id, labeler, item_id, n) if st.shuffle else list(range(n))
 
 
+def shown_options(st: State, labeler: str, item) -> list[tuple[int, str]]:
+    """(displayed position, text) of an item's options in the order this labeler sees them."""
+    order = order_of(st, labeler, item.id, len(item.samples))
+    return [(position, item.samples[k]) for position, k in enumerate(order)]
+
+
 def parse_ranking(text: str, n: int, iid: int) -> list[int]:
     """The form's ranking, option numbers as shown (1..n) best first, as displayed positions 0..n-1; a 422 naming a
     repeated, missing or unknown option."""

@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, Item
-from lmprefs.server.answers import order_of, read_answer
+from lmprefs.server.answers import order_of, read_answer, shown_options
 from lmprefs.server.pages import State, form_item_id, render, state
 from lmprefs.server.security import User, csrf_checked
 
@@ -29,8 +29,7 @@ def due_anchor(st: State, user: User) -> Item | None:
 
 def anchor_page(request: Request, st: State, user: User, item: Item, feedback: dict | None) -> HTMLResponse:
     flash, user.session.flash = user.session.flash, None
-    order = order_of(st, user.name, item.id, len(item.samples))
-    options = [(position, item.samples[k]) for position, k in enumerate(order)]
+    options = shown_options(st, user.name, item)
     progress = st.queue.progress(user.id, user.name)
     return render(request, "label.html", user=user, csrf=user.session.csrf, item=item, options=options,
                   progress=progress, flash=flash, redo=False, undo=None, undo_seconds=0, action="/anchor",

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, token_hash
-from lmprefs.server.answers import order_of, read_answer, read_confidence
+from lmprefs.server.answers import order_of, read_answer, read_confidence, shown_options
 from lmprefs.server.drift import anchor_page, due_anchor
 from lmprefs.server.onboarding import practice, practice_page
 from lmprefs.server.pages import ITEM_ID, State, form_item_id, render, state
@@ -119,8 +119,7 @@ def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> H
     progress = st.queue.progress(user.id, user.name, serving=item is not None)
     options, redo, undo = [], False, _last_answer(st, user)
     if item is not None:
-        order = order_of(st, user.name, item.id, len(item.samples))
-        options = [(position, item.samples[k]) for position, k in enumerate(order)]
+        options = shown_options(st, user.name, item)
         lease = st.queue.lease(user.name)
         redo = bool(lease and lease.redo and lease.item_id == item.id)
         if undo and undo[1] == item.id:

@@ -16,7 +16,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, Item
-from lmprefs.server.answers import order_of, read_answer, read_confidence
+from lmprefs.server.answers import order_of, read_answer, read_confidence, shown_options
 from lmprefs.server.pages import State, form_item_id, render, state
 from lmprefs.server.queue import Progress
 from lmprefs.server.security import User, csrf_checked
@@ -55,8 +55,7 @@ def practice_page(request: Request, st: State, user: User, p: Practice, feedback
     flash, user.session.flash = user.session.flash, None
     options = []
     if p.item is not None:
-        order = order_of(st, user.name, p.item.id, len(p.item.samples))
-        options = [(position, p.item.samples[k]) for position, k in enumerate(order)]
+        options = shown_options(st, user.name, p.item)
     progress = Progress(0, 0, 0, p.total - p.number + (p.item is not None))
     return render(request, "label.html", user=user, csrf=user.session.csrf, item=p.item, options=options,
                   progress=progress, flash=flash, redo=False, undo=None, undo_seconds=0, action="/onboarding",
