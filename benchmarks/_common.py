@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import platform
 import sys
 import time
 from pathlib import Path
@@ -65,3 +66,14 @@ def run_main(main) -> int:
     except UserError as e:
         print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
         return 2
+
+
+def cpu_name() -> str:
+    """The CPU's model name, as `lscpu` shows it (every figure names its machine)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"

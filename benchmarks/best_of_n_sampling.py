@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -29,23 +28,13 @@ import time
 from pathlib import Path
 
 import torch
-from _common import ArgumentParser, nonnegative_int, positive_int, run_main, source_fingerprint
+from _common import ArgumentParser, cpu_name, nonnegative_int, positive_int, run_main, source_fingerprint
 
 from lmprefs.models.loading import load_lm
 from lmprefs.models.sampling import sample
 
 # lmprefs internals this script uses, all in this block
 from lmprefs.runtime.device import autocast, pick_device
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main(argv=None) -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -35,7 +34,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import NamedTuple
 
-from _common import ArgumentParser, positive_int, run_main, source_fingerprint
+from _common import ArgumentParser, cpu_name, positive_int, run_main, source_fingerprint
 
 HERE = Path(__file__).resolve().parent
 
@@ -193,16 +192,6 @@ def device_name(device: str) -> str:
 
         return torch.cuda.get_device_name(torch.device(device))
     return cpu_name()
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def parse(argv):

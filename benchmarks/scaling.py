@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ArgumentParser, int_at_least, positive_int, run_main
+from _common import ArgumentParser, cpu_name, int_at_least, positive_int, run_main
 
 # lmprefs internals this script uses, all in this block (the runs themselves go through the `lmprefs` command)
 from lmprefs.assets.registry import asset_status
@@ -59,16 +59,6 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def run(model: str, device: str, procs: int | None, parallel: str, threads: int, updates: int, out: Path,
@@ -144,16 +134,16 @@ def main(argv=None) -> int:
         if not torch.cuda.is_available():
             print(f"{p.prog}: error: --device cuda: CUDA is not available here", file=sys.stderr)
             return 2
-        print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {_cpu_name()}")
+        print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {cpu_name()}")
         # (label, processes (None: no launcher), run.parallel, threads)
         configs = [("no launcher", None, "ddp", 0)] + [(f"torchrun x1 NCCL {m}", 1, m, 0) for m in modes]
     else:
-        print(f"CPU: {_cpu_name()}, {os.cpu_count()} cores")
+        print(f"CPU: {cpu_name()}, {os.cpu_count()} cores")
         # 1 x 1 as well: on a loaded machine two threads of one process can lose more than they gain
         configs = [(f"1 process x {t} thread{'s' * (t > 1)}", None, "ddp", t) for t in solo_threads]
         configs += [(f"2 processes x 1 thread {m}", 2, m, 1) for m in modes]
     extra = ["--run.compile", a.compile]
-    results = {"device": a.device, "cpu": _cpu_name(), "cpu_count": os.cpu_count(), "updates": a.updates,
+    results = {"device": a.device, "cpu": cpu_name(), "cpu_count": os.cpu_count(), "updates": a.updates,
                "models": {}}  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for m in models:
