@@ -66,7 +66,7 @@ def test_ppo_throughput_runs_both_value_models_against_an_anchor_result_from_a_f
         "episodes_per_sec": 2.0,
         "sec_per_step_mean": {"total_s": 2.0, "generation_s": 0.5, "rollout_forward_s": 0.5, "scoring_s": 0.0,
                               "optimization_s": 1.0},
-        "per_step": [], "cpu_during_train": {"other_cores_avg": 0.0},
+        "per_step": [], "cpu_during_train": {"other_cores_avg": 0.0, "own_cores_avg": 1.0, "wall_s": 4.0},
     }  # fmt: skip
     (tmp_path / "anchor.json").write_text(json.dumps(anchor))
     out = tmp_path / "out"
@@ -94,6 +94,12 @@ def test_ppo_throughput_runs_both_value_models_against_an_anchor_result_from_a_f
     fm = res["flop_model_gflop"]
     assert fm["trl"] > 0 and 0 < fm["lmprefs shared"] < fm["lmprefs separate"]
     assert "TRL side read from" in r.stdout and "ratio" in r.stdout
+    for mode in ("shared", "separate"):  # per CPU-second: 2 updates x 4 episodes over the CPU time of the call
+        cpu = res["runs"][mode][0]["cpu_during_train"]
+        mine = 8 / (cpu["own_cores_avg"] * cpu["wall_s"])
+        (ratio,) = res["ratios"][mode]["per_cpu_second"]["per_round"]
+        assert math.isclose(ratio, mine / 2.0, rel_tol=1e-9)
+    assert "per CPU-second" in r.stdout
 
 
 def test_gpu_kernels_measures_on_cuda_and_says_in_one_line_where_it_cannot():
@@ -252,6 +258,11 @@ BAD_FLAGS = [
     ("ppo_throughput", ["--lr", "-1"], "--lr must be positive"),
     ("ppo_throughput", ["--anchor-result", "{anchor}"], "was measured with batch_size 4, this run uses 64"),
     ("ppo_throughput", ["--anchor-result", "{tmp}/missing.json"], "cannot read"),
+    (
+        "ppo_throughput",
+        ["--anchor-result", "{anchor}", "--batch-size", "4", "--dtype", "bfloat16"],
+        "was measured with bf16 False, this run uses --dtype bfloat16",
+    ),
     ("ppo_throughput", ["--anchor-python", "{tmp}/no-venv/python"], "not found: create the TRL venv"),
     ("gpu_throughput", ["--device", "tpu"], "--device 'tpu': choose auto, cpu, cuda or cuda:N"),
     ("gpu_throughput", ["--batch", "6", "--nminibatches", "4"], "--batch 6 is not a multiple of --nminibatches 4"),
