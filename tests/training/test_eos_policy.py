@@ -53,3 +53,58 @@ def test_stop_tokens_resolve_from_the_config_or_the_tokenizer():
     with pytest.raises(UserError, match=r"task.stop_at_eos=true: the tokenizer of task.initial_model=.* has no "):
         stop_tokens(on, no_eos)
     assert stop_tokens(dataclasses.replace(on, stop_tokens=(4,)), no_eos) == (4,)
+
+
+def _rollout(t, cfg):
+    import copy
+
+    from lmprefs.data.queries import QueryStream
+    from lmprefs.models.policy import Policy
+    from lmprefs.training.policy_run import build_run
+    from lmprefs.training.rollout import make_rollout
+
+    run = build_run(cfg, Policy(copy.deepcopy(t.model), t.tok, cfg.task.temperature),
+                    QueryStream(t.train_queries, cfg.run.seed), t.device)  # fmt: skip
+
+    def score(queries, responses, prefix=None):  # any score that reads the responses
+        return (responses.clamp(min=0) < 25000).float().mean(1)
+
+    return make_rollout(run, score, run.stream.next(16), cfg, t.ctx)
+
+
+def test_a_rollout_masks_what_follows_each_rows_stop_token(tiny_task):
+    import torch
+
+    from lmprefs.data.tasks import PAD
+
+    cfg = tiny_task.cfg
+    on = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, stop_at_eos=True, stop_tokens=(13, 11)))
+    roll, stats, _ = _rollout(tiny_task, on)
+    real = roll.responses != PAD
+    assert roll.mask is not None and roll.mask.bool().equal(real) and not real.all() and real[:, 0].all()
+    assert stats["objective/response_length"] == pytest.approx(real.sum(1).float().mean().item())
+    for x in (roll.logprobs, roll.ref_logprobs, roll.values):
+        assert (x[~real] == 0).all()
+    last = real.sum(1) - 1  # the score sits on each row's stop token (or its last token)
+    kl = roll.logprobs - roll.ref_logprobs
+    torch.testing.assert_close(roll.rewards[torch.arange(16), last],
+                               roll.scores - 0.15 * kl[torch.arange(16), last])  # fmt: skip
+    assert (roll.rewards[~real] == 0).all()
+    ended = (roll.responses == 13) | (roll.responses == 11)
+    assert ended[torch.arange(16), last][real.sum(1) < cfg.task.response_length].all()
+
+    # stop tokens that no row draws: the rollout is bitwise the fixed-length one
+    off, off_stats, _ = _rollout(tiny_task, cfg)
+    never = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, stop_at_eos=True, stop_tokens=(50255,)))
+    same, same_stats, _ = _rollout(tiny_task, never)
+    assert not (off.responses == 50255).any() and same.mask is None and off.mask is None
+    for f in ("responses", "logprobs", "ref_logprobs", "values", "scores", "rewards"):
+        assert getattr(same, f).equal(getattr(off, f)), f
+    assert same_stats == off_stats and off_stats["objective/response_length"] == cfg.task.response_length
+
+
+@pytest.fixture(scope="module")
+def tiny_task():
+    from lmprefs.pipeline.task import setup_task
+
+    return setup_task(preset("tiny"), n_heldout=16)
