@@ -40,7 +40,7 @@ def all_keys(cls=Config, prefix: str = "") -> dict[str, Any]:
 
 
 def parse_value(text: str, t: Any, key: str) -> Any:
-    """Parse `text` as type `t` (int, float, bool, str, X | None, Literal[...], tuple[str, ...])."""
+    """Parse `text` as type `t` (int, float, bool, str, X | None, Literal[...], tuple[str or int, ...])."""
     origin, args = typing.get_origin(t), typing.get_args(t)
     if origin in (typing.Union, types.UnionType):
         if text in ("None", "none", "null") and type(None) in args:
@@ -51,7 +51,9 @@ def parse_value(text: str, t: Any, key: str) -> Any:
         if text not in args:
             raise ConfigError(f"--{key.replace('_', '-')} {text!r}: choose one of {', '.join(map(str, args))}")
         return text
-    if origin is tuple:
+    if origin is tuple:  # comma-separated
+        if args[0] is int:
+            return tuple(parse_value(s.strip(), int, key) for s in text.split(",") if s.strip())
         return tuple(s for s in text.split(",") if s)
     if t is bool:
         low = text.lower()

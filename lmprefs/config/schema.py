@@ -40,7 +40,18 @@ class TaskConfig:
     as given (cut to query_length tokens); the built-in corpora, hub datasets and TL;DR/CNN-DM files are always
     cropped."""
     response_length: int = 24
-    """Exactly this many tokens are sampled for every response (no EOS stop)."""
+    """Tokens sampled for every response: exactly this many (the original), or at most this many with
+    task.stop_at_eos."""
+    stop_at_eos: bool = False
+    """End each response at its first stop token (task.stop_tokens, or the tokenizer's EOS), which it keeps as its
+    last token; the rest of the row is padding that PPO masks out (the KL penalty, the score on the last real token,
+    whitening, GAE, the losses and their stats count real tokens only), and sampling stops once every row has
+    stopped. Off: every response is response_length tokens long, as in the original and its presets. Responses that
+    stop before a task.truncate_token get task.penalty_reward_value: pair it with truncate_token None or set the
+    penalty to None."""
+    stop_tokens: tuple[int, ...] = ()
+    """With task.stop_at_eos: the token ids that end a response (comma-separated, e.g. `50256,198`); empty = the
+    tokenizer's eos_token_id."""
     truncate_token: int | None = 13
     """Token id that ends a response for scoring (13 = '.' in GPT-2); None keeps the whole response."""
     truncate_after: int = 16

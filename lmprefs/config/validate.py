@@ -53,8 +53,9 @@ def _type_problems(obj, prefix: str) -> list[str]:
         for a in allowed:
             if typing.get_origin(a) is Literal:
                 ok |= v in typing.get_args(a)
-            elif typing.get_origin(a) is tuple:
-                ok |= isinstance(v, tuple) and all(isinstance(x, str) for x in v)
+            elif typing.get_origin(a) is tuple:  # tuple[str, ...] or tuple[int, ...]
+                item = typing.get_args(a)[0]
+                ok |= isinstance(v, tuple) and all(isinstance(x, item) and not isinstance(x, bool) for x in v)
             elif a is float:
                 ok |= isinstance(v, int | float) and not isinstance(v, bool)
             elif a is int:
@@ -78,6 +79,9 @@ def _task(t) -> list[str]:
     need(t.temperature > 0, f"task.temperature={t.temperature} must be positive")
     need(t.truncate_token is None or t.truncate_token >= 0, f"task.truncate_token={t.truncate_token} must be >= 0")
     need(t.truncate_after >= 0, f"task.truncate_after={t.truncate_after} must be >= 0")
+    need(all(x >= 0 for x in t.stop_tokens), f"task.stop_tokens={t.stop_tokens} must be token ids (>= 0)")
+    need(t.stop_at_eos or not t.stop_tokens,
+         f"task.stop_tokens={t.stop_tokens} end responses only with task.stop_at_eos true (it is false)")
     return out
 
 

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from lmprefs.config import TaskConfig
+from lmprefs.errors import UserError
 from lmprefs.runtime.device import autocast
 
 
@@ -47,6 +48,34 @@ class TaskContext:
 
     def autocast(self):
         return autocast(self.device, self.dtype)
+
+
+def stop_tokens(task: TaskConfig, tokenizer) -> tuple[int, ...]:
+    """The ids that end a response (task.stop_at_eos): task.stop_tokens, else the tokenizer's EOS; () when off.
+    Checked against the tokenizer before a command writes anything: an id it cannot sample would never stop a row."""
+    if not task.stop_at_eos:
+        return ()
+    vocab = len(tokenizer)
+    if task.stop_tokens:
+        bad = [t for t in task.stop_tokens if t >= vocab]
+        if bad:
+            raise UserError(f"task.stop_tokens={','.join(map(str, task.stop_tokens))}: {bad[0]} is outside the "
+                            f"vocabulary of task.initial_model={task.initial_model!r} ({vocab} tokens)")
+        return tuple(task.stop_tokens)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        raise UserError(f"task.stop_at_eos=true: the tokenizer of task.initial_model={task.initial_model!r} has no "
+                        "eos_token_id; name the ids that end a response with task.stop_tokens")
+    if eos >= vocab:
+        raise UserError(f"task.stop_at_eos=true: the eos_token_id {eos} of task.initial_model="
+                        f"{task.initial_model!r} is outside its vocabulary ({vocab} tokens); set task.stop_tokens")
+    return (int(eos),)
+
+
+def response_mask(responses: Tensor) -> Tensor:
+    """[B, T] float mask of the real response tokens: 1 up to and including a row's stop token, 0 on the PAD after it
+    (task.stop_at_eos). All ones for fixed-length responses."""
+    return (responses != PAD).float()
 
 
 def truncate_responses(responses: Tensor, truncate_token: int | None, truncate_after: int) -> Tensor:

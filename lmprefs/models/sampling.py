@@ -1,5 +1,7 @@
 """The fixed-length sampler (language/sample.py): exactly `length` tokens, no EOS stop, plain categorical sampling
-at a temperature (top_k=0, top_p=1), logits limited to the real vocabulary, with a KV cache.
+at a temperature (top_k=0, top_p=1), logits limited to the real vocabulary, with a KV cache. With `stop_tokens`
+(task.stop_at_eos) a row ends at its first stop token, which it keeps, and PAD (logprob 0) fills the rest of it;
+decoding ends once every row has ended, and the outputs keep their [B, length] shape.
 
 Queries may be padded anywhere (PAD = -1); position ids skip the pads, so a padded and an unpadded query sample
 alike. Draws use one uniform per row and step (inverse CDF), so batches that differ only in padding draw the same
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -168,7 +171,7 @@ def _prefill(model, queries: Tensor, repeats: int, static) -> tuple[Tensor, Tens
 @torch.no_grad()
 def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
            generator: torch.Generator | None = None, return_hidden: bool = False, *, repeats: int = 1,
-           cache: str = "auto", compile: str | bool = "off"):  # fmt: skip
+           cache: str = "auto", compile: str | bool = "off", stop_tokens: Sequence[int] = ()):  # fmt: skip
     """Sample responses [B, length] and their logprobs [B, length] at `temperature` given queries [B, Q].
     With return_hidden, also the hidden states that predicted each token [B, length, d]: the value head reads
     them, so a rollout needs no second forward pass (the original's policy.respond returns values this way).
@@ -176,15 +179,24 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     but each query runs through the model once and its keys and values are copied k times (`_prefill`).
     cache (run.kv_cache) and compile (run.compile): see the module doc and `sampler_mode`. Under autocast, frozen
     weights are cast once for the call (`precast`), except for a compiled step, whose guards would see new
-    forwards at every call."""
+    forwards at every call. stop_tokens (`data.tasks.stop_tokens`): the ids that end a row; () = none, the original.
+    """
     static, compile = sampler_mode(cache, compile, queries.device)
+    stop = torch.tensor(list(stop_tokens), dtype=queries.dtype, device=queries.device) if stop_tokens else None
     with contextlib.nullcontext() if compile else precast(model, queries.device.type):
         return _sample(model, queries, length, temperature, vocab, generator, return_hidden, repeats=repeats,
-                       static=static, compile=compile)  # fmt: skip
+                       static=static, compile=compile, stop=stop)  # fmt: skip
+
+
+def _stopped(tok: Tensor, logp: Tensor, ended: Tensor, stop: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A step's draws tok, logp [N, 1] as kept: PAD and logprob 0 in rows that `ended` [N, 1] before it; and the
+    rows ended after it (their stop token is the last one they keep)."""
+    kept = torch.where(ended, PAD, tok), torch.where(ended, 0.0, logp)
+    return *kept, ended | torch.isin(tok, stop)
 
 
 def _sample(model, queries: Tensor, length: int, temperature: float, vocab: int, generator, return_hidden: bool, *,
-            repeats: int, static: bool, compile: bool):  # fmt: skip
+            repeats: int, static: bool, compile: bool, stop: Tensor | None = None):  # fmt: skip
     B, Q = queries.shape
     N = B * repeats
     device = queries.device
@@ -194,8 +206,14 @@ def _sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     pos = mask[:, :Q].sum(-1, keepdim=True)  # [N, 1] position of the first response token
     step = compiled_step(device.type) if compile else _static_forward
     tok, logp = _draw(lm_logits(model, h), torch.rand(N, 1, generator=generator, device=device), temperature, vocab)
-    responses, logprobs, hidden = [tok], [logp], [h]
+    ended = torch.zeros(N, 1, dtype=torch.bool, device=device)
+    kept_tok, kept_logp = tok, logp
+    if stop is not None:
+        kept_tok, kept_logp, ended = _stopped(tok, logp, ended, stop)
+    responses, logprobs, hidden = [kept_tok], [kept_logp], [h]
     for t in range(1, length):
+        if stop is not None and bool(ended.all()):  # a host sync per step, only when rows can stop
+            break
         u = torch.rand(N, 1, generator=generator, device=device)
         if static:
             if compile and device.type == "cuda":
@@ -205,10 +223,18 @@ def _sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
         else:
             mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
             (h, logits), past = _forward_step(model, tok, mask, pos + (t - 1), past)
-        tok, logp = _draw(logits, u, temperature, vocab)
-        responses.append(tok)
-        logprobs.append(logp)
+        tok, logp = _draw(logits, u, temperature, vocab)  # an ended row still feeds its draws: never read
+        kept_tok, kept_logp = tok, logp
+        if stop is not None:
+            kept_tok, kept_logp, ended = _stopped(tok, logp, ended, stop)
+        responses.append(kept_tok)
+        logprobs.append(kept_logp)
         hidden.append(h)
+    left = length - len(responses)  # steps not run: every row had ended
+    if left:
+        responses.append(torch.full((N, left), PAD, dtype=tok.dtype, device=device))
+        logprobs.append(logp.new_zeros(N, left))
+        hidden += [torch.zeros_like(h)] * left
     if return_hidden:
         return torch.cat(responses, 1), torch.cat(logprobs, 1), torch.stack(hidden, 1)
     return torch.cat(responses, 1), torch.cat(logprobs, 1)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from lmprefs.data.tasks import decode, truncate_responses
+from lmprefs.data.tasks import decode, stop_tokens, truncate_responses
 from lmprefs.labels.labelers import score_texts
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
@@ -59,7 +59,8 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
         formatted = t.ctx.format(q)
         with t.ctx.autocast(), using(t.model, adapter):
             r, logp = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen,
-                             repeats=samples_per_query, **sampler_options(t.cfg.run))
+                             repeats=samples_per_query, stop_tokens=stop_tokens(task, t.tok),
+                             **sampler_options(t.cfg.run))
         if ref_model is not None:
             with t.ctx.autocast(), using(ref_model, None):
                 ref = ref_logprobs(ref_model, formatted, r, task.temperature, len(t.tok), repeats=samples_per_query)

@@ -10,7 +10,7 @@ import torch
 from lmprefs.config import Config
 from lmprefs.data.chat import template_lengths
 from lmprefs.data.queries import task_queries
-from lmprefs.data.tasks import TaskContext
+from lmprefs.data.tasks import TaskContext, stop_tokens
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.runtime.device import setup_torch
 
@@ -42,5 +42,6 @@ def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
     device, dtype = setup_torch(cfg.run)
     torch.manual_seed(cfg.run.seed)
     model, tok = load_lm(cfg.task.initial_model, device)
+    stop_tokens(cfg.task, tok)  # a bad stop token is refused before the command writes anything
     train, heldout, prefix, suffix = task_queries(cfg.task, tok, max_positions(model), n_heldout)
     return Task(cfg, device, dtype, model, tok, train, heldout, prefix, suffix, template_lengths(cfg.task, tok))

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.config import Config
-from lmprefs.data.tasks import apply_penalty, decode, truncate_responses
+from lmprefs.data.tasks import apply_penalty, decode, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
 from lmprefs.labels.labelers import score_texts
 from lmprefs.models.artifacts import load_policy, load_reward_model
@@ -219,7 +219,7 @@ def best_of_n_policy(t: Task, rm, queries: torch.Tensor, true_fn, n: int, sample
         formatted = t.ctx.format(q)
         with t.ctx.autocast():
             r, _ = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen, repeats=k,
-                          **sampler_options(t.cfg.run))  # fmt: skip
+                          stop_tokens=stop_tokens(task, t.tok), **sampler_options(t.cfg.run))  # fmt: skip
             post = truncate_responses(r, task.truncate_token, task.truncate_after)
             proxy = apply_penalty(score(formatted.repeat_interleave(k, 0), post, None).float(), post, task)
         articles = [x for x in decode(t.tok, q) for _ in range(k)]  # a judge may read the query

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.data.queries import task_queries
-from lmprefs.data.tasks import apply_penalty, decode, format_queries, truncate_responses
+from lmprefs.data.tasks import apply_penalty, decode, format_queries, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_dir
 from lmprefs.models.artifacts import is_reward_model_dir, load_policy, load_reward_model
@@ -49,7 +49,8 @@ def sample_texts(cfg, n: int, policy_dir: Path | None = None, temperature: float
                                                                                    seed, split)  # fmt: skip
     with autocast(device, dtype):
         responses, _ = sample(model, format_queries(queries, prefix, suffix), cfg.task.response_length,
-                              temperature, len(tok), gen, **sampler_options(cfg.run))  # fmt: skip
+                              temperature, len(tok), gen, stop_tokens=stop_tokens(cfg.task, tok),
+                              **sampler_options(cfg.run))  # fmt: skip
     return list(zip(decode(tok, queries), decode(tok, responses), strict=True))
 
 
@@ -83,7 +84,7 @@ def best_of_n(cfg, n: int, best_of: int, policy_dir: Path | None = None, tempera
     task, q = cfg.task, format_queries(queries, prefix, suffix)
     with autocast(device, dtype):
         responses, _ = sample(model, q, task.response_length, temperature, len(tok), gen, repeats=best_of,
-                              **sampler_options(cfg.run))  # fmt: skip
+                              stop_tokens=stop_tokens(task, tok), **sampler_options(cfg.run))  # fmt: skip
         post = truncate_responses(responses, task.truncate_token, task.truncate_after)
         texts = [t for t in decode(tok, queries) for _ in range(best_of)]
         raw = score(q.repeat_interleave(best_of, 0), post, texts)  # [n * best_of]

@@ -3,7 +3,8 @@
 and an automatic stop (the "andon cord", `policy_run`) for runs that go wrong.
 
 One update, numbered as the original's PPOTrainer.step:
- 1. sample queries and fixed-length responses from the policy
+ 1. sample queries and fixed-length responses from the policy (with task.stop_at_eos, ending at a stop token and
+    padded: PPO then counts their real tokens only)
  2. score logprobs and values of the policy, and logprobs of the frozen reference, on the full responses
  3. truncate responses, score them, give penalty_reward_value to those that did not truncate
  4. per-token rewards -beta * KL with the score on the last token

@@ -5,6 +5,9 @@ one `ppo_update` over a rollout batch (RLOO's loss, `rloo`, where the rollout ca
 so the math can be read and tested without models or tokenizers.
 
 Shapes: B = rollout batch, b = minibatch, Q = query length, T = response length.
+
+Responses that stop at EOS (task.stop_at_eos) end before T: a `mask` [B, T] marks their real tokens, and each
+function takes it to count those only (`masked`). mask=None is the original's fixed-length math, unchanged.
 """
 
 from __future__ import annotations
@@ -18,47 +21,65 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from lmprefs.training.masked import masked_mean, masked_var, partial_mask
 from lmprefs.training.rloo import rloo_losses
 
 if TYPE_CHECKING:
     from lmprefs.config import PPOConfig, RewardsConfig
 
 
-def whiten(x: Tensor, shift_mean: bool = True) -> Tensor:
+def whiten(x: Tensor, shift_mean: bool = True, mask: Tensor | None = None) -> Tensor:
     """Normalize `x` to variance 1 using moments over *all* its elements (utils/core.py#L336-L341).
 
     shift_mean=True: mean 0, variance 1 (used for advantages).
     shift_mean=False: divide the deviations by the std but keep the original mean, i.e. (x - mean)/std + mean
     (used for rewards, so a whitened reward keeps its sign on average).
     The variance is biased (divides by N), as `tf.nn.moments`; eps 1e-8 sits inside the rsqrt, as the original.
+    With a mask [b, T], the moments are those of the real tokens, and padding whitens to 0.
     """
-    mean, var = x.mean(), x.var(correction=0)
+    if mask is not None:
+        mean, var = masked_mean(x, mask), masked_var(x, mask)
+    else:
+        mean, var = x.mean(), x.var(correction=0)
     whitened = (x - mean) * torch.rsqrt(var + 1e-8)
     if not shift_mean:
         whitened = whitened + mean
-    return whitened
+    return whitened if mask is None else torch.where(mask.bool(), whitened, 0)
 
 
 def kl_penalized_rewards(
-    logprobs: Tensor, ref_logprobs: Tensor, scores: Tensor, kl_coef: float
+    logprobs: Tensor, ref_logprobs: Tensor, scores: Tensor, kl_coef: float, mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Per-token reward -kl_coef * (logp - logp_ref), plus the score on the last token (train_policy.py#L149-L154).
 
     logprobs, ref_logprobs: [B, T]; scores: [B]. Returns (rewards, non_score_reward, kl), each [B, T].
+    With a mask [B, T], the KL of padding is 0 and the score goes on each row's last real token, its stop token.
     """
     kl = logprobs - ref_logprobs  # [B, T] the sampled-token estimate of KL(pi || pi_ref)
+    if mask is not None:
+        kl = torch.where(mask.bool(), kl, 0)
     non_score_reward = -kl_coef * kl
     rewards = non_score_reward.clone()
-    rewards[:, -1] += scores  # every response has exactly T tokens, so the last index is the episode's end
+    if mask is None:
+        rewards[:, -1] += scores  # every response has exactly T tokens, so the last index is the episode's end
+    else:
+        last = mask.bool().sum(1) - 1  # [B] index of each row's last real token
+        rewards[torch.arange(rewards.shape[0], device=rewards.device), last] += scores
     return rewards, non_score_reward, kl
 
 
-def gae(values: Tensor, rewards: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+def gae(values: Tensor, rewards: Tensor, gamma: float, lam: float,
+        mask: Tensor | None = None) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Generalized advantage estimation over the fixed T steps (train_policy.py#L327-L336).
 
     values, rewards: [b, T]. The value after the last token is 0 (the episode ends). Returns (advantages, returns),
     each [b, T], with returns = advantages + values (the value target, as in the original; not a discounted sum).
+    With a mask [b, T], padding has reward 0 and value 0, so a row's episode ends at its last real token (the value
+    after it is 0) and its advantages and returns on padding are 0.
     """
+    if mask is not None:
+        keep = mask.bool()
+        values, rewards = torch.where(keep, values, 0), torch.where(keep, rewards, 0)
     T = rewards.shape[1]
     lastgaelam = torch.zeros_like(rewards[:, 0])  # [b]
     advantages_reversed = []
@@ -131,24 +152,27 @@ def ppo_losses(  # noqa: PLR0917 (the original's loss inputs, one by one, as in 
     cliprange: float,
     cliprange_value: float,
     vf_coef: float,
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped PPO policy loss + clipped value loss on one minibatch (train_policy.py#L343-L371).
 
     All inputs [b, T]; `logprobs` and `vpred` carry gradients, the rest are constants of the rollout.
     Returns (loss, stats), stats as detached 0-dim tensors under the original's names (minus ppo/policy/entropy,
-    which needs the forward's entropies and is added by `ppo_update`).
+    which needs the forward's entropies and is added by `ppo_update`). With a mask [b, T], every mean and variance
+    is over the real tokens: padding adds neither loss nor gradient.
     """
+    mean, var = _moments(mask)
     # Value loss, clipped around the rollout's values as baselines' ppo2 (#L344-L348)
     vpredclipped = torch.clamp(vpred, old_values - cliprange_value, old_values + cliprange_value)
     vf_losses1 = (vpred - returns) ** 2
     vf_losses2 = (vpredclipped - returns) ** 2
-    vf_loss = 0.5 * torch.max(vf_losses1, vf_losses2).mean()
+    vf_loss = 0.5 * mean(torch.max(vf_losses1, vf_losses2))
 
     # Policy loss, pessimistic clipped surrogate (#L350-L355)
     ratio = torch.exp(logprobs - old_logprobs)
     pg_losses = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    pg_loss = torch.max(pg_losses, pg_losses2).mean()
+    pg_loss = mean(torch.max(pg_losses, pg_losses2))
 
     loss = pg_loss + vf_coef * vf_loss  # #L357
 
@@ -157,17 +181,25 @@ def ppo_losses(  # noqa: PLR0917 (the original's loss inputs, one by one, as in 
             "ppo/loss/policy": pg_loss,
             "ppo/loss/value": vf_loss,
             "ppo/loss/total": loss,
-            "ppo/policy/approxkl": 0.5 * ((logprobs - old_logprobs) ** 2).mean(),
-            "ppo/policy/clipfrac": (pg_losses2 > pg_losses).to(pg_losses.dtype).mean(),
-            "ppo/returns/mean": returns.mean(),
-            "ppo/returns/var": returns.var(correction=0),
-            "ppo/val/vpred": vpred.mean(),
-            "ppo/val/error": ((vpred - returns) ** 2).mean(),
-            "ppo/val/clipfrac": (vf_losses2 > vf_losses1).to(vf_losses1.dtype).mean(),
-            "ppo/val/mean": old_values.mean(),
-            "ppo/val/var": old_values.var(correction=0),
+            "ppo/policy/approxkl": 0.5 * mean((logprobs - old_logprobs) ** 2),
+            "ppo/policy/clipfrac": mean((pg_losses2 > pg_losses).to(pg_losses.dtype)),
+            "ppo/returns/mean": mean(returns),
+            "ppo/returns/var": var(returns),
+            "ppo/val/vpred": mean(vpred),
+            "ppo/val/error": mean((vpred - returns) ** 2),
+            "ppo/val/clipfrac": mean((vf_losses2 > vf_losses1).to(vf_losses1.dtype)),
+            "ppo/val/mean": mean(old_values),
+            "ppo/val/var": var(old_values),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
+
+
+def _moments(mask: Tensor | None) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    """(mean, biased variance) of a [b, T] tensor: over every element (mask None, the original's .mean()), or over
+    the real tokens of a mask."""
+    if mask is None:
+        return (lambda x: x.mean()), (lambda x: x.var(correction=0))
+    return (lambda x: masked_mean(x, mask)), (lambda x: masked_var(x, mask))
 
 
 @dataclass(frozen=True)
@@ -183,6 +215,7 @@ class Rollout:
     rewards: Tensor  # [B, T] -kl_coef * KL, plus the score on the last token
     prefix: object = None  # FrozenPrefix [B, L, d] of query+response, or None: what the forward may reuse
     advantages: Tensor | None = None  # [B] RLOO's leave-one-out advantages (ppo.estimator=rloo), None for PPO
+    mask: Tensor | None = None  # [B, T] 1 on real tokens (task.stop_at_eos), None when every row is full length
 
     def __getitem__(self, idx: Tensor | slice) -> Rollout:
         # not dataclasses.astuple/asdict: they deep-copy every tensor
@@ -230,14 +263,15 @@ def ppo_update(
             mb = rollout[order[start : start + mb_size]]
             with autocast():
                 logprobs, vpred, entropy = forward(mb)  # [b, T] each
-            loss, stats = _minibatch_loss(mb, logprobs.float(), vpred.float(), cfg)
+            mask = partial_mask(mb.mask)  # [b, T], None when no row of the minibatch stopped early
+            loss, stats = _minibatch_loss(mb, logprobs.float(), vpred.float(), cfg, mask)
             for opt in optimizers:
                 opt.zero_grad(set_to_none=True)
             loss.backward()
             for opt in optimizers:
                 opt.step()
 
-            stats["ppo/policy/entropy"] = entropy.detach().float().mean()  # #L359: mean per-token entropy
+            stats["ppo/policy/entropy"] = _moments(mask)[0](entropy.detach().float())  # #L359: per-token entropy
             stat_list.append(stats)
 
     keys = list(stat_list[0])
@@ -251,14 +285,16 @@ def ppo_update(
     return out
 
 
-def _minibatch_loss(mb: Rollout, logprobs: Tensor, vpred: Tensor, cfg: PPOConfig) -> tuple[Tensor, dict[str, Tensor]]:
-    """The loss of one minibatch: RLOO's when the rollout carries its advantages, else PPO's."""
+def _minibatch_loss(mb: Rollout, logprobs: Tensor, vpred: Tensor, cfg: PPOConfig,
+                    mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
+    """The loss of one minibatch: RLOO's when the rollout carries its advantages, else PPO's. mask [b, T]: the real
+    tokens of rows that stopped early (None: all of them)."""
     if mb.advantages is not None:
-        return rloo_losses(logprobs, mb.logprobs, vpred, mb.advantages, cfg.cliprange)
+        return rloo_losses(logprobs, mb.logprobs, vpred, mb.advantages, cfg.cliprange, mask)
     # The original whitens rewards and advantages per minibatch, inside loss() (#L324-L339)
     with torch.no_grad():
-        rewards = whiten(mb.rewards, shift_mean=False) if cfg.whiten_rewards else mb.rewards  # [b, T]
-        advantages, returns = gae(mb.values, rewards, cfg.gamma, cfg.lam)  # [b, T]
-        advantages = whiten(advantages)
+        rewards = whiten(mb.rewards, shift_mean=False, mask=mask) if cfg.whiten_rewards else mb.rewards  # [b, T]
+        advantages, returns = gae(mb.values, rewards, cfg.gamma, cfg.lam, mask)  # [b, T]
+        advantages = whiten(advantages, mask=mask)
     return ppo_losses(logprobs, mb.logprobs, vpred, mb.values, advantages, returns,
-                      cfg.cliprange, cfg.cliprange_value, cfg.vf_coef)  # fmt: skip
+                      cfg.cliprange, cfg.cliprange_value, cfg.vf_coef, mask)  # fmt: skip

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from lmprefs.config import Config, TaskConfig
-from lmprefs.data.tasks import PAD, TaskContext, truncate_responses
+from lmprefs.data.tasks import PAD, TaskContext, stop_tokens, truncate_responses
 from lmprefs.io.atomic import crash_point
 from lmprefs.models import parallel
 from lmprefs.models.loading import hidden_size
@@ -173,7 +173,7 @@ def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, ctx: TaskC
         q = queries[start : start + per]
         with ctx.autocast():
             r, _ = sample(model, ctx.format(q), task.response_length, task.temperature, len(tok), gen,
-                          repeats=n_samples, **(sampler or {}))  # fmt: skip
+                          repeats=n_samples, stop_tokens=stop_tokens(task, tok), **(sampler or {}))  # fmt: skip
         r = truncate_responses(r, task.truncate_token, task.truncate_after)
         out.append(r.view(len(q), n_samples, -1).cpu())
         if on_batch:
@@ -206,7 +206,8 @@ def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskCon
         for i in range(0, len(q), per):
             with ctx.autocast():
                 r, _ = sample(model, ctx.format(q[i : i + per]), cfg.task.response_length, cfg.task.temperature,
-                              len(tok), gen, **sampler_options(cfg.run))  # fmt: skip
+                              len(tok), gen, stop_tokens=stop_tokens(cfg.task, tok),
+                              **sampler_options(cfg.run))  # fmt: skip
             responses.append(r.cpu())
     return q, torch.cat(responses)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from lmprefs.training.masked import masked_mean
+
 
 def rloo_returns(scores: Tensor, kl: Tensor, kl_coef: float) -> Tensor:
     """Sequence returns [B]: scores [B] minus kl_coef times the summed per-token KL [B, T]."""
@@ -33,24 +35,26 @@ def rloo_advantages(returns: Tensor, k: int) -> Tensor:
 
 
 def rloo_losses(logprobs: Tensor, old_logprobs: Tensor, vpred: Tensor, advantages: Tensor,
-                cliprange: float) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
+                cliprange: float, mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
     """Clipped policy loss on one minibatch with a sequence-level advantage broadcast to every token.
 
     logprobs (with gradients), old_logprobs: [b, T]; advantages: [b]; vpred [b, T] is the value head's output, unused
     but for a zero-weighted term: under DDP every parameter must take part in the backward, and a zero gradient
     leaves Adam's moments, and so the head, unchanged. Returns (loss, stats) under PPO's names for the shared ones.
+    mask [b, T]: with task.stop_at_eos, the real tokens of rows that stopped early; the means are over those.
     """
+    mean = (lambda x: x.mean()) if mask is None else (lambda x: masked_mean(x, mask))
     adv = advantages[:, None]  # [b, 1] -> broadcast over T
     ratio = torch.exp(logprobs - old_logprobs)  # [b, T]
     pg_losses = -adv * ratio
     pg_losses2 = -adv * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    pg_loss = torch.max(pg_losses, pg_losses2).mean()
+    pg_loss = mean(torch.max(pg_losses, pg_losses2))
     loss = pg_loss + 0.0 * vpred.sum()
     with torch.no_grad():
         stats = {
             "ppo/loss/policy": pg_loss,
             "ppo/loss/total": pg_loss,
-            "ppo/policy/approxkl": 0.5 * ((logprobs - old_logprobs) ** 2).mean(),
-            "ppo/policy/clipfrac": (pg_losses2 > pg_losses).to(pg_losses.dtype).mean(),
+            "ppo/policy/approxkl": 0.5 * mean((logprobs - old_logprobs) ** 2),
+            "ppo/policy/clipfrac": mean((pg_losses2 > pg_losses).to(pg_losses.dtype)),
         }
     return loss, {k: v.detach() for k, v in stats.items()}

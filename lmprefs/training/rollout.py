@@ -9,11 +9,20 @@ import torch
 from torch import Tensor
 
 from lmprefs.config import Config
-from lmprefs.data.tasks import TaskContext, apply_penalty, decode, query_texts, truncate_responses
+from lmprefs.data.tasks import (
+    TaskContext,
+    apply_penalty,
+    decode,
+    query_texts,
+    response_mask,
+    stop_tokens,
+    truncate_responses,
+)
 from lmprefs.models import parallel
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, logprobs_and_entropy, response_logits_hidden
+from lmprefs.training.masked import partial_mask
 from lmprefs.training.policy_run import PolicyRun, ScoreFn
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards
 from lmprefs.training.rloo import rloo_advantages, rloo_returns
@@ -55,13 +64,14 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
 
     policy, task = run.policy, cfg.task
     k = cfg.ppo.rloo_k if cfg.ppo.estimator == "rloo" else 1
+    stop = stop_tokens(task, policy.tokenizer)  # () unless task.stop_at_eos
     q = ctx.format(queries)
 
     def policy_pass():
         # logprobs and values come from the sampling pass itself (policy.respond in the original): no extra forward
         with using(policy.lm, policy.adapter):
             responses, logprobs, hidden = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab,
-                                                 run.gen_sample, return_hidden=True, repeats=k,
+                                                 run.gen_sample, return_hidden=True, repeats=k, stop_tokens=stop,
                                                  **sampler_options(cfg.run))  # fmt: skip
         q_rows = q.repeat_interleave(k, 0) if k > 1 else q  # [B, Q] one row per sample
         # with LoRA in the top blocks, the frozen blocks below run once here for the reference, the reward model
@@ -79,11 +89,16 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         q, responses, logprobs, values, prefix = parallel.gathered(policy, policy_pass)
         ref = parallel.gathered(run.ref_lm, ref_pass) if run.ref_lm is not None else ref_pass()
     logprobs, values, ref = logprobs.float(), values.float(), ref.float()
+    real = response_mask(responses)  # [B, T] 1 up to each row's stop token (all ones without task.stop_at_eos)
+    mask = partial_mask(real) if stop else None  # None while every row is full length: the original's math
+    if mask is not None:  # the padding's logprobs and values are of no token: 0, as the sampler's logprobs there
+        keep = mask.bool()
+        ref, values = torch.where(keep, ref, 0), torch.where(keep, values, 0)
     post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
     with ctx.autocast():
-        raw = score_fn(q, post, prefix).float()
+        raw = score_fn(q, post, prefix).float()  # a reward model reads each row's last real token
     scores = apply_penalty(raw, post, task)
-    rewards, non_score, kl = kl_penalized_rewards(logprobs, ref, scores, run.kl_ctl.value)  # 4.
+    rewards, non_score, kl = kl_penalized_rewards(logprobs, ref, scores, run.kl_ctl.value, mask)  # 4.
     stats = {  # record_step_stats (train_policy.py#L241)
         "objective/kl": kl.sum(1).mean().item(),
         "objective/kl_coef": run.kl_ctl.value,
@@ -91,6 +106,7 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         "objective/score": scores.mean().item(),
         "objective/score_total": (non_score.sum(1) + scores).mean().item(),
         "objective/penalized_fraction": (scores != raw).float().mean().item(),
+        "objective/response_length": real.sum(1).mean().item(),  # sampled tokens, the stop token included
     }
     advantages = None
     if k > 1:
@@ -98,5 +114,5 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         advantages = rloo_advantages(returns, k)  # [B]
         stats |= {"rloo/advantage_std": advantages.std(correction=0).item(), "rloo/return_mean": returns.mean().item(),
                   "rloo/return_std": returns.std(correction=0).item()}  # fmt: skip
-    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards, prefix, advantages)
+    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards, prefix, advantages, mask)
     return rollout, stats, {"responses": post, "kl": kl.sum(1)}

@@ -64,6 +64,24 @@ def test_config_round_trips_and_rejects_unknown_keys_in_files(tmp_path):
         load_config(tmp_path / "bad.json")
 
 
+def test_stop_tokens_parse_as_ids_round_trip_and_need_stop_at_eos(tmp_path):
+    cfg = apply_overrides(preset("tiny"), [("task.stop-at-eos", "true"), ("task.stop-tokens", "50256, 198")])
+    assert cfg.task.stop_tokens == (50256, 198) and preset("tiny").task.stop_at_eos is False
+    save_config(cfg, tmp_path / "config.json")
+    assert load_config(tmp_path / "config.json") == cfg  # a JSON list comes back as the tuple
+    with pytest.raises(ConfigError, match=r"--task.stop-tokens 'eos': expected int"):
+        apply_overrides(cfg, [("task.stop-tokens", "eos")])
+    with pytest.raises(ConfigError, match=r"task.stop_tokens=\(-3,\) must be token ids"):
+        apply_overrides(cfg, [("task.stop-tokens", "-3")])
+    with pytest.raises(ConfigError, match="only with task.stop_at_eos true"):
+        apply_overrides(preset("tiny"), [("task.stop-tokens", "13")])
+    d = json.loads((tmp_path / "config.json").read_text())
+    d["task"]["stop_tokens"] = ["13"]
+    (tmp_path / "bad.json").write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match="task.stop_tokens=.* is not a tuple"):
+        load_config(tmp_path / "bad.json")
+
+
 def test_cli_unknown_key_exits_2_with_a_suggestion(capsys):
     assert main(["sample", "--preset", "tiny", "--ppo.nminibatch", "2"]) == 2
     err = capsys.readouterr().err
@@ -188,7 +206,8 @@ def test_a_checkpoint_saved_before_options_existed_resumes_while_they_do_what_th
     from lmprefs.config.diff import flat_config, math_changes
 
     now = flat_config(preset(name))
-    later = ("dpo.", "ppo.estimator", "ppo.rloo_k", "ppo.overoptimization_stop", "rewards.normalize")
+    later = ("dpo.", "ppo.estimator", "ppo.rloo_k", "ppo.overoptimization_stop", "rewards.normalize",
+             "task.stop_at_eos", "task.stop_tokens")
     # the original's presets set chat_template false, what the code did before it (tiny's auto is not that value)
     later += ("task.chat_template",) if name == "quickstart" else ()
     before = {k: v for k, v in now.items() if not k.startswith(later)}
@@ -201,3 +220,4 @@ def test_a_checkpoint_saved_before_options_existed_resumes_while_they_do_what_th
         assert math_changes(before, dict(now, **{"task.chat_template": "true"})) == [
             "task.chat_template 'false' -> 'true'"]
     assert math_changes(before, dict(now, **{"ppo.lr": 1.0})) == [f"ppo.lr {now['ppo.lr']!r} -> 1.0"]
+    assert math_changes(before, dict(now, **{"task.stop_at_eos": True})) == ["task.stop_at_eos False -> True"]

@@ -364,9 +364,9 @@ def test_ppo_update_whitens_per_minibatch(monkeypatch, whiten_rewards):
     roll = make_rollout(policy, seed=1)
     calls = []
 
-    def spy(x, shift_mean=True):
+    def spy(x, shift_mean=True, mask=None):
         calls.append((tuple(x.shape), shift_mean))
-        return whiten(x, shift_mean)
+        return whiten(x, shift_mean, mask)
 
     monkeypatch.setattr(ppo, "whiten", spy)
     cfg = PPOConfig(batch_size=B, nminibatches=2, noptepochs=1, lr=1e-3, whiten_rewards=whiten_rewards)
