@@ -59,18 +59,21 @@ def cmd_train_sft(argv: list[str]) -> int:
     a = p.parse_args(argv)
     from lmprefs.io.locks import run_lock
     from lmprefs.runtime.runlog import RunLogger
-    from lmprefs.training.sft import checkpoint_step, read_pairs, resume_log_step, train_sft
+    from lmprefs.data.chat import check_chat_template
+    from lmprefs.data.sft_data import read_sft_data
+    from lmprefs.training.sft import checkpoint_step, resume_log_step, train_sft
 
     cfg = _saved_or_new_config(a, pairs)
     if not cfg.sft.data:
-        raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl (fields prompt and response, or "
-                        "TRL's prompt and completion)")  # fmt: skip
+        raise UserError("train-sft needs prompt/response pairs or conversations: --sft.data FILE.jsonl (fields "
+                        "prompt and response, TRL's prompt and completion, or messages)")  # fmt: skip
     run_dir = run_dir_for(a.run_dir, cfg, "train-sft", a.preset)
     if (run_dir / "sft_model").exists():
         raise UserError(f"{run_dir} already holds an SFT model; choose another --run-dir")
     if not a.resume and (run_dir / "checkpoint").exists():
         raise UserError(f"{run_dir} already holds an SFT run; pass --resume to continue it, or another --run-dir")
-    read_pairs(cfg.sft.data)  # bad data fails here, before a run directory is made
+    read_sft_data(cfg.sft.data)  # bad data fails here, before a run directory is made
+    check_chat_template(cfg.task)  # chat_template=true for a model without one, too
     with run_lock(run_dir):
         step = checkpoint_step(run_dir) if a.resume else None
         if a.resume and step is None:

@@ -10,7 +10,8 @@ import torch
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.io.jsonl import read_jsonl
-from lmprefs.training.sft import encode_pairs, mean_response_loss, read_pairs
+from lmprefs.data.sft_data import SFTExample, encode_examples, read_sft_data
+from lmprefs.training.sft import mean_response_loss
 
 PROMPTS = ["The old house at the end of the lane", "She walked home from the market", "It was a bright cold day",
            "The letter arrived on Tuesday", "Nobody knew where the road went", "The garden was full of roses",
@@ -28,7 +29,7 @@ def saved_loss(model_dir, data):
     from lmprefs.models.loading import load_lm, vocab_size
 
     model, tok = load_lm(str(model_dir))
-    tokens, mask = encode_pairs(read_pairs(data), tok, 64)
+    tokens, mask = encode_examples(read_sft_data(str(data)), tok, 64)
     return mean_response_loss(model, tokens, mask, vocab_size(tok), torch.device("cpu"), torch.float32, 4)
 
 
@@ -60,7 +61,8 @@ def test_tiny_sft_lowers_the_response_loss_and_saves_a_loadable_hf_model(sft_run
 
 def test_loss_is_on_response_tokens_only(tiny_lm):
     _, tok = tiny_lm
-    tokens, mask = encode_pairs([("A long prompt that is cut here", " yes"), ("", " no")], tok, 6)
+    tokens, mask = encode_examples([SFTExample("a", "A long prompt that is cut here", " yes"), SFTExample("b", "", " no")], tok,
+                                   6)  # fmt: skip
     r = len(tok(" yes").input_ids)
     assert mask[0].sum() == r and mask[0, : 6 - r].sum() == 0  # the prompt lost its start, not the response
     prompt = tok("A long prompt that is cut here").input_ids
