@@ -118,6 +118,29 @@ def test_train_policy_starts_from_the_sft_model_as_its_reference(sft_run, tmp_pa
     assert abs(first["objective/kl"]) < 1e-5
 
 
+def test_sft_on_messages_rows_lowers_the_assistant_loss_through_the_models_chat_template(tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "chat-model"  # the tiny GPT-2 with a short chat template of its own
+    shutil.copytree(_tiny_dir(), model)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = ("{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}a:{% endif %}")  # fmt: skip
+    tok.save_pretrained(model)
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p + "."},
+                                                     {"role": "assistant", "content": " And then it rained."}]}) + "\n"
+                            for p in PROMPTS))  # fmt: skip
+    assert main(["train-sft", "tiny", "--sft.data", str(data), "--run-dir", str(tmp_path / "run"), *ARGS,
+                 "--task.initial-model", str(model)]) == 0  # fmt: skip
+    meta = json.loads((tmp_path / "run" / "sft_model" / "lmprefs.json").read_text())
+    assert meta["chat_template"] is True and meta["sft/final_loss"] < 0.5 * meta["sft/initial_loss"], meta
+    # the loss is on the assistant turns' text and the newline that closes them, not on "u:PROMPT.\n" or "a:"
+    assert meta["sft/response_tokens"] == len(tok(" And then it rained.\n").input_ids) * len(PROMPTS)
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -125,6 +148,10 @@ def test_train_policy_starts_from_the_sft_model_as_its_reference(sft_run, tmp_pa
         ('{"prompt": "a", "response": "b"}\n{"prompt": "a", "resp\n', "pairs.jsonl line 2: invalid JSON"),
         ('{"prompt": "a", "completion": [{"role": "assistant"}]}\n', "pairs.jsonl line 1: field 'completion' is list"),
         ("\n", "pairs.jsonl: no prompt/response pairs"),
+        ('{"messages": [{"role": "user", "content": "a"}]}\n', "pairs.jsonl line 1: no assistant turn in 'messages'"),
+        ('{"messages": [{"role": "bot", "content": "a"}]}\n', "pairs.jsonl line 1: messages[0] has role 'bot'"),
+        ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant"}]}\n',
+         "pairs.jsonl line 1: messages[1] (assistant) has no 'content'"),
     ],
 )
 def test_bad_sft_data_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, text, message):
