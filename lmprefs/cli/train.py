@@ -57,10 +57,10 @@ def cmd_train_sft(argv: list[str]) -> int:
     p.usage = "lmprefs train-sft PRESET --sft.data PAIRS.jsonl [--run-dir D] [--resume] [--section.key V ...]"
     help_with_config(p, argv, name)
     a = p.parse_args(argv)
-    from lmprefs.io.locks import run_lock
-    from lmprefs.runtime.runlog import RunLogger
     from lmprefs.data.chat import check_chat_template
     from lmprefs.data.sft_data import read_sft_data
+    from lmprefs.io.locks import run_lock
+    from lmprefs.runtime.runlog import RunLogger
     from lmprefs.training.sft import checkpoint_step, resume_log_step, train_sft
 
     cfg = _saved_or_new_config(a, pairs)

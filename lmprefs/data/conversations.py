@@ -53,8 +53,9 @@ def _turn_start(tokenizer, before: Sequence[dict], full: str) -> int:
         head = _render(tokenizer, before, generation_prompt)
         if full.startswith(head):
             return len(head)
-    raise ConversationError("the chat template renders the start of this conversation differently from the whole "
-                            "(it rewrites earlier turns); use task.chat_template=false for the plain rendering")  # fmt: skip
+    raise ConversationError("the chat template renders the start of this conversation differently from the "
+                            "whole (it rewrites earlier turns); use task.chat_template=false for the plain "
+                            "rendering")  # fmt: skip
 
 
 def template_pieces(tokenizer, messages: Sequence[dict], trained_from: int = 0) -> list[tuple[str, bool]]:

@@ -12,7 +12,6 @@ inside the functions: it pulls in pyarrow and pandas, which only these sources n
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 # the column a text is read from when none is named: TRL's and most corpora's `text`, TRL's prompt-only `prompt`,
 # TL;DR's `content`
@@ -35,8 +34,8 @@ def split_spec(spec: str) -> tuple[Path, list[str]]:
 
 def is_saved_dataset(path: Path) -> bool:
     """Whether `path` is a directory written by Dataset.save_to_disk or DatasetDict.save_to_disk."""
-    return path.is_dir() and ((path / "dataset_dict.json").is_file() or
-                              ((path / "state.json").is_file() and (path / "dataset_info.json").is_file()))  # fmt: skip
+    one = (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+    return path.is_dir() and (_is_dict(path) or one)
 
 
 def _is_dict(path: Path) -> bool:
@@ -78,7 +77,8 @@ def load_saved(path: Path, split: str | None, what: str):
     try:
         ds = datasets.load_from_disk(str(path))
     except (OSError, ValueError, FileNotFoundError) as e:
-        raise DatasetReadError(f"{what}: {path} cannot be read by datasets.load_from_disk ({_first_line(e)})") from None
+        raise DatasetReadError(f"{what}: {path} cannot be read by datasets.load_from_disk "
+                               f"({_first_line(e)})") from None  # fmt: skip
     return ds[split] if split is not None else ds
 
 
@@ -91,7 +91,8 @@ def load_hub(name: str, split: str, what: str):
     except Exception as e:  # the hub raises many kinds of errors (offline, gated, no such name or split)
         raise DatasetReadError(f"{what}: cannot load {name!r} split {split!r} from the Hugging Face hub "
                                f"({type(e).__name__}: {_first_line(e)}); offline, save it with "
-                               "Dataset.save_to_disk and give that directory, or use a local file") from None  # fmt: skip
+                               "Dataset.save_to_disk and give that directory, or use a local "
+                               "file") from None  # fmt: skip
 
 
 def _first_line(e: Exception) -> str:
@@ -122,6 +123,6 @@ def column_texts(ds, field: str | None, what: str) -> list[str]:
     return list(texts)
 
 
-def dataset_rows(ds) -> list[tuple[str, dict[str, Any]]]:
+def dataset_rows(ds) -> list[tuple[str, object]]:
     """[("row i", row), ...] of a Dataset: the rows as dicts, named like a JSON list's rows."""
     return [(f"row {i}", row) for i, row in enumerate(ds)]

@@ -17,7 +17,14 @@ import torch
 from torch import Tensor
 
 from lmprefs.data.conversations import ROLES, ConversationError, encode_pieces, plain_pieces, template_pieces
-from lmprefs.data.hf_datasets import DatasetReadError, dataset_rows, is_saved_dataset, load_saved, saved_parts, split_spec
+from lmprefs.data.hf_datasets import (
+    DatasetReadError,
+    dataset_rows,
+    is_saved_dataset,
+    load_saved,
+    saved_parts,
+    split_spec,
+)
 from lmprefs.data.tasks import PAD
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_file
@@ -44,6 +51,7 @@ class SFTExample:
 def read_sft_data(spec: str) -> list[SFTExample]:
     """The rows of --sft.data (see the module docstring); an SFTDataError for anything else."""
     path, parts = split_spec(spec)
+    rows: list[tuple[str, object]]
     try:
         if is_saved_dataset(path):
             split, _ = saved_parts(path, parts, f"--sft.data {spec}", most=0)

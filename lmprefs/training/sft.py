@@ -5,9 +5,9 @@ the writing prompts work), from which PPO then starts with the SFT model as its 
 Each pair is tokenized as prompt + response with no special tokens (the policy sees the same: a query, then its
 response); a conversation (TRL's `messages`) through the tokenizer's chat template, or a plain `role: content`
 rendering (`lmprefs.data.sft_data`, `lmprefs.data.conversations`). The loss is the mean negative log-likelihood of
-the response (assistant) tokens only, at temperature 1, over the tokenizer's real vocabulary. Full fine-tuning or, with `lora.rank > 0`, one LoRA adapter merged into the weights at
-the end; the result is a plain Hugging Face directory (`save_pretrained`, safetensors) that
-`--task.initial-model DIR` loads.
+the response (assistant) tokens only, at temperature 1, over the tokenizer's real vocabulary. Full fine-tuning or,
+with `lora.rank > 0`, one LoRA adapter merged into the weights at the end; the result is a plain Hugging Face
+directory (`save_pretrained`, safetensors) that `--task.initial-model DIR` loads.
 """
 
 from __future__ import annotations
@@ -188,6 +188,6 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
     with atomic_dir(Path(out_dir)) as tmp:
         out.save_pretrained(tmp)  # safetensors by default
         tok.save_pretrained(tmp)
-        (tmp / "lmprefs.json").write_text(json.dumps({"kind": "sft", "data": str(data), "chat_template": chat, **summary},
-                                                          indent=1))
+        meta = {"kind": "sft", "data": str(data), "chat_template": chat, **summary}
+        (tmp / "lmprefs.json").write_text(json.dumps(meta, indent=1))
     return summary

@@ -9,8 +9,8 @@ import torch
 
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
-from lmprefs.io.jsonl import read_jsonl
 from lmprefs.data.sft_data import SFTExample, encode_examples, read_sft_data
+from lmprefs.io.jsonl import read_jsonl
 from lmprefs.training.sft import mean_response_loss
 
 PROMPTS = ["The old house at the end of the lane", "She walked home from the market", "It was a bright cold day",
@@ -61,8 +61,8 @@ def test_tiny_sft_lowers_the_response_loss_and_saves_a_loadable_hf_model(sft_run
 
 def test_loss_is_on_response_tokens_only(tiny_lm):
     _, tok = tiny_lm
-    tokens, mask = encode_examples([SFTExample("a", "A long prompt that is cut here", " yes"), SFTExample("b", "", " no")], tok,
-                                   6)  # fmt: skip
+    pairs = [SFTExample("a", "A long prompt that is cut here", " yes"), SFTExample("b", "", " no")]
+    tokens, mask = encode_examples(pairs, tok, 6)
     r = len(tok(" yes").input_ids)
     assert mask[0].sum() == r and mask[0, : 6 - r].sum() == 0  # the prompt lost its start, not the response
     prompt = tok("A long prompt that is cut here").input_ids
