@@ -47,11 +47,11 @@ def saved_parts(path: Path, parts: list[str], what: str, most: int) -> tuple[str
     Dataset has none; at most `most` parts follow the split."""
     if not _is_dict(path):
         if len(parts) > most:
-            raise DatasetReadError(f"{what}: {path} holds one dataset (no splits); give at most {most} part(s) after "
-                                   "it")  # fmt: skip
+            raise DatasetReadError(f"{what}: a single Dataset (no splits); give at most {most} ':' part(s) after "
+                                   f"{path}")  # fmt: skip
         return None, parts
     if not parts or not parts[0]:
-        raise DatasetReadError(f"{what}: {path} holds splits {', '.join(_split_names(path))}; name one as "
+        raise DatasetReadError(f"{what}: a DatasetDict with splits {', '.join(_split_names(path))}; name one as "
                                f"{path}:SPLIT")  # fmt: skip
     if len(parts) > most + 1:
         raise DatasetReadError(f"{what}: too many ':' parts after {path} (expected {path}:SPLIT"

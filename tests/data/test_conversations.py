@@ -92,7 +92,7 @@ def test_saved_datasets_are_sft_data(tmp_path):
     datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "dict"))
     assert [e.messages for e in read_sft_data(str(tmp_path / "one"))] == [tuple(CHAT), tuple(CHAT[1:3])]
     assert len(read_sft_data(f"{tmp_path / 'dict'}:train")) == 2
-    with pytest.raises(SFTDataError, match=r"--sft.data .*dict: .*holds splits train; name one"):
+    with pytest.raises(SFTDataError, match=r"--sft.data .*dict: a DatasetDict with splits train; name one"):
         read_sft_data(str(tmp_path / "dict"))
     bad = {"messages": [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]]}
     datasets.Dataset.from_dict(bad).save_to_disk(str(tmp_path / "bad"))

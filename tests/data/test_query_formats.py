@@ -69,12 +69,12 @@ def test_saved_dataset_splits_and_columns(saved):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("{dict}", "holds splits train, test; name one as"),
+        ("{dict}", "a DatasetDict with splits train, test; name one as {dict}:SPLIT"),
         ("{dict}:valid", "no split 'valid' in {dict} (splits: train, test)"),
         ("{dict}:train:body", "no column 'body' (columns: prompt, n)"),
         ("{one}:body", "no column 'body' (columns: prompt, n)"),
         ("{one}:n", "row 0 column 'n' is int, not text"),
-        ("{one}:train:prompt", "holds one dataset (no splits)"),
+        ("{one}:train:prompt", "a single Dataset (no splits); give at most 1 ':' part(s) after {one}"),
     ],
 )
 def test_bad_saved_dataset_specs_name_the_value_and_what_there_is(saved, spec, message):
