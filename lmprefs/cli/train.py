@@ -54,7 +54,7 @@ def cmd_train_sft(argv: list[str]) -> int:
     p, argv, pairs, name = preset_parser("train-sft", argv)
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-sft-PRESET-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
-    p.usage = "lmprefs train-sft PRESET --sft.data PAIRS.jsonl [--run-dir D] [--resume] [--section.key V ...]"
+    p.usage = "lmprefs train-sft PRESET --sft.data DATA.jsonl [--run-dir D] [--resume] [--section.key V ...]"
     help_with_config(p, argv, name)
     a = p.parse_args(argv)
     from lmprefs.data.chat import check_chat_template
