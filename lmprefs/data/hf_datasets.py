@@ -70,8 +70,7 @@ def _split_names(path: Path) -> list[str]:
 
 def load_saved(path: Path, split: str | None, what: str):
     """The Dataset saved in `path` (the `split` of a DatasetDict; None for a single Dataset)."""
-    import datasets
-
+    datasets = _datasets(what)
     if _is_dict(path) and split not in _split_names(path):
         raise DatasetReadError(f"{what}: no split {split!r} in {path} (splits: {', '.join(_split_names(path))})")
     try:
@@ -84,8 +83,7 @@ def load_saved(path: Path, split: str | None, what: str):
 
 def load_hub(name: str, split: str, what: str):
     """`split` of the hub dataset `name` (or one in the local `datasets` cache); offline or unknown: one line."""
-    import datasets
-
+    datasets = _datasets(what)
     try:
         return datasets.load_dataset(name, split=split)
     except Exception as e:  # the hub raises many kinds of errors (offline, gated, no such name or split)
@@ -93,6 +91,16 @@ def load_hub(name: str, split: str, what: str):
                                f"({type(e).__name__}: {_first_line(e)}); offline, save it with "
                                "Dataset.save_to_disk and give that directory, or use a local "
                                "file") from None  # fmt: skip
+
+
+def _datasets(what: str):
+    """The `datasets` module (a dependency of lmprefs; an environment set up before it was one may lack it)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetReadError(f"{what} needs the `datasets` package: pip install 'datasets>=3' (or run "
+                               "scripts/setup.sh again)") from None  # fmt: skip
+    return datasets
 
 
 def _first_line(e: Exception) -> str:

@@ -51,17 +51,16 @@ def load_texts(spec: str) -> list[str]:
     if spec == "bundled":
         return bundled_passages()
     what = f"task.query_dataset={spec!r}"
+    p, parts = split_spec(spec)
     try:
         if spec.startswith("hf:"):
             return _hf_texts(spec, what)
-        p, parts = split_spec(spec)
         if is_saved_dataset(p):
-            split, rest = saved_parts(p, parts, what, most=1)
-            return column_texts(load_saved(p, split, what), rest[0] if rest else None, what)
+            return _saved_texts(p, parts, what)
     except DatasetReadError as e:
         raise QueryDataError(str(e)) from None
     if p.is_dir() and p.suffix in SUFFIXES:
-        raise QueryDataError(f"{what}: {p} is a directory, expected a file")
+        raise QueryDataError(f"task.query_dataset {spec}: is a directory, expected a file")
     if p.is_dir() or p.suffix == ".story":  # CNN/DM: one .story file or a directory of them
         return story_texts(p)
     if not p.is_file():
@@ -72,12 +71,17 @@ def load_texts(spec: str) -> list[str]:
     return prompt_file_texts(p, parts[0] if parts else None, what, QueryDataError)
 
 
+def _saved_texts(path: Path, parts: list[str], what: str) -> list[str]:
+    """The texts of a save_to_disk directory: DIR[:FIELD] for a Dataset, DIR:SPLIT[:FIELD] for a DatasetDict."""
+    split, rest = saved_parts(path, parts, what, most=1)
+    return column_texts(load_saved(path, split, what), rest[0] if rest else None, what)
+
+
 def _hf_texts(spec: str, what: str) -> list[str]:
     """hf:NAME[:SPLIT[:FIELD]] (split default train); hf:DIR of a saved dataset reads it as DIR[:SPLIT][:FIELD]."""
     name, *parts = spec[3:].split(":")
     if is_saved_dataset(Path(name).expanduser()):
-        split, rest = saved_parts(Path(name).expanduser(), parts, what, most=1)
-        return column_texts(load_saved(Path(name).expanduser(), split, what), rest[0] if rest else None, what)
+        return _saved_texts(Path(name).expanduser(), parts, what)
     if len(parts) > 2 or not name:
         raise DatasetReadError(f"{what}: expected hf:NAME[:SPLIT[:FIELD]]")
     split = parts[0] if parts and parts[0] else "train"
