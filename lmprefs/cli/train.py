@@ -58,7 +58,7 @@ def cmd_train_sft(argv: list[str]) -> int:
     help_with_config(p, argv, name)
     a = p.parse_args(argv)
     from lmprefs.data.chat import check_chat_template
-    from lmprefs.data.sft_data import read_sft_data
+    from lmprefs.data.sft_data import check_first_conversation, read_sft_data
     from lmprefs.io.locks import run_lock
     from lmprefs.runtime.runlog import RunLogger
     from lmprefs.training.sft import checkpoint_step, resume_log_step, train_sft
@@ -72,8 +72,9 @@ def cmd_train_sft(argv: list[str]) -> int:
         raise UserError(f"{run_dir} already holds an SFT model; choose another --run-dir")
     if not a.resume and (run_dir / "checkpoint").exists():
         raise UserError(f"{run_dir} already holds an SFT run; pass --resume to continue it, or another --run-dir")
-    read_sft_data(cfg.sft.data)  # bad data fails here, before a run directory is made
+    examples = read_sft_data(cfg.sft.data)  # bad data fails here, before a run directory is made
     check_chat_template(cfg.task)  # chat_template=true for a model without one, too
+    check_first_conversation(examples, cfg.task)
     with run_lock(run_dir):
         step = checkpoint_step(run_dir) if a.resume else None
         if a.resume and step is None:

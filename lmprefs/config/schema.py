@@ -75,8 +75,8 @@ class LabelsConfig:
     num_train: int = 4992
     """Labels used for one epoch of reward-model training (the original's books tasks use 4,992)."""
     source: str | None = None
-    """Label source: a label store (.sqlite), an original label file (.json) or pairwise JSONL; None = the run's
-    store."""
+    """Label source: a label store (.sqlite), an original label file (.json), pairwise JSONL, or a save_to_disk
+    directory of such rows (`DIR`, `DIR:SPLIT`); None = the run's store."""
     labeler: str = "vader"
     """Simulated labeler used by `lmprefs label` and the quickstart: vader (sentiment), descriptiveness, or
     faithfulness (summaries: MiniLM similarity to the article minus a length penalty; labels/labelers.py)."""

@@ -16,7 +16,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lmprefs.data.conversations import ROLES, ConversationError, encode_pieces, plain_pieces, template_pieces
+from lmprefs.assets.models import resolve_model
+from lmprefs.assets.tokenizers import load_tokenizer
+from lmprefs.config import TaskConfig
+from lmprefs.data.conversations import (
+    ROLES,
+    ConversationError,
+    encode_pieces,
+    plain_pieces,
+    sft_uses_template,
+    template_pieces,
+)
 from lmprefs.data.hf_datasets import (
     DatasetReadError,
     dataset_rows,
@@ -116,6 +126,25 @@ def _conversation(where: str, messages: tuple[dict, ...], trained_from: int) -> 
         raise SFTDataError(f"{where}: the conversation starts with an assistant turn; start it with a system or "
                            "user message")  # fmt: skip
     return SFTExample(where, messages=messages, trained_from=trained_from)
+
+
+def check_first_conversation(examples: list[SFTExample], task: TaskConfig) -> None:
+    """Render the first conversation as train-sft will, from the model's tokenizer alone, so that a chat template
+    that cannot be rendered in pieces is refused before a command writes its run directory (a template's trouble
+    is nearly always the template's, not one row's; a model that cannot be read is left to the loading that names
+    it)."""
+    first = next((e for e in examples if e.messages), None)
+    if first is None:
+        return
+    try:
+        tok = load_tokenizer(resolve_model(task.initial_model))
+    except (OSError, ValueError):
+        return
+    if sft_uses_template(task, tok):
+        try:
+            template_pieces(tok, first.messages, first.trained_from)
+        except ConversationError as err:
+            raise SFTDataError(f"{first.where}: {err}") from None
 
 
 def _pair_ids(tok, prompt: str, response: str, max_length: int) -> tuple[list[int], list[bool]]:

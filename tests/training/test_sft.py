@@ -118,27 +118,49 @@ def test_train_policy_starts_from_the_sft_model_as_its_reference(sft_run, tmp_pa
     assert abs(first["objective/kl"]) < 1e-5
 
 
-def test_sft_on_messages_rows_lowers_the_assistant_loss_through_the_models_chat_template(tmp_path):
+def chat_model(tmp_path, template):
+    """(model directory, its tokenizer): the tiny GPT-2 with a chat template of its own."""
     import shutil
 
     from transformers import AutoTokenizer
 
-    model = tmp_path / "chat-model"  # the tiny GPT-2 with a short chat template of its own
+    model = tmp_path / "chat-model"
     shutil.copytree(_tiny_dir(), model)
     tok = AutoTokenizer.from_pretrained(model)
-    tok.chat_template = ("{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}"
-                         "{% if add_generation_prompt %}a:{% endif %}")  # fmt: skip
+    tok.chat_template = template
     tok.save_pretrained(model)
-    data = tmp_path / "chat.jsonl"
-    data.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p + "."},
+    return model, tok
+
+
+def write_chats(path):
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p + "."},
                                                      {"role": "assistant", "content": " And then it rained."}]}) + "\n"
                             for p in PROMPTS))  # fmt: skip
+    return path
+
+
+def test_sft_on_messages_rows_lowers_the_assistant_loss_through_the_models_chat_template(tmp_path):
+    model, tok = chat_model(tmp_path, "{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}"
+                                      "{% if add_generation_prompt %}a:{% endif %}")  # fmt: skip
+    data = write_chats(tmp_path / "chat.jsonl")
     assert main(["train-sft", "tiny", "--sft.data", str(data), "--run-dir", str(tmp_path / "run"), *ARGS,
                  "--task.initial-model", str(model)]) == 0  # fmt: skip
     meta = json.loads((tmp_path / "run" / "sft_model" / "lmprefs.json").read_text())
     assert meta["chat_template"] is True and meta["sft/final_loss"] < 0.5 * meta["sft/initial_loss"], meta
     # the loss is on the assistant turns' text and the newline that closes them, not on "u:PROMPT.\n" or "a:"
     assert meta["sft/response_tokens"] == len(tok(" And then it rained.\n").input_ids) * len(PROMPTS)
+
+
+def test_a_template_that_cannot_be_rendered_in_pieces_is_refused_before_the_run_directory(tmp_path, capsys):
+    # the last turn rendered unlike earlier ones: the prefixes are not beginnings of the whole
+    model, _ = chat_model(tmp_path, "{% for m in messages %}{% if loop.last %}[{{ m.content }}]{% else %}"
+                                    "{{ m.content }}{% endif %}{% endfor %}")  # fmt: skip
+    run = tmp_path / "run"
+    rc = main(["train-sft", "tiny", "--sft.data", str(write_chats(tmp_path / "chat.jsonl")), "--run-dir", str(run),
+               "--task.initial-model", str(model)])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "chat.jsonl line 1: the chat template renders" in err, err
+    assert "task.chat_template=false" in err and not run.exists()
 
 
 @pytest.mark.parametrize(
