@@ -120,3 +120,11 @@ def test_cli_bad_datasets_are_one_line_exit_2_and_write_nothing(tmp_path, saved,
         err = capsys.readouterr().err.strip()
         assert rc == 2 and len(err.splitlines()) == 1 and message in err, err
         assert not run.exists()
+
+
+def test_datasets_is_a_declared_dependency():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert any(d.replace(" ", "").startswith("datasets>=3") for d in pyproject["project"]["dependencies"])
