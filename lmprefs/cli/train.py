@@ -84,7 +84,7 @@ def cmd_train_sft(argv: list[str]) -> int:
             s = train_sft(cfg, run_dir / "sft_model", log, run_dir=run_dir, resume=a.resume)
         finally:
             log.close()
-    print(f"SFT model: {run_dir / 'sft_model'}  ({s['sft/pairs']} pairs, {s['sft/steps']} steps in "
+    print(f"SFT model: {run_dir / 'sft_model'}  ({s['sft/pairs']} rows, {s['sft/steps']} steps in "
           f"{s['sft/seconds']:.0f}s; response loss {s['sft/initial_loss']:.3f} -> {s['sft/final_loss']:.3f} "
           "nats/token)")
     print(f"  PPO from it: lmprefs train-policy {a.preset} --task.initial-model {run_dir / 'sft_model'}")
