@@ -28,8 +28,8 @@ def cmd_evaluate(argv: list[str]) -> int:
                    help="the policy KL is measured from, and evaluated beside (default: the run's initial model, "
                    "task.initial_model; for a model directory, its adapter's base or the preset's initial model)")
     p.add_argument("--queries", default=None,
-                   help="prompts to evaluate on, as task.query_dataset takes them (a .txt or .jsonl file...; "
-                   "default: the task's held-out queries)")  # fmt: skip
+                   help="prompts to evaluate on, as task.query_dataset takes them (a .txt, .jsonl, .json or .csv "
+                   "file, a save_to_disk directory...; default: the task's held-out queries)")  # fmt: skip
     p.add_argument("--eval-queries", type=int, default=None, help="queries to evaluate (default: up to 256)")
     p.add_argument("--eval-samples", type=int, default=2, help="samples per query")
     p.add_argument("--out", default=None, help="output directory (default runs/evaluate-NAME-TIME)")

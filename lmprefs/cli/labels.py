@@ -51,7 +51,8 @@ def cmd_label(argv: list[str]) -> int:
 def cmd_import_labels(argv: list[str]) -> int:
     p = command_parser("import-labels")
     p.add_argument("file", help="label file: the original's JSON, TRL pairwise JSONL, text comparisons JSONL, "
-                   "summarize-from-feedback comparisons JSONL, or per-response scores JSONL")
+                   "summarize-from-feedback comparisons JSONL, or per-response scores JSONL; or a save_to_disk "
+                   "directory (DIR, or DIR:SPLIT) of rows in one of the JSONL formats")
     p.add_argument("--db", default="labels.sqlite", help="label store to import into (SQLite; created if missing)")
     p.add_argument("--format", default="auto",
                    choices=["auto", "openai", "pairs", "comparisons", "summarize", "scores"],
@@ -64,11 +65,12 @@ def cmd_import_labels(argv: list[str]) -> int:
     import dataclasses
     import json
 
+    from lmprefs.data.hf_datasets import is_saved_dataset, split_spec
     from lmprefs.labels.formats import LabelFileError, import_file
     from lmprefs.labels.store import check_store_path
     from lmprefs.pipeline.labeling import open_store
 
-    if not Path(a.file).is_file():
+    if not Path(a.file).is_file() and not is_saved_dataset(split_spec(a.file)[0]):
         what = "is a directory, not a file" if Path(a.file).is_dir() else "does not exist"
         raise UserError(f"label file {a.file} {what}")
     created = not check_store_path(a.db, must_exist=False).exists()

@@ -54,23 +54,27 @@ def cmd_train_sft(argv: list[str]) -> int:
     p, argv, pairs, name = preset_parser("train-sft", argv)
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-sft-PRESET-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
-    p.usage = "lmprefs train-sft PRESET --sft.data PAIRS.jsonl [--run-dir D] [--resume] [--section.key V ...]"
+    p.usage = "lmprefs train-sft PRESET --sft.data DATA.jsonl [--run-dir D] [--resume] [--section.key V ...]"
     help_with_config(p, argv, name)
     a = p.parse_args(argv)
+    from lmprefs.data.chat import check_chat_template
+    from lmprefs.data.sft_data import check_first_conversation, read_sft_data
     from lmprefs.io.locks import run_lock
     from lmprefs.runtime.runlog import RunLogger
-    from lmprefs.training.sft import checkpoint_step, read_pairs, resume_log_step, train_sft
+    from lmprefs.training.sft import checkpoint_step, resume_log_step, train_sft
 
     cfg = _saved_or_new_config(a, pairs)
     if not cfg.sft.data:
-        raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl (fields prompt and response, or "
-                        "TRL's prompt and completion)")  # fmt: skip
+        raise UserError("train-sft needs prompt/response pairs or conversations: --sft.data FILE.jsonl (fields "
+                        "prompt and response, TRL's prompt and completion, or messages)")  # fmt: skip
     run_dir = run_dir_for(a.run_dir, cfg, "train-sft", a.preset)
     if (run_dir / "sft_model").exists():
         raise UserError(f"{run_dir} already holds an SFT model; choose another --run-dir")
     if not a.resume and (run_dir / "checkpoint").exists():
         raise UserError(f"{run_dir} already holds an SFT run; pass --resume to continue it, or another --run-dir")
-    read_pairs(cfg.sft.data)  # bad data fails here, before a run directory is made
+    examples = read_sft_data(cfg.sft.data)  # bad data fails here, before a run directory is made
+    check_chat_template(cfg.task)  # chat_template=true for a model without one, too
+    check_first_conversation(examples, cfg.task)
     with run_lock(run_dir):
         step = checkpoint_step(run_dir) if a.resume else None
         if a.resume and step is None:
@@ -80,7 +84,7 @@ def cmd_train_sft(argv: list[str]) -> int:
             s = train_sft(cfg, run_dir / "sft_model", log, run_dir=run_dir, resume=a.resume)
         finally:
             log.close()
-    print(f"SFT model: {run_dir / 'sft_model'}  ({s['sft/pairs']} pairs, {s['sft/steps']} steps in "
+    print(f"SFT model: {run_dir / 'sft_model'}  ({s['sft/pairs']} rows, {s['sft/steps']} steps in "
           f"{s['sft/seconds']:.0f}s; response loss {s['sft/initial_loss']:.3f} -> {s['sft/final_loss']:.3f} "
           "nats/token)")
     print(f"  PPO from it: lmprefs train-policy {a.preset} --task.initial-model {run_dir / 'sft_model'}")

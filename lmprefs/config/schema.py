@@ -21,8 +21,9 @@ class TaskConfig:
 
     query_dataset: str = "austen"
     """Where queries come from: `austen` or `lee-news` (offline assets: Austen's novels, 300 ABC news articles), a
-    local .txt/.jsonl file, a TL;DR .json file (field `content`), a CNN/DM .story file or directory of them, or
-    `hf:NAME[:SPLIT[:FIELD]]`."""
+    prompt file (.txt paragraphs; .jsonl, .json or .csv: `FILE[:FIELD]`, default field the first of text, prompt,
+    content; a TL;DR .json is read by `content`), a `save_to_disk` directory (`DIR[:SPLIT][:FIELD]`), a CNN/DM
+    .story file or directory of them, or `hf:NAME[:SPLIT[:FIELD]]` (split default train)."""
     query_length: int = 64
     """Query tokens after trimming; shorter queries are padded (the original right-pads with its pad id)."""
     query_prefix: str = ""
@@ -31,14 +32,14 @@ class TaskConfig:
     """Text put after every query (tldr/cnndm: '\\n\\nTL;DR:')."""
     start_text: str | None = "."
     """The query starts right after the first occurrence of this text; passages without it are skipped. Not applied
-    to a local .txt/.jsonl query_dataset unless crop_local_files."""
+    to a prompt file or save_to_disk directory unless crop_local_files."""
     end_text: str | None = "."
     """The query is cut after the last occurrence of this text within query_length; passages without it are skipped.
-    Not applied to a local .txt/.jsonl query_dataset unless crop_local_files."""
+    Not applied to a prompt file or save_to_disk directory unless crop_local_files."""
     crop_local_files: bool = False
-    """Crop a local .txt/.jsonl query_dataset with start_text and end_text too. Off: its texts are your prompts, used
-    as given (cut to query_length tokens); the built-in corpora, hub datasets and TL;DR/CNN-DM files are always
-    cropped."""
+    """Crop a local query_dataset (a .txt, .jsonl, .json or .csv file, a save_to_disk directory) with start_text and
+    end_text too. Off: its texts are your prompts, used as given (cut to query_length tokens); the built-in corpora,
+    hub datasets and CNN/DM .story files are always cropped."""
     response_length: int = 24
     """Tokens sampled for every response: exactly this many (the original), or at most this many with
     task.stop_at_eos."""
@@ -85,8 +86,8 @@ class LabelsConfig:
     num_train: int = 4992
     """Labels used for one epoch of reward-model training (the original's books tasks use 4,992)."""
     source: str | None = None
-    """Label source: a label store (.sqlite), an original label file (.json) or pairwise JSONL; None = the run's
-    store."""
+    """Label source: a label store (.sqlite), an original label file (.json), pairwise JSONL, or a save_to_disk
+    directory of such rows (`DIR`, `DIR:SPLIT`); None = the run's store."""
     labeler: str = "vader"
     """Simulated labeler used by `lmprefs label` and the quickstart: vader (sentiment), descriptiveness, or
     faithfulness (summaries: MiniLM similarity to the article minus a length penalty; labels/labelers.py)."""
@@ -249,7 +250,9 @@ class SFTConfig:
     """Supervised fine-tuning of the initial policy (`lmprefs train-sft`; the later work's supervised baseline)."""
 
     data: str | None = None
-    """JSONL of prompt/response pairs: fields `prompt` and `response`, or TRL's `prompt` and `completion`."""
+    """A JSONL or JSON-list file, or a save_to_disk directory (`DIR[:SPLIT]`), of rows: `prompt` and `response` (or
+    TRL's `completion`) texts, or TRL's conversational `messages` (the loss on assistant turns only; the prompt and
+    completion may be message lists too)."""
     epochs: int = 1
     """Passes over the pairs."""
     batch_size: int = 8

@@ -1,14 +1,14 @@
 """Query datasets and the query stream (language/datasets.py:tf_dataset and lm_tasks.py @cbfd210).
 
 A dataset is a list of texts: `austen` (the offline asset), `lee-news` (300 ABC news articles, an offline asset),
-`bundled` (a few KB of Austen shipped in the package), a local .txt (paragraphs split on blank lines) or .jsonl file
-(`path.jsonl` reads field "text", `path.jsonl:FIELD` another), the original's summarization data (a TL;DR .json
-list of {"content": post}, a CNN/DM .story file or a directory of them; read by `lmprefs.data.summarize`), or
-`hf:NAME[:SPLIT[:FIELD]]` through Hugging Face `datasets` when it is installed and reachable.
+`bundled` (a few KB of Austen shipped in the package), a prompt file of the user's (`.txt`, `.jsonl`, `.json` or
+`.csv`, read by `lmprefs.data.prompt_files`; `FILE:FIELD` names the field or column), a directory written by
+Hugging Face `save_to_disk` (`DIR[:SPLIT][:FIELD]`, offline), the original's CNN/DM `.story` files (a file or a
+directory of them; read by `lmprefs.data.summarize`), or `hf:NAME[:SPLIT[:FIELD]]` from the hub.
 Each text becomes a query as in the original: cut after the first start_text, truncated to query_length, cut after
 the last end_text, right-padded with PAD; texts with no start or end token are skipped. That cropping was made for
-book passages (the books tasks start a query after a '.' and end it at one): it applies to the built-in corpora, hub
-datasets and the original's summarization files, and not to a local .txt or .jsonl file, whose texts are a user's
+book passages and articles (the books tasks start a query after a '.' and end it at one): it applies to the built-in
+corpora, hub datasets and CNN/DM stories, and not to a local prompt file or saved dataset, whose texts are a user's
 own prompts and are used as given (cut to query_length only) unless task.crop_local_files asks for it (`crops`).
 """
 
@@ -18,20 +18,28 @@ from pathlib import Path
 
 import torch
 
-from lmprefs.assets.corpora import austen_passages, bundled_passages, lee_news_articles, paragraphs
+from lmprefs.assets.corpora import austen_passages, bundled_passages, lee_news_articles
 from lmprefs.config import TaskConfig
 from lmprefs.data.chat import task_frame
-from lmprefs.data.summarize import story_texts, tldr_texts
+from lmprefs.data.hf_datasets import (
+    DatasetReadError,
+    column_texts,
+    is_saved_dataset,
+    load_hub,
+    load_saved,
+    saved_parts,
+    split_spec,
+)
+from lmprefs.data.prompt_files import SUFFIXES, prompt_file_texts
+from lmprefs.data.summarize import story_texts
 from lmprefs.data.tasks import PAD
 from lmprefs.errors import UserError
-from lmprefs.io.inputs import read_text
-from lmprefs.io.jsonl import JsonRowsError, jsonl_lines
+
+BUILTIN = ("austen", "lee-news", "bundled")
 
 
 class QueryDataError(UserError):
     """A query dataset that cannot be read or yields no queries; the message names it and the fix."""
-
-
 
 
 def load_texts(spec: str) -> list[str]:
@@ -42,66 +50,58 @@ def load_texts(spec: str) -> list[str]:
         return lee_news_articles()
     if spec == "bundled":
         return bundled_passages()
-    if spec.startswith("hf:"):
-        return _load_hf(spec)
-    p, field = _local(spec)
-    if p.is_dir() and p.suffix in (".txt", ".jsonl", ".json"):
+    what = f"task.query_dataset={spec!r}"
+    p, parts = split_spec(spec)
+    try:
+        if spec.startswith("hf:"):
+            return _hf_texts(spec, what)
+        if is_saved_dataset(p):
+            return _saved_texts(p, parts, what)
+    except DatasetReadError as e:
+        raise QueryDataError(str(e)) from None
+    if p.is_dir() and p.suffix in SUFFIXES:
         raise QueryDataError(f"task.query_dataset {spec}: is a directory, expected a file")
     if p.is_dir() or p.suffix == ".story":  # CNN/DM: one .story file or a directory of them
         return story_texts(p)
     if not p.is_file():
-        raise QueryDataError(f"task.query_dataset={spec!r}: no such file (expected austen, lee-news, bundled, a "
-                             ".txt, .jsonl or TL;DR .json file, a CNN/DM .story file or directory, or "
-                             "hf:NAME)")  # fmt: skip
-    if p.suffix == ".json":  # TL;DR: the original's JSON list of {"content": post}
-        return tldr_texts(p, field or "content")
-    text = read_text(p, "task.query_dataset")
-    if p.suffix == ".jsonl":
-        field = field or "text"
-        texts = []
-        try:
-            rows = jsonl_lines(text, str(p))
-        except JsonRowsError as e:
-            raise QueryDataError(str(e)) from None
-        for i, row in rows:
-            if not isinstance(row, dict) or field not in row:
-                raise QueryDataError(f"{p} line {i}: expected a JSON object with field {field!r}")
-            texts.append(str(row[field]))
-        return texts
-    return paragraphs(text)
+        raise QueryDataError(f"{what}: no such file (expected austen, lee-news, bundled, a .txt, .jsonl, .json or "
+                             ".csv file, a save_to_disk directory, CNN/DM .story files, or hf:NAME)")  # fmt: skip
+    if len(parts) > 1:
+        raise QueryDataError(f"{what}: a file takes at most one ':FIELD' after its path")
+    return prompt_file_texts(p, parts[0] if parts else None, what, QueryDataError)
 
 
-def _local(spec: str) -> tuple[Path, str]:
-    """(path, field) of a local dataset spec: `path`, or `path.jsonl:FIELD`."""
-    path, _, field = spec.partition(":") if spec.count(":") == 1 and not Path(spec).exists() else (spec, "", "")
-    return Path(path).expanduser(), field
+def _saved_texts(path: Path, parts: list[str], what: str) -> list[str]:
+    """The texts of a save_to_disk directory: DIR[:FIELD] for a Dataset, DIR:SPLIT[:FIELD] for a DatasetDict."""
+    split, rest = saved_parts(path, parts, what, most=1)
+    return column_texts(load_saved(path, split, what), rest[0] if rest else None, what)
+
+
+def _hf_texts(spec: str, what: str) -> list[str]:
+    """hf:NAME[:SPLIT[:FIELD]] (split default train); hf:DIR of a saved dataset reads it as DIR[:SPLIT][:FIELD]."""
+    name, *parts = spec[3:].split(":")
+    if is_saved_dataset(Path(name).expanduser()):
+        return _saved_texts(Path(name).expanduser(), parts, what)
+    if len(parts) > 2 or not name:
+        raise DatasetReadError(f"{what}: expected hf:NAME[:SPLIT[:FIELD]]")
+    split = parts[0] if parts and parts[0] else "train"
+    return column_texts(load_hub(name, split, what), parts[1] if len(parts) > 1 else None, what)
 
 
 def crops(task: TaskConfig) -> bool:
     """Whether task.start_text and task.end_text crop the texts of task.query_dataset: always for the built-in
-    corpora, hub datasets and the original's summarization files (a TL;DR .json, CNN/DM .story files), which is how
-    the original made queries from its data; for a local .txt or .jsonl file, a user's own prompts, only when
+    corpora, hub datasets and CNN/DM .story files, which is how the original made queries from its data; for a
+    user's own prompts (a local .txt, .jsonl, .json or .csv file, a saved dataset directory), only when
     task.crop_local_files says so, so that a preset made for book passages does not cut them at their first '.'."""
     spec = task.query_dataset
-    if spec in ("austen", "lee-news", "bundled") or spec.startswith("hf:"):
+    if spec in BUILTIN:
         return True
-    p, _ = _local(spec)
-    return p.is_dir() or p.suffix in (".json", ".story") or task.crop_local_files
-
-
-def _load_hf(spec: str) -> list[str]:
-    name, split, field = (spec[3:].split(":") + ["train", "text"])[:3] if spec.count(":") < 3 else spec[3:].split(":")
-    try:
-        import datasets
-    except ImportError:
-        raise QueryDataError(f"task.query_dataset={spec!r} needs the `datasets` package (pip install datasets), or "
-                             "use austen, bundled or a local file") from None  # fmt: skip
-    try:
-        ds = datasets.load_dataset(name, split=split)
-    except Exception as e:  # the hub raises many kinds of errors when offline
-        raise QueryDataError(f"task.query_dataset={spec!r} could not be loaded ({type(e).__name__}); offline, use "
-                             "--task.query-dataset austen or a local .txt/.jsonl file") from None  # fmt: skip
-    return [str(x) for x in ds[field]]
+    if spec.startswith("hf:"):
+        return not is_saved_dataset(Path(spec[3:].split(":")[0]).expanduser()) or task.crop_local_files
+    p, _ = split_spec(spec)
+    if is_saved_dataset(p):
+        return task.crop_local_files
+    return p.is_dir() or p.suffix == ".story" or task.crop_local_files
 
 
 def encode_query(tokenizer, text: str, task: TaskConfig, start_token: int | None, end_token: int | None):

@@ -1,4 +1,5 @@
-"""Readers for the summarization tasks' data: the original's TL;DR JSON and CNN/DM `.story` files
+"""Readers for the summarization tasks' data: the cleaning of the original's TL;DR posts (its JSON files are read
+as prompt files, `lmprefs.data.prompt_files`), CNN/DM `.story` files
 (lm_human_preferences/datasets/{tldr,cnndm}.py @cbfd210), and the comparison JSONL of the later summarization work
 (openai/summarize-from-feedback, `comparisons/*.json`), which `lmprefs.labels.formats` imports as best_of_2 labels.
 
@@ -16,7 +17,6 @@ from pathlib import Path
 import ftfy
 
 from lmprefs.errors import UserError
-from lmprefs.io.jsonl import JsonRowsError, json_rows
 
 
 class SummaryDataError(UserError):
@@ -31,24 +31,6 @@ def _fix_text(text: str) -> str:
 def clean_tldr(text: str) -> str:
     """datasets/tldr.py: ftfy, squeeze 3+ newlines to a blank line, strip."""
     return re.sub(r"\n{3,}", "\n\n", _fix_text(text)).strip()
-
-
-def tldr_texts(path: Path, field: str = "content") -> list[str]:
-    """The posts of a TL;DR file: the original's `{train,valid}-subset.json`, one JSON list of objects with `content`
-    (also accepted: one such object per line, JSONL)."""
-    try:
-        _, rows = json_rows(path)  # [(where, row)], where = "row 3" (JSON list) or "line 4" (JSONL)
-    except JsonRowsError as e:
-        raise SummaryDataError(str(e)) from None
-    texts = []
-    for where, row in rows:
-        if not isinstance(row, dict) or field not in row:
-            raise SummaryDataError(f"{path.name} {where}: missing field {field!r} (a TL;DR post)")
-        if not isinstance(row[field], str):
-            raise SummaryDataError(f"{path.name} {where}: field {field!r} is {type(row[field]).__name__}, "
-                                   "not a string")  # fmt: skip
-        texts.append(clean_tldr(row[field]))
-    return texts
 
 
 def clean_up_start(text: str) -> str:

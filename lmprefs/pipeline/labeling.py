@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.data.hf_datasets import is_saved_dataset, split_spec
 from lmprefs.data.tasks import decode
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_file
@@ -34,7 +35,8 @@ def label_source(source: str):
     p = Path(source)
     if p.suffix in (".sqlite", ".db"):
         return LabelStore(check_store_path(p, must_exist=True))
-    input_file(p, "label source")
+    if not is_saved_dataset(split_spec(source)[0]):
+        input_file(p, "label source")
     store = open_store(Path(tempfile.mkdtemp(prefix="lmprefs-labels-")) / "labels.sqlite")
     try:
         import_file(store, p)

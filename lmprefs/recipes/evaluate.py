@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lmprefs.config import Config
+from lmprefs.data.hf_datasets import split_spec
 from lmprefs.data.queries import build_queries, load_texts
 from lmprefs.data.tasks import decode, show
 from lmprefs.errors import UserError
@@ -168,16 +169,12 @@ def check_inputs(target_dir: str, reward: str | None, reward_model: str | None, 
     if reward_model is not None:
         check_reward_model_dir(reward_model)
     if queries is not None and not (queries in BUILTIN_QUERIES or queries.startswith("hf:")):
-        if not Path(_local_path(queries)).exists():
+        if not split_spec(queries)[0].exists():
             raise UserError(f"--queries {queries} does not exist")
     input_dir(target_dir, "RUN_OR_MODEL", "run or model directory")
     if reference is not None and reference.startswith(("/", ".", "~")):  # a path, not an asset or hub name
         input_dir(os.path.expanduser(reference), "--reference", "model directory")
 
-
-def _local_path(spec: str) -> str:
-    """The file of a query spec (`path` or `path.jsonl:FIELD`)."""
-    return spec.rpartition(":")[0] if spec.count(":") == 1 and not Path(spec).exists() else spec
 
 
 def evaluate(target: Target, reward: str | None, reward_model: str | None, queries_file: str | None,

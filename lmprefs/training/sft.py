@@ -1,12 +1,13 @@
-"""Supervised fine-tuning of the initial policy on prompt/response pairs (`lmprefs train-sft`): the supervised
-baseline of the later work (summarize-from-feedback's "supervised" policies; behavioural cloning in the writing
-prompts work), from which PPO then starts with the SFT model as its reference.
+"""Supervised fine-tuning of the initial policy on prompt/response pairs or conversations (`lmprefs train-sft`):
+the supervised baseline of the later work (summarize-from-feedback's "supervised" policies; behavioural cloning in
+the writing prompts work), from which PPO then starts with the SFT model as its reference.
 
 Each pair is tokenized as prompt + response with no special tokens (the policy sees the same: a query, then its
-response); the loss is the mean negative log-likelihood of the response tokens only, at temperature 1, over the
-tokenizer's real vocabulary. Full fine-tuning or, with `lora.rank > 0`, one LoRA adapter merged into the weights at
-the end; the result is a plain Hugging Face directory (`save_pretrained`, safetensors) that
-`--task.initial-model DIR` loads.
+response); a conversation (TRL's `messages`) through the tokenizer's chat template, or a plain `role: content`
+rendering (`lmprefs.data.sft_data`, `lmprefs.data.conversations`). The loss is the mean negative log-likelihood of
+the response (assistant) tokens only, at temperature 1, over the tokenizer's real vocabulary. Full fine-tuning or,
+with `lora.rank > 0`, one LoRA adapter merged into the weights at the end; the result is a plain Hugging Face
+directory (`save_pretrained`, safetensors) that `--task.initial-model DIR` loads.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from torch import Tensor
 
 from lmprefs.assets.models import resolve_model
 from lmprefs.config import Config
+from lmprefs.data.conversations import sft_uses_template
+from lmprefs.data.sft_data import encode_examples, read_sft_data
 from lmprefs.data.tasks import PAD
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
-from lmprefs.io.inputs import read_text
-from lmprefs.io.jsonl import JsonRowsError, jsonl_lines
 from lmprefs.io.publish import latest_good
 from lmprefs.models.artifacts import atomic_dir
 from lmprefs.models.loading import load_lm, max_positions, vocab_size
@@ -35,63 +36,6 @@ from lmprefs.runtime.device import autocast, setup_torch
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
-
-
-class SFTDataError(UserError):
-    """An SFT data file that cannot be read; the message names the file, the line and the field."""
-
-
-def read_pairs(path: str | Path) -> list[tuple[str, str]]:
-    """(prompt, response) pairs of a JSONL file: `prompt` and `response`, or TRL's `prompt` and `completion`."""
-    path = Path(path).expanduser()
-    try:
-        text = read_text(path, "sft.data")
-    except UserError as e:
-        raise SFTDataError(str(e)) from None
-    try:
-        rows = jsonl_lines(text, str(path))
-    except JsonRowsError as e:
-        raise SFTDataError(str(e)) from None
-    pairs = []
-    for n, row in rows:
-        if not isinstance(row, dict):
-            raise SFTDataError(
-                f"{path} line {n}: expected an object with prompt and response, got {type(row).__name__}"
-            )
-        key = "completion" if "completion" in row and "response" not in row else "response"
-        for k in ("prompt", key):
-            if k not in row:
-                also = " (or TRL's 'completion')" if k == "response" else ""
-                raise SFTDataError(f"{path} line {n}: missing field {k!r}{also}")
-            if not isinstance(row[k], str):
-                raise SFTDataError(f"{path} line {n}: field {k!r} is {type(row[k]).__name__}, not a string "
-                                   "(conversational rows are not supported)")  # fmt: skip
-        if not row[key]:
-            raise SFTDataError(f"{path} line {n}: field {key!r} is empty: nothing to learn")
-        pairs.append((row["prompt"], row[key]))
-    if not pairs:
-        raise SFTDataError(f"{path}: no prompt/response pairs")
-    return pairs
-
-
-def encode_pairs(pairs: list[tuple[str, str]], tok, max_length: int) -> tuple[Tensor, Tensor]:
-    """(tokens [N, L] right-padded with PAD, response mask [N, L]): prompt tokens then response tokens, cut to
-    max_length by dropping the start of the prompt first (the response and the prompt's end, e.g. 'TL;DR:', stay),
-    then the end of the response."""
-    rows, masks = [], []
-    for prompt, response in pairs:
-        p = tok(prompt, add_special_tokens=False).input_ids if prompt else []
-        r = tok(response, add_special_tokens=False).input_ids[:max_length]
-        p = p[max(0, len(p) - (max_length - len(r))) :]
-        if not p:  # the first response token needs a token before it to be predicted from
-            r = r[: max_length - 1]
-            p = [tok.eos_token_id if tok.eos_token_id is not None else r[0]]
-        rows.append(p + r)
-        masks.append([False] * len(p) + [True] * len(r))
-    L = max(len(x) for x in rows)
-    tokens = torch.tensor([x + [PAD] * (L - len(x)) for x in rows])
-    mask = torch.tensor([m + [False] * (L - len(m)) for m in masks])
-    return tokens, mask
 
 
 def response_nll(model, tokens: Tensor, mask: Tensor, vocab: int) -> tuple[Tensor, Tensor]:
@@ -185,14 +129,15 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
     s = cfg.sft
     data = data or s.data
     if not data:
-        raise UserError("train-sft needs prompt/response pairs: --sft.data FILE.jsonl")
-    pairs = read_pairs(data)
+        raise UserError("train-sft needs prompt/response pairs or conversations: --sft.data FILE.jsonl")
+    examples = read_sft_data(data)
     device, dtype = setup_torch(cfg.run)
     torch.manual_seed(cfg.run.seed)
     model, tok = load_lm(cfg.task.initial_model, device)
     vocab = vocab_size(tok)
     max_length = min(s.max_length or max_positions(model), max_positions(model))
-    tokens, mask = encode_pairs(pairs, tok, max_length)
+    chat = any(e.messages for e in examples) and sft_uses_template(cfg.task, tok)
+    tokens, mask = encode_examples(examples, tok, max_length, chat)
     adapter = "sft" if cfg.lora.rank > 0 else None
     if adapter:
         params = add_adapter(model, cfg.lora, adapter, seed=cfg.run.seed + 5)
@@ -243,5 +188,6 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
     with atomic_dir(Path(out_dir)) as tmp:
         out.save_pretrained(tmp)  # safetensors by default
         tok.save_pretrained(tmp)
-        (tmp / "lmprefs.json").write_text(json.dumps({"kind": "sft", "data": str(data), **summary}, indent=1))
+        meta = {"kind": "sft", "data": str(data), "chat_template": chat, **summary}
+        (tmp / "lmprefs.json").write_text(json.dumps(meta, indent=1))
     return summary

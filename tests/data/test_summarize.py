@@ -9,7 +9,7 @@ import torch
 
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
-from lmprefs.data.queries import build_queries, load_texts, task_queries
+from lmprefs.data.queries import QueryDataError, build_queries, load_texts, task_queries
 from lmprefs.data.summarize import SummaryDataError, story_article
 from lmprefs.data.tasks import PAD
 from lmprefs.labels.formats import LabelFileError, import_file
@@ -77,7 +77,7 @@ def test_cnndm_story_preamble_and_highlights_stripped_and_cropped_at_a_newline(t
 def test_bad_summarization_files_name_file_row_and_field(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps([{"content": "ok"}, {"body": "no content"}]))
-    with pytest.raises(SummaryDataError, match=r"bad.json row 1: missing field 'content'"):
+    with pytest.raises(QueryDataError, match=r"bad.json row 1: missing field 'content'"):
         load_texts(str(bad))
     (tmp_path / "nohl.story").write_text("An article with no summaries.\n")
     with pytest.raises(SummaryDataError, match=r"nohl.story: no '@highlight' line"):

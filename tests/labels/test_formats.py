@@ -290,3 +290,24 @@ def test_trl_rows_a_label_cannot_hold_are_refused_with_the_row(tmp_path, store, 
     with pytest.raises(LabelFileError, match=re.escape(needle)):
         import_file(store, f, format="pairs")
     assert store.labeled_examples("best_of_2") == []
+
+
+def test_a_saved_trl_preference_dataset_imports_like_its_jsonl(tmp_path, store, capsys):
+    import datasets
+
+    from lmprefs.cli.dispatch import main
+
+    rows = {"prompt": ["Q1", "Q2"], "chosen": ["good", "yes"], "rejected": ["bad", "no"]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "prefs"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "dict"))
+    report = import_file(store, tmp_path / "prefs")
+    assert (report.format, report.labels_added) == ("pairs", 2)
+    assert [(e.query, e.samples, e.best) for e in store.labeled_examples("best_of_2")] == [
+        ("Q1", ["good", "bad"], 0), ("Q2", ["yes", "no"], 0)]  # fmt: skip
+    db = str(tmp_path / "cli.sqlite")
+    assert main(["import-labels", f"{tmp_path / 'dict'}:train", "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["import-labels", str(tmp_path / "dict"), "--db", str(tmp_path / "new.sqlite")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "dict: a DatasetDict with splits train; name one as" in err, err
+    assert not (tmp_path / "new.sqlite").exists()

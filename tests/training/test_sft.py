@@ -9,8 +9,9 @@ import torch
 
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
+from lmprefs.data.sft_data import SFTExample, encode_examples, read_sft_data
 from lmprefs.io.jsonl import read_jsonl
-from lmprefs.training.sft import encode_pairs, mean_response_loss, read_pairs
+from lmprefs.training.sft import mean_response_loss
 
 PROMPTS = ["The old house at the end of the lane", "She walked home from the market", "It was a bright cold day",
            "The letter arrived on Tuesday", "Nobody knew where the road went", "The garden was full of roses",
@@ -28,7 +29,7 @@ def saved_loss(model_dir, data):
     from lmprefs.models.loading import load_lm, vocab_size
 
     model, tok = load_lm(str(model_dir))
-    tokens, mask = encode_pairs(read_pairs(data), tok, 64)
+    tokens, mask = encode_examples(read_sft_data(str(data)), tok, 64)
     return mean_response_loss(model, tokens, mask, vocab_size(tok), torch.device("cpu"), torch.float32, 4)
 
 
@@ -60,7 +61,8 @@ def test_tiny_sft_lowers_the_response_loss_and_saves_a_loadable_hf_model(sft_run
 
 def test_loss_is_on_response_tokens_only(tiny_lm):
     _, tok = tiny_lm
-    tokens, mask = encode_pairs([("A long prompt that is cut here", " yes"), ("", " no")], tok, 6)
+    pairs = [SFTExample("a", "A long prompt that is cut here", " yes"), SFTExample("b", "", " no")]
+    tokens, mask = encode_examples(pairs, tok, 6)
     r = len(tok(" yes").input_ids)
     assert mask[0].sum() == r and mask[0, : 6 - r].sum() == 0  # the prompt lost its start, not the response
     prompt = tok("A long prompt that is cut here").input_ids
@@ -116,6 +118,51 @@ def test_train_policy_starts_from_the_sft_model_as_its_reference(sft_run, tmp_pa
     assert abs(first["objective/kl"]) < 1e-5
 
 
+def chat_model(tmp_path, template):
+    """(model directory, its tokenizer): the tiny GPT-2 with a chat template of its own."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "chat-model"
+    shutil.copytree(_tiny_dir(), model)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = template
+    tok.save_pretrained(model)
+    return model, tok
+
+
+def write_chats(path):
+    path.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p + "."},
+                                                     {"role": "assistant", "content": " And then it rained."}]}) + "\n"
+                            for p in PROMPTS))  # fmt: skip
+    return path
+
+
+def test_sft_on_messages_rows_lowers_the_assistant_loss_through_the_models_chat_template(tmp_path):
+    model, tok = chat_model(tmp_path, "{% for m in messages %}{{ m.role[0] }}:{{ m.content }}\n{% endfor %}"
+                                      "{% if add_generation_prompt %}a:{% endif %}")  # fmt: skip
+    data = write_chats(tmp_path / "chat.jsonl")
+    assert main(["train-sft", "tiny", "--sft.data", str(data), "--run-dir", str(tmp_path / "run"), *ARGS,
+                 "--task.initial-model", str(model)]) == 0  # fmt: skip
+    meta = json.loads((tmp_path / "run" / "sft_model" / "lmprefs.json").read_text())
+    assert meta["chat_template"] is True and meta["sft/final_loss"] < 0.5 * meta["sft/initial_loss"], meta
+    # the loss is on the assistant turns' text and the newline that closes them, not on "u:PROMPT.\n" or "a:"
+    assert meta["sft/response_tokens"] == len(tok(" And then it rained.\n").input_ids) * len(PROMPTS)
+
+
+def test_a_template_that_cannot_be_rendered_in_pieces_is_refused_before_the_run_directory(tmp_path, capsys):
+    # the last turn rendered unlike earlier ones: the prefixes are not beginnings of the whole
+    model, _ = chat_model(tmp_path, "{% for m in messages %}{% if loop.last %}[{{ m.content }}]{% else %}"
+                                    "{{ m.content }}{% endif %}{% endfor %}")  # fmt: skip
+    run = tmp_path / "run"
+    rc = main(["train-sft", "tiny", "--sft.data", str(write_chats(tmp_path / "chat.jsonl")), "--run-dir", str(run),
+               "--task.initial-model", str(model)])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "chat.jsonl line 1: the chat template renders" in err, err
+    assert "task.chat_template=false" in err and not run.exists()
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -123,6 +170,10 @@ def test_train_policy_starts_from_the_sft_model_as_its_reference(sft_run, tmp_pa
         ('{"prompt": "a", "response": "b"}\n{"prompt": "a", "resp\n', "pairs.jsonl line 2: invalid JSON"),
         ('{"prompt": "a", "completion": [{"role": "assistant"}]}\n', "pairs.jsonl line 1: field 'completion' is list"),
         ("\n", "pairs.jsonl: no prompt/response pairs"),
+        ('{"messages": [{"role": "user", "content": "a"}]}\n', "pairs.jsonl line 1: no assistant turn in 'messages'"),
+        ('{"messages": [{"role": "bot", "content": "a"}]}\n', "pairs.jsonl line 1: messages[0] has role 'bot'"),
+        ('{"messages": [{"role": "user", "content": "a"}, {"role": "assistant"}]}\n',
+         "pairs.jsonl line 1: messages[1] (assistant) has no 'content'"),
     ],
 )
 def test_bad_sft_data_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, text, message):

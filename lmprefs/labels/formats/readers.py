@@ -22,6 +22,14 @@ from pathlib import Path
 
 from lmprefs.assets.tokenizers import gpt2_tokenizer
 from lmprefs.config import label_type_shape
+from lmprefs.data.hf_datasets import (
+    DatasetReadError,
+    dataset_rows,
+    is_saved_dataset,
+    load_saved,
+    saved_parts,
+    split_spec,
+)
 from lmprefs.data.summarize import comparison_query
 from lmprefs.io.jsonl import JsonRowsError, json_rows
 from lmprefs.labels.formats.shared import GPT2_PAD, GPT2_VOCAB, IMPORT_FORMATS, LabelFileError, sample_keys
@@ -42,10 +50,16 @@ class ImportReport:
 
 
 def _load(path: Path) -> tuple[str, list[tuple[str, object]]]:
-    """("json" | "jsonl", [(where, row), ...]) where `where` is "row 17" or "line 18"."""
+    """("json" | "jsonl" | "dataset", [(where, row), ...]) where `where` is "row 17" or "line 18". A save_to_disk
+    directory (`DIR`, or `DIR:SPLIT` for a DatasetDict) holds rows as a JSONL file does (a TRL preference dataset,
+    say)."""
+    saved, parts = split_spec(str(path))
     try:
+        if is_saved_dataset(saved):
+            split, _ = saved_parts(saved, parts, str(path), most=0)
+            return "dataset", dataset_rows(load_saved(saved, split, str(path)))
         return json_rows(path)
-    except JsonRowsError as e:
+    except (JsonRowsError, DatasetReadError) as e:
         raise LabelFileError(str(e)) from e
 
 
@@ -280,7 +294,8 @@ def import_file(
     if fmt == "pairs" and label_type not in (None, "best_of_2"):
         raise ValueError(f"pairs files hold best_of_2 questions, not label_type={label_type!r}")
     if (kind == "json") != (fmt == "openai"):
-        raise LabelFileError(f"{path.name}: a {fmt} file must be {'a JSON list' if fmt == 'openai' else 'JSONL'}")
+        raise LabelFileError(f"{path.name}: a {fmt} file must be {'a JSON list' if fmt == 'openai' else 'JSONL'}"
+                             f"{' (or a save_to_disk directory)' if fmt != 'openai' else ''}")
     if limit is not None and len(rows) < limit:
         raise LabelFileError(f"{path.name}: has {len(rows)} rows, fewer than limit={limit}")
     if fmt == "openai":
