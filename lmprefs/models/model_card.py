@@ -23,6 +23,8 @@ COMMON_KEYS = ("task.initial_model", "task.query_dataset", "task.query_length", 
 METHOD_KEYS = {
     "ppo": ("ppo.total_episodes", "ppo.batch_size", "ppo.lr", "ppo.noptepochs", "ppo.estimator", "rewards.kl_coef",
             "rewards.kl_target", "rewards.trained_model"),
+    "rloo": ("ppo.total_episodes", "ppo.batch_size", "ppo.lr", "ppo.rloo_k", "rewards.kl_coef", "rewards.kl_target",
+             "rewards.trained_model"),
     "dpo": ("labels.type", "dpo.loss", "dpo.beta", "dpo.lr", "dpo.batch_size", "dpo.epochs"),
     "reward-model": ("labels.type", "labels.labeler", "labels.num_train", "labels.heldout_fraction",
                      "train_reward.lr", "train_reward.batch_size", "train_reward.epochs"),
@@ -144,5 +146,5 @@ def _loading(out: Path, base: str, hub: str | None, rm: bool, adapter_only: bool
         code += ["", "# or the LoRA adapter on the base it was trained on",
                  f"base = AutoModelForCausalLM.from_pretrained({base_dir})",
                  f'model = PeftModel.from_pretrained(base, "{HERE}", subfolder="adapter")']
-    return code + ["```", "", "With lmprefs: `lmprefs sample DIR`, `lmprefs evaluate DIR`, or "
+    return code + ["```", "", "With lmprefs: `lmprefs evaluate DIR --reward NAME` (beside its base), or "
                    "`lmprefs.models.artifacts.load_policy(DIR)` (the policy with its value head).", ""]

@@ -114,9 +114,9 @@ def run_train_dpo(cfg: Config, run_dir: Path, *, store_path: str | None = None, 
             log.close()
         results = {k.replace("heldout/", "held-out "): v for k, v in summary.items()
                    if k.startswith("heldout/") and isinstance(v, float)}  # fmt: skip
-        labels = {"for training": summary["dpo/labels_train"]} if "dpo/labels_train" in summary else {}
+        counts = {"for training": summary["dpo/labels_train"]} if "dpo/labels_train" in summary else {}
         # with LoRA: the adapter in peft's format and the merged model
-        save_policy(policy, run_dir / "policy", card=CardInfo("dpo", cfg, results, labels))
+        save_policy(policy, run_dir / "policy", card=CardInfo("dpo", cfg, results, counts))
     return summary | {"heldout/split": labels.split}
 
 
