@@ -96,10 +96,13 @@ def _data(info: CardInfo) -> list[str]:
     if flat:
         rows.append(f"- queries: `{flat['task.query_dataset']}`, {flat['task.query_length']} tokens, responses "
                     f"{flat['task.response_length']} tokens")
-        if info.method != "ppo" or not flat.get("rewards.trained_model"):
-            rows.append(f"- labels: `{flat['labels.type']}` from `{flat['labels.labeler']}`")
-    if info.labels:
-        rows.append("- label count: " + ", ".join(f"{v} {k}" for k, v in info.labels.items()))
+        if info.method in ("dpo", "reward-model"):  # a policy's reward may be a function: no labels then
+            rows.append(f"- labels: `{flat['labels.type']}`")
+    counts = {k: v for k, v in info.labels.items() if k != "labelers"}
+    if counts:
+        rows.append("- label count: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    if info.labels.get("labelers"):  # the store's: people, or a simulated labeler
+        rows.append("- labelers: " + ", ".join(f"`{n}`" for n in info.labels["labelers"]))
     return ["## Data", "", *rows, ""] if rows else []
 
 

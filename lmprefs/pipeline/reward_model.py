@@ -199,7 +199,8 @@ def reward_model_card(cfg: Config, summary: dict) -> CardInfo:
     """The reward model's card: its held-out figures before and after training, and its label counts."""
     results = {k.replace("heldout/", "held-out ").replace("initial_", "before training: "): v
                for k, v in summary.items() if "heldout/" in k and isinstance(v, float)}  # fmt: skip
-    labels = {"for training": summary.get("labels_train"), "held out": summary.get("labels_heldout")}
+    labels = {"for training": summary.get("labels_train"), "held out": summary.get("labels_heldout"),
+              "labelers": sorted(summary.get("labelers") or {})}
     return CardInfo("reward-model", cfg, results, {k: v for k, v in labels.items() if v is not None})
 
 

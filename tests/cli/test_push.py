@@ -113,3 +113,19 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys):
         assert main(["push", *argv, *hub]) == 2, argv
         assert want in one_line(capsys), argv
     assert not (tmp_path / "hub").exists()
+
+
+def test_the_run_names_its_base_by_the_asset_and_push_drops_a_local_bases_path(run, tmp_path):
+    from lmprefs.recipes.push import Upload, stage
+
+    for d in (run / "policy" / "adapter", run / "reward_model"):
+        assert json.loads((d / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny-gpt2-austen"
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "lmprefs.json").write_text(json.dumps({"kind": "policy", "base": "sft", "base_path": "/home/me/sft"}))
+    (src / "README.md").write_text("load path/to/this/model\n")
+    (src / "manifest.json").write_text("{}")
+    (tmp_path / "out").mkdir()
+    assert stage(Upload("reward-model", src, "me/rm"), run, tmp_path / "out") == ["README.md", "lmprefs.json"]
+    assert json.loads((tmp_path / "out" / "lmprefs.json").read_text()) == {"kind": "policy", "base": "sft"}
+    assert (tmp_path / "out" / "README.md").read_text() == "load me/rm\n"

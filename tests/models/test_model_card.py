@@ -43,8 +43,8 @@ def saved(tmp_path):
     save_policy(Policy(lm, tok, 0.7, adapter="policy"), tmp_path / "policy",
                 card=CardInfo("ppo", cfg, {"true reward, last batch": 0.125}))  # fmt: skip
     rm = RewardModel(lm, tok, adapter="reward", seed=0).eval()
-    save_reward_model(rm, tmp_path / "rm", merged=False,
-                      card=CardInfo("reward-model", cfg, {"held-out accuracy": 0.625}, {"for training": 48}))
+    card = CardInfo("reward-model", cfg, {"held-out accuracy": 0.625}, {"for training": 48, "labelers": ["vader"]})
+    save_reward_model(rm, tmp_path / "rm", merged=False, card=card)
     return lm, rm, tmp_path
 
 
@@ -60,7 +60,8 @@ def test_both_directories_carry_a_card_with_the_base_the_data_and_the_results(sa
         assert "| `task.query_dataset` | `\"bundled\"` |" in text and "| `lora.rank` | `2` |" in text
         assert "## How to load" in text and str(d) not in text  # no path of this machine
     assert "| true reward, last batch | 0.1250 |" in pol and "| held-out accuracy | 0.6250 |" in rm
-    assert "48 for training" in rm and "`best_of_4` from `vader`" in rm
+    assert "48 for training" in rm and "- labels: `best_of_4`" in rm and "- labelers: `vader`" in rm
+    assert "- labels:" not in pol  # a policy's reward may be a function of the text: no labels
     for sub in ("policy", "rm"):  # written with the rest of the directory: in its manifest
         assert "README.md" in json.loads((d / sub / "manifest.json").read_text())["files"]
 
