@@ -128,8 +128,9 @@ def _loading(out: Path, base: str, hub: str | None, rm: bool, adapter_only: bool
                 else f'"{hub}"' if hub else f'"path/to/{base}"')  # fmt: skip
     adapter = adapter_only or (out / "adapter").is_dir()
     code = ["## How to load", "", "```python", *(["import os", ""] if adapter and "os.path" in base_dir else [])]
-    code += [f"from transformers import {'AutoModelForSequenceClassification' if rm else 'AutoModelForCausalLM'}, "
-             "AutoTokenizer", *(["from peft import PeftModel"] if adapter else []), "",
+    code += [*(["from peft import PeftModel"] if adapter else []),
+             f"from transformers import {'AutoModelForSequenceClassification' if rm else 'AutoModelForCausalLM'}, "
+             "AutoTokenizer", "",
              f'tok = AutoTokenizer.from_pretrained("{HERE}")']
     if rm:
         if adapter_only:

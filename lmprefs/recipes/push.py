@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lmprefs.errors import UserError
@@ -104,12 +104,13 @@ def push_run(run: Path, repo: str, what: str, private: bool, hub_dir: str | None
         for i, up in enumerate(ups):
             (Path(tmp) / str(i)).mkdir()
             staged.append((up, Path(tmp) / str(i), stage(up, run, Path(tmp) / str(i))))
+        ids = {}
         if hub_dir:
             for up, d, _ in staged:
                 _copy_to_stand_in(d, Path(hub_dir) / up.repo)
         else:
-            _upload(staged, private)
-    return [(up, files) for up, _, files in staged]
+            ids = _upload(staged, private)
+    return [(replace(up, repo=ids.get(up.repo, up.repo)), files) for up, _, files in staged]
 
 
 def _copy_to_stand_in(src: Path, dest: Path) -> None:
@@ -126,7 +127,8 @@ def _copy_to_stand_in(src: Path, dest: Path) -> None:
         shutil.rmtree(old)
 
 
-def _upload(staged: list, private: bool) -> None:
+def _upload(staged: list, private: bool) -> dict[str, str]:
+    """Upload each staged directory as one commit; returns each repo's full id (OWNER/NAME) by the name given."""
     import huggingface_hub
     from huggingface_hub import HfApi
 
@@ -138,20 +140,22 @@ def _upload(staged: list, private: bool) -> None:
         raise UserError(f"cannot push {names}: no Hugging Face token (run `hf auth login` or set HF_TOKEN); nothing "
                         "was uploaded")  # fmt: skip
     api = HfApi()
+    ids: dict[str, str] = {}
     try:
-        for up, _, _ in staged:
-            api.create_repo(up.repo, private=private, exist_ok=True)
+        for up, _, _ in staged:  # a bare NAME lands in the token's namespace: upload to the id the hub gives back
+            ids[up.repo] = getattr(api.create_repo(up.repo, private=private, exist_ok=True), "repo_id", up.repo)
     except Exception as e:  # noqa: BLE001 - no network, a refused token, a name taken: one line, nothing uploaded
         raise UserError(f"cannot push {names}: the hub refused or could not be reached ({_first_line(e)}); nothing "
                         "was uploaded") from None  # fmt: skip
     done: list[str] = []
     for up, d, _ in staged:
         try:
-            api.upload_folder(repo_id=up.repo, folder_path=d, commit_message=f"lmprefs push: the run's {up.what}")
+            api.upload_folder(repo_id=ids[up.repo], folder_path=d, commit_message=f"lmprefs push: the run's {up.what}")
         except Exception as e:  # noqa: BLE001 - the commit did not land: this repo is as it was
             pushed = f"; {', '.join(done)} pushed already" if done else "; nothing was uploaded"
             raise UserError(f"cannot push {up.repo}: the upload failed ({_first_line(e)}){pushed}") from None
         done.append(up.repo)
+    return ids
 
 
 def _first_line(e: BaseException) -> str:

@@ -129,3 +129,25 @@ def test_the_run_names_its_base_by_the_asset_and_push_drops_a_local_bases_path(r
     assert stage(Upload("reward-model", src, "me/rm"), run, tmp_path / "out") == ["README.md", "lmprefs.json"]
     assert json.loads((tmp_path / "out" / "lmprefs.json").read_text()) == {"kind": "policy", "base": "sft"}
     assert (tmp_path / "out" / "README.md").read_text() == "load me/rm\n"
+
+
+def test_with_a_token_each_repo_is_created_then_gets_one_commit_of_the_staged_files(run, monkeypatch, capsys):
+    """The hub path, with HfApi stood in for: the same files as the local stand-in, one upload_folder per repo,
+    to the id create_repo returned (a bare NAME lands in the token's namespace)."""
+    import types
+
+    import huggingface_hub
+
+    monkeypatch.delenv("LMPREFS_HUB_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: "hf_fake")
+    created, commits = [], {}
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, repo, private, exist_ok: (
+        created.append((repo, private)) or types.SimpleNamespace(repo_id=f"alice/{repo}")))
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, repo_id, folder_path, **kw: (
+        commits.__setitem__(repo_id, files(folder_path))))
+    assert main(["push", str(run), "--repo", "tiny", "--private"]) == 0
+    assert created == [("tiny", True), ("tiny-reward-model", True)]
+    assert commits == {"alice/tiny": POLICY_FILES, "alice/tiny-reward-model": RM_FILES}
+    assert "-> https://huggingface.co/alice/tiny-reward-model" in capsys.readouterr().out
