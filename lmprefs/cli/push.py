@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from lmprefs.cli.common import command_parser
+from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_dir
 
 USAGE = "lmprefs push RUN --repo NAME [--private] [--what policy|reward-model|all] [--hub-dir DIR]"
@@ -29,6 +30,8 @@ def cmd_push(argv: list[str]) -> int:
     from lmprefs.recipes.push import push_run
 
     run = input_dir(a.run, "RUN", "run directory")
+    if a.hub_dir and os.path.exists(a.hub_dir) and not os.path.isdir(a.hub_dir):
+        raise UserError(f"--hub-dir {a.hub_dir}: is a file, expected the folder standing in for the hub")
     where = f"{a.hub_dir}/" if a.hub_dir else "https://huggingface.co/"
     for up, files in push_run(run, a.repo, a.what, a.private, a.hub_dir):
         print(f"{up.what}: {len(files)} files from {up.source} -> {where}{up.repo}")

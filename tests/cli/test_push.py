@@ -108,9 +108,10 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys):
         ([str(run), "--repo", "x", "--what", "value"], "invalid choice"),
         ([str(run)], "--repo"),
         ([str(tmp_path / "unfinished"), "--repo", "x", "--what", "reward-model"], "holds no reward model"),
+        ([str(run), "--repo", "x", "--hub-dir", str(run / "config.json")], "is a file"),
     ]
     for argv, want in cases:
-        assert main(["push", *argv, *hub]) == 2, argv
+        assert main(["push", *hub, *argv]) == 2, argv  # a case's own --hub-dir comes last: it wins
         assert want in one_line(capsys), argv
     assert not (tmp_path / "hub").exists()
 
