@@ -196,6 +196,8 @@ def minilm_dir() -> Path:
 # The registry behind `lmprefs assets`
 
 MODEL_ASSETS = {"smollm2-135m": smollm2_dir, "tiny-gpt2": tiny_gpt2_dir, "tiny-gpt2-austen": tiny_gpt2_austen_dir}
+# the hub models assets were converted from, for model cards (the asset's weights are what lmprefs trained on)
+ASSET_HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
 

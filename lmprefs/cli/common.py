@@ -34,6 +34,7 @@ COMMANDS = {
     "function",
     "evaluate": "a trained policy on held-out prompts beside its reference: the true reward or a reward model's "
     "score (mean +/- s.e.) and the KL from the reference; report.md, results.json, samples.jsonl, a plot",
+    "push": "upload a finished run's policy and reward model, with their model cards, to the Hugging Face hub",
 }
 
 

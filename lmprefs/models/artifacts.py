@@ -12,8 +12,9 @@ from torch import Tensor
 from lmprefs.assets.models import resolve_model
 from lmprefs.assets.tokenizers import load_tokenizer
 from lmprefs.io.publish import MANIFEST, publish_dir, verify
-from lmprefs.models.loading import _trunk_names, load_lm
+from lmprefs.models.loading import MODEL_NAMES, _trunk_names, base_of, load_lm
 from lmprefs.models.lora import merged_copy, save_peft_adapter
+from lmprefs.models.model_card import CardInfo, write_card
 from lmprefs.models.policy import Policy
 from lmprefs.models.reward_model import RewardModel
 
@@ -33,6 +34,7 @@ def plain_copy(module: Policy | RewardModel, state: dict) -> Policy | RewardMode
         with torch.device("meta"):
             twin = type(lm)(lm.config)
         twin.generation_config = lm.generation_config
+        twin.lmprefs_base, twin.lmprefs_base_path = base_of(lm)  # what its adapters and card name as the base
         return twin
 
     twin: Policy | RewardModel
@@ -63,9 +65,11 @@ def verified(path: Path) -> Path:
     return path
 
 
-def save_policy(policy: Policy, out: Path, merged: bool = True) -> None:
+def save_policy(policy: Policy, out: Path, merged: bool = True, card: CardInfo | None = None) -> None:
+    """A policy directory (_save_policy) with its model card (README.md), published at once."""
     with atomic_dir(out) as tmp:
         _save_policy(policy, tmp, merged)
+        write_card(tmp, policy.lm, card or CardInfo("rlhf"))
 
 
 def _save_policy(policy: Policy, out: Path, merged: bool = False) -> None:
@@ -91,7 +95,29 @@ def _save_policy(policy: Policy, out: Path, merged: bool = False) -> None:
     policy.tokenizer.save_pretrained(out)
     save_file({k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()},
               out / "value_head.safetensors")  # fmt: skip
-    (out / "lmprefs.json").write_text(json.dumps({"kind": "policy", "temperature": policy.temperature}))
+    meta = {"kind": "policy", "temperature": policy.temperature, **base_meta(policy.lm)}
+    (out / "lmprefs.json").write_text(json.dumps(meta))
+
+
+def base_meta(lm) -> dict:
+    """lmprefs.json's record of the base: its portable name, and a local directory's path on this machine (which
+    adapter_base loads from here; elsewhere the name is all there is)."""
+    name, path = base_of(lm)
+    return {"base": name, **({"base_path": path} if path else {})}
+
+
+def adapter_base(adapter_dir: Path, meta_dir: Path) -> str:
+    """The base an adapter directory was trained on, as load_lm takes it: the name its adapter_config.json gives
+    (an asset or hub name; an absolute path from earlier versions), or the local directory meta_dir/lmprefs.json
+    recorded for it where that exists on this machine."""
+    import json
+
+    name = json.loads((Path(adapter_dir) / "adapter_config.json").read_text())["base_model_name_or_path"]
+    meta = Path(meta_dir) / "lmprefs.json"
+    path = json.loads(meta.read_text()).get("base_path") if meta.is_file() else None
+    if name not in MODEL_NAMES and path and Path(path).is_dir():
+        return path
+    return name
 
 
 def _save_lm(lm, out: Path, temperature: float) -> None:
@@ -121,30 +147,31 @@ def load_policy(path: Path, device: torch.device | str = "cpu", temperature: flo
     if (path / "config.json").is_file():
         lm, tok = load_lm(str(path), device)
     else:
-        lm, tok = _load_merged_adapter(path / "adapter", device)
+        lm, tok = _load_merged_adapter(path / "adapter", adapter_base(path / "adapter", path), device)
     value_lm = None
     if (path / "value_model").exists():
         value_lm = load_lm(str(path / "value_model"), device)[0]
     elif (path / "value_adapter").exists():
-        value_lm = _load_merged_adapter(path / "value_adapter", device)[0]
+        value_lm = _load_merged_adapter(path / "value_adapter", adapter_base(path / "value_adapter", path),
+                                        device)[0]  # fmt: skip
     p = Policy(lm, tok, temperature if temperature is not None else meta["temperature"], value_lm=value_lm)
     p.value_head.load_state_dict(load_file(path / "value_head.safetensors"))
     return p.to(device)
 
 
-def _load_merged_adapter(adapter_dir: Path, device):
-    import json
-
+def _load_merged_adapter(adapter_dir: Path, base: str, device):
     from peft import PeftModel
 
-    base = json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
     lm, tok = load_lm(base, device)
     return PeftModel.from_pretrained(lm, str(adapter_dir)).merge_and_unload().eval(), tok
 
 
-def save_reward_model(rm: RewardModel, out: Path, extra: dict | None = None, merged: bool = True) -> None:
+def save_reward_model(rm: RewardModel, out: Path, extra: dict | None = None, merged: bool = True,
+                      card: CardInfo | None = None) -> None:  # fmt: skip
+    """A reward-model directory (_save_reward_model) with its model card (README.md), published at once."""
     with atomic_dir(out) as tmp:
         _save_reward_model(rm, tmp, extra, merged)
+        write_card(tmp, rm.lm, card or CardInfo("reward-model"))
 
 
 def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None, merged: bool = True) -> None:
@@ -156,7 +183,7 @@ def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None, merged: b
     num_labels=1) loads the base model and the adapter and gives the same rewards, at ~1% of the size."""
     import json
 
-    meta = {"kind": "reward_model", **(extra or {})}
+    meta = {"kind": "reward_model", **base_meta(rm.lm), **(extra or {})}
     if rm.adapter and not merged:
         tensors, const = score_head_tensors(rm.lm, rm)
         save_peft_adapter(rm.lm, rm.adapter, out, task_type="SEQ_CLS", extra=tensors)
@@ -280,13 +307,11 @@ def load_reward_model(path: Path, device: torch.device | str = "cpu") -> RewardM
 def _load_classifier_adapter(path: Path):
     """The base model of a sequence-classifier LoRA adapter directory as a classifier (num_labels=1), with the
     adapter and its saved head merged in."""
-    import json
-
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    base = resolve_model(json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"])
+    base = resolve_model(adapter_base(path, path))
     hf_logging.set_verbosity_error()  # the base's score head is reported missing: the adapter brings it
     seq = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
     return PeftModel.from_pretrained(seq, str(path)).merge_and_unload()

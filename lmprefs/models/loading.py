@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from lmprefs.assets.cache import AssetError
+from lmprefs.assets.cache import AssetError, cache_dir
 from lmprefs.assets.models import MODEL_ASSETS as MODEL_NAMES
 from lmprefs.assets.models import resolve_model
 from lmprefs.assets.tokenizers import load_tokenizer
@@ -47,11 +47,30 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     model = model.to(device).eval()  # type: ignore[arg-type]
     # exports of merged models go back to it (export_dtype)
     model.source_dtype = source_dtype if isinstance(source_dtype, torch.dtype) else torch.float32
-    # what a saved adapter names as its base (save_peft_adapter): an asset or hub name as given, which lmprefs
-    # resolves on any machine (not the asset's cache directory on this one), a local directory by its absolute path
-    local = name not in MODEL_NAMES and Path(path).is_dir()
-    model.lmprefs_base = str(Path(path).resolve()) if local else name
+    model.lmprefs_base, model.lmprefs_base_path = portable_base(name, path)
     return model, load_tokenizer(path)
+
+
+def portable_base(name: str, path: str) -> tuple[str, str | None]:
+    """(what a saved adapter and model card name as the base, the local directory it was loaded from or None).
+    The name is an asset or hub name as given (lmprefs resolves an asset on any machine), an asset's cache
+    directory by its asset name, any other local directory by its own name: an absolute path names this machine
+    only, and would publish its layout with the model. lmprefs.json keeps the path, for loading back here."""
+    if not name or name in MODEL_NAMES or not Path(path).is_dir():
+        return name, None
+    where = Path(path).resolve()
+    for asset in MODEL_NAMES:
+        if (cache_dir() / asset).resolve() == where:
+            return asset, None
+    return where.name, str(where)
+
+
+def base_of(model) -> tuple[str, str | None]:
+    """portable_base of a model: as load_lm recorded it, else (a model built elsewhere) from its name_or_path."""
+    if getattr(model, "lmprefs_base", None):
+        return model.lmprefs_base, getattr(model, "lmprefs_base_path", None)
+    name = str(getattr(model, "name_or_path", "") or getattr(model.config, "name_or_path", "") or "")
+    return portable_base(name, name)
 
 
 def vocab_size(tokenizer) -> int:

@@ -12,17 +12,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor, nn
 
 from lmprefs.config import LoraConfig
 from lmprefs.errors import UserError
-from lmprefs.models.loading import trunk_blocks
-
-if TYPE_CHECKING:
-    from transformers import PretrainedConfig
+from lmprefs.models.loading import base_of, trunk_blocks
 
 _M = TypeVar("_M", bound=nn.Module)
 
@@ -143,7 +140,8 @@ def save_peft_adapter(model: nn.Module, name: str, out, task_type: str = "CAUSAL
     GPT-2's Conv1D as fan_in_fan_out. `extra`: whole modules' tensors saved beside the adapter as peft's
     modules_to_save ({"score.weight": ...} for a sequence classifier's head); task_type "SEQ_CLS" for those.
     The adapters are written in fp32, as trained (they are ~1% of the model). base_model_name_or_path is the name
-    the run loaded the model by (load_lm's lmprefs_base: an asset or hub name, or a directory's absolute path)."""
+    the run loaded the model by, never an absolute path (loading.portable_base: an asset or hub name, or a local
+    directory's own name, whose path the saved lmprefs.json keeps)."""
     from pathlib import Path
 
     from peft import LoraConfig as PeftLoraConfig
@@ -152,8 +150,7 @@ def save_peft_adapter(model: nn.Module, name: str, out, task_type: str = "CAUSAL
     out = Path(out)
     mods = [(n, m) for n, m in model.named_modules() if isinstance(m, LoRALinear)]
     first = mods[0][1]
-    base = (getattr(model, "lmprefs_base", None) or getattr(model, "name_or_path", None)
-            or cast("PretrainedConfig", model.config).name_or_path)
+    base = base_of(model)[0]
     whole = sorted({k.rsplit(".", 1)[0] for k in extra or {}})  # modules saved whole: "score", "transformer.ln_f"
     # peft annotates lora_alpha as int but takes any number (its scale is alpha / r); lora.alpha is a float
     PeftLoraConfig(r=first.rank, lora_alpha=first.rank * first.scale,  # type: ignore[arg-type]

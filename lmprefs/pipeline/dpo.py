@@ -20,6 +20,7 @@ from lmprefs.io.locks import run_lock
 from lmprefs.models.artifacts import save_policy
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.models.lora import add_adapter
+from lmprefs.models.model_card import CardInfo
 from lmprefs.models.policy import Policy
 from lmprefs.pipeline.labeling import label_source
 from lmprefs.pipeline.reward_model import TrainingLabels, training_labels
@@ -111,7 +112,11 @@ def run_train_dpo(cfg: Config, run_dir: Path, *, store_path: str | None = None, 
                                 run_dir=run_dir, resume=done is not None)  # fmt: skip
         finally:
             log.close()
-        save_policy(policy, run_dir / "policy")  # with LoRA: the adapter in peft's format and the merged model
+        results = {k.replace("heldout/", "held-out "): v for k, v in summary.items()
+                   if k.startswith("heldout/") and isinstance(v, float)}  # fmt: skip
+        counts = {"for training": summary["dpo/labels_train"]} if "dpo/labels_train" in summary else {}
+        # with LoRA: the adapter in peft's format and the merged model
+        save_policy(policy, run_dir / "policy", card=CardInfo("dpo", cfg, results, counts))
     return summary | {"heldout/split": labels.split}
 
 

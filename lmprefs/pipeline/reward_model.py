@@ -21,6 +21,7 @@ from lmprefs.labels.types import get as get_label_type
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import plain_copy, save_reward_model
 from lmprefs.models.lora import add_adapter, reset_adapter
+from lmprefs.models.model_card import CardInfo
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.trunk import frozen_depth
 from lmprefs.pipeline.task import Task
@@ -188,9 +189,19 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
     if cfg.labels.type == "scalar_rating":
         extra["scores_as"] = cfg.labels.scores_as
     if dist.is_main():
-        save_reward_model(whole, out_dir, extra=extra, merged=cfg.lora.merged_reward_model)
+        save_reward_model(whole, out_dir, extra=extra, merged=cfg.lora.merged_reward_model,
+                          card=reward_model_card(cfg, summary))  # fmt: skip
     dist.barrier()  # every rank may read it once this returns
     return rm, summary
+
+
+def reward_model_card(cfg: Config, summary: dict) -> CardInfo:
+    """The reward model's card: its held-out figures before and after training, and its label counts."""
+    results = {k.replace("heldout/", "held-out ").replace("initial_", "before training: "): v
+               for k, v in summary.items() if "heldout/" in k and isinstance(v, float)}  # fmt: skip
+    labels = {"for training": summary.get("labels_train"), "held out": summary.get("labels_heldout"),
+              "labelers": sorted(summary.get("labelers") or {})}
+    return CardInfo("reward-model", cfg, results, {k: v for k, v in labels.items() if v is not None})
 
 
 def heldout_labels(cfg: Config, store, data) -> tuple[torch.Tensor, str]:

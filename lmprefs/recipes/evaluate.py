@@ -24,7 +24,7 @@ from lmprefs.data.tasks import decode, show
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
 from lmprefs.io.inputs import input_dir
-from lmprefs.models.artifacts import is_reward_model_dir, load_policy, load_reward_model
+from lmprefs.models.artifacts import adapter_base, is_reward_model_dir, load_policy, load_reward_model
 from lmprefs.models.loading import load_lm
 from lmprefs.pipeline.evaluation import evaluate_model
 from lmprefs.pipeline.rewards import check_same_tokenizer, normalize_foreign, reward_function
@@ -72,9 +72,8 @@ def resolve_target(given: str, preset: str, pairs, reference: str | None) -> Tar
                         "(no lmprefs.json or config.json)")  # fmt: skip
     cfg = resolve_config(preset, pairs)
     base = cfg.task.initial_model
-    adapter = path / "adapter" / "adapter_config.json"
-    if adapter.is_file():
-        base = json.loads(adapter.read_text()).get("base_model_name_or_path") or base
+    if (path / "adapter" / "adapter_config.json").is_file():
+        base = adapter_base(path / "adapter", path) or base
     return Target(cfg, path, None, reference or base)
 
 

@@ -28,6 +28,7 @@ from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text, crash_point
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import plain_copy, save_policy
+from lmprefs.models.model_card import CardInfo
 from lmprefs.models.policy import Policy
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import progress, read_metrics
@@ -185,9 +186,19 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
             policy = None
     if dist.is_main():
         assert policy is not None  # rank 0 keeps its policy, plain or gathered
-        save_policy(policy, Path(run_dir) / "policy")
+        save_policy(policy, Path(run_dir) / "policy", card=policy_card(cfg, stats, run.update))
     dist.barrier()
     return stats
+
+
+def policy_card(cfg: Config, stats: dict, updates: int) -> CardInfo:
+    """The final policy's model card: the last training batch's figures (the run's own held-out evaluation, where
+    it has one, is added by `lmprefs push` from report.json)."""
+    names = {"objective/score": "reward-model score, last batch", "objective/true_reward": "true reward, last batch",
+             "objective/kl": "KL from the base, last batch (nats)", "objective/kl_coef": "final KL coefficient"}
+    results: dict = {"PPO updates": updates}
+    results |= {label: float(stats[k]) for k, label in names.items() if k in stats}
+    return CardInfo(cfg.ppo.estimator, cfg, results)
 
 
 def andon_stop(run: PolicyRun, run_dir: Path, reason: str) -> AndonStop:
