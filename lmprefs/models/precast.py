@@ -6,6 +6,11 @@ read and write more bytes than the decode step's matmuls compute with (measured 
 gives each frozen linear layer a forward that uses a copy made on entry; autocast would have cast the weight to the
 same values, so the results are bitwise the same. Embeddings stay as they are (autocast does not cast a lookup),
 and so does a weight that trains, which autocast caches itself.
+
+Without autograd (sampling), the norm in front of a block's attention and the one in front of its MLP also return
+their output in the autocast dtype: it feeds only that sublayer's input projections (q, k and v; gate and up; GPT-2's
+c_attn; c_fc), which autocast would cast to the same values one by one. With autograd the projections' gradients
+would then be summed in that dtype instead of fp32, so it is left alone there.
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from lmprefs.models.loading import trunk_blocks
+
+# model_type -> the block norms whose output feeds only input projections, for the trunks whose blocks are known
+BLOCK_NORMS = {"gpt2": ("ln_1", "ln_2"), **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3"),
+                                                         ("input_layernorm", "post_attention_layernorm"))}
 
 
 def _conv1d_class():
@@ -48,6 +59,22 @@ def _forward_with(m: nn.Module, w: torch.Tensor):
     return conv1d
 
 
+def _block_norms(model: nn.Module) -> Iterator[nn.Module]:
+    """The norms BLOCK_NORMS names in each block of a known trunk, with their class's own forward."""
+    names = BLOCK_NORMS.get(getattr(getattr(model, "config", None), "model_type", None), ())
+    if not names:
+        return
+    for block in trunk_blocks(model):
+        for name in names:
+            m = getattr(block, name, None)
+            if isinstance(m, nn.Module) and "forward" not in m.__dict__:
+                yield m
+
+
+def _cast_output(forward, dtype: torch.dtype):
+    return lambda x: forward(x).to(dtype)
+
+
 @contextlib.contextmanager
 def precast(model: nn.Module, device_type: str):
     """Within it, frozen linear weights of `model` are used as copies in the autocast dtype of `device_type`; a no-op
@@ -62,6 +89,10 @@ def precast(model: nn.Module, device_type: str):
             # an instance attribute: Module.__call__ finds it before the class's forward
             m.__dict__["forward"] = _forward_with(m, w.detach().to(dtype))
             patched.append(m)
+        if not torch.is_grad_enabled():
+            for m in _block_norms(model):
+                m.__dict__["forward"] = _cast_output(m.forward, dtype)
+                patched.append(m)
         yield
     finally:
         for m in patched:

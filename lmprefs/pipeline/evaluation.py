@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from lmprefs.data.tasks import decode, stop_tokens, truncate_responses
+from lmprefs.data.tasks import PAD, decode, stop_tokens, truncate_responses
 from lmprefs.labels.labelers import score_texts
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
@@ -39,7 +39,8 @@ def _scores(t: Task, reward, formatted, post, resp: list[str], queries: torch.Te
 
 @torch.no_grad()
 def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None, samples_per_query: int,
-                    seed: int, *, batch_size: int = 64, desc: str = "evaluating", ref_model=None) -> dict:  # fmt: skip
+                    seed: int, *, batch_size: int = 128, desc: str = "evaluating", ref_model=None,
+                    kl_batch_size: int = 64) -> dict:  # fmt: skip
     """True reward of a policy on held-out queries: mean and standard error over queries (each query's reward is
     the mean over its samples), every sample's reward ("scores", [queries][samples]), and the texts of the first
     sample of each query. `true_fn`: a reward on texts, or a RewardModel (its score: the proxy). With `ref_model`
@@ -47,7 +48,10 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     as in objective/kl, averaged over every sample: a steadier figure than the last training batch's.
     Under several ranks each rank evaluates its strided share of the queries with its own seed (seed + rank *
     100003) and the shares are gathered, so every rank returns the same figures over all queries in 1/N of the
-    time; a collective, every rank calls it."""
+    time; a collective, every rank calls it.
+    Samples are drawn `batch_size` rows at a time (the decode step's fixed costs shared by more rows), and the
+    reference logprobs computed `kl_batch_size` rows at a time (their logits over the vocabulary are the largest
+    tensor of an evaluation)."""
 
     task = t.cfg.task
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
@@ -62,9 +66,7 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
                              repeats=samples_per_query, stop_tokens=stop_tokens(task, t.tok),
                              **sampler_options(t.cfg.run))
         if ref_model is not None:
-            with t.ctx.autocast(), using(ref_model, None):
-                ref = ref_logprobs(ref_model, formatted, r, task.temperature, len(t.tok), repeats=samples_per_query)
-            kls += (logp.float() - ref.float()).sum(1).tolist()
+            kls += _kl(t, ref_model, formatted, r, logp, samples_per_query, kl_batch_size)
         post = truncate_responses(r, task.truncate_token, task.truncate_after)
         resp = decode(t.tok, post)
         scores = _scores(t, true_fn, formatted, post, resp, q, samples_per_query)
@@ -85,6 +87,22 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     if kls:
         k = torch.tensor(kls, dtype=torch.float64)
         out |= {"kl": k.mean().item(), "kl_stderr": (k.std() / math.sqrt(len(k))).item()}
+    return out
+
+
+def _kl(t: Task, ref_model, queries: torch.Tensor, responses: torch.Tensor, logp: torch.Tensor, repeats: int,
+        batch_size: int) -> list[float]:  # fmt: skip
+    """Per sample, the sum over its real tokens of logp - logp_ref: queries [B, Q], responses and logp
+    [B * repeats, T]."""
+    out, per = [], max(1, batch_size // repeats)
+    for j in range(0, len(queries), per):
+        rows = slice(j * repeats, (j + per) * repeats)
+        with t.ctx.autocast(), using(ref_model, None):
+            ref = ref_logprobs(ref_model, queries[j : j + per], responses[rows], t.cfg.task.temperature, len(t.tok),
+                               repeats=repeats)  # fmt: skip
+        # rows that stopped at a stop token: the padding after it is no token of either policy
+        diff = torch.where(responses[rows] != PAD, logp[rows].float() - ref.float(), 0.0)
+        out += diff.sum(1).tolist()
     return out
 
 

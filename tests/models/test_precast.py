@@ -59,3 +59,20 @@ def test_precast_leaves_trained_weights_and_fp32_alone(monkeypatch):
     model.requires_grad_(False)
     with precast(model, "cpu"):  # autocast off: nothing to cast to
         assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_block_norms_return_the_autocast_dtype_only_without_autograd(kind, tiny_lm):
+    from lmprefs.models.precast import _block_norms
+
+    model = tiny_lm[0] if kind == "gpt2" else tiny_llama()
+    model.requires_grad_(False)
+    norms = list(_block_norms(model))
+    assert len(norms) == 2 * model.config.num_hidden_layers
+    x = torch.randn(2, 3, model.config.hidden_size)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.no_grad(), precast(model, "cpu"):
+            assert all(n(x).dtype == torch.bfloat16 for n in norms)
+        with precast(model, "cpu"):  # with autograd the projections' gradients stay summed in fp32
+            assert all(n(x).dtype == torch.float32 for n in norms)
+    assert not any("forward" in m.__dict__ for m in model.modules())

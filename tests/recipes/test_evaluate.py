@@ -99,3 +99,33 @@ def test_prompts_from_a_file_and_a_model_directory(run, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
     assert [r["query"] for r in rows] == ["It was a truth universally acknowledged", "She smiled at him",
                                           "The weather was"]  # fmt: skip
+
+
+def test_rows_that_stop_early_have_no_kl_from_their_padding(run, monkeypatch):
+    """A policy against itself, with responses that stop at common tokens: the KL is ~0, the padding after each
+    stop token being no token of either policy."""
+    import dataclasses
+
+    from lmprefs.data.tasks import PAD
+    from lmprefs.labels.labelers import score_fn
+    from lmprefs.pipeline import evaluation
+    from lmprefs.pipeline.task import Task, setup_task
+    from lmprefs.runtime.resolve import resolve_config
+
+    drawn = []
+
+    def sample(*args, **kwargs):
+        out = real_sample(*args, **kwargs)
+        drawn.append(out[0])
+        return out
+
+    real_sample = evaluation.sample
+    monkeypatch.setattr(evaluation, "sample", sample)
+    cfg = resolve_config("", config_file=run / "config.json")
+    cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, stop_at_eos=True, stop_tokens=(13, 11, 262)))
+    t = setup_task(cfg)
+    t = Task(**{**t.__dict__, "cfg": cfg})
+    e = evaluation.evaluate_policy(t, t.heldout_queries[:8], score_fn("vader"), None, 4, 3, ref_model=t.model,
+                                   batch_size=16, kl_batch_size=8)  # fmt: skip
+    assert any((r == PAD).any() for r in drawn)  # some rows stopped early
+    assert abs(e["kl"]) < 1e-4
