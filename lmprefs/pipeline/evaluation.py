@@ -66,8 +66,10 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
         if ref_model is not None:
             with t.ctx.autocast(), using(ref_model, None):
                 ref = ref_logprobs(ref_model, formatted, r, task.temperature, len(t.tok), repeats=samples_per_query)
-            kls += (logp.float() - ref.float()).sum(1).tolist()
-        lens += (r != PAD).sum(1).tolist()  # the sampler's PAD after each row's stop token
+            # the PAD after a row's stop token is no token: the reference's logprobs there count for nothing, as
+            # the sampler's are 0 there (the rollout masks them the same way)
+            kls += torch.where(r != PAD, logp.float() - ref.float(), 0).sum(1).tolist()
+        lens += (r != PAD).sum(1).tolist()
         post = truncate_responses(r, task.truncate_token, task.truncate_after)
         resp = response_texts(t.tok, post, task)
         scores = _scores(t, true_fn, formatted, post, resp, q, samples_per_query)

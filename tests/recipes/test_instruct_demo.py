@@ -142,3 +142,22 @@ def test_quickstart_instruct_preset_end_to_end_on_a_tiny_chat_model(tmp_path, ca
     assert "mean response length, final policy" in (run / "report.md").read_text()
     samples = read_jsonl(run / "samples.jsonl")
     assert samples and "<|im_start|>" not in samples[0]["query"]  # the plain query text, framed as a chat turn
+
+
+def test_heldout_kl_and_lengths_count_only_the_real_tokens_of_rows_that_stop():
+    """The initial policy against itself: KL exactly 0 with rows that stop early (the reference's logprobs on the
+    padding after a stop token are not counted), and a mean length below the cap."""
+    from lmprefs.labels.labelers import score_fn
+    from lmprefs.pipeline.evaluation import evaluate_policy
+    from lmprefs.pipeline.task import Task, setup_task
+
+    cfg = preset("tiny")
+    cfg = R(cfg, task=R(cfg.task, stop_at_eos=True, stop_tokens=(13, 11)))
+    t = setup_task(cfg, n_heldout=8)
+    e = evaluate_policy(t, t.heldout_queries[:8], score_fn("vader"), None, 2, 0, ref_model=t.model)
+    assert e["kl"] == pytest.approx(0.0, abs=1e-5)
+    assert 1 <= e["response_length"] < cfg.task.response_length and e["response_length_stderr"] > 0
+    assert not any("," in x[-1:] or "." in x[-1:] for x in e["texts"] if x)  # the stop token left out
+    t_off = Task(**{**t.__dict__, "cfg": preset("tiny")})
+    off = evaluate_policy(t_off, t.heldout_queries[:8], score_fn("vader"), None, 2, 0)
+    assert "response_length" not in off  # fixed-length responses: no length figures
