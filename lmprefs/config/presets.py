@@ -131,9 +131,9 @@ SUMMARIZE_DEMO = Config(
 # answers requests in its own chat format and ends its answer itself. Prompts: an Austen sentence, cut as the
 # quickstart cuts its queries (after a '.', at the last '.' within 32 tokens), framed inside the user turn as "A
 # friend says to you: <sentence> / Reply to your friend briefly and kindly." (query_prefix, query_suffix):
-# deterministic, offline, thousands of them, with setup_task's fixed held-out split as every preset. Framed as a
-# friend's words, more of the initial model's samples answered the sentence than with "Reply briefly and kindly to
-# this remark: <sentence>", where it more often rewrote or ignored it (six samples of each, read).
+# deterministic, offline, 3,883 of them, of which setup_task's fixed split holds out 512 as in every preset.
+# Framed as a friend's words, more of the initial model's samples answered the sentence than with "Reply briefly
+# and kindly to this remark: <sentence>", where it more often rewrote or ignored it (six samples of each, read).
 # Kindness is VADER's positive sentiment of the answer text (read without the end-of-turn token); brevity is left
 # to the model's own stopping and reported (the mean response length before and after), not rewarded: no built-in
 # labeler scores length beside sentiment.
