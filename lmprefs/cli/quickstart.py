@@ -45,5 +45,8 @@ def cmd_quickstart(argv: list[str]) -> int:
     print(f"final KL {st['kl_heldout']:.2f} nats on the held-out samples (target {cfg.rewards.kl_target}; last "
           f"training batch {st['kl']:.2f}), beta {st['beta']:.4f}; "
           f"total {sum(out['stages'].values()):.0f}s")
+    if "response_length" in f:  # task.stop_at_eos: how long the answers are, before and after
+        print(f"mean response length: {b['response_length']:.1f} -> {f['response_length']:.1f} tokens "
+              f"(cap {cfg.task.response_length})")
     print(f"report: {out['report']}")
     return 0

@@ -128,6 +128,33 @@ SUMMARIZE_DEMO = Config(
 )  # fmt: skip
 
 
+# The offline instruct demo (`lmprefs quickstart --preset instruct`): SmolLM2-135M-Instruct (the smollm2-135m asset)
+# answers requests in its own chat format and ends its answer itself. Prompts: an Austen sentence, cut as the
+# quickstart cuts its queries (after a '.', at the last '.' within 32 tokens), framed inside the user turn as "A
+# friend says to you: <sentence> / Reply to your friend briefly and kindly." (query_prefix, query_suffix):
+# deterministic, offline, 3,883 of them, of which setup_task's fixed split holds out 512 as in every preset.
+# Framed as a friend's words, more of the initial model's samples answered the sentence than with "Reply briefly
+# and kindly to this remark: <sentence>", where it more often rewrote or ignored it (six samples of each, read).
+# Kindness is VADER's positive sentiment of the answer text (read without the end-of-turn token); brevity is left
+# to the model's own stopping and reported (the mean response length before and after), not rewarded: no built-in
+# labeler scores length beside sentiment.
+# stop_tokens empty: the tokenizer's EOS, which for this model is its template's end-of-turn token '<|im_end|>'
+# (id 2; '<|endoftext|>', id 0, ends pretraining documents, not answers). 48 tokens: room for a short answer; the
+# rest (labels, reward model, PPO, LoRA, the KL target) follows the quickstart.
+INSTRUCT_DEMO = Config(
+    task=TaskConfig(query_dataset="austen", query_length=32, query_prefix="A friend says to you:",
+                    query_suffix="\n\nReply to your friend briefly and kindly.", start_text=".", end_text=".",
+                    response_length=48, stop_at_eos=True, truncate_token=None, penalty_reward_value=None,
+                    temperature=0.7, initial_model="smollm2-135m", chat_template="true"),
+    labels=LabelsConfig(num_train=800, labeler="vader"),
+    train_reward=TrainRewardConfig(batch_size=16, lr=2e-3, epochs=3, rollout_batch_size=64, normalize_samples=64),
+    rewards=RewardsConfig(kl_coef=0.15, kl_target=6.0, kl_horizon=10000),
+    ppo=PPOConfig(total_episodes=32 * 20, batch_size=32, nminibatches=2, noptepochs=4, lr=1.5e-3),
+    lora=LoraConfig(rank=8, alpha=16.0, layers=8),
+    run=RunConfig(log_interval=5, save_interval=10, dtype="auto"),
+)  # fmt: skip
+
+
 def _labeler(cfg: Config, name: str) -> Config:
     return R(cfg, labels=R(cfg.labels, labeler=name))
 
@@ -210,6 +237,12 @@ PRESETS: dict[str, tuple[str, Config]] = {
         "Offline summarization demo: SmolLM2-135M summarizes 300 ABC news articles (lee-news); a MiniLM faithfulness "
         "judge plays the human; sized for a 2-core CPU.",
         SUMMARIZE_DEMO,
+    ),
+    "instruct": (
+        "Offline instruct demo: SmolLM2-135M-Instruct, in its chat format, replies briefly and kindly to Austen "
+        "sentences said by a friend and stops at '<|im_end|>'; VADER (kindness) plays the human; sized as the "
+        "quickstart.",
+        INSTRUCT_DEMO,
     ),
     "tiny": (
         "For tests: a tiny GPT-2 (2 layers, 32 dims; trained for seconds on the bundled passages) continuing those "

@@ -73,7 +73,8 @@ class TaskConfig:
     the original's raw text. auto: true for a model of your own (a local directory or a hub name) whose tokenizer
     has a template; false for the bundled models (smollm2-135m, tiny-gpt2, tiny-gpt2-austen) and in the presets
     that reproduce the original's experiments (sentiment, descriptiveness, tldr, cnndm, austen-sentiment,
-    austen-descriptiveness, quickstart, summarize), which set false so they keep raw text with any model."""
+    austen-descriptiveness, quickstart, summarize), which set false so they keep raw text with any model; the
+    instruct preset sets true."""
 
 
 @dataclass(frozen=True)

@@ -106,9 +106,20 @@ def apply_penalty(scores: Tensor, postprocessed: Tensor, task: TaskConfig) -> Te
     return torch.where(ok, scores, torch.full_like(scores, task.penalty_reward_value))
 
 
-def decode(tokenizer, tokens: Tensor) -> list[str]:
-    """Texts of [B, L] tokens with PAD dropped."""
-    return [tokenizer.decode([t for t in row if t != PAD]) for row in tokens.tolist()]
+def decode(tokenizer, tokens: Tensor, stop: Sequence[int] = ()) -> list[str]:
+    """Texts of [B, L] tokens with PAD dropped. `stop` (responses: `stop_tokens`, () unless task.stop_at_eos): a
+    row's last real token is dropped too when it is one of them, so a labeler, a true reward, reports and samples
+    read what the response says, not the '<|im_end|>' that ended it; the token ids keep it (the policy and the
+    reward model still read it)."""
+    rows = [[t for t in row if t != PAD] for row in tokens.tolist()]
+    if stop:
+        rows = [r[:-1] if r and r[-1] in stop else r for r in rows]
+    return [tokenizer.decode(r) for r in rows]
+
+
+def response_texts(tokenizer, responses: Tensor, task: TaskConfig) -> list[str]:
+    """Texts of responses as they are scored and shown: decode without the stop token that ended them."""
+    return decode(tokenizer, responses, stop_tokens(task, tokenizer))
 
 
 def query_texts(tokenizer, formatted: Tensor, prefix: Sequence[int], suffix: Sequence[int]) -> list[str]:

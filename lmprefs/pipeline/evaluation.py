@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from lmprefs.data.tasks import PAD, decode, stop_tokens, truncate_responses
+from lmprefs.data.tasks import PAD, decode, response_texts, stop_tokens, truncate_responses
 from lmprefs.labels.labelers import score_texts
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
@@ -48,14 +48,16 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     as in objective/kl, averaged over every sample: a steadier figure than the last training batch's.
     Under several ranks each rank evaluates its strided share of the queries with its own seed (seed + rank *
     100003) and the shares are gathered, so every rank returns the same figures over all queries in 1/N of the
-    time; a collective, every rank calls it.
+    time; a collective, every rank calls it. With task.stop_at_eos, also the mean length of the responses in tokens
+    (the stop token included, as objective/response_length counts them) +/- its s.e. over samples.
     Samples are drawn `batch_size` rows at a time (the decode step's fixed costs shared by more rows), and the
     reference logprobs computed `kl_batch_size` rows at a time (their logits over the vocabulary are the largest
     tensor of an evaluation)."""
 
     task = t.cfg.task
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(seed))
-    per_query, texts, kls, every = [], [], [], []
+    stop = stop_tokens(task, t.tok)
+    per_query, texts, kls, every, lens = [], [], [], [], []
     bar = progress(len(queries), desc)
     mine = dist.shard(queries)
     for i in range(0, len(mine), max(1, batch_size // samples_per_query)):
@@ -63,12 +65,13 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
         formatted = t.ctx.format(q)
         with t.ctx.autocast(), using(t.model, adapter):
             r, logp = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen,
-                             repeats=samples_per_query, stop_tokens=stop_tokens(task, t.tok),
+                             repeats=samples_per_query, stop_tokens=stop,
                              **sampler_options(t.cfg.run))
         if ref_model is not None:
             kls += _kl(t, ref_model, formatted, r, logp, samples_per_query, kl_batch_size)
+        lens += (r != PAD).sum(1).tolist()
         post = truncate_responses(r, task.truncate_token, task.truncate_after)
-        resp = decode(t.tok, post)
+        resp = response_texts(t.tok, post, task)
         scores = _scores(t, true_fn, formatted, post, resp, q, samples_per_query)
         per_query += scores.mean(1).tolist()
         every += scores.tolist()
@@ -76,10 +79,10 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
         bar.update(len(q) * dist.world())
     bar.close()
     if dist.world() > 1:  # every rank's share, back in the queries' order (rank r held queries r, r + N, ...)
-        parts = dist.all_gather_objects((per_query, texts, kls, every))
+        parts = dist.all_gather_objects((per_query, texts, kls, every, lens))
         per_query, texts = _interleave([p[0] for p in parts]), _interleave([p[1] for p in parts])
         every = _interleave([p[3] for p in parts])
-        kls = [k for p in parts for k in p[2]]
+        kls, lens = [k for p in parts for k in p[2]], [n for p in parts for n in p[4]]
     x = torch.tensor(per_query, dtype=torch.float64)
     out = {"mean": x.mean().item(), "stderr": (x.std() / math.sqrt(len(x))).item(), "n_queries": len(x),
            "samples_per_query": samples_per_query, "per_query": per_query, "scores": every,
@@ -87,6 +90,9 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     if kls:
         k = torch.tensor(kls, dtype=torch.float64)
         out |= {"kl": k.mean().item(), "kl_stderr": (k.std() / math.sqrt(len(k))).item()}
+    if stop:
+        n = torch.tensor(lens, dtype=torch.float64)
+        out |= {"response_length": n.mean().item(), "response_length_stderr": (n.std() / math.sqrt(len(n))).item()}
     return out
 
 

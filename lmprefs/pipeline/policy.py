@@ -12,6 +12,7 @@ from pathlib import Path
 from lmprefs.config import Config
 from lmprefs.config.diff import flat_config, math_changes
 from lmprefs.data.queries import QueryStream
+from lmprefs.data.tasks import stop_tokens
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
 from lmprefs.io.config_file import save_config
@@ -115,7 +116,8 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
             extras["reward"] = info.pop("state")
     if true_reward:
         # a built-in judge or the user's module:function, as --reward takes them
-        score_fn, track = track_true_reward(score_fn, reward_function(true_reward)[1], t.tok, t.prefix, t.suffix)
+        score_fn, track = track_true_reward(score_fn, reward_function(true_reward)[1], t.tok, t.prefix, t.suffix,
+                                            stop_tokens(cfg.task, t.tok))
         hooks.append(track)
     run = build_run(cfg, policy_for(t), QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()),
                     t.device)  # fmt: skip

@@ -10,7 +10,7 @@ import torch
 
 from lmprefs.assets.tokenizers import load_tokenizer
 from lmprefs.config import Config
-from lmprefs.data.tasks import decode, query_texts
+from lmprefs.data.tasks import decode, query_texts, response_texts, stop_tokens
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_dir
 from lmprefs.labels.labelers import SCORE_FNS, score_fn, score_texts
@@ -97,13 +97,13 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         # (docs/results.md).
         gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
         q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
-        raw = dist.gather_rows(checked_scores(fn, decode(t.tok, r), reward, decode(t.tok, q)))
+        raw = dist.gather_rows(checked_scores(fn, response_texts(t.tok, r, cfg.task), reward, decode(t.tok, q)))
         mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
         if dist.is_main():
             print(f"reward {reward}: normalized with mean {mean:+.4f}, std {std:.4f} of {len(raw)} initial-policy "
                   "samples", flush=True)  # fmt: skip
         return text_score_fn(lambda texts, queries: checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
-                             std, t.prefix, t.suffix), {"reward": reward}  # fmt: skip
+                             std, t.prefix, t.suffix, stop_tokens(cfg.task, t.tok)), {"reward": reward}  # fmt: skip
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
     info: dict[str, object] = {"reward": "model", "reward_model": str(rm_dir)}
     if source == "frame":
@@ -182,15 +182,17 @@ def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:
                         f"({len(tok)} tokens, task.initial_model); train the reward model on the same base model")
 
 
-def track_true_reward(score_fn, true_fn, tok, prefix: Sequence[int] = (), suffix: Sequence[int] = ()):
+def track_true_reward(score_fn, true_fn, tok, prefix: Sequence[int] = (), suffix: Sequence[int] = (),
+                      stop: Sequence[int] = ()):
     """(score_fn, on_update): the same scores, plus objective/true_reward (the true reward of each rollout's
     truncated responses) added to every update's metrics, for curves of what the reward model stands in for.
-    `prefix`/`suffix`: the task's, around the rollout's queries (a judge that reads the query gets the query alone)."""
+    `prefix`/`suffix`: the task's, around the rollout's queries (a judge that reads the query gets the query alone);
+    `stop`: the task's stop tokens, left out of the texts it reads (`decode`)."""
 
     last: dict[str, float] = {}
 
     def score(q, r, frozen=None):
-        last["v"] = sum(score_texts(true_fn, decode(tok, r), query_texts(tok, q, prefix, suffix))) / len(r)
+        last["v"] = sum(score_texts(true_fn, decode(tok, r, stop), query_texts(tok, q, prefix, suffix))) / len(r)
         return score_fn(q, r, frozen)
 
     def on_update(_, stats):

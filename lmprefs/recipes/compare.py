@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.config import Config
-from lmprefs.data.tasks import apply_penalty, decode, stop_tokens, truncate_responses
+from lmprefs.data.tasks import apply_penalty, decode, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
 from lmprefs.labels.labelers import score_texts
 from lmprefs.models.artifacts import load_policy, load_reward_model
@@ -223,7 +223,7 @@ def best_of_n_policy(t: Task, rm, queries: torch.Tensor, true_fn, n: int, sample
             post = truncate_responses(r, task.truncate_token, task.truncate_after)
             proxy = apply_penalty(score(formatted.repeat_interleave(k, 0), post, None).float(), post, task)
         articles = [x for x in decode(t.tok, q) for _ in range(k)]  # a judge may read the query
-        true = torch.tensor(score_texts(true_fn, decode(t.tok, post), articles), dtype=torch.float64)
+        true = torch.tensor(score_texts(true_fn, response_texts(t.tok, post, task), articles), dtype=torch.float64)
         pick = proxy.view(len(q), samples, n).argmax(2, keepdim=True).cpu()  # the first of the highest
         per_query += true.view(len(q), samples, n).gather(2, pick).squeeze(2).mean(1).tolist()
     x = torch.tensor(per_query, dtype=torch.float64)

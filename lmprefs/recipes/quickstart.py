@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lmprefs.config import Config, label_type_shape
 from lmprefs.data.queries import QueryStream
-from lmprefs.data.tasks import decode, show
+from lmprefs.data.tasks import decode, show, stop_tokens
 from lmprefs.labels.labelers import score_fn
 from lmprefs.models import parallel
 from lmprefs.pipeline.evaluation import evaluate_policy, plot_curves, true_reward_name
@@ -36,6 +36,20 @@ def chance(cfg: Config) -> float:
     """A reward model's held-out accuracy by chance: 1/N for best_of_N."""
 
     return 1 / label_type_shape(cfg.labels.type)[1]
+
+
+LENGTH_KEYS = ("response_length", "response_length_stderr")
+
+
+def _length_rows(cfg: Config, before: dict, after: dict) -> list[str]:
+    """With task.stop_at_eos, each policy's mean response length on the held-out samples: whether PPO made its
+    answers longer or shorter is half of what an instruct demo shows."""
+    if "response_length" not in after:
+        return []
+    cap = cfg.task.response_length
+    return [f"| mean response length, {name} policy (tokens, stop token included; cap {cap}) | "
+            f"{e['response_length']:.1f} +/- {e['response_length_stderr']:.1f} |"
+            for name, e in (("initial", before), ("final", after))]  # fmt: skip
 
 
 def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before: dict, after: dict, *, queries,
@@ -59,7 +73,8 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
         f"| KL of the final policy on the held-out samples (nats) / target | {after.get('kl', float('nan')):.2f} "
         f"+/- {after.get('kl_stderr', float('nan')):.2f} / {cfg.rewards.kl_target} |",
         f"| KL of the last training batch (objective/kl) | {figures.get('kl', float('nan')):.2f} |",
-        f"| final beta | {figures.get('beta', float('nan')):.4f} |", "",
+        f"| final beta | {figures.get('beta', float('nan')):.4f} |",
+        *_length_rows(cfg, before, after), "",
         "| stage | seconds |", "|---|---|", *[f"| {k} | {v:.0f} |" for k, v in stages.items()],
         f"| total | {sum(stages.values()):.0f} |", "",
         "![learning curves](curves.png)", "", "## Samples before and after, same queries", "",
@@ -75,7 +90,9 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
     (run_dir / "report.json").write_text(json.dumps({"figures": figures, "stages": stages,
         "true_reward_before": {k: before[k] for k in ("mean", "stderr", "n_queries")},
         "true_reward_after": {k: after[k] for k in ("mean", "stderr", "n_queries")},
-        "kl_after": {k: after.get(k) for k in ("kl", "kl_stderr")}}, indent=1))  # fmt: skip
+        "kl_after": {k: after.get(k) for k in ("kl", "kl_stderr")},
+        **{f"response_length_{name}": {k: e[k] for k in LENGTH_KEYS} for name, e in (("before", before),
+           ("after", after)) if "response_length" in e}}, indent=1))  # fmt: skip
     return path
 
 
@@ -119,7 +136,8 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     say(f"[5/6] PPO against the reward model: {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", flush=True)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
-    score, on_update = track_true_reward(rm_score_fn(rm), true_fn, t.tok, t.prefix, t.suffix)
+    score, on_update = track_true_reward(rm_score_fn(rm), true_fn, t.tok, t.prefix, t.suffix,
+                                         stop_tokens(cfg.task, t.tok))
     stats = train_policy(cfg, run, score, log, run_dir, t.ctx, on_update)
     log.close()
     stages["PPO"] = time.time() - s

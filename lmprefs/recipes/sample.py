@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.data.queries import task_queries
-from lmprefs.data.tasks import apply_penalty, decode, format_queries, stop_tokens, truncate_responses
+from lmprefs.data.tasks import apply_penalty, decode, format_queries, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_dir
 from lmprefs.models.artifacts import is_reward_model_dir, load_policy, load_reward_model
@@ -51,12 +51,13 @@ def sample_texts(cfg, n: int, policy_dir: Path | None = None, temperature: float
         responses, _ = sample(model, format_queries(queries, prefix, suffix), cfg.task.response_length,
                               temperature, len(tok), gen, stop_tokens=stop_tokens(cfg.task, tok),
                               **sampler_options(cfg.run))  # fmt: skip
-    return list(zip(decode(tok, queries), decode(tok, responses), strict=True))
+    return list(zip(decode(tok, queries), response_texts(tok, responses, cfg.task), strict=True))
 
 
-def reward_scorer(tok, device, reward_model: Path | None = None, reward: str | None = None):
+def reward_scorer(tok, device, reward_model: Path | None = None, reward: str | None = None, stop: tuple = ()):
     """score(formatted queries [B, Q], responses [B, T], query texts) -> [B] float: a reward model's (it reads the
-    policy's token ids, so it must share its tokenizer) or a reward function's (vader, module:function) scores."""
+    policy's token ids, so it must share its tokenizer) or a reward function's (vader, module:function) scores, on
+    the texts without a stop token that ended them (`stop`)."""
     if reward_model is not None:
         path = input_dir(reward_model, "--reward-model", "reward-model directory")
         if not is_reward_model_dir(path):
@@ -66,7 +67,7 @@ def reward_scorer(tok, device, reward_model: Path | None = None, reward: str | N
         rm = load_reward_model(path, device).eval().requires_grad_(False)
         return lambda q, r, texts: rm(q, r).float()
     name, fn = reward_function(reward)
-    return lambda q, r, texts: checked_scores(fn, decode(tok, r), name, texts).float().to(r.device)
+    return lambda q, r, texts: checked_scores(fn, decode(tok, r, stop), name, texts).float().to(r.device)
 
 
 def best_of_n(cfg, n: int, best_of: int, policy_dir: Path | None = None, temperature: float | None = None,
@@ -80,7 +81,7 @@ def best_of_n(cfg, n: int, best_of: int, policy_dir: Path | None = None, tempera
         raise UserError(f"--best-of {best_of}: must be at least 1")
     model, tok, queries, prefix, suffix, gen, temperature, device, dtype = _setup(cfg, n, policy_dir, temperature,
                                                                                    seed, split)  # fmt: skip
-    score = reward_scorer(tok, device, reward_model, reward)
+    score = reward_scorer(tok, device, reward_model, reward, stop_tokens(cfg.task, tok))
     task, q = cfg.task, format_queries(queries, prefix, suffix)
     with autocast(device, dtype):
         responses, _ = sample(model, q, task.response_length, temperature, len(tok), gen, repeats=best_of,
@@ -90,7 +91,7 @@ def best_of_n(cfg, n: int, best_of: int, policy_dir: Path | None = None, tempera
         raw = score(q.repeat_interleave(best_of, 0), post, texts)  # [n * best_of]
     scores = apply_penalty(raw.float(), post, task).view(-1, best_of).cpu()  # [n, best_of]
     pick = scores.argmax(1)  # [n]
-    drawn = decode(tok, responses)
+    drawn = response_texts(tok, responses, task)
     return [{"query": qt, "response": drawn[i * best_of + int(j)], "score": scores[i, j].item(),
              "responses": drawn[i * best_of : (i + 1) * best_of], "scores": scores[i].tolist()}
             for i, (qt, j) in enumerate(zip(decode(tok, queries), pick, strict=True))]  # fmt: skip

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from lmprefs.config import Config
-from lmprefs.data.tasks import decode, show
+from lmprefs.data.tasks import decode, response_texts, show
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text, crash_point
 from lmprefs.labels.formats import LabelFileError, import_file
@@ -69,7 +69,7 @@ def demo_data(cfg: Config, out: Path, n_prompts: int, per_prompt: int, true_fn) 
                                  sampler=sampler_options(cfg.run))  # fmt: skip
     bar.close()
     prompts = decode(t.tok, queries)
-    responses = decode(t.tok, samples.flatten(0, 1))
+    responses = response_texts(t.tok, samples.flatten(0, 1), task)
     scores = [float(x) for x in true_fn(responses)]
     rows = [{"prompt": prompts[i // per_prompt], "response": r, "score": round(s, 4)}
             for i, (r, s) in enumerate(zip(responses, scores, strict=True))]  # fmt: skip

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.config import Config
-from lmprefs.data.tasks import TaskContext, decode, show
+from lmprefs.data.tasks import TaskContext, decode, response_texts, show
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text, crash_point
 from lmprefs.models import parallel
@@ -162,7 +162,7 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         stats |= dist.all_reduce_mean({k: stats[k] for k in ("elapsed/fps", "elapsed/time")})  # clocks differ
         log.scalars(stats, run.update)
         if (run.update % cfg.run.log_interval == 0 or run.update == 1) and dist.is_main():
-            _print_samples(run, rollout, extra, ctx, log)
+            _print_samples(run, rollout, extra, ctx, log, cfg)
         crash_point("train:logged")
         reason = andon_check(run, stats, cfg) or nonfinite_parameters(run)
         if reason:  # the poisoned state is not saved: the last good checkpoint stays what --resume finds
@@ -214,7 +214,8 @@ def andon_stop(run: PolicyRun, run_dir: Path, reason: str) -> AndonStop:
     return AndonStop(f"andon cord pulled at update {run.update}: {reason}; {kept}")
 
 
-def _print_samples(run: PolicyRun, rollout: Rollout, extra: dict, ctx: TaskContext, log, n: int = 3) -> None:
+def _print_samples(run: PolicyRun, rollout: Rollout, extra: dict, ctx: TaskContext, log, cfg: Config,
+                   n: int = 3) -> None:
     """Three samples in the original's format (train_policy.py#L423-L430), also appended to samples.jsonl."""
     from tqdm import tqdm
 
@@ -222,7 +223,8 @@ def _print_samples(run: PolicyRun, rollout: Rollout, extra: dict, ctx: TaskConte
     beta = run.kl_ctl.value
     rows = []
     for i in range(min(n, len(rollout))):
-        q, r = decode(tok, ctx.shown(rollout.queries[i : i + 1]))[0], decode(tok, extra["responses"][i : i + 1])[0]
+        q = decode(tok, ctx.shown(rollout.queries[i : i + 1]))[0]
+        r = response_texts(tok, extra["responses"][i : i + 1], cfg.task)[0]
         score, kl = rollout.scores[i].item(), extra["kl"][i].item()
         tqdm.write(f"{show(q)}\n{show(r)}\n  score = {score:+.3f}\n  kl = {kl:+.3f}\n"
                    f"  total = {score - beta * kl:+.3f}")

@@ -39,12 +39,14 @@ def rm_score_fn(rm) -> ScoreFn:
 
 
 def text_score_fn(fn: Callable[[list[str], list[str]], list[float]], tok, mean: float = 0.0, std: float = 1.0,
-                  prefix: Sequence[int] = (), suffix: Sequence[int] = ()) -> ScoreFn:  # fmt: skip
+                  prefix: Sequence[int] = (), suffix: Sequence[int] = (),
+                  stop: Sequence[int] = ()) -> ScoreFn:  # fmt: skip
     """A reward on the response text (e.g. VADER): the paper's 'direct access to the true reward', as
-    (fn(responses, queries) - mean) / std; the queries are the query texts without the task's prefix and suffix."""
+    (fn(responses, queries) - mean) / std; the queries are the query texts without the task's prefix and suffix,
+    the responses' texts without a stop token that ended them (`stop`, the task's stop_tokens)."""
 
     def score(queries: Tensor, responses: Tensor, frozen: FrozenPrefix | None = None) -> Tensor:
-        texts = fn(decode(tok, responses), query_texts(tok, queries, prefix, suffix))
+        texts = fn(decode(tok, responses, stop), query_texts(tok, queries, prefix, suffix))
         raw = torch.tensor(texts, dtype=torch.float32, device=responses.device)
         return (raw - mean) / std
 

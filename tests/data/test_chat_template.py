@@ -60,7 +60,11 @@ def test_formatted_queries_are_apply_chat_template_of_the_query_text(chat_tok, p
 
 
 def test_auto_keeps_raw_text_for_every_built_in_preset(chat_tok):
+    # the instruct demo's preset alone sets true: its model is the bundled instruct model
+    assert [n for n, (_, c) in PRESETS.items() if c.task.chat_template == "true"] == ["instruct"]
     for name, (_, cfg) in PRESETS.items():
+        if name == "instruct":
+            continue
         assert not uses_chat_template(cfg.task, chat_tok), name
         assert task_frame(cfg.task, chat_tok) == (encode_fixed(chat_tok, cfg.task.query_prefix),
                                                   encode_fixed(chat_tok, cfg.task.query_suffix))  # fmt: skip
