@@ -4,11 +4,10 @@ ends when every row has ended; and the models read padded responses at their rea
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
+from test_sampling import NextTokenModel
 
 from lmprefs.data.tasks import PAD
 from lmprefs.models import sampling
@@ -19,28 +18,17 @@ from lmprefs.models.sampling import sample
 EOS = 50256  # GPT-2's <|endoftext|>
 
 
-class Counting(nn.Module):
-    """A fake LM whose next token is always previous + 1 (as test_sampling's NextTokenModel), counting its forward
-    passes: one prefill, then one per decode step."""
+class Counting(NextTokenModel):
+    """test_sampling's fake LM (the next token is always previous + 1), counting its forward passes: one prefill,
+    then one per decode step."""
 
     def __init__(self, V: int):
-        super().__init__()
-        self.V, self.calls = V, 0
-        self.head = nn.Linear(V, V, bias=False)
-        with torch.no_grad():
-            self.head.weight.copy_(100.0 * torch.roll(torch.eye(V), 1, dims=0))
+        super().__init__(V)
+        self.calls = 0
 
-    @property
-    def base_model(self):
-        return self
-
-    def get_output_embeddings(self):
-        return self.head
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False):
+    def forward(self, *args, **kwargs):
         self.calls += 1
-        h = nn.functional.one_hot(input_ids, self.V).float()
-        return SimpleNamespace(last_hidden_state=h, past_key_values=None)
+        return super().forward(*args, **kwargs)
 
 
 def _padded_queries(tok):
