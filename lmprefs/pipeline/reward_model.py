@@ -27,6 +27,7 @@ from lmprefs.models.trunk import frozen_depth
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger, progress
+from lmprefs.training.prefix_share import SharedPrefixes
 from lmprefs.training.reward import (
     Comparisons,
     evaluate,
@@ -150,8 +151,10 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
                 for k, v in evaluate(rm, held, lt, t.ctx, min_gap=gap).items()}
     cache = None
     if cfg.train_reward.epochs > 1 and frozen_depth(rm.lm) > 0:
-        # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory
-        if prefix_bytes(rm, train, t.ctx) <= PREFIX_CACHE_BYTES:
+        # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory;
+        # computed once for several reward models when the caller shared them (the same rows, the same values)
+        cache = t.shared_prefixes.for_data(rm, train) if t.shared_prefixes is not None else None
+        if cache is None and prefix_bytes(rm, train, t.ctx) <= PREFIX_CACHE_BYTES:
             bar = progress(len(train), "reward model: frozen blocks")
             cache = reward_prefixes(rm, train, t.ctx,
                                     cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)  # fmt: skip
@@ -193,6 +196,31 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
                           card=reward_model_card(cfg, summary))  # fmt: skip
     dist.barrier()  # every rank may read it once this returns
     return rm, summary
+
+
+def shared_reward_prefixes(t: Task, store, configs: list[Config]) -> SharedPrefixes | None:
+    """The frozen prefixes of every labeled row that a reward model trained with any of `configs` (the arms of an
+    experiment: one task, the seed and labels.num_train / subset_seed varying) trains on, computed once; None where
+    train_reward_model would not cache them (one epoch, no frozen block, or over PREFIX_CACHE_BYTES). Adds the
+    reward adapter to t.model (it is the frame's), so `t` is the caller's to drop afterwards."""
+    cfg = t.cfg
+    if cfg.lora.rank <= 0 or cfg.train_reward.epochs <= 1 or cfg.run.parallel == "fsdp" or not configs:
+        return None
+    items: set[int] = set()
+    for c in configs:  # each arm's own split and subset, as training_labels draws them for it
+        train = training_labels(Task(**{**t.__dict__, "cfg": c}), store).train
+        assert train.items is not None  # a store's labels carry their item ids
+        items |= set(train.items.tolist())
+    data = load_examples(cfg, store, t.tok)
+    assert data.items is not None  # a store's labels carry their item ids
+    data = data[torch.isin(data.items, torch.tensor(sorted(items), dtype=data.items.dtype))]
+    rm = reward_frame(t)
+    if frozen_depth(rm.lm) == 0 or prefix_bytes(rm, data, t.ctx) > PREFIX_CACHE_BYTES:
+        return None
+    bar = progress(len(data), "reward models: frozen blocks, once for all arms")
+    shared = SharedPrefixes.compute(rm, data, t.ctx, cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)
+    bar.close()
+    return shared
 
 
 def reward_model_card(cfg: Config, summary: dict) -> CardInfo:

@@ -28,9 +28,11 @@ from lmprefs.io.atomic import atomic_write_text
 from lmprefs.pipeline.evaluation import evaluate_arm
 from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.policy import run_train_policy
+from lmprefs.pipeline.reward_model import shared_reward_prefixes
 from lmprefs.pipeline.rewards import reward_function
 from lmprefs.pipeline.task import setup_task
 from lmprefs.runtime.runlog import read_metrics
+from lmprefs.training.prefix_share import SharedPrefixes
 
 R = dataclasses.replace
 POOL_FACTOR = 1.5  # with several seeds the store holds 1.5x the largest label count, so its arms' subsets differ
@@ -58,13 +60,16 @@ def true_reward_fn(name: str):
 
 
 def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, samples: int, true_name: str, *,
-              reward: str | None = None, store_path: Path | None = None) -> dict:  # fmt: skip
+              reward: str | None = None, store_path: Path | None = None,
+              shared: SharedPrefixes | None = None) -> dict:  # fmt: skip
     """One arm: a train-policy run in arm_dir (resumed if begun before), evaluated on the first n_eval held-out
-    queries with the true reward and its KL from the initial policy."""
+    queries with the true reward and its KL from the initial policy. `shared`: frozen prefixes its reward model
+    takes its rows from (shared_reward_prefixes), instead of computing them again."""
 
     resume = (arm_dir / "run.json").is_file()  # begun before: resume (from its checkpoint, or over)
     print(f"[{name}] {'resuming' if resume else 'training'} ({what})", flush=True)
     t = setup_task(cfg, n_eval)  # a fresh model per arm: adapters must not carry over between arms
+    t.shared_prefixes = shared
     out = run_train_policy(cfg, arm_dir, reward=reward, store_path=str(store_path) if store_path else None,
                            resume=resume, t=t, true_reward=true_name)  # fmt: skip
     ev = evaluate_arm(t, out["run"].policy, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
@@ -146,26 +151,40 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
         print("[initial] evaluating the initial policy", flush=True)
         res.save("initial", evaluate_arm(t, None, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
                                          cfg.run.seed + 5, "initial policy"))  # fmt: skip
-    del t
     arms = [(f"rm-{n}", n) for n in label_counts] + [("direct", None)]
+    todo = [arm_config(cfg, s, n) for s in range(seeds) for name, n in arms
+            if n is not None and seed_key(name, s) not in res.data]  # fmt: skip
+    shared = None
+    if len(todo) > 1:  # the reward models' frozen bottom blocks: run once over the union of their label subsets
+        shared = shared_reward_prefixes(t, open_store(store_path), todo)
+        if shared is not None:
+            print(f"[prefixes] the frozen blocks' outputs of {len(shared.items)} labeled questions, shared by "
+                  f"{len(todo)} reward models ({shared.nbytes() / 2**30:.2f} GiB)", flush=True)  # fmt: skip
+    del t
     for s in range(seeds):
-        seed = cfg.run.seed + s
         for name, n in arms:
             key = seed_key(name, s)
             if key in res.data:
                 print(f"[{key}] done: {res.data[key]['mean']:+.4f}", flush=True)
                 continue
-            arm_cfg = R(cfg, run=R(cfg.run, seed=seed))
-            if n is not None:  # a random n of the store's labels, drawn with the seed
-                arm_cfg = R(arm_cfg, labels=R(cfg.labels, num_train=n, subset_seed=seed))
+            arm_cfg = arm_config(cfg, s, n)
             ev = train_arm(arm_cfg, run_dir / key, key, f"{n} labels" if n else "true reward", n_eval, samples,
-                           true_name, reward=None if n else true_name, store_path=store_path)  # fmt: skip
-            res.save(key, ev | {"labels": n, "reward": "model" if n else true_name, "seed": seed})
+                           true_name, reward=None if n else true_name, store_path=store_path,
+                           shared=shared if n else None)  # fmt: skip
+            res.save(key, ev | {"labels": n, "reward": "model" if n else true_name, "seed": arm_cfg.run.seed})
     names = [a[0] for a in arms]
     res.save("summary", summarize_seeds(res.data, names, seeds))
     fig = plot_figure2(run_dir, names, seeds, res.data, cfg.ppo.batch_size)
     plot_overoptimization(run_dir, [n for n in names if n.startswith("rm-")], seeds)
     return {"results": res.data, "figure": fig}
+
+
+def arm_config(cfg: Config, s: int, n: int | None) -> Config:
+    """The config of seed s's arm with n labels (None: direct access): the seed moves, and a reward model trains on a
+    random n of the store's labels drawn with it, so a seed's smaller counts are prefixes of its larger ones."""
+    seed = cfg.run.seed + s
+    arm = R(cfg, run=R(cfg.run, seed=seed))
+    return arm if n is None else R(arm, labels=R(cfg.labels, num_train=n, subset_seed=seed))
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
