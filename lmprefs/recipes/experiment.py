@@ -31,11 +31,11 @@ from lmprefs.pipeline.policy import run_train_policy
 from lmprefs.pipeline.reward_model import shared_reward_prefixes
 from lmprefs.pipeline.rewards import reward_function
 from lmprefs.pipeline.task import setup_task
+from lmprefs.recipes.plan import POOL_FACTOR, store_questions
 from lmprefs.runtime.runlog import read_metrics
 from lmprefs.training.prefix_share import SharedPrefixes
 
 R = dataclasses.replace
-POOL_FACTOR = 1.5  # with several seeds the store holds 1.5x the largest label count, so its arms' subsets differ
 
 
 class Results:
@@ -107,15 +107,10 @@ def default_label_counts(cfg: Config, n_train_queries: int, seeds: int) -> list[
     return sorted({max(1, most // 16), max(1, most // 4), most})
 
 
-def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | None, n_eval: int | None,
-                       samples: int, seeds: int = 1,
-                       on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
-    """Figure 2 over `seeds` seeds. label_counts, n_eval: None for the defaults the task's queries allow. on_start
-    runs once every input has been checked, before anything is written."""
-
-    true_name = cfg.labels.labeler
-    hf = cfg.labels.heldout_fraction
-    t = setup_task(cfg, n_eval or DEFAULT_EVAL_QUERIES)
+def check_sizes(t, label_counts: list[int] | None, n_eval: int | None, seeds: int) -> tuple[list[int], int]:
+    """(label counts, held-out queries) of Figure 2 on task t: None for the defaults the task's queries allow (said
+    when they shrink); one line naming the flag when the task cannot give them."""
+    cfg, hf = t.cfg, t.cfg.labels.heldout_fraction
     if n_eval is None:
         n_eval = min(DEFAULT_EVAL_QUERIES, len(t.heldout_queries))
         if n_eval < DEFAULT_EVAL_QUERIES:
@@ -125,14 +120,26 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
         if label_counts != DEFAULT_LABEL_COUNTS:
             print(f"label counts {','.join(map(str, label_counts))}: what the task's {len(t.train_queries)} training "
                   "queries can give")  # fmt: skip
-    n_questions = math.ceil(max(label_counts) * (POOL_FACTOR if seeds > 1 else 1) / (1 - hf))
     check_heldout(t, n_eval, "--eval-queries")
-    if n_questions > len(t.train_queries):
+    if store_questions(cfg, label_counts, seeds) > len(t.train_queries):
         most = int(len(t.train_queries) * (1 - hf) / (POOL_FACTOR if seeds > 1 else 1))
         raise UserError(f"--labels {max(label_counts)}: the label store can provide at most {most} labels "
                         f"({len(t.train_queries)} training queries in task.query_dataset={cfg.task.query_dataset!r}, "
                         f"labels.heldout_fraction {hf}" + (f", {POOL_FACTOR}x the largest count for --seeds {seeds}"
                                                            if seeds > 1 else "") + ")")  # fmt: skip
+    return label_counts, n_eval
+
+
+def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | None, n_eval: int | None,
+                       samples: int, seeds: int = 1,
+                       on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
+    """Figure 2 over `seeds` seeds. label_counts, n_eval: None for the defaults the task's queries allow. on_start
+    runs once every input has been checked, before anything is written."""
+
+    true_name = cfg.labels.labeler
+    t = setup_task(cfg, n_eval or DEFAULT_EVAL_QUERIES)
+    label_counts, n_eval = check_sizes(t, label_counts, n_eval, seeds)
+    n_questions = store_questions(cfg, label_counts, seeds)
     res = Results(run_dir)
     held = res.data.get("labels", {}).get("questions", n_questions)
     if held < n_questions:
