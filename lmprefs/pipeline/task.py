@@ -37,6 +37,8 @@ class Task:
     # frozen prefixes of labeled rows computed once for several reward models (an experiment's arms and seeds);
     # train_reward_model takes its rows from here when every one of them is there
     shared_prefixes: SharedPrefixes | None = None
+    # the untrained reward model's normalization and held-out figures, by seed (reward_model.before_training)
+    shared_before: dict | None = None
 
     @property
     def ctx(self) -> TaskContext:

@@ -61,15 +61,16 @@ def true_reward_fn(name: str):
 
 def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, samples: int, true_name: str, *,
               reward: str | None = None, store_path: Path | None = None,
-              shared: SharedPrefixes | None = None) -> dict:  # fmt: skip
+              shared: SharedPrefixes | None = None, before: dict | None = None) -> dict:  # fmt: skip
     """One arm: a train-policy run in arm_dir (resumed if begun before), evaluated on the first n_eval held-out
     queries with the true reward and its KL from the initial policy. `shared`: frozen prefixes its reward model
-    takes its rows from (shared_reward_prefixes), instead of computing them again."""
+    takes its rows from (shared_reward_prefixes), instead of computing them again; `before`: the untrained reward
+    models' figures, kept across arms (reward_model.before_training)."""
 
     resume = (arm_dir / "run.json").is_file()  # begun before: resume (from its checkpoint, or over)
     print(f"[{name}] {'resuming' if resume else 'training'} ({what})", flush=True)
     t = setup_task(cfg, n_eval)  # a fresh model per arm: adapters must not carry over between arms
-    t.shared_prefixes = shared
+    t.shared_prefixes, t.shared_before = shared, before
     out = run_train_policy(cfg, arm_dir, reward=reward, store_path=str(store_path) if store_path else None,
                            resume=resume, t=t, true_reward=true_name)  # fmt: skip
     ev = evaluate_arm(t, out["run"].policy, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
@@ -168,6 +169,7 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
             print(f"[prefixes] the frozen blocks' outputs of {len(shared.items)} labeled questions, shared by "
                   f"{len(todo)} reward models ({shared.nbytes() / 2**30:.2f} GiB)", flush=True)  # fmt: skip
     del t
+    before: dict = {}  # an untrained reward model is the same for every count of a seed: normalized once per seed
     for s in range(seeds):
         for name, n in arms:
             key = seed_key(name, s)
@@ -177,7 +179,7 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
             arm_cfg = arm_config(cfg, s, n)
             ev = train_arm(arm_cfg, run_dir / key, key, f"{n} labels" if n else "true reward", n_eval, samples,
                            true_name, reward=None if n else true_name, store_path=store_path,
-                           shared=shared if n else None)  # fmt: skip
+                           shared=shared if n else None, before=before if n else None)  # fmt: skip
             res.save(key, ev | {"labels": n, "reward": "model" if n else true_name, "seed": arm_cfg.run.seed})
     names = [a[0] for a in arms]
     res.save("summary", summarize_seeds(res.data, names, seeds))

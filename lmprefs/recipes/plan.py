@@ -161,8 +161,9 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
     """[{stage, runs, gflop, seconds}] (gflop and seconds of all runs together) of `experiment mock-sentiment` with
     these arms, as the code shares work between them: one labeling pass and one initial evaluation for all, the
     reward models' frozen prefixes once over the union of their labels (at most the store, at most seeds x the
-    largest count), and per arm and seed a model load, its reward model (or the direct arm's normalization
-    samples), its PPO run and its final evaluation. `rates`: GFLOP/s by quickstart stage (MEASURED_GFLOPS);
+    largest count), the untrained reward model's normalization and held-out evaluation once per seed, and per arm
+    and seed a model load, its reward model (or the direct arm's normalization samples), its PPO run and its final
+    evaluation. `rates`: GFLOP/s by quickstart stage (MEASURED_GFLOPS);
     `share` False: every reward model runs its own frozen prefixes (what sharing them saves)."""
     rates = rates or MEASURED_GFLOPS
     if not label_counts or min(label_counts) < 1 or seeds < 1 or n_eval < 1 or samples < 1:
@@ -195,15 +196,20 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
         segs = F.query_response_segments(union, shape.q_len, cfg.task.response_length, S, shared=shape.shared_queries)
         rows.append(row(f"frozen prefixes of {union} questions, once", 1, F.trunk_flops(facts, segs, 0, ad.start),
                         "train reward model"))  # fmt: skip
-    for n in label_counts:
+    tr = cfg.train_reward
+    norms = int(tr.normalize_before) + int(tr.normalize_after)
+    for i, n in enumerate(label_counts):
         rm = stages(n)["train reward model"]
         own = sum(v for k, v in rm.items() if not (shared and k == "frozen prefix, once"))
+        if share and i > 0 and label_type_shape(cfg.labels.type)[0] != "score":
+            # the untrained model's normalization and held-out evaluation: once per seed (before_training)
+            once = rm.get("normalize: sample", 0) + rm.get("normalize: score", 0)
+            own -= once // max(norms, 1) * int(tr.normalize_before) + rm.get("held-out evaluation", 0) // 2
         rows.append(row(f"reward model, {n} labels", seeds, seeds * own, "train reward model"))
     ppo = stages(max(label_counts))
     per_ppo = sum(ppo["PPO"].values())
     direct = per_ppo - ppo["PPO"].get("rollout: reward model", 0)
     norm = ppo["train reward model"].get("normalize: sample", 0)
-    norms = int(cfg.train_reward.normalize_before) + int(cfg.train_reward.normalize_after)
     rows.append(row("direct arm: normalization samples", seeds, seeds * norm / max(norms, 1), "evaluate initial"))
     rows.append(row(f"PPO, {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", seeds * (len(label_counts) + 1),
                     seeds * (len(label_counts) * per_ppo + direct), "PPO"))  # fmt: skip

@@ -1,5 +1,6 @@
-"""Frozen prefixes shared between the reward models of an experiment's arms: a reward model trained from them is the
-one trained from its own (the same rows, the same values), and a row the shared set lacks falls back to computing."""
+"""Work shared between the reward models of an experiment's arms: frozen prefixes computed once for all of them, and
+the untrained model's normalization and held-out figures once per seed. A reward model trained with them is bitwise
+the one trained alone, and a row the shared prefixes lack falls back to computing."""
 
 import dataclasses
 
@@ -24,9 +25,9 @@ def arm_cfg(seed: int, n: int):
     return R(cfg, labels=R(cfg.labels, num_train=n, subset_seed=seed, heldout_fraction=0.2))
 
 
-def trained(cfg, store, out, shared=None):
+def trained(cfg, store, out, shared=None, before=None):
     t = setup_task(cfg, 8)  # a fresh model, as every arm of an experiment has
-    t.shared_prefixes = shared
+    t.shared_prefixes, t.shared_before = shared, before
     rm, summary = train_reward_model(t, store, out)
     weights = RewardState(rm).state_dict() | {n: p.detach().clone() for n, p in t.model.named_parameters()
                                               if "reward" in n}  # fmt: skip
@@ -43,21 +44,27 @@ def store_and_shared(tmp_path_factory):
     return store, configs, shared
 
 
-def test_a_reward_model_from_shared_prefixes_equals_one_from_its_own(store_and_shared, tmp_path, monkeypatch):
+def test_a_reward_model_from_shared_work_equals_one_from_its_own(store_and_shared, tmp_path, monkeypatch):
     store, configs, shared = store_and_shared
     assert shared is not None and shared.start == 1 and len(shared.items) <= 40
     assert shared.hidden.shape[0] == 4 * len(shared.items)  # best-of-4: four rows a question
-    for i, cfg in ((0, configs[0]), (3, configs[3])):  # seed 0's smaller count, seed 1's larger
+    before: dict = {}
+    calls = []
+    normalize = rm_mod.normalize
+    # seed 0's two counts in the experiment's order (the second takes the first's untrained figures), then seed 1's
+    for i, cfg in enumerate((configs[0], configs[1], configs[3])):
         own = trained(cfg, store, tmp_path / f"own{i}")
         monkeypatch.setattr(rm_mod, "reward_prefixes", lambda *a, **k: pytest.fail("computed its own prefixes"))
-        from_shared = trained(cfg, store, tmp_path / f"shared{i}", shared)
+        monkeypatch.setattr(rm_mod, "normalize", lambda *a, i=i, **k: calls.append(i) or normalize(*a, **k))
+        from_shared = trained(cfg, store, tmp_path / f"shared{i}", shared, before)
         monkeypatch.undo()
         # bitwise: the frozen blocks see each row alone (fixed shapes, no cross-row reduction), so a row's prefix
-        # does not depend on the batch it was computed in
+        # does not depend on the batch it was computed in; the untrained model is the same for every count of a seed
         assert own[0].keys() == from_shared[0].keys() and len(own[0]) > 3
         for k in own[0]:
-            assert torch.equal(own[0][k], from_shared[0][k]), k
+            assert torch.equal(own[0][k], from_shared[0][k]), (i, k)
         assert own[1] == from_shared[1]
+    assert calls == [0, 0, 1, 2, 2]  # normalized before and after; seed 0's second count only after
 
 
 def test_rows_the_shared_prefixes_lack_are_computed(store_and_shared, tmp_path):
