@@ -151,7 +151,8 @@ def _plan(a: argparse.Namespace, cfg) -> int:
     print(format_plan(rows, a.plan_minutes * 60))
     alone = sum(r["seconds"] for r in plan_mock_sentiment(cfg, facts, shape, counts, a.seeds, n_eval,
                                                           a.eval_samples, share=False))  # fmt: skip
-    print(f"each reward model running its own frozen prefixes instead: {alone / 60:.1f} min (estimate)")
+    print(f"every reward model on its own instead (its own frozen prefixes, its own untrained model's "
+          f"normalization and held-out evaluation): {alone / 60:.1f} min (estimate)")  # fmt: skip
     return 0
 
 

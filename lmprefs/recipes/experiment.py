@@ -8,6 +8,11 @@ true reward over episodes and on held-out queries, each arm with its KL from the
 What every experiment shares lives here too: results.json, the arms (a train-policy run each, evaluated on held-out
 queries) and the summaries across seeds; kl-frontier (Figure 3) is lmprefs.recipes.kl_frontier.
 
+What does not depend on the arm is done once: the label store (each seed's counts nested subsets of it), the
+initial policy's evaluation, the reward models' frozen-prefix pass over every label they train on, and per seed the
+untrained reward model's normalization and held-out evaluation; each gives bitwise what the arm alone would.
+`--plan` (lmprefs.recipes.plan) estimates each stage's seconds before anything runs.
+
 Every stage leaves its result in the run directory's results.json, so an interrupted experiment picks up where it
 stopped: the label store and the frontier's samples are made once, each arm is a train-policy run that resumes from
 its checkpoint, and finished arms are skipped.

@@ -53,60 +53,79 @@ def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
     """
     from lmprefs.pipeline.reward_model import PREFIX_CACHE_BYTES
 
-    T, Q = cfg.task.response_length, n.q_len
-    L = Q + T
-    static = cfg.run.kv_cache != "dynamic"
-    S = label_type_shape(cfg.labels.type)[1]
-    ad = F.Adapters.from_lora(facts, cfg.lora)  # the active adapter of the policy, the value and the reward model
-    start = ad.start if ad else 0  # blocks below run once per batch (the frozen prefix)
-    full_ft = ad is None
-
-    def sample(queries: int, repeats: int, adapter=None) -> int:
-        return F.sample_flops(facts, queries, Q, T, repeats, static=static, adapter=adapter)
-
-    def qr(queries: int, repeats: int) -> list:
-        return F.query_response_segments(queries, Q, T, repeats, shared=n.shared_queries)
-
-    def fwd_bwd(segments: list, lo: int, adapter) -> int:
-        """A training forward from block lo and its backward (adapter: the one that trains; None: every weight)."""
-        return F.trunk_flops(facts, segments, lo, None, adapter) + F.trunk_backward(facts, segments, lo, None, adapter)
-
-    out: dict[str, dict[str, int]] = {"assets and model": {}}
+    p = _Passes(cfg, facts, n)
     m = n.eval_samples
-    out["evaluate initial"] = {"sample": sample(n.eval_queries, m)}
-    out["sample and label"] = {"sample": sample(n.questions, S)}
+    out: dict[str, dict[str, int]] = {"assets and model": {}}
+    out["evaluate initial"] = {"sample": p.sample(n.eval_queries, m)}
+    out["sample and label"] = {"sample": p.sample(n.questions, p.S)}
+    out["train reward model"] = _reward_model_flops(p, PREFIX_CACHE_BYTES)
+    out["PPO"] = _ppo_flops(p)
+    out["evaluate final"] = {"sample": p.sample(n.eval_queries, m, p.ad),
+                             "reference": F.trunk_flops(facts, p.qr(n.eval_queries, m))
+                             + F.lm_head_flops(facts, n.eval_queries * m * p.T)}  # fmt: skip
+    return out
 
+
+class _Passes:
+    """The shapes of one run and the passes stage_flops counts at them."""
+
+    def __init__(self, cfg, facts: F.ModelFacts, n: Counts):
+        self.cfg, self.facts, self.n = cfg, facts, n
+        self.T, self.Q = cfg.task.response_length, n.q_len
+        self.L = self.Q + self.T
+        self.static = cfg.run.kv_cache != "dynamic"
+        self.S = label_type_shape(cfg.labels.type)[1]
+        self.ad = F.Adapters.from_lora(facts, cfg.lora)  # the active adapter of the policy, value and reward model
+        self.start = self.ad.start if self.ad else 0  # blocks below run once per batch (the frozen prefix)
+
+    def sample(self, queries: int, repeats: int, adapter=None) -> int:
+        return F.sample_flops(self.facts, queries, self.Q, self.T, repeats, static=self.static, adapter=adapter)
+
+    def qr(self, queries: int, repeats: int) -> list:
+        return F.query_response_segments(queries, self.Q, self.T, repeats, shared=self.n.shared_queries)
+
+    def fwd_bwd(self, segments: list, lo: int, adapter) -> int:
+        """A training forward from block lo and its backward (adapter: the one that trains; None: every weight)."""
+        return (F.trunk_flops(self.facts, segments, lo, None, adapter)
+                + F.trunk_backward(self.facts, segments, lo, None, adapter))  # fmt: skip
+
+
+def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
+    cfg, facts, n, ad, S, L, start = p.cfg, p.facts, p.n, p.ad, p.S, p.L, p.start
     tr = cfg.train_reward
     rm: dict[str, int] = {}
     norms = int(tr.normalize_before) + int(tr.normalize_after)
     n_norm = min(tr.normalize_samples, n.train_queries)
     if norms:
-        rm["normalize: sample"] = norms * sample(n_norm, 1)
+        rm["normalize: sample"] = norms * p.sample(n_norm, 1)
         rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), adapter=ad)
                                           + F.scalar_head_flops(facts, n_norm))  # fmt: skip
     if n.labels_heldout:
-        rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, qr(n.labels_heldout, S), adapter=ad)
+        rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, p.qr(n.labels_heldout, S), adapter=ad)
                                          + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
-    cached = tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= PREFIX_CACHE_BYTES
+    cached = tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= cache_bytes
     if cached:
-        rm["frozen prefix, once"] = F.trunk_flops(facts, qr(n.labels_train, S), 0, start)
+        rm["frozen prefix, once"] = F.trunk_flops(facts, p.qr(n.labels_train, S), 0, start)
     # under FSDP a question's samples are repeated rows (reward.train_epoch); in one process the quickstart shares
-    train_segments = (qr(n.labels_train, S) if cfg.run.parallel != "fsdp"
+    train_segments = (p.qr(n.labels_train, S) if cfg.run.parallel != "fsdp"
                       else F.plain_segments(n.labels_train * S, L))  # fmt: skip
     head = F.scalar_head_flops(facts, n.labels_train * S)
-    rm["training"] = tr.epochs * (fwd_bwd(train_segments, start if cached else 0, ad)
+    rm["training"] = tr.epochs * (p.fwd_bwd(train_segments, start if cached else 0, ad)
                                   + head + F.head_backward(head, True))  # fmt: skip
     if ad and cfg.lora.merged_reward_model:
         rm["export: merge adapter"] = F.merge_flops(facts, ad)
-    out["train reward model"] = rm
+    return rm
 
+
+def _ppo_flops(p: _Passes) -> dict[str, int]:
+    cfg, facts, ad, T, L, start = p.cfg, p.facts, p.ad, p.T, p.L, p.start
     B, P = cfg.ppo.batch_size, cfg.ppo.noptepochs * cfg.ppo.batch_size  # rollout rows; rows trained per update
     rows = F.plain_segments(B, L)
     separate = cfg.ppo.value_model == "separate"
     # a separate value model: an adapter above the prefix, or with full fine-tuning a whole trunk of its own
     value_lo = start if ad else 0
     ppo = {
-        "rollout: sample": sample(B, 1, ad),
+        "rollout: sample": p.sample(B, 1, ad),
         "rollout: frozen prefix": F.trunk_flops(facts, rows, 0, start) if start else 0,
         "rollout: values": F.scalar_head_flops(facts, B * T)
         + (F.trunk_flops(facts, rows, value_lo, None, ad) if separate else 0),
@@ -115,18 +134,13 @@ def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
     }
     train = F.plain_segments(P, L)
     lm_head, v_head = F.lm_head_flops(facts, P * T), F.scalar_head_flops(facts, P * T)
-    ppo["PPO epochs"] = (fwd_bwd(train, start, ad) + lm_head + F.head_backward(lm_head, full_ft)
+    ppo["PPO epochs"] = (p.fwd_bwd(train, start, ad) + lm_head + F.head_backward(lm_head, ad is None)
                          + v_head + F.head_backward(v_head, True)
-                         + (fwd_bwd(train, value_lo, ad) if separate else 0))  # fmt: skip
-    ppo = {k: v * n.updates for k, v in ppo.items() if v}
+                         + (p.fwd_bwd(train, value_lo, ad) if separate else 0))  # fmt: skip
+    ppo = {k: v * p.n.updates for k, v in ppo.items() if v}
     if ad:
         ppo["export: merge adapters"] = F.merge_flops(facts, ad)
-    out["PPO"] = ppo
-
-    out["evaluate final"] = {"sample": sample(n.eval_queries, m, ad),
-                             "reference": F.trunk_flops(facts, qr(n.eval_queries, m))
-                             + F.lm_head_flops(facts, n.eval_queries * m * T)}  # fmt: skip
-    return out
+    return ppo
 
 
 # GFLOP/s each quickstart stage reached (docs/results.md, the SmolLM2 quickstart against its floor: AMD EPYC with
@@ -194,8 +208,9 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
               and union * S * L * facts.d * 4 <= prefix_cache_bytes())  # fmt: skip
     if shared and ad is not None:
         segs = F.query_response_segments(union, shape.q_len, cfg.task.response_length, S, shared=shape.shared_queries)
-        rows.append(row(f"frozen prefixes of {union} questions, once", 1, F.trunk_flops(facts, segs, 0, ad.start),
-                        "train reward model"))  # fmt: skip
+        held_gib = union * S * L * facts.d * 4 / 2**30  # fp32, kept for the whole experiment
+        rows.append(row(f"frozen prefixes of {union} questions, once ({held_gib:.2f} GiB)", 1,
+                        F.trunk_flops(facts, segs, 0, ad.start), "train reward model"))  # fmt: skip
     tr = cfg.train_reward
     norms = int(tr.normalize_before) + int(tr.normalize_after)
     for i, n in enumerate(label_counts):
