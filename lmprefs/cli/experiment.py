@@ -49,9 +49,9 @@ def _parser() -> ArgumentParser:
     g.add_argument("--seeds", type=int, default=1, help="seeds of every arm (reward-model init, label subset, PPO)")
     g.add_argument("--eval-queries", type=int, default=None, help="held-out queries for the true-reward evaluation "
                    "(default 256, or all the preset's held-out queries if fewer)")  # fmt: skip
-    g.add_argument("--plan", action="store_true", help="print each stage's estimated seconds (FLOP counts at the "
-                   "rates the SmolLM2 quickstart measured on a 2-core CPU) and the total against --plan-minutes; runs "
-                   "and writes nothing")  # fmt: skip
+    g.add_argument("--plan", action="store_true", help="print each stage's estimated seconds for the preset, "
+                   "overrides and flags given (FLOP counts at the rates the SmolLM2 quickstart measured on a 2-core "
+                   "CPU) and the total against --plan-minutes; runs and writes nothing")  # fmt: skip
     g.add_argument("--plan-minutes", type=float, default=60.0, help="the wall-time budget --plan compares with")
     g = p.add_argument_group("kl-frontier")
     g.add_argument("--queries", type=int, default=64, help="Q: held-out queries for the frontier and the PPO arms")
@@ -89,14 +89,14 @@ def cmd_experiment(argv: list[str]) -> int:
     if a.name == "writing-prompts":  # its own flags: parsed when it comes first
         raise UserError("writing-prompts: put it right after `experiment` (lmprefs experiment writing-prompts --help)")
     given = given_flags(p, argv)
-    if a.plan or "plan_minutes" in given:
-        if a.name != "mock-sentiment":
-            raise UserError(f"--plan is an option of `experiment mock-sentiment`, not of `experiment {a.name}`")
-        return _plan(a, resolve_config(preset_name, pairs))
     other = {d for name, dests in FLAGS.items() if name != a.name for d in dests} - set(FLAGS[a.name])
     wrong = [act.option_strings[0] for act in p._actions if act.dest in other & given]
     if wrong:
         raise UserError(f"{wrong[0]} is not an option of `experiment {a.name}` (see lmprefs experiment --help)")
+    if a.plan or "plan_minutes" in given:
+        if a.name != "mock-sentiment":
+            raise UserError(f"--plan is an option of `experiment mock-sentiment`, not of `experiment {a.name}`")
+        return _plan(a, resolve_config(preset_name, pairs))
     if a.name == "compare" and a.db:  # saved with the run: a rerun from elsewhere reads the same store
         a.db = str(Path(a.db).resolve())
     run_dir = run_dir_for(a.run_dir, resolve_config(preset_name, []), "experiment", a.name)
