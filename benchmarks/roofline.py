@@ -32,9 +32,11 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import NamedTuple
 
 from _common import ArgumentParser, cpu_name, positive_int, run_main, source_fingerprint
+
+# the matmul FLOPs of each stage, counted as the code runs it (shared with `experiment mock-sentiment --plan`)
+from lmprefs.recipes.plan import Counts, stage_flops
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,119 +48,6 @@ REDUCED = {"labels": 200, "updates": 5, "eval_queries": 64}
 EVAL_SAMPLES = 2  # the quickstart's default --eval-samples
 
 
-class Counts(NamedTuple):
-    """What the FLOP count needs of a run beyond its config: the shapes and sizes it ran at. (Not a dataclass: the
-    tests import this script under a name that is not in sys.modules, which dataclasses need.)"""
-
-    q_len: int
-    """Tokens of a formatted query: prefix + task.query_length + suffix (padded rows run like real ones)."""
-    train_queries: int
-    eval_queries: int
-    eval_samples: int
-    questions: int
-    """Best-of-N questions sampled for labeling: labels.num_train / (1 - labels.heldout_fraction), rounded up."""
-    labels_train: int
-    labels_heldout: int
-    updates: int
-    shared_queries: bool = True
-    """Whether the model's attention lets a question's samples share one pass of its query (SDPA:
-    trunk.shares_queries); the sampler shares it whatever the attention."""
-
-
-def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
-    """{stage: {part: FLOPs}}: the matmul FLOPs of each stage of `run_quickstart` (lmprefs/recipes/quickstart.py) for
-    config `cfg`, model `facts` (lmprefs.models.flops.ModelFacts) and the run's sizes `n`, as the code runs them:
-
-    - evaluate initial / final: `evaluate_policy` samples eval_samples responses per held-out query (one prefill per
-      query); the final one also runs the reference (adapters off) on them for the KL, each query once;
-    - sample and label: `collect_labels` samples best-of-N questions, one prefill per question;
-    - train reward model: `train_reward_model` samples train_reward.normalize_samples responses and scores them
-      before and after training, evaluates the held-out labels before and after (one pass per question's query),
-      runs the frozen blocks below the LoRA adapters once for all epochs (`reward_prefixes`, when there are several
-      epochs and it fits PREFIX_CACHE_BYTES) and trains the adapted blocks (or the whole model) for its epochs;
-    - PPO: per update, `make_rollout` samples with the policy, runs the frozen prefix once, reads the values from
-      the sampler's hidden states (a separate value model runs its own forward), runs the reference and the reward
-      model on the blocks above the prefix, then noptepochs passes of forward and backward over the batch; at the
-      end the policy's adapters are merged for its export.
-    """
-    from lmprefs.config import label_type_shape
-    from lmprefs.models import flops as F
-    from lmprefs.pipeline.reward_model import PREFIX_CACHE_BYTES
-
-    T, Q = cfg.task.response_length, n.q_len
-    L = Q + T
-    static = cfg.run.kv_cache != "dynamic"
-    S = label_type_shape(cfg.labels.type)[1]
-    ad = F.Adapters.from_lora(facts, cfg.lora)  # the active adapter of the policy, the value and the reward model
-    start = ad.start if ad else 0  # blocks below run once per batch (the frozen prefix)
-    full_ft = ad is None
-
-    def sample(queries: int, repeats: int, adapter=None) -> int:
-        return F.sample_flops(facts, queries, Q, T, repeats, static=static, adapter=adapter)
-
-    def qr(queries: int, repeats: int) -> list:
-        return F.query_response_segments(queries, Q, T, repeats, shared=n.shared_queries)
-
-    def fwd_bwd(segments: list, lo: int, adapter) -> int:
-        """A training forward from block lo and its backward (adapter: the one that trains; None: every weight)."""
-        return F.trunk_flops(facts, segments, lo, None, adapter) + F.trunk_backward(facts, segments, lo, None, adapter)
-
-    out: dict[str, dict[str, int]] = {"assets and model": {}}
-    m = n.eval_samples
-    out["evaluate initial"] = {"sample": sample(n.eval_queries, m)}
-    out["sample and label"] = {"sample": sample(n.questions, S)}
-
-    tr = cfg.train_reward
-    rm: dict[str, int] = {}
-    norms = int(tr.normalize_before) + int(tr.normalize_after)
-    n_norm = min(tr.normalize_samples, n.train_queries)
-    if norms:
-        rm["normalize: sample"] = norms * sample(n_norm, 1)
-        rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), adapter=ad)
-                                          + F.scalar_head_flops(facts, n_norm))  # fmt: skip
-    if n.labels_heldout:
-        rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, qr(n.labels_heldout, S), adapter=ad)
-                                         + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
-    cached = tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= PREFIX_CACHE_BYTES
-    if cached:
-        rm["frozen prefix, once"] = F.trunk_flops(facts, qr(n.labels_train, S), 0, start)
-    # under FSDP a question's samples are repeated rows (reward.train_epoch); in one process the quickstart shares
-    train_segments = (qr(n.labels_train, S) if cfg.run.parallel != "fsdp"
-                      else F.plain_segments(n.labels_train * S, L))  # fmt: skip
-    head = F.scalar_head_flops(facts, n.labels_train * S)
-    rm["training"] = tr.epochs * (fwd_bwd(train_segments, start if cached else 0, ad)
-                                  + head + F.head_backward(head, True))  # fmt: skip
-    if ad and cfg.lora.merged_reward_model:
-        rm["export: merge adapter"] = F.merge_flops(facts, ad)
-    out["train reward model"] = rm
-
-    B, P = cfg.ppo.batch_size, cfg.ppo.noptepochs * cfg.ppo.batch_size  # rollout rows; rows trained per update
-    rows = F.plain_segments(B, L)
-    separate = cfg.ppo.value_model == "separate"
-    # a separate value model: an adapter above the prefix, or with full fine-tuning a whole trunk of its own
-    value_lo = start if ad else 0
-    ppo = {
-        "rollout: sample": sample(B, 1, ad),
-        "rollout: frozen prefix": F.trunk_flops(facts, rows, 0, start) if start else 0,
-        "rollout: values": F.scalar_head_flops(facts, B * T)
-        + (F.trunk_flops(facts, rows, value_lo, None, ad) if separate else 0),
-        "rollout: reference": F.trunk_flops(facts, rows, start) + F.lm_head_flops(facts, B * T),
-        "rollout: reward model": F.trunk_flops(facts, rows, start, None, ad) + F.scalar_head_flops(facts, B),
-    }
-    train = F.plain_segments(P, L)
-    lm_head, v_head = F.lm_head_flops(facts, P * T), F.scalar_head_flops(facts, P * T)
-    ppo["PPO epochs"] = (fwd_bwd(train, start, ad) + lm_head + F.head_backward(lm_head, full_ft)
-                         + v_head + F.head_backward(v_head, True)
-                         + (fwd_bwd(train, value_lo, ad) if separate else 0))  # fmt: skip
-    ppo = {k: v * n.updates for k, v in ppo.items() if v}
-    if ad:
-        ppo["export: merge adapters"] = F.merge_flops(facts, ad)
-    out["PPO"] = ppo
-
-    out["evaluate final"] = {"sample": sample(n.eval_queries, m, ad),
-                             "reference": F.trunk_flops(facts, qr(n.eval_queries, m))
-                             + F.lm_head_flops(facts, n.eval_queries * m * T)}  # fmt: skip
-    return out
 
 
 def matmul_peak(device: str, dtype: str, threads: int, size: int, reps: int) -> float:

@@ -49,6 +49,10 @@ def _parser() -> ArgumentParser:
     g.add_argument("--seeds", type=int, default=1, help="seeds of every arm (reward-model init, label subset, PPO)")
     g.add_argument("--eval-queries", type=int, default=None, help="held-out queries for the true-reward evaluation "
                    "(default 256, or all the preset's held-out queries if fewer)")  # fmt: skip
+    g.add_argument("--plan", action="store_true", help="print each stage's estimated seconds for the preset, "
+                   "overrides and flags given (FLOP counts at the rates the SmolLM2 quickstart measured on a 2-core "
+                   "CPU) and the total against --plan-minutes; runs and writes nothing")  # fmt: skip
+    g.add_argument("--plan-minutes", type=float, default=60.0, help="the wall-time budget --plan compares with")
     g = p.add_argument_group("kl-frontier")
     g.add_argument("--queries", type=int, default=64, help="Q: held-out queries for the frontier and the PPO arms")
     g.add_argument("--samples", type=int, default=256, help="M: samples of the initial policy per query")
@@ -89,6 +93,10 @@ def cmd_experiment(argv: list[str]) -> int:
     wrong = [act.option_strings[0] for act in p._actions if act.dest in other & given]
     if wrong:
         raise UserError(f"{wrong[0]} is not an option of `experiment {a.name}` (see lmprefs experiment --help)")
+    if a.plan or "plan_minutes" in given:
+        if a.name != "mock-sentiment":
+            raise UserError(f"--plan is an option of `experiment mock-sentiment`, not of `experiment {a.name}`")
+        return _plan(a, resolve_config(preset_name, pairs))
     if a.name == "compare" and a.db:  # saved with the run: a rerun from elsewhere reads the same store
         a.db = str(Path(a.db).resolve())
     run_dir = run_dir_for(a.run_dir, resolve_config(preset_name, []), "experiment", a.name)
@@ -103,9 +111,9 @@ def cmd_experiment(argv: list[str]) -> int:
     return 0
 
 
-def _mock_sentiment(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
-    from lmprefs.recipes.experiment import run_mock_sentiment
-
+def _mock_sentiment_args(a: argparse.Namespace) -> list[int] | None:
+    """--labels as sorted counts (None: the defaults), after refusing bad --labels, --seeds, --eval-queries and
+    --eval-samples in one line each."""
     counts = sorted(set(parse_numbers(a.labels, "--labels", int))) if a.labels is not None else None
     if counts is not None and (not counts or counts[0] <= 0):
         raise UserError(f"--labels {a.labels!r}: label counts must be positive")
@@ -113,6 +121,45 @@ def _mock_sentiment(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict
         raise UserError(f"--seeds {a.seeds}: must be at least 1")
     if a.eval_queries is not None and a.eval_queries < 2:
         raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2")
+    if a.eval_samples < 1:
+        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
+    return counts
+
+
+def _plan(a: argparse.Namespace, cfg) -> int:
+    """--plan: the experiment's stages and their estimated seconds, from the task's shape; nothing is written."""
+    from lmprefs.models.flops import ModelFacts
+    from lmprefs.models.trunk import shares_queries
+    from lmprefs.pipeline.task import setup_task
+    from lmprefs.recipes.experiment import DEFAULT_EVAL_QUERIES, check_sizes
+    from lmprefs.recipes.plan import Shape, format_plan, plan_mock_sentiment
+
+    counts = _mock_sentiment_args(a)
+    if not 0 < a.plan_minutes < float("inf"):
+        raise UserError(f"--plan-minutes {a.plan_minutes:g}: must be a positive number of minutes")
+    t = setup_task(cfg, a.eval_queries or DEFAULT_EVAL_QUERIES)
+    counts, n_eval = check_sizes(t, counts, a.eval_queries, a.seeds)
+    try:
+        facts = ModelFacts.from_config(t.model.config)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    shape = Shape(len(t.prefix) + cfg.task.query_length + len(t.suffix), len(t.train_queries), shares_queries(t.model))
+    print(f"experiment mock-sentiment: labels {','.join(map(str, counts))}, {a.seeds} seed(s), {n_eval} held-out "
+          f"queries x {a.eval_samples} samples, {cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}, reward "
+          f"models of {cfg.train_reward.epochs} epoch(s), {cfg.task.initial_model}")  # fmt: skip
+    rows = plan_mock_sentiment(cfg, facts, shape, counts, a.seeds, n_eval, a.eval_samples)
+    print(format_plan(rows, a.plan_minutes * 60))
+    alone = sum(r["seconds"] for r in plan_mock_sentiment(cfg, facts, shape, counts, a.seeds, n_eval,
+                                                          a.eval_samples, share=False))  # fmt: skip
+    print(f"every reward model on its own instead (its own frozen prefixes, its own untrained model's "
+          f"normalization and held-out evaluation): {alone / 60:.1f} min (estimate)")  # fmt: skip
+    return 0
+
+
+def _mock_sentiment(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
+    from lmprefs.recipes.experiment import run_mock_sentiment
+
+    counts = _mock_sentiment_args(a)
     out = run_mock_sentiment(cfg, run_dir, counts, a.eval_queries, a.eval_samples, a.seeds, on_start)
     for k, v in {"initial": out["results"]["initial"], **out["results"]["summary"]}.items():
         print(f"  {k:12s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f}, KL {v['kl']:.2f} +/- "

@@ -27,6 +27,7 @@ from lmprefs.models.trunk import frozen_depth
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger, progress
+from lmprefs.training.prefix_share import SharedPrefixes
 from lmprefs.training.reward import (
     Comparisons,
     evaluate,
@@ -141,17 +142,13 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
                "labelers": by_labeler}  # fmt: skip
     gap = cfg.labels.min_score_gap
     scales = lt.target_scales(train.labels())  # scalar ratings: the scores' mean and std; None for choices
-    if cfg.train_reward.normalize_before:
-        # start at the scale of the labels (train_reward.py:target_mean_std), else at mean 0, std 1
-        target = (0.0, 1.0) if scales is None else (float(scales[0]), max(float(scales[1]), 1e-6))
-        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen, target=target)
-        summary["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
-    summary |= {f"initial_{k}": v
-                for k, v in evaluate(rm, held, lt, t.ctx, min_gap=gap).items()}
+    summary |= before_training(t, rm, held, lt, gen, scales)
     cache = None
     if cfg.train_reward.epochs > 1 and frozen_depth(rm.lm) > 0:
-        # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory
-        if prefix_bytes(rm, train, t.ctx) <= PREFIX_CACHE_BYTES:
+        # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory;
+        # computed once for several reward models when the caller shared them (the same rows, the same values)
+        cache = t.shared_prefixes.for_data(rm, train) if t.shared_prefixes is not None else None
+        if cache is None and prefix_bytes(rm, train, t.ctx) <= PREFIX_CACHE_BYTES:
             bar = progress(len(train), "reward model: frozen blocks")
             cache = reward_prefixes(rm, train, t.ctx,
                                     cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)  # fmt: skip
@@ -193,6 +190,61 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
                           card=reward_model_card(cfg, summary))  # fmt: skip
     dist.barrier()  # every rank may read it once this returns
     return rm, summary
+
+
+def before_training(t: Task, rm: RewardModel, held, lt, gen: torch.Generator, scales) -> dict:
+    """Normalize the untrained reward model (train_reward.normalize_before) and evaluate it on the held-out labels:
+    summary's norm_before and initial_* entries. An untrained reward model is the same for every label count of
+    one seed (its init and the held-out split follow run.seed; its target is (0, 1) for choices), so with
+    t.shared_before (a dict the caller keeps across the arms) the second and later of them take the first's
+    figures, gain, bias and sampler state instead of sampling and scoring again: bitwise the same model after."""
+    cfg, memo = t.cfg, t.shared_before
+    key = None
+    if memo is not None and scales is None and held.items is not None:
+        tr = cfg.train_reward
+        key = (cfg.run.seed, tr.normalize_before, tr.normalize_samples, tr.rollout_batch_size, cfg.labels.type,
+               tuple(held.items.tolist()), float(rm.gain.detach()), float(rm.bias.detach()))  # fmt: skip
+        if key in memo:
+            found = memo[key]
+            if "norm_before" in found["summary"]:  # to (0, 1), as normalize did for the first
+                rm.set_norm(found["summary"]["norm_before"]["mean"], found["summary"]["norm_before"]["std"])
+            gen.set_state(found["gen_state"])  # normalize_after draws what it would have drawn
+            return dict(found["summary"])
+    out: dict = {}
+    if cfg.train_reward.normalize_before:
+        # start at the scale of the labels (train_reward.py:target_mean_std), else at mean 0, std 1
+        target = (0.0, 1.0) if scales is None else (float(scales[0]), max(float(scales[1]), 1e-6))
+        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen, target=target)
+        out["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
+    out |= {f"initial_{k}": v for k, v in evaluate(rm, held, lt, t.ctx, min_gap=cfg.labels.min_score_gap).items()}
+    if key is not None and memo is not None:
+        memo[key] = {"summary": dict(out), "gen_state": gen.get_state()}
+    return out
+
+
+def shared_reward_prefixes(t: Task, store, configs: list[Config]) -> SharedPrefixes | None:
+    """The frozen prefixes of every labeled row that a reward model trained with any of `configs` (the arms of an
+    experiment: one task, the seed and labels.num_train / subset_seed varying) trains on, computed once; None where
+    train_reward_model would not cache them (one epoch, no frozen block, or over PREFIX_CACHE_BYTES). Adds the
+    reward adapter to t.model (it is the frame's), so `t` is the caller's to drop afterwards."""
+    cfg = t.cfg
+    if cfg.lora.rank <= 0 or cfg.train_reward.epochs <= 1 or cfg.run.parallel == "fsdp" or not configs:
+        return None
+    items: set[int] = set()
+    for c in configs:  # each arm's own split and subset, as training_labels draws them for it
+        train = training_labels(Task(**{**t.__dict__, "cfg": c}), store).train
+        assert train.items is not None  # a store's labels carry their item ids
+        items |= set(train.items.tolist())
+    data = load_examples(cfg, store, t.tok)
+    assert data.items is not None  # a store's labels carry their item ids
+    data = data[torch.isin(data.items, torch.tensor(sorted(items), dtype=data.items.dtype))]
+    rm = reward_frame(t)
+    if frozen_depth(rm.lm) == 0 or prefix_bytes(rm, data, t.ctx) > PREFIX_CACHE_BYTES:
+        return None
+    bar = progress(len(data), "reward models: frozen blocks, once for all arms")
+    shared = SharedPrefixes.compute(rm, data, t.ctx, cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)
+    bar.close()
+    return shared
 
 
 def reward_model_card(cfg: Config, summary: dict) -> CardInfo:

@@ -17,6 +17,8 @@ from lmprefs.runtime.device import setup_torch
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from lmprefs.training.prefix_share import SharedPrefixes
+
 HELDOUT_QUERIES = 512  # queries set aside (a fixed permutation) for evaluation; never trained on
 
 
@@ -32,6 +34,11 @@ class Task:
     prefix: list[int]
     suffix: list[int]
     template: tuple[int, int] = (0, 0)  # the chat template's ids in prefix and suffix (TaskContext.template)
+    # frozen prefixes of labeled rows computed once for several reward models (an experiment's arms and seeds);
+    # train_reward_model takes its rows from here when every one of them is there
+    shared_prefixes: SharedPrefixes | None = None
+    # the untrained reward model's normalization and held-out figures, by seed (reward_model.before_training)
+    shared_before: dict | None = None
 
     @property
     def ctx(self) -> TaskContext:

@@ -8,6 +8,11 @@ true reward over episodes and on held-out queries, each arm with its KL from the
 What every experiment shares lives here too: results.json, the arms (a train-policy run each, evaluated on held-out
 queries) and the summaries across seeds; kl-frontier (Figure 3) is lmprefs.recipes.kl_frontier.
 
+What does not depend on the arm is done once: the label store (each seed's counts nested subsets of it), the
+initial policy's evaluation, the reward models' frozen-prefix pass over every label they train on, and per seed the
+untrained reward model's normalization and held-out evaluation; each gives bitwise what the arm alone would.
+`--plan` (lmprefs.recipes.plan) estimates each stage's seconds before anything runs.
+
 Every stage leaves its result in the run directory's results.json, so an interrupted experiment picks up where it
 stopped: the label store and the frontier's samples are made once, each arm is a train-policy run that resumes from
 its checkpoint, and finished arms are skipped.
@@ -28,12 +33,14 @@ from lmprefs.io.atomic import atomic_write_text
 from lmprefs.pipeline.evaluation import evaluate_arm
 from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.policy import run_train_policy
+from lmprefs.pipeline.reward_model import shared_reward_prefixes
 from lmprefs.pipeline.rewards import reward_function
 from lmprefs.pipeline.task import setup_task
+from lmprefs.recipes.plan import POOL_FACTOR, store_questions
 from lmprefs.runtime.runlog import read_metrics
+from lmprefs.training.prefix_share import SharedPrefixes
 
 R = dataclasses.replace
-POOL_FACTOR = 1.5  # with several seeds the store holds 1.5x the largest label count, so its arms' subsets differ
 
 
 class Results:
@@ -58,13 +65,17 @@ def true_reward_fn(name: str):
 
 
 def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, samples: int, true_name: str, *,
-              reward: str | None = None, store_path: Path | None = None) -> dict:  # fmt: skip
+              reward: str | None = None, store_path: Path | None = None,
+              shared: SharedPrefixes | None = None, before: dict | None = None) -> dict:  # fmt: skip
     """One arm: a train-policy run in arm_dir (resumed if begun before), evaluated on the first n_eval held-out
-    queries with the true reward and its KL from the initial policy."""
+    queries with the true reward and its KL from the initial policy. `shared`: frozen prefixes its reward model
+    takes its rows from (shared_reward_prefixes), instead of computing them again; `before`: the untrained reward
+    models' figures, kept across arms (reward_model.before_training)."""
 
     resume = (arm_dir / "run.json").is_file()  # begun before: resume (from its checkpoint, or over)
     print(f"[{name}] {'resuming' if resume else 'training'} ({what})", flush=True)
     t = setup_task(cfg, n_eval)  # a fresh model per arm: adapters must not carry over between arms
+    t.shared_prefixes, t.shared_before = shared, before
     out = run_train_policy(cfg, arm_dir, reward=reward, store_path=str(store_path) if store_path else None,
                            resume=resume, t=t, true_reward=true_name)  # fmt: skip
     ev = evaluate_arm(t, out["run"].policy, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
@@ -102,15 +113,10 @@ def default_label_counts(cfg: Config, n_train_queries: int, seeds: int) -> list[
     return sorted({max(1, most // 16), max(1, most // 4), most})
 
 
-def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | None, n_eval: int | None,
-                       samples: int, seeds: int = 1,
-                       on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
-    """Figure 2 over `seeds` seeds. label_counts, n_eval: None for the defaults the task's queries allow. on_start
-    runs once every input has been checked, before anything is written."""
-
-    true_name = cfg.labels.labeler
-    hf = cfg.labels.heldout_fraction
-    t = setup_task(cfg, n_eval or DEFAULT_EVAL_QUERIES)
+def check_sizes(t, label_counts: list[int] | None, n_eval: int | None, seeds: int) -> tuple[list[int], int]:
+    """(label counts, held-out queries) of Figure 2 on task t: None for the defaults the task's queries allow (said
+    when they shrink); one line naming the flag when the task cannot give them."""
+    cfg, hf = t.cfg, t.cfg.labels.heldout_fraction
     if n_eval is None:
         n_eval = min(DEFAULT_EVAL_QUERIES, len(t.heldout_queries))
         if n_eval < DEFAULT_EVAL_QUERIES:
@@ -120,14 +126,26 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
         if label_counts != DEFAULT_LABEL_COUNTS:
             print(f"label counts {','.join(map(str, label_counts))}: what the task's {len(t.train_queries)} training "
                   "queries can give")  # fmt: skip
-    n_questions = math.ceil(max(label_counts) * (POOL_FACTOR if seeds > 1 else 1) / (1 - hf))
     check_heldout(t, n_eval, "--eval-queries")
-    if n_questions > len(t.train_queries):
+    if store_questions(cfg, label_counts, seeds) > len(t.train_queries):
         most = int(len(t.train_queries) * (1 - hf) / (POOL_FACTOR if seeds > 1 else 1))
         raise UserError(f"--labels {max(label_counts)}: the label store can provide at most {most} labels "
                         f"({len(t.train_queries)} training queries in task.query_dataset={cfg.task.query_dataset!r}, "
                         f"labels.heldout_fraction {hf}" + (f", {POOL_FACTOR}x the largest count for --seeds {seeds}"
                                                            if seeds > 1 else "") + ")")  # fmt: skip
+    return label_counts, n_eval
+
+
+def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | None, n_eval: int | None,
+                       samples: int, seeds: int = 1,
+                       on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
+    """Figure 2 over `seeds` seeds. label_counts, n_eval: None for the defaults the task's queries allow. on_start
+    runs once every input has been checked, before anything is written."""
+
+    true_name = cfg.labels.labeler
+    t = setup_task(cfg, n_eval or DEFAULT_EVAL_QUERIES)
+    label_counts, n_eval = check_sizes(t, label_counts, n_eval, seeds)
+    n_questions = store_questions(cfg, label_counts, seeds)
     res = Results(run_dir)
     held = res.data.get("labels", {}).get("questions", n_questions)
     if held < n_questions:
@@ -146,26 +164,41 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
         print("[initial] evaluating the initial policy", flush=True)
         res.save("initial", evaluate_arm(t, None, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
                                          cfg.run.seed + 5, "initial policy"))  # fmt: skip
-    del t
     arms = [(f"rm-{n}", n) for n in label_counts] + [("direct", None)]
+    todo = [arm_config(cfg, s, n) for s in range(seeds) for name, n in arms
+            if n is not None and seed_key(name, s) not in res.data]  # fmt: skip
+    shared = None
+    if len(todo) > 1:  # the reward models' frozen bottom blocks: run once over the union of their label subsets
+        shared = shared_reward_prefixes(t, open_store(store_path), todo)
+        if shared is not None:
+            print(f"[prefixes] the frozen blocks' outputs of {len(shared.items)} labeled questions, shared by "
+                  f"{len(todo)} reward models ({shared.nbytes() / 2**30:.2f} GiB)", flush=True)  # fmt: skip
+    del t
+    before: dict = {}  # an untrained reward model is the same for every count of a seed: normalized once per seed
     for s in range(seeds):
-        seed = cfg.run.seed + s
         for name, n in arms:
             key = seed_key(name, s)
             if key in res.data:
                 print(f"[{key}] done: {res.data[key]['mean']:+.4f}", flush=True)
                 continue
-            arm_cfg = R(cfg, run=R(cfg.run, seed=seed))
-            if n is not None:  # a random n of the store's labels, drawn with the seed
-                arm_cfg = R(arm_cfg, labels=R(cfg.labels, num_train=n, subset_seed=seed))
+            arm_cfg = arm_config(cfg, s, n)
             ev = train_arm(arm_cfg, run_dir / key, key, f"{n} labels" if n else "true reward", n_eval, samples,
-                           true_name, reward=None if n else true_name, store_path=store_path)  # fmt: skip
-            res.save(key, ev | {"labels": n, "reward": "model" if n else true_name, "seed": seed})
+                           true_name, reward=None if n else true_name, store_path=store_path,
+                           shared=shared if n else None, before=before if n else None)  # fmt: skip
+            res.save(key, ev | {"labels": n, "reward": "model" if n else true_name, "seed": arm_cfg.run.seed})
     names = [a[0] for a in arms]
     res.save("summary", summarize_seeds(res.data, names, seeds))
     fig = plot_figure2(run_dir, names, seeds, res.data, cfg.ppo.batch_size)
     plot_overoptimization(run_dir, [n for n in names if n.startswith("rm-")], seeds)
     return {"results": res.data, "figure": fig}
+
+
+def arm_config(cfg: Config, s: int, n: int | None) -> Config:
+    """The config of seed s's arm with n labels (None: direct access): the seed moves, and a reward model trains on a
+    random n of the store's labels drawn with it, so a seed's smaller counts are prefixes of its larger ones."""
+    seed = cfg.run.seed + s
+    arm = R(cfg, run=R(cfg.run, seed=seed))
+    return arm if n is None else R(arm, labels=R(cfg.labels, num_train=n, subset_seed=seed))
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:

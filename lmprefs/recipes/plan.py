@@ -1,0 +1,254 @@
+"""What a run costs before it runs: the matmul FLOPs of each stage of a quickstart-shaped run (`stage_flops`, which
+`benchmarks/roofline.py` divides by measured seconds) and, from them and the GFLOP/s each stage reached when it was
+measured, the seconds of each stage of `experiment mock-sentiment` (`plan_mock_sentiment`, behind its `--plan`).
+
+The rates are those the roofline measured for the SmolLM2 quickstart on a 2-core AMD EPYC in bf16 (docs/results.md,
+"The quickstart today, against its floor"); on another machine or model they are a guess, and every figure the
+planner prints is an estimate, not a measurement. Only this module's stage_flops needs torch (lazily, for the
+reward model's cache bound); the plan itself is arithmetic on a config and a model's shape.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from lmprefs.config import Config, label_type_shape
+from lmprefs.models import flops as F
+
+
+class Counts(NamedTuple):
+    """What the FLOP count needs of a run beyond its config: the shapes and sizes it ran at."""
+
+    q_len: int
+    """Tokens of a formatted query: prefix + task.query_length + suffix (padded rows run like real ones)."""
+    train_queries: int
+    eval_queries: int
+    eval_samples: int
+    questions: int
+    """Best-of-N questions sampled for labeling: labels.num_train / (1 - labels.heldout_fraction), rounded up."""
+    labels_train: int
+    labels_heldout: int
+    updates: int
+    shared_queries: bool = True
+    """Whether the model's attention lets a question's samples share one pass of its query (SDPA:
+    trunk.shares_queries); the sampler shares it whatever the attention."""
+
+
+def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
+    """{stage: {part: FLOPs}}: the matmul FLOPs of each stage of `run_quickstart` (lmprefs/recipes/quickstart.py) for
+    config `cfg`, model `facts` (lmprefs.models.flops.ModelFacts) and the run's sizes `n`, as the code runs them:
+
+    - evaluate initial / final: `evaluate_policy` samples eval_samples responses per held-out query (one prefill per
+      query); the final one also runs the reference (adapters off) on them for the KL, each query once;
+    - sample and label: `collect_labels` samples best-of-N questions, one prefill per question;
+    - train reward model: `train_reward_model` samples train_reward.normalize_samples responses and scores them
+      before and after training, evaluates the held-out labels before and after (one pass per question's query),
+      runs the frozen blocks below the LoRA adapters once for all epochs (`reward_prefixes`, when there are several
+      epochs and it fits PREFIX_CACHE_BYTES) and trains the adapted blocks (or the whole model) for its epochs;
+    - PPO: per update, `make_rollout` samples with the policy, runs the frozen prefix once, reads the values from
+      the sampler's hidden states (a separate value model runs its own forward), runs the reference and the reward
+      model on the blocks above the prefix, then noptepochs passes of forward and backward over the batch; at the
+      end the policy's adapters are merged for its export.
+    """
+    from lmprefs.pipeline.reward_model import PREFIX_CACHE_BYTES
+
+    p = _Passes(cfg, facts, n)
+    m = n.eval_samples
+    out: dict[str, dict[str, int]] = {"assets and model": {}}
+    out["evaluate initial"] = {"sample": p.sample(n.eval_queries, m)}
+    out["sample and label"] = {"sample": p.sample(n.questions, p.S)}
+    out["train reward model"] = _reward_model_flops(p, PREFIX_CACHE_BYTES)
+    out["PPO"] = _ppo_flops(p)
+    out["evaluate final"] = {"sample": p.sample(n.eval_queries, m, p.ad),
+                             "reference": F.trunk_flops(facts, p.qr(n.eval_queries, m))
+                             + F.lm_head_flops(facts, n.eval_queries * m * p.T)}  # fmt: skip
+    return out
+
+
+class _Passes:
+    """The shapes of one run and the passes stage_flops counts at them."""
+
+    def __init__(self, cfg, facts: F.ModelFacts, n: Counts):
+        self.cfg, self.facts, self.n = cfg, facts, n
+        self.T, self.Q = cfg.task.response_length, n.q_len
+        self.L = self.Q + self.T
+        self.static = cfg.run.kv_cache != "dynamic"
+        self.S = label_type_shape(cfg.labels.type)[1]
+        self.ad = F.Adapters.from_lora(facts, cfg.lora)  # the active adapter of the policy, value and reward model
+        self.start = self.ad.start if self.ad else 0  # blocks below run once per batch (the frozen prefix)
+
+    def sample(self, queries: int, repeats: int, adapter=None) -> int:
+        return F.sample_flops(self.facts, queries, self.Q, self.T, repeats, static=self.static, adapter=adapter)
+
+    def qr(self, queries: int, repeats: int) -> list:
+        return F.query_response_segments(queries, self.Q, self.T, repeats, shared=self.n.shared_queries)
+
+    def fwd_bwd(self, segments: list, lo: int, adapter) -> int:
+        """A training forward from block lo and its backward (adapter: the one that trains; None: every weight)."""
+        return (F.trunk_flops(self.facts, segments, lo, None, adapter)
+                + F.trunk_backward(self.facts, segments, lo, None, adapter))  # fmt: skip
+
+
+def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
+    cfg, facts, n, ad, S, L, start = p.cfg, p.facts, p.n, p.ad, p.S, p.L, p.start
+    tr = cfg.train_reward
+    rm: dict[str, int] = {}
+    norms = int(tr.normalize_before) + int(tr.normalize_after)
+    n_norm = min(tr.normalize_samples, n.train_queries)
+    if norms:
+        rm["normalize: sample"] = norms * p.sample(n_norm, 1)
+        rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), adapter=ad)
+                                          + F.scalar_head_flops(facts, n_norm))  # fmt: skip
+    if n.labels_heldout:
+        rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, p.qr(n.labels_heldout, S), adapter=ad)
+                                         + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
+    cached = tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= cache_bytes
+    if cached:
+        rm["frozen prefix, once"] = F.trunk_flops(facts, p.qr(n.labels_train, S), 0, start)
+    # under FSDP a question's samples are repeated rows (reward.train_epoch); in one process the quickstart shares
+    train_segments = (p.qr(n.labels_train, S) if cfg.run.parallel != "fsdp"
+                      else F.plain_segments(n.labels_train * S, L))  # fmt: skip
+    head = F.scalar_head_flops(facts, n.labels_train * S)
+    rm["training"] = tr.epochs * (p.fwd_bwd(train_segments, start if cached else 0, ad)
+                                  + head + F.head_backward(head, True))  # fmt: skip
+    if ad and cfg.lora.merged_reward_model:
+        rm["export: merge adapter"] = F.merge_flops(facts, ad)
+    return rm
+
+
+def _ppo_flops(p: _Passes) -> dict[str, int]:
+    cfg, facts, ad, T, L, start = p.cfg, p.facts, p.ad, p.T, p.L, p.start
+    B, P = cfg.ppo.batch_size, cfg.ppo.noptepochs * cfg.ppo.batch_size  # rollout rows; rows trained per update
+    rows = F.plain_segments(B, L)
+    separate = cfg.ppo.value_model == "separate"
+    # a separate value model: an adapter above the prefix, or with full fine-tuning a whole trunk of its own
+    value_lo = start if ad else 0
+    ppo = {
+        "rollout: sample": p.sample(B, 1, ad),
+        "rollout: frozen prefix": F.trunk_flops(facts, rows, 0, start) if start else 0,
+        "rollout: values": F.scalar_head_flops(facts, B * T)
+        + (F.trunk_flops(facts, rows, value_lo, None, ad) if separate else 0),
+        "rollout: reference": F.trunk_flops(facts, rows, start) + F.lm_head_flops(facts, B * T),
+        "rollout: reward model": F.trunk_flops(facts, rows, start, None, ad) + F.scalar_head_flops(facts, B),
+    }
+    train = F.plain_segments(P, L)
+    lm_head, v_head = F.lm_head_flops(facts, P * T), F.scalar_head_flops(facts, P * T)
+    ppo["PPO epochs"] = (p.fwd_bwd(train, start, ad) + lm_head + F.head_backward(lm_head, ad is None)
+                         + v_head + F.head_backward(v_head, True)
+                         + (p.fwd_bwd(train, value_lo, ad) if separate else 0))  # fmt: skip
+    ppo = {k: v * p.n.updates for k, v in ppo.items() if v}
+    if ad:
+        ppo["export: merge adapters"] = F.merge_flops(facts, ad)
+    return ppo
+
+
+# GFLOP/s each quickstart stage reached (docs/results.md, the SmolLM2 quickstart against its floor: AMD EPYC with
+# AVX512-BF16, 2 cores, bf16 autocast); model loads are seconds, not FLOPs
+MEASURED_GFLOPS = {"evaluate initial": 158.0, "sample and label": 149.0, "train reward model": 210.0, "PPO": 195.0,
+                   "evaluate final": 191.0}  # fmt: skip
+MODEL_LOAD_S = 4.6
+
+
+class Shape(NamedTuple):
+    """What the plan needs of the task beyond its config: a formatted query's tokens (prefix + query + suffix), the
+    training queries it has, and whether a question's samples share one pass of its query (SDPA attention)."""
+
+    q_len: int
+    train_queries: int
+    shared_queries: bool = True
+
+
+POOL_FACTOR = 1.5  # with several seeds the store holds 1.5x the largest label count, so its arms' subsets differ
+
+
+def store_questions(cfg: Config, label_counts: list[int], seeds: int) -> int:
+    """Questions the label store of `experiment mock-sentiment` holds: the largest count (POOL_FACTOR times it with
+    several seeds), plus the held-out fraction."""
+    pool = POOL_FACTOR if seeds > 1 else 1
+    return math.ceil(max(label_counts) * pool / (1 - cfg.labels.heldout_fraction))
+
+
+def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_counts: list[int], seeds: int,
+                        n_eval: int, samples: int, *, rates: dict[str, float] | None = None,
+                        load_s: float = MODEL_LOAD_S, share: bool = True) -> list[dict]:  # fmt: skip
+    """[{stage, runs, gflop, seconds}] (gflop and seconds of all runs together) of `experiment mock-sentiment` with
+    these arms, as the code shares work between them: one labeling pass and one initial evaluation for all, the
+    reward models' frozen prefixes once over the union of their labels (at most the store, at most seeds x the
+    largest count), the untrained reward model's normalization and held-out evaluation once per seed, and per arm
+    and seed a model load, its reward model (or the direct arm's normalization samples), its PPO run and its final
+    evaluation. `rates`: GFLOP/s by quickstart stage (MEASURED_GFLOPS);
+    `share` False: every reward model runs its own frozen prefixes (what sharing them saves)."""
+    rates = rates or MEASURED_GFLOPS
+    if not label_counts or min(label_counts) < 1 or seeds < 1 or n_eval < 1 or samples < 1:
+        raise ValueError("label counts, seeds, evaluation queries and samples must be positive")
+    questions = store_questions(cfg, label_counts, seeds)
+    held = round(questions * cfg.labels.heldout_fraction)
+
+    def stages(n_labels: int) -> dict[str, dict[str, int]]:
+        n = Counts(shape.q_len, shape.train_queries, n_eval, samples, questions, n_labels, held,
+                   cfg.ppo.num_updates, shape.shared_queries)  # fmt: skip
+        return stage_flops(cfg, facts, n)
+
+    def row(stage: str, runs: int, flops: float, rate: str | None) -> dict:
+        gflop = flops / 1e9
+        seconds = gflop / rates[rate] if rate else runs * load_s
+        return {"stage": stage, "runs": runs, "gflop": gflop, "seconds": seconds}
+
+    first = stages(max(label_counts))
+    rows = [row("model loads", 1 + seeds * (len(label_counts) + 1), 0, None),
+            row(f"label {questions} questions", 1, sum(first["sample and label"].values()), "sample and label"),
+            row("evaluate the initial policy", 1, sum(first["evaluate initial"].values()), "evaluate initial")]
+    ad = F.Adapters.from_lora(facts, cfg.lora)
+    S, L = label_type_shape(cfg.labels.type)[1], shape.q_len + cfg.task.response_length
+    union = min(questions, seeds * max(label_counts))  # each arm's subset lies in the store
+    # shared as run_mock_sentiment shares them: several reward models that cache them, and the union fits the bound
+    shared = (share and ad is not None and seeds * len(label_counts) > 1
+              and "frozen prefix, once" in first["train reward model"]
+              and union * S * L * facts.d * 4 <= prefix_cache_bytes())  # fmt: skip
+    if shared and ad is not None:
+        segs = F.query_response_segments(union, shape.q_len, cfg.task.response_length, S, shared=shape.shared_queries)
+        held_gib = union * S * L * facts.d * 4 / 2**30  # fp32, kept for the whole experiment
+        rows.append(row(f"frozen prefixes of {union} questions, once ({held_gib:.2f} GiB)", 1,
+                        F.trunk_flops(facts, segs, 0, ad.start), "train reward model"))  # fmt: skip
+    tr = cfg.train_reward
+    norms = int(tr.normalize_before) + int(tr.normalize_after)
+    for i, n in enumerate(label_counts):
+        rm = stages(n)["train reward model"]
+        own = sum(v for k, v in rm.items() if not (shared and k == "frozen prefix, once"))
+        if share and i > 0 and label_type_shape(cfg.labels.type)[0] != "score":
+            # the untrained model's normalization and held-out evaluation: once per seed (before_training)
+            once = rm.get("normalize: sample", 0) + rm.get("normalize: score", 0)
+            own -= once // max(norms, 1) * int(tr.normalize_before) + rm.get("held-out evaluation", 0) // 2
+        rows.append(row(f"reward model, {n} labels", seeds, seeds * own, "train reward model"))
+    ppo = stages(max(label_counts))
+    per_ppo = sum(ppo["PPO"].values())
+    direct = per_ppo - ppo["PPO"].get("rollout: reward model", 0)
+    norm = ppo["train reward model"].get("normalize: sample", 0)
+    rows.append(row("direct arm: normalization samples", seeds, seeds * norm / max(norms, 1), "evaluate initial"))
+    rows.append(row(f"PPO, {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", seeds * (len(label_counts) + 1),
+                    seeds * (len(label_counts) * per_ppo + direct), "PPO"))  # fmt: skip
+    rows.append(row(f"final evaluation, {n_eval} x {samples}", seeds * (len(label_counts) + 1),
+                    seeds * (len(label_counts) + 1) * sum(ppo["evaluate final"].values()), "evaluate final"))
+    return rows
+
+
+def prefix_cache_bytes() -> int:
+    from lmprefs.pipeline.reward_model import PREFIX_CACHE_BYTES  # torch: only when a plan is made
+
+    return PREFIX_CACHE_BYTES
+
+
+def format_plan(rows: list[dict], limit_s: float | None = None) -> str:
+    """The plan as a table, its total, and against `limit_s` its margin; labelled as the estimate it is."""
+    lines = [f"{'stage':48s} {'runs':>5s} {'GFLOP':>10s} {'seconds':>9s}"]
+    lines += [f"{r['stage']:48s} {r['runs']:5d} {r['gflop']:10,.0f} {r['seconds']:9.0f}" for r in rows]
+    total = sum(r["seconds"] for r in rows)
+    lines.append(f"{'total (estimate)':48s} {'':5s} {sum(r['gflop'] for r in rows):10,.0f} {total:9.0f}  "
+                 f"= {total / 60:.1f} min")  # fmt: skip
+    if limit_s:
+        lines.append(f"against {limit_s / 60:.0f} min: {'fits' if total <= limit_s else 'does not fit'}, margin "
+                     f"{(limit_s - total) / limit_s:+.0%}")  # fmt: skip
+    lines.append("estimated from FLOP counts at the GFLOP/s the SmolLM2 quickstart's stages reached on a 2-core AMD "
+                 "EPYC in bf16 (docs/results.md); not a measurement")  # fmt: skip
+    return "\n".join(lines)

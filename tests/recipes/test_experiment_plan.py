@@ -1,0 +1,86 @@
+"""`experiment mock-sentiment --plan`: the estimate reproduces the quickstart stages it was calibrated on, scales with
+the work as the FLOP counts say, and refuses bad input in one line without writing anything."""
+
+import dataclasses
+
+import pytest
+
+from lmprefs.cli.dispatch import main
+from lmprefs.config import preset
+from lmprefs.models.flops import ModelFacts
+from lmprefs.recipes.plan import MEASURED_GFLOPS, Shape, plan_mock_sentiment
+
+R = dataclasses.replace
+# SmolLM2-135M's config.json (the quickstart's model), and its quickstart task: 32-token formatted queries
+SMOLLM2 = {"model_type": "llama", "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
+           "intermediate_size": 1536, "num_hidden_layers": 30, "vocab_size": 49152}  # fmt: skip
+SHAPE = Shape(q_len=32, train_queries=3627)
+
+
+def plan(cfg=None, counts=(250, 500, 1000), seeds=3, n_eval=256, samples=2, **kw):
+    rows = plan_mock_sentiment(cfg or preset("quickstart"), ModelFacts.from_config(SMOLLM2), SHAPE, list(counts),
+                               seeds, n_eval, samples, **kw)  # fmt: skip
+    return {r["stage"].split(",")[0] if "labels" not in r["stage"] else r["stage"]: r for r in rows}
+
+
+def test_one_arm_reproduces_the_measured_quickstart_stages():
+    # docs/results.md, the SmolLM2 quickstart against its floor: 889 questions labeled in 191.8 s, the initial
+    # evaluation 31.7 s, the reward model (784 labels, 105 held out) 286.0 s, PPO 219.8 s, the final evaluation 53.1 s
+    p = plan(counts=(800,), seeds=1)
+    assert p["label 889 questions"]["seconds"] == pytest.approx(191.8, rel=0.01)
+    assert p["evaluate the initial policy"]["seconds"] == pytest.approx(31.7, rel=0.01)
+    assert p["reward model, 800 labels"]["seconds"] == pytest.approx(286.0, rel=0.02)
+    assert p["final evaluation"]["seconds"] == pytest.approx(2 * 53.1, rel=0.01)  # the RM arm and the direct arm
+    # PPO 219.8 s: the direct arm's scores no reward model, so the two runs are a little under twice that
+    assert p["PPO"]["seconds"] == pytest.approx(2 * 219.8, rel=0.03)
+
+
+def test_the_estimate_scales_with_the_work():
+    cfg = preset("quickstart")
+    base = plan(cfg)
+    twice = plan(R(cfg, ppo=R(cfg.ppo, total_episodes=2 * cfg.ppo.total_episodes)))
+    assert twice["PPO"]["gflop"] == pytest.approx(2 * base["PPO"]["gflop"], rel=1e-3)  # all but the export merge
+    assert twice["reward model, 1000 labels"] == base["reward model, 1000 labels"]
+    more = plan(cfg, seeds=6)
+    for stage in ("PPO", "final evaluation", "reward model, 500 labels"):
+        assert more[stage]["gflop"] == pytest.approx(2 * base[stage]["gflop"])
+        assert more[stage]["runs"] == 2 * base[stage]["runs"]
+    assert more["label 1667 questions"] == base["label 1667 questions"]  # one store for every seed
+    # larger counts cost more to train on; the estimate is FLOPs over each stage's rate
+    assert base["reward model, 250 labels"]["gflop"] < base["reward model, 500 labels"]["gflop"]
+    fast = plan(cfg, rates={k: 2 * v for k, v in MEASURED_GFLOPS.items()})
+    assert fast["PPO"]["seconds"] == pytest.approx(base["PPO"]["seconds"] / 2)
+    # sharing the frozen prefixes and the untrained models' figures costs less than every arm on its own
+    alone = plan(cfg, share=False)
+    assert "frozen prefixes of 1667 questions" in " ".join(base) and not any("frozen" in k for k in alone)
+    assert sum(r["seconds"] for r in base.values()) < sum(r["seconds"] for r in alone.values())
+    assert alone["reward model, 500 labels"]["gflop"] > base["reward model, 500 labels"]["gflop"]
+
+
+def test_plan_prints_an_estimate_and_writes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "exp"
+    assert main(["experiment", "mock-sentiment", "tiny", "--plan", "--labels", "8,16", "--seeds", "2",
+                 "--eval-queries", "8", "--run-dir", str(run_dir)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "total (estimate)" in out and "not a measurement" in out and "reward model, 16 labels" in out
+    assert "every reward model on its own instead" in out
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--labels", "0"], "--labels '0': label counts must be positive"),
+    (["--seeds", "0"], "--seeds 0: must be at least 1"),
+    (["--eval-samples", "0"], "--eval-samples 0: must be at least 1"),
+    (["--plan-minutes", "-5"], "--plan-minutes -5: must be a positive number of minutes"),
+    (["--labels", "100000"], "--labels 100000: the label store can provide at most"),
+])  # fmt: skip
+def test_plan_bad_input_is_one_line(tmp_path, capsys, argv, needle):
+    assert main(["experiment", "mock-sentiment", "tiny", "--plan", "--run-dir", str(tmp_path / "e"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "e").exists()
+
+
+def test_plan_is_an_option_of_mock_sentiment_only(capsys):
+    assert main(["experiment", "kl-frontier", "tiny", "--plan"]) == 2
+    assert "--plan is an option of `experiment mock-sentiment`" in capsys.readouterr().err
