@@ -25,8 +25,9 @@ from torch import nn
 from lmprefs.models.loading import trunk_blocks
 
 # model_type -> the block norms whose output feeds only input projections, for the trunks whose blocks are known
-BLOCK_NORMS = {"gpt2": ("ln_1", "ln_2"), **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3"),
-                                                         ("input_layernorm", "post_attention_layernorm"))}
+LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
+BLOCK_NORMS: dict[str, tuple[str, str]] = {"gpt2": ("ln_1", "ln_2"), "llama": LLAMA_NORMS, "mistral": LLAMA_NORMS,
+                                           "qwen2": LLAMA_NORMS, "qwen3": LLAMA_NORMS}  # fmt: skip
 
 
 def _conv1d_class():
@@ -61,9 +62,10 @@ def _forward_with(m: nn.Module, w: torch.Tensor):
 
 def _block_norms(model: nn.Module) -> Iterator[nn.Module]:
     """The norms BLOCK_NORMS names in each block of a known trunk, with their class's own forward."""
-    names = BLOCK_NORMS.get(getattr(getattr(model, "config", None), "model_type", None), ())
-    if not names:
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    if kind not in BLOCK_NORMS:
         return
+    names = BLOCK_NORMS[kind]
     for block in trunk_blocks(model):
         for name in names:
             m = getattr(block, name, None)
