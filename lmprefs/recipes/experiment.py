@@ -188,6 +188,7 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
             res.save(key, ev | {"labels": n, "reward": "model" if n else true_name, "seed": arm_cfg.run.seed})
     names = [a[0] for a in arms]
     res.save("summary", summarize_seeds(res.data, names, seeds))
+    res.save("finding", finding(res.data["summary"], names))
     fig = plot_figure2(run_dir, names, seeds, res.data, cfg.ppo.batch_size)
     plot_overoptimization(run_dir, [n for n in names if n.startswith("rm-")], seeds)
     return {"results": res.data, "figure": fig}
@@ -208,8 +209,39 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
 
 
+# Student's t at 97.5% for 1..10 degrees of freedom: a 95% interval across a handful of seeds; beyond, the normal's
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def ci95(stderr: float, n: int) -> float:
+    """Half-width of a 95% interval for a mean of n values with this standard error (t with n - 1 degrees of freedom;
+    n = 0: an s.e. over many queries, the normal's 1.96)."""
+    return stderr * (T975[n - 2] if 2 <= n <= len(T975) + 1 else 1.96)
+
+
+def finding(summary: dict, names: list[str]) -> str | None:
+    """Whether the paper's Figure 2 finding shows: the reward model from the most labels above the one from the
+    fewest, and close to direct access (95% intervals: the first pair apart, the second overlapping); None without
+    two reward-model arms and a direct one."""
+    rms = [n for n in names if n.startswith("rm-") and n in summary]
+    if len(rms) < 2 or "direct" not in summary:
+        return None
+    lo_arm, hi_arm, direct = (summary[rms[0]], summary[rms[-1]], summary["direct"])
+
+    def interval(d):
+        return d["mean"] - d["ci95"], d["mean"] + d["ci95"]
+
+    (_, lo_top), (hi_low, hi_top), (d_low, d_top) = interval(lo_arm), interval(hi_arm), interval(direct)
+    above, close = hi_low > lo_top, hi_top >= d_low and d_top >= hi_low
+    verdict = "shows" if above and close else "does not show"
+    return (f"the paper's finding {verdict}: {rms[-1]} {'above' if above else 'not above'} {rms[0]} (95% intervals "
+            f"{'apart' if above else 'overlapping'}), {'close to' if close else 'apart from'} direct access "
+            f"(intervals {'overlapping' if close else 'apart'})")  # fmt: skip
+
+
 def summarize_seeds(data: dict, names: list[str], seeds: int) -> dict:
-    """Per arm: held-out true reward and KL as mean +/- s.e. across seeds (one seed: the s.e. within the run)."""
+    """Per arm: held-out true reward and KL as mean +/- s.e. across seeds (one seed: the s.e. within the run), and
+    the true reward's 95% interval half-width (`ci95`)."""
     out = {}
     for name in names:
         runs = [data[seed_key(name, s)] for s in range(seeds) if seed_key(name, s) in data]
@@ -220,50 +252,57 @@ def summarize_seeds(data: dict, names: list[str], seeds: int) -> dict:
         (m, se), (k, kse) = mean_se([r["mean"] for r in runs]), mean_se(kls)
         if len(runs) == 1:
             se, kse = runs[0]["stderr"], runs[0].get("kl_stderr", math.nan)
-        out[name] = {"mean": m, "stderr": se, "kl": k, "kl_stderr": kse, "seeds": len(runs),
-                     "n_queries": runs[0]["n_queries"], "labels": runs[0]["labels"]}  # fmt: skip
+        out[name] = {"mean": m, "stderr": se, "ci95": ci95(se, len(runs) if len(runs) > 1 else 0), "kl": k,
+                     "kl_stderr": kse, "seeds": len(runs), "n_queries": runs[0]["n_queries"],
+                     "labels": runs[0]["labels"]}  # fmt: skip
     return out
 
 
 def plot_figure2(run_dir: Path, names: list[str], seeds: int, data: dict, batch_size: int) -> Path:
-    """Left: the rollouts' true reward over episodes per arm, mean +/- s.e. across seeds (the paper's axes); right:
-    the held-out true reward per arm, mean +/- s.e."""
+    """Left: the rollouts' true reward over episodes per arm, mean +/- s.e. across seeds (the paper's axes); middle:
+    the score each arm's policy optimized over episodes (the reward model's; the direct arm's: the true reward as
+    normalized for it); right: the held-out true reward per arm, mean and 95% interval."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name in names:
-        curves = []
-        for s in range(seeds):
-            path = run_dir / seed_key(name, s) / "metrics.jsonl"
-            rows = read_metrics(path, "policy") if path.exists() else []
-            curves.append({r.get("elapsed/episodes", r["step"] * batch_size): r.get("objective/true_reward",
-                                                                                     math.nan) for r in rows})
-        steps = sorted(set().union(*curves))
-        if not steps:
-            continue
-        y = np.array([[c.get(x, math.nan) for x in steps] for c in curves])  # [seeds, episodes]
-        n = np.sum(~np.isnan(y), 0)
-        with warnings.catch_warnings():  # episodes only some seeds reached: the mean of those, no s.e. from one
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean = np.nanmean(y, 0)
-            se = np.where(n > 1, np.nanstd(y, 0, ddof=1) / np.sqrt(np.maximum(n, 1)), 0.0)
-        line = ax.plot(steps, mean, label=f"{name} ({int(n.max())} seed{'s' if n.max() > 1 else ''})")[0]
-        ax.fill_between(steps, mean - np.nan_to_num(se), mean + np.nan_to_num(se), color=line.get_color(), alpha=0.2)
+    fig, (ax, px, bx) = plt.subplots(1, 3, figsize=(17, 4.5))
+    for axis, metric in ((ax, "objective/true_reward"), (px, "objective/score")):
+        for name in names:
+            curves = []
+            for s in range(seeds):
+                path = run_dir / seed_key(name, s) / "metrics.jsonl"
+                rows = read_metrics(path, "policy") if path.exists() else []
+                curves.append({r.get("elapsed/episodes", r["step"] * batch_size): r.get(metric, math.nan)
+                               for r in rows})  # fmt: skip
+            steps = sorted(set().union(*curves))
+            if not steps:
+                continue
+            y = np.array([[c.get(x, math.nan) for x in steps] for c in curves])  # [seeds, episodes]
+            n = np.sum(~np.isnan(y), 0)
+            with warnings.catch_warnings():  # episodes only some seeds reached: the mean of those, no s.e. from one
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean = np.nanmean(y, 0)
+                se = np.where(n > 1, np.nanstd(y, 0, ddof=1) / np.sqrt(np.maximum(n, 1)), 0.0)
+            line = axis.plot(steps, mean, label=f"{name} ({int(n.max())} seed{'s' if n.max() > 1 else ''})")[0]
+            axis.fill_between(steps, mean - np.nan_to_num(se), mean + np.nan_to_num(se), color=line.get_color(),
+                              alpha=0.2)  # fmt: skip
+        axis.set_xlabel("episodes")
+        axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
     ax.set_title("true reward of rollouts (mean +/- s.e. across seeds)")
-    ax.set_xlabel("episodes")
     ax.set_ylabel("true reward")
-    ax.legend()
-    ax.grid(alpha=0.3)
+    px.set_title("score optimized (reward model's; direct: normalized true reward)", fontsize=10)
+    px.set_ylabel("objective/score")
     summary = {"initial": data["initial"], **summarize_seeds(data, names, seeds)} if "initial" in data else {}
     bars = [n for n in ["initial", *names] if n in summary]
-    bx.bar(bars, [summary[n]["mean"] for n in bars], yerr=[summary[n]["stderr"] for n in bars], capsize=4)
-    # the initial policy is one policy: its error bar is over queries; the arms' are across seeds when there are some
-    bx.set_title("true reward on held-out queries\n" + ("arms: mean +/- s.e. across seeds; initial: +/- s.e. over "
-                 "queries" if seeds > 1 else "mean +/- s.e. over queries"), fontsize=10)  # fmt: skip
+    # the initial policy is one policy: its interval is over queries; the arms' are across seeds when there are some
+    errs = [summary[n].get("ci95", ci95(summary[n]["stderr"], 0)) for n in bars]
+    bx.bar(bars, [summary[n]["mean"] for n in bars], yerr=errs, capsize=4)
+    bx.set_title("true reward on held-out queries, mean and 95% interval\n" + (
+        "arms: across seeds (t); initial: over queries" if seeds > 1 else "over queries"), fontsize=10)  # fmt: skip
     bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     path = run_dir / "figure2.png"

@@ -177,6 +177,7 @@ def test_mock_sentiment_seeds_give_error_bars_and_kl(tmp_path, capsys):
     a, b = res["rm-16"]["mean"], res["rm-16-seed1"]["mean"]
     assert s["seeds"] == 2 and math.isfinite(s["kl"]) and s["mean"] == pytest.approx((a + b) / 2)
     assert s["stderr"] == pytest.approx(abs(a - b) / 2)  # the s.e. across seeds (of two: half their difference)
+    assert s["ci95"] == pytest.approx(12.706 * s["stderr"])  # t with one degree of freedom
     # the seeds trained different reward models on different label subsets
     from safetensors.torch import load_file
 
@@ -186,7 +187,7 @@ def test_mock_sentiment_seeds_give_error_bars_and_kl(tmp_path, capsys):
     assert (run_dir / "figure2.png").read_bytes()[:4] == b"\x89PNG"
     assert (run_dir / "overoptimization.png").read_bytes()[:4] == b"\x89PNG"  # proxy and true reward over KL
     out = capsys.readouterr().out
-    assert "rm-16" in out and "(2 seeds)" in out
+    assert "rm-16" in out and "(2 seeds)" in out and "95% interval" in out
     # an interrupted experiment: forget one arm's result; rerunning resumes it and skips the finished arms
     del res["rm-16-seed1"]
     (run_dir / "results.json").write_text(json.dumps(res))
@@ -298,3 +299,21 @@ def test_kl_frontier_draws_best_of_n_and_fits_gaos_forms(tmp_path, capsys):
     assert main(["experiment", "kl-frontier", *TINY, "--run-dir", str(tmp_path / "g"), "--samples", "16",
                  "--fit-cut", "5"]) == 2  # fmt: skip
     assert "--fit-cut 5: beyond every best-of-n point" in capsys.readouterr().err and not (tmp_path / "g").exists()
+
+
+def test_the_finding_is_read_from_95_percent_intervals():
+    from lmprefs.recipes.experiment import ci95, finding
+
+    assert ci95(1.0, 3) == pytest.approx(4.303) and ci95(1.0, 0) == 1.96 and ci95(1.0, 40) == 1.96
+
+    def arm(mean, half):
+        return {"mean": mean, "ci95": half}
+
+    names = ["rm-100", "rm-400", "direct"]
+    shows = {"rm-100": arm(0.2, 0.05), "rm-400": arm(0.5, 0.05), "direct": arm(0.55, 0.05)}
+    assert finding(shows, names).startswith("the paper's finding shows: rm-400 above rm-100")
+    flat = shows | {"rm-400": arm(0.24, 0.05)}  # the intervals of the two counts overlap
+    assert "does not show" in finding(flat, names) and "overlapping" in finding(flat, names)
+    far = shows | {"direct": arm(0.9, 0.05)}  # more labels help, but stay far below direct access
+    assert "does not show" in finding(far, names) and "apart from direct access" in finding(far, names)
+    assert finding({"rm-100": arm(0.2, 0.1), "direct": arm(0.5, 0.1)}, ["rm-100", "direct"]) is None
