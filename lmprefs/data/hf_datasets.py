@@ -134,3 +134,9 @@ def column_texts(ds, field: str | None, what: str) -> list[str]:
 def dataset_rows(ds) -> list[tuple[str, object]]:
     """[("row i", row), ...] of a Dataset: the rows as dicts, named like a JSON list's rows."""
     return [(f"row {i}", row) for i, row in enumerate(ds)]
+
+
+def saved_rows(path: Path, parts: list[str], what: str) -> list[tuple[str, object]]:
+    """The rows of the saved directory `path` (a DatasetDict's split the one part after it), as dataset_rows."""
+    split, _ = saved_parts(path, parts, what, most=0)
+    return dataset_rows(load_saved(path, split, what))

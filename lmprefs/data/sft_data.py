@@ -29,10 +29,8 @@ from lmprefs.data.conversations import (
 )
 from lmprefs.data.hf_datasets import (
     DatasetReadError,
-    dataset_rows,
     is_saved_dataset,
-    load_saved,
-    saved_parts,
+    saved_rows,
     split_spec,
 )
 from lmprefs.data.tasks import PAD
@@ -64,8 +62,7 @@ def read_sft_data(spec: str) -> list[SFTExample]:
     rows: list[tuple[str, object]]
     try:
         if is_saved_dataset(path):
-            split, _ = saved_parts(path, parts, f"--sft.data {spec}", most=0)
-            name, rows = spec, dataset_rows(load_saved(path, split, f"--sft.data {spec}"))
+            name, rows = spec, saved_rows(path, parts, f"--sft.data {spec}")
         else:
             if parts:
                 raise SFTDataError(f"--sft.data {spec}: no such file or save_to_disk directory")

@@ -22,14 +22,7 @@ from pathlib import Path
 
 from lmprefs.assets.tokenizers import gpt2_tokenizer
 from lmprefs.config import label_type_shape
-from lmprefs.data.hf_datasets import (
-    DatasetReadError,
-    dataset_rows,
-    is_saved_dataset,
-    load_saved,
-    saved_parts,
-    split_spec,
-)
+from lmprefs.data.hf_datasets import DatasetReadError, is_saved_dataset, saved_rows, split_spec
 from lmprefs.data.summarize import comparison_query
 from lmprefs.io.jsonl import JsonRowsError, json_rows
 from lmprefs.labels.formats.shared import GPT2_PAD, GPT2_VOCAB, IMPORT_FORMATS, LabelFileError, sample_keys
@@ -56,8 +49,7 @@ def _load(path: Path) -> tuple[str, list[tuple[str, object]]]:
     saved, parts = split_spec(str(path))
     try:
         if is_saved_dataset(saved):
-            split, _ = saved_parts(saved, parts, str(path), most=0)
-            return "dataset", dataset_rows(load_saved(saved, split, str(path)))
+            return "dataset", saved_rows(saved, parts, str(path))
         return json_rows(path)
     except (JsonRowsError, DatasetReadError) as e:
         raise LabelFileError(str(e)) from e
