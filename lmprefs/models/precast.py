@@ -22,12 +22,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmprefs.models.flops import LLAMA_LIKE
 from lmprefs.models.loading import trunk_blocks
 
 # model_type -> the block norms whose output feeds only input projections, for the trunks whose blocks are known
-LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm")
-BLOCK_NORMS: dict[str, tuple[str, str]] = {"gpt2": ("ln_1", "ln_2"), "llama": LLAMA_NORMS, "mistral": LLAMA_NORMS,
-                                           "qwen2": LLAMA_NORMS, "qwen3": LLAMA_NORMS}  # fmt: skip
+BLOCK_NORMS: dict[str, tuple[str, str]] = {
+    "gpt2": ("ln_1", "ln_2"),
+    **dict.fromkeys(LLAMA_LIKE, ("input_layernorm", "post_attention_layernorm")),
+}
 
 
 def _conv1d_class():
