@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from lmprefs.data.tasks import PAD, decode, response_texts, stop_tokens, truncate_responses
+from lmprefs.data.tasks import PAD, decode, stop_tokens, truncate_responses
 from lmprefs.labels.labelers import score_texts
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
@@ -71,7 +71,7 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
             kls += _kl(t, ref_model, formatted, r, logp, samples_per_query, kl_batch_size)
         lens += (r != PAD).sum(1).tolist()
         post = truncate_responses(r, task.truncate_token, task.truncate_after)
-        resp = response_texts(t.tok, post, task)
+        resp = decode(t.tok, post, stop)
         scores = _scores(t, true_fn, formatted, post, resp, q, samples_per_query)
         per_query += scores.mean(1).tolist()
         every += scores.tolist()

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.data.hf_datasets import is_saved_dataset, split_spec
-from lmprefs.data.tasks import decode, response_texts
+from lmprefs.data.tasks import decode, stop_tokens
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_file
 from lmprefs.labels.formats import LabelFileError, import_file
@@ -89,12 +89,13 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
                 "seconds": time.time() - t0}  # fmt: skip
     tok_name = tokenizer_id(t.tok)
     q_text = decode(t.tok, q)
+    stop = stop_tokens(cfg.task, t.tok)
     item_ids = []
     with store.transaction():
         for i in range(n):
             ids = [[x for x in s if x >= 0] for s in samples[i].tolist()]
             item_ids.append(store.add_item(
-                q_text[i], response_texts(t.tok, samples[i], cfg.task), source=source, label_type=lt.name,
+                q_text[i], decode(t.tok, samples[i], stop), source=source, label_type=lt.name,
                 query_tokens=[x for x in q[i].tolist() if x >= 0], sample_tokens=ids, tokenizer=tok_name,
                 batch=batch, key=f"{seed}:{i}",
             ))  # fmt: skip
