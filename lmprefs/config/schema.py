@@ -211,9 +211,11 @@ class PPOConfig:
     score_drop_stop: float | None = 2.0
     """Andon cord: stop when the running mean score falls this far below its best (None = never)."""
     overoptimization_stop: float | None = None
-    """Andon cord for over-optimization: stop when the running mean of the true reward (objective/true_reward, logged
-    where a true reward is known: quickstart, experiments, train-policy --true-reward) falls this far below its best,
-    in the true reward's own units, while the reward model's score may still rise (None = never)."""
+    """Andon cord for over-optimization: stop when the running mean of a signal the reward model cannot fool falls
+    this far below its best, in that signal's own units, while the reward model's score may still rise (None =
+    never). The signals: the true reward (objective/true_reward, logged where one is known: quickstart, experiments,
+    train-policy --true-reward) and, in an online run, the scoring reward model's agreement with labels on the
+    policy's fresh samples that it was not trained on (online/rm_agreement, a fraction of questions)."""
     estimator: Literal["ppo", "rloo"] = "ppo"
     """ppo: the original's value head, GAE and clipped value loss. rloo: REINFORCE leave-one-out (Ahmadian et al.
     2024): ppo.rloo_k samples per query, each one's advantage its return (score - beta * summed KL) minus the mean of

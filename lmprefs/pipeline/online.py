@@ -17,10 +17,12 @@ from pathlib import Path
 from lmprefs.errors import UserError
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
+from lmprefs.labels.types import get as get_label_type
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
 from lmprefs.training.policy_run import ScoreFn
+from lmprefs.training.reward import evaluate, examples_to_comparisons, tokenizer_id
 from lmprefs.training.rollout import rm_score_fn
 
 
@@ -42,15 +44,17 @@ class OnlineRewards:
         self._score: ScoreFn | None = None
         self.rm: RewardModel | None = None  # the reward model scoring now
         self.retrains: list[list[int]] = []  # [update, labels] of each reward model so far
+        self.measured: list[int] = [-1, 0]  # [reward model's update, labels] the last agreement was measured on
 
     def state_dict(self) -> dict:
-        return {"retrains": self.retrains, "reward": RewardState(self.rm).state_dict()}
+        return {"retrains": self.retrains, "reward": RewardState(self.rm).state_dict(), "measured": self.measured}
 
     def load_state_dict(self, s: dict) -> None:
         """Make the checkpoint's reward model the current one, and forget the history rows written after it."""
 
         RewardState(self.rm).load_state_dict(s["reward"])
         self.retrains = [list(r) for r in s["retrains"]]
+        self.measured = list(s.get("measured", [-1, 0]))
         truncate_jsonl(self.history_path, self.retrains[-1][0] if self.retrains else -1, key="update")
 
     def score(self, queries, responses, prefix=None):
@@ -59,9 +63,9 @@ class OnlineRewards:
     def labels_so_far(self) -> int:
         return len(self.store.labeled_examples(self.cfg.labels.type))
 
-    def items_after(self, update: int) -> set[int]:
-        """Items of the batches asked for after `update` (present when a resumed run redoes updates)."""
-        return {i for i, b in self.store.item_batches("online:").items() if int(b.split(":", 1)[1]) > update}
+    def items_after(self, update: int, until: float = float("inf")) -> set[int]:
+        """Items of the batches asked for after `update` (present when a resumed run redoes updates), up to `until`."""
+        return {i for i, b in self.store.item_batches("online:").items() if update < int(b.split(":", 1)[1]) <= until}
 
     def labels_until(self, update: int) -> int:
         later = self.items_after(update)
@@ -82,6 +86,25 @@ class OnlineRewards:
             return {"items": 0, "labels_added": added, "labeler": self.labeler or "none", "repeated": True}
         return collect_labels(self.t, self.store, n, labeler=self.labeler or "none", source=batch, batch=batch,
                               seed=seed, model=model, adapter=adapter)  # fmt: skip
+
+    def agreement(self, update: int) -> dict:
+        """How often the scoring reward model picks what the labelers picked on the questions asked since it was
+        trained, up to `update`: samples of the policy as it has moved, and labels it has not seen. A policy that
+        exploits its reward model drives this down while the score still rises (Gao et al. 2022), so it is the
+        andon cord's over-optimization signal where no true reward is known (ppo.overoptimization_stop). {} when
+        no such label has arrived since the last measurement."""
+        since = self.retrains[-1][0] if self.retrains else -1
+        unseen = self.items_after(since, update)
+        tok, lt = self.t.tok, get_label_type(self.cfg.labels.type)
+        examples = [e for e in self.store.labeled_examples(self.cfg.labels.type, tokenizer=tokenizer_id(tok))
+                    if e.item_id in unseen]  # fmt: skip
+        if not examples or self.measured == [since, len(examples)] or self.rm is None:
+            return {}
+        self.measured = [since, len(examples)]
+        out = evaluate(self.rm, examples_to_comparisons(examples, tok, self.cfg.task), lt, self.t.ctx)
+        if "heldout/accuracy" not in out:
+            return {}
+        return {"online/rm_agreement": out["heldout/accuracy"], "online/rm_agreement_labels": len(examples)}
 
     poll_seconds = 5.0
 
@@ -128,6 +151,7 @@ class OnlineRewards:
         stats["online/reward_model"] = len(self.retrains) - 1  # which reward model (online.md's row) scored update u
         if u % cfg.labels.online_interval == 0 and u < cfg.ppo.num_updates:
             self.request(u, run.policy.lm, run.policy.adapter)
+        stats |= self.agreement(u)  # before a retrain takes these labels in
         if u in retrain_points(cfg.ppo.num_updates, cfg.labels.online_retrains):
             row = self.retrain(u)
             print(f"reward model retrained at update {u} on {row['labels_train']} labels "

@@ -52,30 +52,33 @@ def andon_check(run: PolicyRun, stats: dict, cfg: Config) -> str | None:
         return (f"score collapsed: running mean {run.score_ema:+.3f} is {run.best_score_ema - run.score_ema:.2f} "
                 f"below its best {run.best_score_ema:+.3f} "
                 f"(ppo.score_drop_stop = {cfg.ppo.score_drop_stop})")  # fmt: skip
-    return overoptimized(run, stats.get("objective/true_reward"), cfg.ppo.overoptimization_stop)
+    return overoptimized(run, stats, cfg.ppo.overoptimization_stop)
 
 
-def overoptimized(run: PolicyRun, true_reward: float | None, stop: float | None) -> str | None:
-    """Why the run must stop for over-optimization, or None: the running mean of the true reward (where one is
-    known) has fallen more than `stop` below its best, the reward model's score being no guide any more (Gao et
-    al. 2022: the true reward peaks and falls while the proxy keeps rising)."""
-    if true_reward is None or not math.isfinite(true_reward):
-        return None
-    run.true_ema = true_reward if run.true_ema is None else 0.8 * run.true_ema + 0.2 * true_reward
-    run.best_true_ema = max(run.best_true_ema, run.true_ema)
-    if stop is not None and run.best_true_ema - run.true_ema > stop:
-        return (f"over-optimization: the true reward's running mean {run.true_ema:+.3f} is "
-                f"{run.best_true_ema - run.true_ema:.3f} below its best {run.best_true_ema:+.3f} "
-                f"(ppo.overoptimization_stop = {stop})")  # fmt: skip
-    return None
+# the signals of over-optimization, by metric: each is watched where a run logs it
+WATCHED = {"objective/true_reward": "the true reward",
+           "online/rm_agreement": "the reward model's agreement with labels it has not seen"}  # fmt: skip
 
 
-
-
-
-
-
-
+def overoptimized(run: PolicyRun, stats: dict, stop: float | None) -> str | None:
+    """Why the run must stop for over-optimization, or None: the running mean of a signal that the reward model's
+    score cannot fool (WATCHED: the true reward where one is known; in an online run, the scoring reward model's
+    agreement with the labelers on fresh samples it was not trained on) has fallen more than `stop` below its best,
+    the score being no guide any more (Gao et al. 2022: the true reward peaks and falls while the proxy keeps
+    rising)."""
+    reason = None
+    for key, what in WATCHED.items():
+        x = stats.get(key)
+        if x is None or not math.isfinite(x):
+            continue
+        ema, best = run.watched.get(key, (None, -math.inf))
+        ema = x if ema is None else 0.8 * ema + 0.2 * x
+        best = max(best, ema)
+        run.watched[key] = [ema, best]
+        if reason is None and stop is not None and best - ema > stop:
+            reason = (f"over-optimization: {what}'s running mean {ema:+.3f} is {best - ema:.3f} below its best "
+                      f"{best:+.3f} (ppo.overoptimization_stop = {stop})")  # fmt: skip
+    return reason
 
 
 def compile_training(compile: str, device: torch.device) -> bool:
@@ -90,18 +93,6 @@ def training_forward(model, compile: str, device: torch.device) -> Callable:
     and entropy over the vocabulary that eager runs as separate passes over [b, T, V] tensors."""
     call = torch.compile(model, dynamic=False) if compile_training(compile, device) else model
     return lambda mb: call(mb.queries, mb.responses, mb.prefix)
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def queries_per_rollout(cfg: Config, episodes: int) -> int:

@@ -44,8 +44,8 @@ class PolicyRun:
     elapsed: float = 0.0
     best_score_ema: float = -math.inf
     score_ema: float | None = None
-    best_true_ema: float = -math.inf
-    true_ema: float | None = None
+    watched: dict = field(default_factory=dict)
+    """The over-optimization signals' running means and their bests: metric name -> [running mean, best]."""
     extras: dict = field(default_factory=dict)
     """More state for the checkpoint: name -> an object with state_dict()/load_state_dict() holding tensors and
     plain types only (state.pt loads with weights_only=True): the online reward state, a LoRA reward model's head."""
@@ -62,7 +62,7 @@ class PolicyRun:
              "stream": self.stream.state_dict(), "gen_sample": self.gen_sample.get_state(),
              "gen_ppo": self.gen_ppo.get_state(), "update": self.update, "elapsed": self.elapsed,
              "best_score_ema": self.best_score_ema, "score_ema": self.score_ema,
-             "best_true_ema": self.best_true_ema, "true_ema": self.true_ema,
+             "watched": {k: list(v) for k, v in self.watched.items()},
              "extras": {k: v.state_dict() for k, v in self.extras.items()}}  # fmt: skip
         if self.value_optimizer is not None:
             s["value_optimizer"] = self.value_optimizer.state_dict()
@@ -85,8 +85,9 @@ class PolicyRun:
         self.gen_ppo.set_state(s["gen_ppo"])
         self.update, self.elapsed = s["update"], s["elapsed"]
         self.best_score_ema, self.score_ema = s["best_score_ema"], s["score_ema"]
-        # checkpoints from before the true reward's running mean was kept start it afresh
-        self.best_true_ema, self.true_ema = s.get("best_true_ema", -math.inf), s.get("true_ema")
+        self.watched = {k: list(v) for k, v in s.get("watched", {}).items()}
+        if s.get("true_ema") is not None:  # a checkpoint that kept the true reward's running mean alone
+            self.watched["objective/true_reward"] = [s["true_ema"], s["best_true_ema"]]
         for k, v in self.extras.items():
             v.load_state_dict(s["extras"][k])
 

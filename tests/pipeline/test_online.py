@@ -28,6 +28,9 @@ def test_online_simulated_labeler_answers_the_queue_and_reward_model_retrains(tm
     assert store.table_counts()["items"] == 16 * 3  # requests before updates 1, 3 and 5; none after the last
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert metrics[-1]["online/labels"] >= 48
+    # each new batch measures the reward model scoring then, before the retrain at its update takes the batch in
+    agree = [(m["step"], m["online/rm_agreement_labels"]) for m in metrics if "online/rm_agreement" in m]
+    assert agree == [(2, 16), (4, 16)]
     assert "reward models of this run" in capsys.readouterr().out
 
 
@@ -88,3 +91,48 @@ def test_retrains_with_lora_train_the_reward_adapter_and_leave_the_policy_traina
     second = [m.B["reward"] for m in lora_modules(t.model)]
     assert all(b.abs().sum() > 0 for b in second)
     assert not all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_agreement_is_measured_on_labels_the_scoring_reward_model_has_not_seen(tmp_path):
+    """online/rm_agreement: the reward model scoring now against the labels of the questions asked since it was
+    trained, once per arrival of new labels, and none after a retrain has taken them in."""
+    import dataclasses
+
+    from lmprefs.config import preset
+    from lmprefs.pipeline.labeling import open_store
+    from lmprefs.pipeline.online import OnlineRewards
+    from lmprefs.pipeline.policy import policy_for
+    from lmprefs.pipeline.task import setup_task
+
+    cfg = preset("tiny")
+    cfg = dataclasses.replace(cfg, labels=dataclasses.replace(cfg.labels, online_questions=16))
+    t = setup_task(cfg, n_heldout=8)
+    onl = OnlineRewards(t, open_store(tmp_path / "l.sqlite"), tmp_path, "vader")
+    onl.start(resume=False)
+    assert onl.agreement(0) == {}  # the first reward model trained on every label there is
+    policy = policy_for(t)
+    onl.request(2, policy.lm, policy.adapter)
+    got = onl.agreement(2)
+    assert got["online/rm_agreement_labels"] == 16 and 0 <= got["online/rm_agreement"] <= 1
+    assert got["online/rm_agreement"] * 16 == round(got["online/rm_agreement"] * 16)  # a fraction of 16 questions
+    assert onl.agreement(3) == {}  # no new label since
+    onl.request(4, policy.lm, policy.adapter)
+    assert onl.agreement(4)["online/rm_agreement_labels"] == 32  # both batches since the retrain at update 0
+    onl.retrain(4)
+    assert onl.agreement(4) == {}
+    state = onl.state_dict()
+    assert state["measured"] == [0, 32]
+
+
+def test_falling_agreement_pulls_the_andon_cord(tmp_path, monkeypatch):
+    """Where no true reward is known, ppo.overoptimization_stop watches the reward model's agreement with fresh
+    labels: from 1 to 0 its running mean falls 0.2 below its best, past a stop of 0.1, at the second update."""
+    falling = iter([1.0] + [0.0] * 9)
+    monkeypatch.setattr(online.OnlineRewards, "agreement", lambda self, u: {"online/rm_agreement": next(falling)})
+    run_dir = tmp_path / "run"
+    rc = main(["train-policy", "tiny", "--online", "--labeler", "vader", "--run-dir", str(run_dir),
+               "--ppo.total-episodes", "96", "--labels.online-questions", "16", "--labels.online-retrains", "1",
+               "--ppo.overoptimization-stop", "0.1", "--ppo.score-drop-stop", "null"])  # fmt: skip
+    assert rc == 3
+    andon = json.loads((run_dir / "ANDON").read_text())
+    assert andon["update"] == 2 and "agreement with labels it has not seen" in andon["reason"]

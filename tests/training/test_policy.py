@@ -247,3 +247,24 @@ def test_tiny_preset_learns_from_vader(tmp_path):
     score = [r["objective/score"] for r in read_metrics(tmp_path / "metrics.jsonl", "policy")]
     assert len(score) == 8
     assert sum(score[-4:]) / 4 - sum(score[:4]) / 4 > 0.4, score  # GAINS: at least 0.66; 0.4 is 4 s.e. of no change
+
+
+def test_over_optimization_signals_keep_their_running_means_through_a_checkpoint(tiny_task):
+    """Each watched signal has its own running mean and best, restored by a resume; a checkpoint that kept the
+    true reward's running mean alone (true_ema, best_true_ema) resumes into the same state."""
+    from lmprefs.training.policy import overoptimized
+
+    cfg = preset("tiny")
+    run = _run(tiny_task, cfg)
+    assert overoptimized(run, {"objective/true_reward": 0.5, "online/rm_agreement": 0.6}, 0.3) is None
+    assert overoptimized(run, {"online/rm_agreement": 0.0}, 0.3) is None  # 0.48: 0.12 below its best
+    assert run.watched == {"objective/true_reward": [0.5, 0.5], "online/rm_agreement": [pytest.approx(0.48), 0.6]}
+    state = run.state_dict()
+    again = _run(tiny_task, cfg)
+    again.load_state_dict(state)
+    assert again.watched == run.watched
+    reason = overoptimized(again, {"online/rm_agreement": -0.5}, 0.3)  # 0.284: 0.316 below 0.6
+    assert reason is not None and reason.startswith("over-optimization: the reward model's agreement")
+    old = {k: v for k, v in state.items() if k != "watched"} | {"true_ema": 0.25, "best_true_ema": 0.75}
+    again.load_state_dict(old)
+    assert again.watched == {"objective/true_reward": [0.25, 0.75]}
