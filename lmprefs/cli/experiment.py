@@ -25,7 +25,7 @@ DEFAULT_KL_COEFS = "0.01,0.03,0.1,0.3"  # fixed betas that spread the arms' KL o
 # each experiment's own flags: saved with the run, so that rerunning its command (or the bare command) resumes it
 FLAGS = {"mock-sentiment": ("labels", "seeds", "eval_queries", "eval_samples"),
          "kl-frontier": ("queries", "samples", "betas", "kl_targets", "kl_coefs", "true_reward", "min_ess", "figure2",
-                         "eval_samples", "fit_cut"),
+                         "eval_samples", "fit_cut", "seeds"),
          "compare": compare.FLAGS}  # fmt: skip
 
 
@@ -46,7 +46,8 @@ def _parser() -> ArgumentParser:
     g = p.add_argument_group("mock-sentiment")
     g.add_argument("--labels", default=None, help="label counts of the reward-model arms (default 250,1000,4000, or "
                    "what the preset's queries can give: the most, a quarter and a sixteenth of it)")  # fmt: skip
-    g.add_argument("--seeds", type=int, default=1, help="seeds of every arm (reward-model init, label subset, PPO)")
+    g.add_argument("--seeds", type=int, default=1, help="seeds of every arm (reward-model init, label subset, PPO; "
+                   "kl-frontier: PPO's sampling and its value head's init)")  # fmt: skip
     g.add_argument("--eval-queries", type=int, default=None, help="held-out queries for the true-reward evaluation "
                    "(default 256, or all the preset's held-out queries if fewer)")  # fmt: skip
     g.add_argument("--plan", action="store_true", help="print each stage's estimated seconds for the preset, "
@@ -172,7 +173,7 @@ def _mock_sentiment(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict
 
 
 def _kl_frontier(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
-    from lmprefs.recipes.kl_frontier import run_kl_frontier
+    from lmprefs.recipes.kl_frontier import FrontierPlan, run_kl_frontier
     from lmprefs.training.frontier import DEFAULT_BETAS
 
     betas = parse_numbers(a.betas, "--betas") if a.betas is not None else list(DEFAULT_BETAS)
@@ -192,22 +193,23 @@ def _kl_frontier(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
             raise UserError(f"{flag} {text!r}: every value must be a positive number")
     if a.min_ess < 1:
         raise UserError(f"--min-ess {a.min_ess}: must be at least 1")
+    if a.seeds < 1:
+        raise UserError(f"--seeds {a.seeds}: must be at least 1")
     if a.fit_cut is not None and not 0 < a.fit_cut < float("inf"):
         raise UserError(f"--fit-cut {a.fit_cut:g}: must be a positive number of nats")
-    out = run_kl_frontier(cfg, run_dir, queries=a.queries, samples=a.samples, betas=betas, kl_targets=targets,
-                          kl_coefs=coefs, eval_samples=a.eval_samples, true_reward=a.true_reward or cfg.labels.labeler,
-                          min_ess=a.min_ess, figure2=Path(a.figure2) if a.figure2 else None, fit_cut=a.fit_cut,
-                          on_start=on_start)  # fmt: skip
+    plan = FrontierPlan(a.queries, a.samples, betas, targets, coefs, a.eval_samples, a.true_reward or
+                        cfg.labels.labeler, a.min_ess, Path(a.figure2) if a.figure2 else None, a.fit_cut, a.seeds)
+    out = run_kl_frontier(cfg, run_dir, plan, on_start)
     res = out["results"]
     trusted = [p for p in res["frontier"]["points"] if p["trusted"]]
     if trusted:
         top = trusted[0]
         print(f"  optimal frontier: trusted up to KL {top['kl']:.2f} nats (reward {top['reward']:+.4f}, beta "
               f"{top['beta']:g}, mean ESS {top['ess_mean']:.0f} of {a.samples})")  # fmt: skip
-    for k, v in res.items():
-        if isinstance(v, dict) and k not in ("frontier", "figure2") and "mean" in v:
-            print(f"  {k:14s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f} at KL {v['kl']:.2f} +/- "
-                  f"{v['kl_stderr']:.2f}")  # fmt: skip
+    for k, v in [("initial", res["initial"])] + list(res["summary"].items()):
+        across = f" (s.e. across {v['seeds']} seeds)" if v.get("seeds", 1) > 1 else ""
+        print(f"  {k:14s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f} at KL {v['kl']:.2f} +/- "
+              f"{v['kl_stderr']:.2f}{across}")  # fmt: skip
     for form, fit in res["gao_fits"].items():
         if "alpha" not in fit:
             print(f"  Gao {form} form: not fitted ({fit['error']})")

@@ -254,7 +254,7 @@ def summarize_seeds(data: dict, names: list[str], seeds: int) -> dict:
             se, kse = runs[0]["stderr"], runs[0].get("kl_stderr", math.nan)
         out[name] = {"mean": m, "stderr": se, "ci95": ci95(se, len(runs) if len(runs) > 1 else 0), "kl": k,
                      "kl_stderr": kse, "seeds": len(runs), "n_queries": runs[0]["n_queries"],
-                     "labels": runs[0]["labels"]}  # fmt: skip
+                     "labels": runs[0].get("labels")}  # fmt: skip
     return out
 
 

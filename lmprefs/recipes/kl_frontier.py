@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from lmprefs.config import Config
@@ -18,25 +19,59 @@ from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
 from lmprefs.pipeline.evaluation import evaluate_policy
 from lmprefs.pipeline.task import setup_task
-from lmprefs.recipes.experiment import R, Results, check_heldout, summarize_seeds, train_arm, true_reward_fn
+from lmprefs.recipes.experiment import (
+    R,
+    Results,
+    check_heldout,
+    seed_key,
+    summarize_seeds,
+    train_arm,
+    true_reward_fn,
+)
 from lmprefs.training.frontier import frontier
 from lmprefs.training.scaling_laws import best_of_n, bon_kl, fit_gao
 
 
-def run_kl_frontier(cfg: Config, run_dir: Path, *, queries: int, samples: int, betas: list[float],
-                    kl_targets: list[float], kl_coefs: list[float], eval_samples: int, true_reward: str,
-                    min_ess: float = 10.0, figure2: Path | None = None, fit_cut: float | None = None,
+@dataclass(frozen=True)
+class FrontierPlan:
+    """What `experiment kl-frontier` runs (its flags)."""
+
+    queries: int
+    """Held-out queries for the frontier and the PPO arms."""
+    samples: int
+    """Samples of the initial policy per query for the frontier and the best-of-n curve."""
+    betas: list[float]
+    """The frontier's beta grid."""
+    kl_targets: list[float]
+    """PPO arms with the adaptive KL controller at these targets."""
+    kl_coefs: list[float]
+    """PPO arms with a fixed KL coefficient each."""
+    eval_samples: int
+    """Samples per held-out query for each PPO arm's evaluation."""
+    true_reward: str
+    min_ess: float = 10.0
+    """Frontier points whose mean effective sample size is smaller are marked as not trusted."""
+    figure2: Path | None = None
+    """A mock-sentiment run directory whose arms are added as points."""
+    fit_cut: float | None = None
+    """Gao et al.'s forms are fitted to the points with KL up to this and predict those beyond (None: the median)."""
+    seeds: int = 1
+    """Runs of every PPO arm, each with its own run.seed."""
+
+
+def run_kl_frontier(cfg: Config, run_dir: Path, plan: FrontierPlan,
                     on_start: Callable[[], None] | None = None) -> dict:  # fmt: skip
-    """Figure 3: the optimal frontier from `samples` samples of the initial policy on each of `queries` held-out
-    queries, the best-of-n curve from the same samples, and PPO arms with direct access to the true reward (one per
-    KL target, one per fixed KL coefficient), evaluated on the same queries; Gao et al.'s forms fitted to the
-    best-of-n and the PPO points with KL up to fit_cut (None: each set's median KL), predicting the rest.
-    figure2: a mock-sentiment run directory whose arms are added as points."""
+    """Figure 3: the optimal frontier from plan.samples samples of the initial policy on each of plan.queries
+    held-out queries, the best-of-n curve from the same samples, and PPO arms with direct access to the true reward
+    (one per KL target, one per fixed KL coefficient, each over plan.seeds seeds), evaluated on the same queries; Gao
+    et al.'s forms fitted to the best-of-n points and to every PPO run's point with KL up to plan.fit_cut (None: each
+    set's median KL), predicting the rest."""
+    queries, samples, fit_cut, true_reward = plan.queries, plan.samples, plan.fit_cut, plan.true_reward
     if fit_cut is not None and fit_cut >= bon_kl(samples):
         raise UserError(f"--fit-cut {fit_cut:g}: beyond every best-of-n point (the largest, best of {samples}, is at "
                         f"KL {bon_kl(samples):.2f} nats)")  # fmt: skip
     true_fn = true_reward_fn(true_reward)
-    extra = _figure2_points(figure2) if figure2 is not None else {}
+    extra = _figure2_points(plan.figure2) if plan.figure2 is not None else {}
     t = setup_task(cfg, queries)
     check_heldout(t, queries, "--queries")
     if on_start:
@@ -45,25 +80,32 @@ def run_kl_frontier(cfg: Config, run_dir: Path, *, queries: int, samples: int, b
     res = Results(run_dir)
     heldout = t.heldout_queries[:queries]
     scores = frontier_scores(t, run_dir, heldout, true_fn, samples, cfg.run.seed + 7, "--queries")
-    save_frontier(res, scores, betas, min_ess)
+    save_frontier(res, scores, plan.betas, plan.min_ess)
     ns = [2**i for i in range(int(math.log2(samples)) + 1)]
     res.save("best_of_n", [best_of_n(scores, n) for n in ns])
     del t
-    arms = [(f"kl-target-{x:g}", R(cfg, rewards=R(cfg.rewards, kl_target=x)), f"KL target {x:g}") for x in kl_targets]
+    arms = [(f"kl-target-{x:g}", R(cfg, rewards=R(cfg.rewards, kl_target=x)), f"KL target {x:g}")
+            for x in plan.kl_targets]  # fmt: skip
     arms += [(f"kl-coef-{x:g}", R(cfg, rewards=R(cfg.rewards, kl_coef=x, kl_target=None)), f"fixed beta {x:g}")
-             for x in kl_coefs]  # fmt: skip
-    for name, arm_cfg, what in arms:
-        if name in res.data:
-            print(f"[{name}] done: {res.data[name]['mean']:+.4f} at KL {res.data[name]['kl']:.2f}", flush=True)
-            continue
-        ev = train_arm(arm_cfg, run_dir / name, name, f"true reward, {what}", queries, eval_samples, true_reward,
-                       reward=true_reward)  # fmt: skip
-        res.save(name, ev | {"reward": true_reward, "kl_target": arm_cfg.rewards.kl_target,
-                             "kl_coef": arm_cfg.rewards.kl_coef})  # fmt: skip
+             for x in plan.kl_coefs]  # fmt: skip
+    for s in range(plan.seeds):
+        for name, arm_cfg, what in arms:
+            key = seed_key(name, s)
+            if key in res.data:
+                print(f"[{key}] done: {res.data[key]['mean']:+.4f} at KL {res.data[key]['kl']:.2f}", flush=True)
+                continue
+            seed = cfg.run.seed + s
+            ev = train_arm(R(arm_cfg, run=R(arm_cfg.run, seed=seed)), run_dir / key, key, f"true reward, {what}",
+                           queries, plan.eval_samples, true_reward, reward=true_reward)  # fmt: skip
+            res.save(key, ev | {"reward": true_reward, "kl_target": arm_cfg.rewards.kl_target,
+                                "kl_coef": arm_cfg.rewards.kl_coef, "seed": seed, "labels": None})  # fmt: skip
+    names = [a[0] for a in arms]
+    res.save("summary", summarize_seeds(res.data, names, plan.seeds))
     if extra:
         res.save("figure2", extra)
-    res.save("gao_fits", gao_fits(res.data, [a[0] for a in arms], fit_cut))
-    fig = plot_figure3(run_dir, res.data, [a[0] for a in arms])
+    runs = [seed_key(n, s) for s in range(plan.seeds) for n in names]
+    res.save("gao_fits", gao_fits(res.data, runs, fit_cut))
+    fig = plot_figure3(run_dir, res.data, names)
     return {"results": res.data, "figure": fig}
 
 
@@ -97,9 +139,9 @@ def save_frontier(res: Results, scores, betas: list[float], min_ess: float) -> N
 
 
 def gao_fits(data: dict, arms: list[str], cut: float | None) -> dict:
-    """Gao et al.'s best-of-n form fitted to the best-of-n points and their RL form to the PPO arms' held-out points
-    (true reward gained over the initial policy against KL), each on its points with KL <= cut (None: that set's
-    median KL); a set too small to fit records why."""
+    """Gao et al.'s best-of-n form fitted to the best-of-n points and their RL form to the held-out points of the
+    PPO runs `arms` (every seed's own: true reward gained over the initial policy against KL), each on its points
+    with KL <= cut (None: that set's median KL); a set too small to fit records why."""
     base = data["initial"]["mean"]
     sets = {"bon": [(p["kl"], p["reward"] - base) for p in data["best_of_n"]],
             "rl": [(data[a]["kl"], data[a]["mean"] - base) for a in arms if a in data]}  # fmt: skip
@@ -158,10 +200,11 @@ def plot_figure3(run_dir: Path, data: dict, arms: list[str]) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 5))
     plot_frontier(ax, data)
     for name in arms:
-        if name in data:
-            d = data[name]
+        if name in data["summary"]:
+            d = data["summary"][name]
+            how = f"{d['seeds']} seeds: s.e. across them" if d["seeds"] > 1 else "1 seed: s.e. over queries"
             ax.errorbar(d["kl"], d["mean"], xerr=d["kl_stderr"], yerr=d["stderr"], fmt="o", capsize=3,
-                        label=f"PPO, true reward: {name}")  # fmt: skip
+                        label=f"PPO, true reward: {name} ({how})")  # fmt: skip
     for name, d in data.get("figure2", {}).items():
         ax.errorbar(d["kl"], d["mean"], xerr=d["kl_stderr"], yerr=d["stderr"], fmt="^", capsize=3,
                     label=f"Figure 2 arm {name} ({d['seeds']} seeds, {d['n_queries']} queries)")  # fmt: skip

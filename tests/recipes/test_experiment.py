@@ -215,7 +215,8 @@ def test_mock_sentiment_seeds_give_error_bars_and_kl(tmp_path, capsys):
     (["--fit-cut", "0"], "--fit-cut 0: must be a positive number of nats"),
     (["--figure2", "missing-dir"], "--figure2 missing-dir"),
     (["--queries", "100000"], "--queries 100000"),
-    (["--seeds", "3"], "--seeds is not an option of `experiment kl-frontier`"),
+    (["--seeds", "0"], "--seeds 0: must be at least 1"),
+    (["--labels", "3"], "--labels is not an option of `experiment kl-frontier`"),
 ])  # fmt: skip
 def test_kl_frontier_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, argv, needle):
     run_dir = tmp_path / "f"
@@ -279,6 +280,22 @@ def test_kl_frontier_default_arms_differ_where_kl_targets_would_not(tmp_path):
     arms = [k for k in res if k.startswith("kl-coef-")]
     assert len(arms) == 4 and not any(k.startswith("kl-target-") for k in res)
     assert len({(res[k]["mean"], res[k]["kl"]) for k in arms}) == 4
+
+
+def test_kl_frontier_seeds_give_each_beta_error_bars_across_runs(tmp_path, capsys):
+    run_dir = tmp_path / "f"
+    assert main(["experiment", "kl-frontier", *TINY, "--run-dir", str(run_dir), "--queries", "4", "--samples", "8",
+                 "--kl-coefs", "0.05,1", "--seeds", "2", "--ppo.total-episodes", "32"]) == 0  # fmt: skip
+    res = json.loads((run_dir / "results.json").read_text())
+    runs = ["kl-coef-0.05", "kl-coef-0.05-seed1", "kl-coef-1", "kl-coef-1-seed1"]
+    assert [res[k]["seed"] - res["kl-coef-0.05"]["seed"] for k in runs] == [0, 1, 0, 1]
+    # another seed samples other rollouts, and trains another policy
+    assert res["kl-coef-0.05"]["kl"] != res["kl-coef-0.05-seed1"]["kl"]
+    s = res["summary"]["kl-coef-1"]
+    a, b = res["kl-coef-1"]["mean"], res["kl-coef-1-seed1"]["mean"]
+    assert s["seeds"] == 2 and s["mean"] == pytest.approx((a + b) / 2) and s["stderr"] == pytest.approx(abs(a - b) / 2)
+    assert len(res["gao_fits"]["rl"]["points"]) == 4  # every run's own point
+    assert "(s.e. across 2 seeds)" in capsys.readouterr().out
 
 
 def test_kl_frontier_draws_best_of_n_and_fits_gaos_forms(tmp_path, capsys):
