@@ -48,8 +48,6 @@ REDUCED = {"labels": 200, "updates": 5, "eval_queries": 64}
 EVAL_SAMPLES = 2  # the quickstart's default --eval-samples
 
 
-
-
 def matmul_peak(device: str, dtype: str, threads: int, size: int, reps: int) -> float:
     """GFLOP/s of the best of `reps` [size, size] @ [size, size] matmuls in `dtype` on `device` at `threads` threads,
     after one warm-up."""

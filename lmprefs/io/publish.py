@@ -30,10 +30,6 @@ class DamagedDirectory(UserError):
     """A published directory whose files do not match its manifest (or that has none)."""
 
 
-
-
-
-
 def _fsync_tree(d: Path) -> None:
     for root, _, files in os.walk(d):
         for f in files:
@@ -171,5 +167,3 @@ def latest_good(out: Path, announce=print, check: Callable[[Path, dict], None] |
         raise DamagedDirectory(f"no usable {out.name}: {problems[0]}" + (f" (and {len(problems) - 1} more)"
                                                                         if len(problems) > 1 else ""))  # fmt: skip
     return None
-
-

@@ -82,10 +82,6 @@ class FrozenPrefix:
         return self.hidden.shape[0]
 
 
-
-
-
-
 def frozen_depth(model) -> int:
     """Number of bottom blocks that hold no LoRA adapter (0 without LoRA, or with adapters in every block)."""
 
@@ -219,8 +215,6 @@ def lm_logits(model, h: Tensor) -> Tensor:
     return nn.functional.linear(h, nn.functional.pad(w, (0, 0, 0, pad)), b)
 
 
-
-
 def response_positions(queries: Tensor, T: int) -> Tensor:
     """[B, T] index of the hidden state that predicts each response token in query+response: the last real query
     token for the first, then Q+t-1. The original reads position Q-1 even when it is a pad (policy.py:121, its
@@ -255,43 +249,3 @@ def logprobs_and_entropy(logits: Tensor, tokens: Tensor, temperature: float, voc
     lp = logp.gather(-1, tokens.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     entropy = -(logp.exp() * logp).sum(-1)
     return lp, entropy
-
-
-
-
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Saving and loading: a standard HF directory plus the head as safetensors and a small JSON
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-

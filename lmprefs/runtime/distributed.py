@@ -174,36 +174,12 @@ def split_global(total: int, name: str, multiple: int = 1) -> int:
     return total // W
 
 
-
-
-
-
-
-
 # --------------------------------------------------------------------------------------------------------------
 # FSDP2 (torch.distributed.fsdp.fully_shard). Each transformer block is one FSDP unit and the root (embeddings, final
 # norm, heads) another, the layout of torchtitan and of accelerate's transformer auto-wrap policy: a forward gathers
 # one block at a time and frees it after, a backward reduce-scatters each block's gradients as it finishes. FSDP's
 # hooks run on nn.Module.__call__; lmprefs also calls a trunk's parts outside the root's forward (the sampler, the
 # reference's logprobs), which `gathered` covers.
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def any_rank(flag: bool) -> bool:

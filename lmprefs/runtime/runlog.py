@@ -178,10 +178,6 @@ def _finite(v: float):
     return v if math.isfinite(v) else str(v)
 
 
-
-
-
-
 def read_metrics(path: Path, phase: str = "policy") -> list[dict]:
     """The metrics.jsonl rows of one phase."""
     return [r for r in read_jsonl(path) if r.get("phase", "policy") == phase]
