@@ -10,7 +10,8 @@ from torch import Tensor, nn
 
 from lmprefs.models.loading import hidden_size, vocab_size
 from lmprefs.models.lora import lora_modules, using
-from lmprefs.models.trunk import FrozenPrefix, logprobs_and_entropy, response_hidden, response_logits_hidden
+from lmprefs.models.token_logprobs import token_logprobs
+from lmprefs.models.trunk import FrozenPrefix, response_hidden, response_logits_hidden
 
 
 class ScalarHead(nn.Module):
@@ -49,7 +50,7 @@ class Policy(nn.Module):
 
         with using(self.lm, self.adapter):
             h, logits = response_logits_hidden(self.lm, queries, responses, prefix)
-        logprobs, entropy = logprobs_and_entropy(logits, responses, self.temperature, self.vocab)
+        logprobs, entropy = token_logprobs(logits, responses, self.temperature, self.vocab)
         if self.value_adapter is not None:
             with using(self.lm, self.value_adapter):
                 h = response_hidden(self.lm, queries, responses, prefix)

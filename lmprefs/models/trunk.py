@@ -241,11 +241,3 @@ def response_logits_hidden(model, queries: Tensor, responses: Tensor, prefix: Fr
     The LM head runs only there: most of a sequence is query, and the head is the largest matmul."""
     h = response_hidden(model, queries, responses, prefix, repeats)
     return h, lm_logits(model, h)
-
-
-def logprobs_and_entropy(logits: Tensor, tokens: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
-    """log pi(token) and the entropy of pi at the sampling temperature, over the real vocabulary; [B, T] each."""
-    logp = torch.log_softmax(logits[..., :vocab].float() / temperature, dim=-1)
-    lp = logp.gather(-1, tokens.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp.exp() * logp).sum(-1)
-    return lp, entropy

@@ -21,7 +21,8 @@ from lmprefs.data.tasks import (
 from lmprefs.models import parallel
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
-from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, logprobs_and_entropy, response_logits_hidden
+from lmprefs.models.token_logprobs import token_logprobs
+from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, response_logits_hidden
 from lmprefs.training.masked import partial_mask
 from lmprefs.training.policy_run import PolicyRun, ScoreFn
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards
@@ -56,7 +57,7 @@ def text_score_fn(fn: Callable[[list[str], list[str]], list[float]], tok, mean: 
 def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float, vocab: int,
                  prefix: FrozenPrefix | None = None, repeats: int = 1) -> Tensor:  # fmt: skip
     _, logits = response_logits_hidden(ref_lm, queries, responses, prefix, repeats)
-    return logprobs_and_entropy(logits, responses, temperature, vocab)[0]
+    return token_logprobs(logits, responses, temperature, vocab)[0]
 
 
 @torch.no_grad()

@@ -31,6 +31,7 @@ from lmprefs.io.publish import latest_good
 from lmprefs.models.artifacts import atomic_dir
 from lmprefs.models.loading import load_lm, max_positions, vocab_size
 from lmprefs.models.lora import add_adapter, merged_copy, using
+from lmprefs.models.token_logprobs import token_logprobs
 from lmprefs.models.trunk import model_inputs
 from lmprefs.runtime.device import autocast, setup_torch
 from lmprefs.runtime.runlog import progress
@@ -41,9 +42,9 @@ from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_che
 def response_nll(model, tokens: Tensor, mask: Tensor, vocab: int) -> tuple[Tensor, Tensor]:
     """(sum of -log p(response token), number of response tokens) for a batch; tokens/mask [B, L]."""
     ids, attn, pos = model_inputs(tokens)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1, :vocab]  # [B, L-1, V]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, :-1]  # [B, L-1, V']
     target, m = ids[:, 1:], mask[:, 1:]  # token t+1 is predicted at position t
-    logp = torch.log_softmax(logits.float(), -1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # [B, L-1]
+    logp = token_logprobs(logits, target, 1.0, vocab)[0]  # [B, L-1]
     return -(logp * m).sum(), m.sum()
 
 

@@ -6,7 +6,8 @@ from torch import nn
 
 from lmprefs.data.tasks import PAD
 from lmprefs.models.sampling import _STATIC_CACHES, sample
-from lmprefs.models.trunk import logprobs_and_entropy, response_logits_hidden
+from lmprefs.models.token_logprobs import token_logprobs
+from lmprefs.models.trunk import response_logits_hidden
 
 
 class NextTokenModel(nn.Module):
@@ -57,7 +58,7 @@ def test_sampler_logprobs_equal_a_full_forward_pass(tiny_lm):
     assert r.shape == (2, 8) and (r >= 0).all() and (r < len(tok)).all()
     with torch.no_grad():
         _, logits = response_logits_hidden(model, q, r)
-        full, _ = logprobs_and_entropy(logits, r, 0.7, len(tok))
+        full, _ = token_logprobs(logits, r, 0.7, len(tok))
     assert torch.allclose(lp, full, atol=1e-5), (lp - full).abs().max()
 
 
@@ -97,7 +98,7 @@ def test_static_cache_sampler_equals_the_dynamic_one(tiny_lm):
     assert dyn[0].equal(st[0])
     with torch.no_grad():  # and the static sampler's logprobs are those of a full forward pass
         _, logits = response_logits_hidden(model, q, st[0])
-        full, _ = logprobs_and_entropy(logits, st[0], 0.7, len(tok))
+        full, _ = token_logprobs(logits, st[0], 0.7, len(tok))
     assert torch.allclose(st[1], full, atol=1e-5)
 
 
