@@ -30,14 +30,26 @@ from lmprefs.data.tasks import PAD
 from lmprefs.models.precast import precast
 from lmprefs.models.trunk import lm_logits, model_inputs
 
+DRAW_ROWS = 16
+"""Rows the draw takes at a time on the CPU: its passes over [rows, V] fp32 then stay in cache (16 x 49,152 floats
+are 3 MB) instead of streaming the batch's [B, V] through memory once per op; every op is per row, so the draws are
+bitwise those of the whole batch at once."""
+
 
 def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
     """One categorical draw per row by inverse CDF: logits [B, V'] and uniforms u [B, 1] -> (token [B, 1],
     logprob [B, 1]) at `temperature` over the first `vocab` logits."""
-    logp = torch.log_softmax(logits[:, :vocab].float() / temperature, dim=-1)  # [B, V]
-    cdf = logp.exp().cumsum(-1)
-    tok = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=vocab - 1)  # [B, 1]
-    return tok, logp.gather(-1, tok)
+    step = DRAW_ROWS if logits.device.type == "cpu" else len(logits)
+    toks, lps = [], []
+    for i in range(0, len(logits), step):
+        logp = torch.log_softmax(logits[i : i + step, :vocab].float() / temperature, dim=-1)  # [b, V]
+        cdf = logp.exp().cumsum(-1)
+        tok = torch.searchsorted(cdf, u[i : i + step] * cdf[:, -1:]).clamp(max=vocab - 1)  # [b, 1]
+        toks.append(tok)
+        lps.append(logp.gather(-1, tok))
+    if len(toks) == 1:
+        return toks[0], lps[0]
+    return torch.cat(toks), torch.cat(lps)
 
 
 def _forward_step(model, tok: Tensor, mask: Tensor, pos: Tensor, past):
