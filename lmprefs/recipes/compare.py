@@ -243,7 +243,7 @@ def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
     plot_frontier(ax, data)
     summary = data.get("summary", {})
     for kind in plan.arms:
@@ -260,10 +260,10 @@ def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
     ax.set_title(f"one label store, one reward model: {plan.seeds} seed{'s' if plan.seeds > 1 else ''}, "
                  f"{plan.n_eval} held-out queries")  # fmt: skip
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # beside: no point hidden
     fig.tight_layout()
     path = run_dir / "compare.png"
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -197,7 +197,7 @@ def plot_figure3(run_dir: Path, data: dict, arms: list[str]) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(11, 5.5))
     plot_frontier(ax, data)
     for name in arms:
         if name in data["summary"]:
@@ -213,10 +213,10 @@ def plot_figure3(run_dir: Path, data: dict, arms: list[str]) -> Path:
     ax.set_ylabel("true reward on held-out queries")
     ax.set_title("KL vs true reward (dashed: log M, the most KL M samples can show)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # beside: no point hidden
     fig.tight_layout()
     path = run_dir / "figure3.png"
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return path
 
