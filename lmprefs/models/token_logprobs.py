@@ -1,5 +1,5 @@
-"""log pi(token) and the entropy of pi from an LM head's logits, a few rows at a time (policy.py:logprobs and
-entropy of the original's @cbfd210 in one pass).
+"""log pi(token) and the entropy of pi from an LM head's logits, on the CPU a few rows at a time (policy.py:logprobs
+and entropy of the original's @cbfd210 in one pass).
 
 Written as torch ops on the whole [N, V] logits, the log-softmax at a temperature is a chain of passes over a tensor
 of N x V fp32 numbers (the cast, the division, the log-softmax, the entropy's exp and product, and as many again in
@@ -16,7 +16,12 @@ import torch
 from torch import Tensor
 
 CHUNK_ROWS = 16
-"""Rows per chunk: 16 x 49,152 fp32 logits are 3 MB, and a chunk's few temporaries stay in a CPU's L3 cache."""
+"""Rows per chunk on the CPU: 16 x 49,152 fp32 logits are 3 MB, and a chunk's few temporaries stay in its L3 cache.
+On a GPU the whole batch is one chunk: there a chunk costs kernel launches, not cache misses."""
+
+
+def _chunk(logits: Tensor) -> int:
+    return CHUNK_ROWS if logits.device.type == "cpu" else max(1, logits.shape[0])
 
 
 def _scaled(logits: Tensor, rows: slice, vocab: int, temperature: float) -> Tensor:
@@ -32,10 +37,10 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
-        n = logits.shape[0]
+        n, c = logits.shape[0], _chunk(logits)
         lp, ent = (logits.new_empty(n, dtype=torch.float32) for _ in range(2))
-        for i in range(0, n, CHUNK_ROWS):
-            rows = slice(i, i + CHUNK_ROWS)
+        for i in range(0, n, c):
+            rows = slice(i, i + c)
             logp = torch.log_softmax(_scaled(logits, rows, vocab, temperature), dim=-1)  # [c, V]
             lp[rows] = logp.gather(-1, tokens[rows, None]).squeeze(-1)
             ent[rows] = -(logp.exp() * logp).sum(-1)
@@ -50,8 +55,9 @@ class _TokenLogprobs(torch.autograd.Function):
         t, vocab = ctx.temperature, ctx.vocab
         grad = torch.empty_like(logits)  # [N, V']
         grad[:, vocab:] = 0  # the head's columns past the vocabulary
-        for i in range(0, logits.shape[0], CHUNK_ROWS):
-            rows = slice(i, i + CHUNK_ROWS)
+        c = _chunk(logits)
+        for i in range(0, logits.shape[0], c):
+            rows = slice(i, i + c)
             logp = torch.log_softmax(_scaled(logits, rows, vocab, t), dim=-1)  # [c, V], recomputed
             p = logp.exp()
             # d log p_k / d z_j = [j = k] - p_j
