@@ -28,21 +28,19 @@ from torch import Tensor
 
 from lmprefs.data.tasks import PAD
 from lmprefs.models.precast import precast
+from lmprefs.models.token_logprobs import chunk_rows, scaled_logits
 from lmprefs.models.trunk import lm_logits, model_inputs
-
-DRAW_ROWS = 16
-"""Rows the draw takes at a time on the CPU: its passes over [rows, V] fp32 then stay in cache (16 x 49,152 floats
-are 3 MB) instead of streaming the batch's [B, V] through memory once per op; every op is per row, so the draws are
-bitwise those of the whole batch at once."""
 
 
 def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
     """One categorical draw per row by inverse CDF: logits [B, V'] and uniforms u [B, 1] -> (token [B, 1],
-    logprob [B, 1]) at `temperature` over the first `vocab` logits."""
-    step = DRAW_ROWS if logits.device.type == "cpu" else len(logits)
+    logprob [B, 1]) at `temperature` over the first `vocab` logits. On the CPU a few rows at a time (`chunk_rows`):
+    the passes over [rows, V] fp32 then stay in cache instead of streaming [B, V] through memory once per op; every
+    op is per row, so the draws are bitwise those of the whole batch at once."""
+    step = chunk_rows(logits)
     toks, lps = [], []
     for i in range(0, len(logits), step):
-        logp = torch.log_softmax(logits[i : i + step, :vocab].float() / temperature, dim=-1)  # [b, V]
+        logp = torch.log_softmax(scaled_logits(logits, slice(i, i + step), vocab, temperature), dim=-1)  # [b, V]
         cdf = logp.exp().cumsum(-1)
         tok = torch.searchsorted(cdf, u[i : i + step] * cdf[:, -1:]).clamp(max=vocab - 1)  # [b, 1]
         toks.append(tok)

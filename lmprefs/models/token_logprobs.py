@@ -20,11 +20,12 @@ CHUNK_ROWS = 16
 On a GPU the whole batch is one chunk: there a chunk costs kernel launches, not cache misses."""
 
 
-def _chunk(logits: Tensor) -> int:
+def chunk_rows(logits: Tensor) -> int:
+    """Rows of logits [N, V'] to take at a time (CHUNK_ROWS on the CPU, all of them elsewhere)."""
     return CHUNK_ROWS if logits.device.type == "cpu" else max(1, logits.shape[0])
 
 
-def _scaled(logits: Tensor, rows: slice, vocab: int, temperature: float) -> Tensor:
+def scaled_logits(logits: Tensor, rows: slice, vocab: int, temperature: float) -> Tensor:
     """z = logits[rows, :vocab] / temperature as a new fp32 tensor [c, V], which the caller may change in place."""
     return logits[rows, :vocab].to(torch.float32, copy=True).div_(temperature)
 
@@ -37,11 +38,11 @@ class _TokenLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
-        n, c = logits.shape[0], _chunk(logits)
+        n, c = logits.shape[0], chunk_rows(logits)
         lp, ent = (logits.new_empty(n, dtype=torch.float32) for _ in range(2))
         for i in range(0, n, c):
             rows = slice(i, i + c)
-            logp = torch.log_softmax(_scaled(logits, rows, vocab, temperature), dim=-1)  # [c, V]
+            logp = torch.log_softmax(scaled_logits(logits, rows, vocab, temperature), dim=-1)  # [c, V]
             lp[rows] = logp.gather(-1, tokens[rows, None]).squeeze(-1)
             ent[rows] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(logits, tokens)
@@ -55,10 +56,10 @@ class _TokenLogprobs(torch.autograd.Function):
         t, vocab = ctx.temperature, ctx.vocab
         grad = torch.empty_like(logits)  # [N, V']
         grad[:, vocab:] = 0  # the head's columns past the vocabulary
-        c = _chunk(logits)
+        c = chunk_rows(logits)
         for i in range(0, logits.shape[0], c):
             rows = slice(i, i + c)
-            logp = torch.log_softmax(_scaled(logits, rows, vocab, t), dim=-1)  # [c, V], recomputed
+            logp = torch.log_softmax(scaled_logits(logits, rows, vocab, t), dim=-1)  # [c, V], recomputed
             p = logp.exp()
             # d log p_k / d z_j = [j = k] - p_j
             gz = torch.zeros_like(p) if g_lp is None else p * -g_lp[rows, None]
