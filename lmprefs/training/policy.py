@@ -45,14 +45,18 @@ def andon_check(run: PolicyRun, stats: dict, cfg: Config) -> str | None:
         return f"non-finite {', '.join(bad[:4])} at update {run.update}"
     if stats["objective/kl"] > cfg.ppo.kl_stop:
         return f"objective/kl = {stats['objective/kl']:.2f} exceeds ppo.kl_stop = {cfg.ppo.kl_stop}"
-    s = stats["objective/score"]
-    run.score_ema = s if run.score_ema is None else 0.8 * run.score_ema + 0.2 * s
-    run.best_score_ema = max(run.best_score_ema, run.score_ema)
+    run.score_ema, run.best_score_ema = running_mean(run.score_ema, run.best_score_ema, stats["objective/score"])
     if cfg.ppo.score_drop_stop is not None and run.best_score_ema - run.score_ema > cfg.ppo.score_drop_stop:
         return (f"score collapsed: running mean {run.score_ema:+.3f} is {run.best_score_ema - run.score_ema:.2f} "
                 f"below its best {run.best_score_ema:+.3f} "
                 f"(ppo.score_drop_stop = {cfg.ppo.score_drop_stop})")  # fmt: skip
     return overoptimized(run, stats, cfg.ppo.overoptimization_stop)
+
+
+def running_mean(ema: float | None, best: float, x: float) -> tuple[float, float]:
+    """(running mean, its best so far) after x: the andon cord's smoothing, 0.8 of the old mean and 0.2 of x."""
+    ema = x if ema is None else 0.8 * ema + 0.2 * x
+    return ema, max(best, ema)
 
 
 # the signals of over-optimization, by metric: each is watched where a run logs it
@@ -71,9 +75,8 @@ def overoptimized(run: PolicyRun, stats: dict, stop: float | None) -> str | None
         x = stats.get(key)
         if x is None or not math.isfinite(x):
             continue
-        ema, best = run.watched.get(key, (None, -math.inf))
-        ema = x if ema is None else 0.8 * ema + 0.2 * x
-        best = max(best, ema)
+        prev, top = run.watched.get(key, (None, -math.inf))
+        ema, best = running_mean(prev, top, x)
         run.watched[key] = [ema, best]
         if reason is None and stop is not None and best - ema > stop:
             reason = (f"over-optimization: {what}'s running mean {ema:+.3f} is {best - ema:.3f} below its best "
