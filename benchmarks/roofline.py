@@ -36,6 +36,7 @@ from pathlib import Path
 from _common import ArgumentParser, cpu_name, positive_int, run_main, source_fingerprint
 
 # the matmul FLOPs of each stage, counted as the code runs it (shared with `experiment mock-sentiment --plan`)
+from lmprefs.models.attention import SDPA_LIKE
 from lmprefs.recipes.plan import Counts, stage_flops
 
 HERE = Path(__file__).resolve().parent
@@ -216,7 +217,7 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
         eval_queries=report["true_reward_before"]["n_queries"], eval_samples=a.eval_samples,
         questions=math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction)),
         labels_train=fig["rm_train"], labels_heldout=fig["rm_heldout"], updates=cfg.ppo.num_updates,
-        shared_queries=record["attention"] == "sdpa",
+        shared_queries=record["attention"] in SDPA_LIKE,
     )  # fmt: skip
     parts = stage_flops(cfg, facts, counts)
     size = a.peak_size or (8192 if device.startswith("cuda") else 2048)

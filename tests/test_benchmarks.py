@@ -136,6 +136,22 @@ def test_best_of_n_sampling_runs_at_toy_size(tmp_path):
     assert f"{res['identical_rows']} of {res['rows']} rows" in r.stdout and "one prefill per query" in r.stdout
 
 
+def test_cpu_attention_runs_at_toy_size(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_script("cpu_attention.py", "--shapes", "2:1:8:fwd,2:8:8:train,1:129:129:fwd", "--heads", "4:2:8",
+                   "--reps", "2", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert (res["threads"], res["dtype"], res["reps"]) == (1, "bfloat16", 2)
+    assert [(s["rows"], s["query_len"], s["pass"], s["eager"]) for s in res["shapes"]] == [
+        (2, 1, "forward", True), (2, 8, "forward+backward", True), (1, 129, "forward", False)]
+    for s in res["shapes"]:
+        assert s["ms"]["sdpa"] > 0 and s["ms"]["lmprefs"] > 0
+        assert math.isclose(s["ratio"], s["ms"]["lmprefs"] / s["ms"]["sdpa"], rel_tol=1e-9)
+        assert max(s["max_error"].values()) < 0.1  # both within bf16 rounding of the fp64 attention
+    assert "ratio" in r.stdout and "(eager)" in r.stdout and "(sdpa)" in r.stdout
+
+
 def test_lora_vs_peft_runs_at_toy_size(tmp_path):
     out = tmp_path / "r.json"
     r = run_script("lora_vs_peft.py", "--model", "tiny-gpt2", "--layers", "1", "--batch", "2", "--seq-len", "8",
@@ -273,6 +289,8 @@ BAD_FLAGS = [
     ("best_of_n_sampling", ["--device", "gpu"], "--device 'gpu': choose cpu, cuda or cuda:N"),
     pytest.param("best_of_n_sampling", ["--device", "cuda"], "CUDA is not available", marks=NO_CUDA),
     ("lora_vs_peft", ["--reps", "0"], "argument --reps: must be at least 1, not 0"),
+    ("cpu_attention", ["--shapes", "2:9:8:fwd"], "--shapes '2:9:8:fwd': positive sizes, QUERY_LEN <= KEY_LEN"),
+    ("cpu_attention", ["--heads", "4:3:8"], "--heads '4:3:8': QUERY_HEADS:KV_HEADS:HEAD_DIM"),
     ("reward_accuracy", ["--labels", "4,x"], "--labels '4,x': comma-separated positive integers"),
     ("reward_accuracy", ["--labeler", "faithfulness"], "argument --labeler: invalid choice: 'faithfulness'"),
     ("reward_accuracy", ["--store", "{tmp}/labels.sqlite"], "no such file"),

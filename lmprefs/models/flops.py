@@ -12,7 +12,8 @@ its counterpart), at the shapes they run: padded rows are computed like real one
 Backward (`trunk_backward`, `head_backward`): a frozen weight's matmul costs its input gradient only (1x the
 forward), a trainable one the weight gradient too (2x); a matmul whose input needs no gradient either (the q/k/v
 projections of the lowest trained block, whose input comes from frozen blocks) costs only its weight gradients. The
-attention backward of a fused kernel (flash / CPU flash) is 5 matmuls of the forward's size: 2.5x.
+attention backward of a fused kernel (flash / CPU flash) is 5 matmuls of the forward's size: 2.5x; of the eager form
+the CPU runs for short rows (`lmprefs.models.attention`) 4: 2x.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from lmprefs.models.attention import SHORT
 
 # model_type values whose blocks are laid out as Llama's (q/k/v/o projections, a gated MLP of three matrices)
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
@@ -51,6 +54,8 @@ class ModelFacts:
     head_rows: int
     """Rows of the LM head: the embedding's vocabulary, padded to a multiple of 64 on CUDA as `trunk.lm_logits`
     pads it."""
+    cuda: bool = False
+    """Counted for a GPU: attention always runs the fused kernel there."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any, *, cuda: bool = False) -> ModelFacts:
@@ -84,7 +89,7 @@ class ModelFacts:
             raise ValueError(f"model_type {kind!r}: the FLOP count knows GPT-2 and Llama-style models "
                              f"({', '.join(LLAMA_LIKE)})")  # fmt: skip
         vocab = int(c["vocab_size"])
-        return cls(n_layers, d, heads, head_dim, linears, vocab + (-vocab % 64 if cuda else 0))
+        return cls(n_layers, d, heads, head_dim, linears, vocab + (-vocab % 64 if cuda else 0), cuda)
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,26 @@ def attention_flops(facts: ModelFacts, rows: int, q_len: int, k_len: int) -> int
     return 2 * 2 * rows * facts.n_heads * q_len * k_len * facts.head_dim
 
 
+def attention_backward(facts: ModelFacts, rows: int, q_len: int, k_len: int,
+                       grads: tuple[bool, bool, bool] = (True, True, True)) -> int:  # fmt: skip
+    """Backward of `attention_flops` when the (queries, keys, values) marked in `grads` need gradients. The fused
+    kernel computes all three in 5 matmuls of the forward's size (it recomputes QK^T); the eager form the CPU runs
+    for short rows one matmul per gradient, and one for the scores' when queries or keys need theirs."""
+    if facts.cuda or q_len * k_len > SHORT:
+        return 5 * attention_flops(facts, rows, q_len, k_len) // 2
+    q, k, v = grads
+    return ((q or k) + q + k + v) * attention_flops(facts, rows, q_len, k_len) // 2
+
+
+def _attention_grads(facts: ModelFacts, adapter: Adapters, b: int) -> tuple[bool, bool, bool]:
+    """Which of (queries, keys, values) need gradients in block b, the lowest trained one, whose input needs none:
+    those whose projection has an adapter."""
+    names = {lin.name for lin in facts.linears if adapter.adapted(b, lin)}
+    if "c_attn" in names:  # GPT-2 projects all three at once
+        return True, True, True
+    return "q_proj" in names, "k_proj" in names, "v_proj" in names
+
+
 def trunk_flops(facts: ModelFacts, segments: list[Segment], lo: int = 0, hi: int | None = None,
                 adapter: Adapters | None = None) -> int:  # fmt: skip
     """Forward of blocks lo..hi over `segments`, with `adapter` active (None: the base, adapters off)."""
@@ -163,7 +188,9 @@ def trunk_backward(facts: ModelFacts, segments: list[Segment], lo: int = 0, hi: 
     for rows, q_len, k_len in segments:
         tokens = rows * q_len
         for b in _blocks(facts, low, hi):
-            total += 5 * attention_flops(facts, rows, q_len, k_len) // 2
+            lowest = adapter is not None and b == adapter.start  # its q/k/v read an input without gradient
+            grads = _attention_grads(facts, adapter, b) if adapter is not None and lowest else (True, True, True)
+            total += attention_backward(facts, rows, q_len, k_len, grads)
             for lin in facts.linears:
                 mm = 2 * tokens * lin.d_in * lin.d_out
                 if adapter is None:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from lmprefs.data.tasks import PAD
+from lmprefs.models.attention import sdpa_like
 from lmprefs.models.loading import _trunk_names, hidden_size, trunk_blocks
 from lmprefs.models.lora import LoRALinear
 
@@ -37,7 +38,7 @@ def attention_mask(model, mask: Tensor) -> Tensor:
     attended; a pad attends to itself so no softmax row is empty, and its output is never read) that transformers
     would build from the 2D one, built here because transformers first asks whether the 2D mask is all ones to skip
     it, a device-to-host sync in every training forward on a GPU. Other attention implementations get the 2D mask."""
-    if getattr(model.config, "_attn_implementation", None) != "sdpa":
+    if not sdpa_like(model):
         return mask
     L = mask.shape[1]
     keys = torch.ones(L, L, dtype=torch.bool, device=mask.device).tril() & mask.bool()[:, None, None, :]
@@ -139,7 +140,7 @@ def shares_queries(model) -> bool:
     """Whether `shared_query_trunk` can run this model: it hands the HF forward ready-made 4D masks, which only the
     SDPA attention takes as they are (others rebuild the mask from the cache's length, which a run of the top blocks
     alone leaves at 0)."""
-    return getattr(model.config, "_attn_implementation", None) == "sdpa"
+    return sdpa_like(model)
 
 
 def shared_query_trunk(model, queries: Tensor, responses: Tensor, repeats: int, *, lo: int = 0, hi: int | None = None,

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from lmprefs.config.schema import LoraConfig
+from lmprefs.models import attention
 from lmprefs.models import flops as F
 from lmprefs.models.lora import add_adapter, using
 from lmprefs.models.policy import Policy
@@ -19,7 +20,8 @@ B, Q, T = 3, 7, 5
 
 
 def make_model(kind: str):
-    """(model, vocab): the tiny GPT-2 asset, or a random 3-block Llama with 4 query heads over 2 key/value heads."""
+    """(model, vocab): the tiny GPT-2 asset, or a random 3-block Llama with 4 query heads over 2 key/value heads,
+    both with lmprefs' attention."""
     if kind == "gpt2":
         from lmprefs.models.loading import load_lm
 
@@ -30,7 +32,9 @@ def make_model(kind: str):
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, num_hidden_layers=3, tie_word_embeddings=True)  # fmt: skip
-    return LlamaForCausalLM(cfg).eval(), 300
+    lm = LlamaForCausalLM(cfg).eval()
+    attention.use(lm)  # as load_lm does
+    return lm, 300
 
 
 def counted(fn) -> int:
