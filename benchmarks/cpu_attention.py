@@ -15,7 +15,7 @@ What is measured
   Default shapes: SmolLM2-135M's heads (9 query heads over 3 key-value heads of 64): a decode step of the quickstart's
   128-row batches over the 56-slot static cache and over 1,024 keys; the PPO minibatch (16 rows) and the reward
   model's step (64 rows) of 56 tokens, forward and backward; the scoring forward at 64 and 128 rows; and rows of 128,
-  256 and 512 tokens, where the fused kernel takes over (`lmprefs.models.attention.SHORT`).
+  256 and 512 tokens, where the fused kernel takes over (`lmprefs.models.attention.short`).
 
     python benchmarks/cpu_attention.py [--reps 5] [--threads 1] [--dtype bfloat16|float32] [--json FILE]
         [--shapes B:LQ:LK:fwd|train,...] [--heads 9:3:64]
@@ -32,7 +32,7 @@ from _common import ArgumentParser, cpu_name, nonnegative_int, positive_int, run
 
 from lmprefs.models import attention
 
-SHAPES = ("128:1:56:fwd,128:1:1024:fwd,16:56:56:train,64:56:56:train,64:56:56:fwd,128:56:56:fwd,"
+SHAPES = ("128:1:56:fwd,128:1:512:fwd,128:1:1024:fwd,16:56:56:train,64:56:56:train,64:56:56:fwd,128:56:56:fwd,"
           "16:128:128:train,16:256:256:train,8:512:512:train,16:256:256:fwd")  # fmt: skip
 
 
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
                 seconds[name].append(timed(fn, args, grad, dtype, calls))
         med = {name: statistics.median(s) for name, s in seconds.items()}
         row = {"rows": b, "query_len": lq, "key_len": lk, "pass": "forward+backward" if grad else "forward",
-               "eager": lq * lk <= attention.SHORT, "ms": {n: 1e3 * s for n, s in med.items()},
+               "eager": attention.short(lq, lk), "ms": {n: 1e3 * s for n, s in med.items()},
                "ratio": med["lmprefs"] / med["sdpa"], "max_error": errors}  # fmt: skip
         rows.append(row)
         print(f"{b:4d} rows x {lq:4d} queries x {lk:4d} keys {row['pass']:>16}: sdpa {row['ms']['sdpa']:8.3f} ms, "

@@ -21,16 +21,23 @@ NAME = "lmprefs_sdpa"
 SDPA_LIKE = ("sdpa", NAME)
 """Attention implementations that read 4D boolean masks as they are."""
 SHORT = 128 * 128
-"""Query positions x key positions at or below which the CPU takes the eager form (measured crossover: between 128
-and 256 tokens of a full sequence; every decode step of a few hundred keys)."""
+"""Query positions x key positions at or below which the CPU takes the eager form, with at most `MAX_KEYS` keys: the
+measured crossovers lie between 128 and 256 tokens of a full sequence and between 512 and 1,024 keys of a decode
+step."""
+MAX_KEYS = 512
 
 _UNSUPPORTED = ("softcap", "position_bias", "s_aux", "cache")
+
+
+def short(q_len: int, k_len: int) -> bool:
+    """Whether q_len query positions over k_len keys are short enough for the eager form on the CPU."""
+    return q_len * k_len <= SHORT and k_len <= MAX_KEYS
 
 
 def eager_on_cpu(query: Tensor, key: Tensor, mask: Tensor | None, dropout: float = 0.0, **kwargs) -> bool:
     """Whether `attention` computes these inputs itself: on the CPU, short rows, a boolean mask of the keys' length,
     no dropout and none of the options only transformers' kernels know."""
-    return (query.device.type == "cpu" and query.shape[2] * key.shape[2] <= SHORT and not dropout
+    return (query.device.type == "cpu" and short(query.shape[2], key.shape[2]) and not dropout
             and mask is not None and mask.dtype == torch.bool and mask.shape[-1] == key.shape[2]
             and all(kwargs.get(k) is None for k in _UNSUPPORTED))  # fmt: skip
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from lmprefs.models.attention import SHORT
+from lmprefs.models.attention import short
 
 # model_type values whose blocks are laid out as Llama's (q/k/v/o projections, a gated MLP of three matrices)
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
@@ -148,7 +148,7 @@ def attention_backward(facts: ModelFacts, rows: int, q_len: int, k_len: int,
     """Backward of `attention_flops` when the (queries, keys, values) marked in `grads` need gradients. The fused
     kernel computes all three in 5 matmuls of the forward's size (it recomputes QK^T); the eager form the CPU runs
     for short rows one matmul per gradient, and one for the scores' when queries or keys need theirs."""
-    if facts.cuda or q_len * k_len > SHORT:
+    if facts.cuda or not short(q_len, k_len):
         return 5 * attention_flops(facts, rows, q_len, k_len) // 2
     q, k, v = grads
     return ((q or k) + q + k + v) * attention_flops(facts, rows, q_len, k_len) // 2

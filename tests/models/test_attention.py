@@ -54,6 +54,8 @@ def test_only_short_rows_on_the_cpu_take_the_eager_form():
     assert not attention.eager_on_cpu(q, k, None)  # transformers' causal shortcut: SDPA's is_causal
     assert not attention.eager_on_cpu(q, k, mask.float())
     assert not attention.eager_on_cpu(q, k, mask, softcap=30.0)
+    many_keys = torch.zeros(1, 2, 1024, 4)  # a decode step over a long cache
+    assert not attention.eager_on_cpu(q, many_keys, torch.ones(1, 1, 1, 1024, dtype=torch.bool))
     long_q, long_k = torch.zeros(1, 2, 200, 4), torch.zeros(1, 2, 200, 4)
     assert not attention.eager_on_cpu(long_q, long_k, torch.ones(1, 1, 200, 200, dtype=torch.bool))
     assert not attention.eager_on_cpu(q.to("meta"), k.to("meta"), mask.to("meta"))  # another device
