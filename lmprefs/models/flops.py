@@ -188,8 +188,8 @@ def trunk_backward(facts: ModelFacts, segments: list[Segment], lo: int = 0, hi: 
     for rows, q_len, k_len in segments:
         tokens = rows * q_len
         for b in _blocks(facts, low, hi):
-            lowest = adapter is not None and b == adapter.start  # its q/k/v read an input without gradient
-            grads = _attention_grads(facts, adapter, b) if adapter is not None and lowest else (True, True, True)
+            # the lowest trained block's q/k/v read an input without gradient
+            grads = _attention_grads(facts, adapter, b) if adapter is not None and b == adapter.start else (True,) * 3
             total += attention_backward(facts, rows, q_len, k_len, grads)
             for lin in facts.linears:
                 mm = 2 * tokens * lin.d_in * lin.d_out
