@@ -13,7 +13,7 @@ What is measured
   one's largest error against the same attention in fp64.
 
   Default shapes: SmolLM2-135M's heads (9 query heads over 3 key-value heads of 64): a decode step of the quickstart's
-  128-row batches over the 56-slot static cache and over 1,024 keys; the PPO minibatch (16 rows) and the reward
+  128-row batches over the 56-slot static cache and over 512 and 1,024 keys; the PPO minibatch (16 rows) and the reward
   model's step (64 rows) of 56 tokens, forward and backward; the scoring forward at 64 and 128 rows; and rows of 128,
   256 and 512 tokens, where the fused kernel takes over (`lmprefs.models.attention.short`).
 
@@ -114,7 +114,7 @@ def main(argv=None) -> int:
         args = inputs(b, lq, lk, heads, dtype, grad)
         with torch.no_grad():
             q, k, v, m = (x.double() if x.is_floating_point() else x for x in args)
-            G = heads[0] // heads[1]
+            G = block.num_key_value_groups
             ref = torch.nn.functional.scaled_dot_product_attention(
                 q, k.repeat_interleave(G, 1), v.repeat_interleave(G, 1), attn_mask=m, scale=scale).transpose(1, 2)
             errors = {}
