@@ -3,6 +3,7 @@ for saving and scattered on load."""
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
@@ -36,8 +37,11 @@ def wrap(module: torch.nn.Module, parallel: str = "ddp", dtype: torch.dtype = to
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     # device_ids=None: the module is already on this rank's device and inputs are not moved (our inputs include a
-    # FrozenPrefix); buffers hold nothing trained, so they are synced once at construction, not every forward
-    return DDP(module, device_ids=None, forward_sync_buffers=False)
+    # FrozenPrefix); buffers hold nothing trained and load alike on every rank, so no forward syncs them. torch 2.13
+    # names that forward_sync_buffers and deprecates broadcast_buffers, which older torch has alone
+    if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:
+        return DDP(module, device_ids=None, forward_sync_buffers=False)
+    return DDP(module, device_ids=None, broadcast_buffers=False)
 
 
 def no_sync(model: torch.nn.Module, skip: bool):
