@@ -2,7 +2,9 @@
 """Two GPU micro-benchmarks behind choices in lmprefs (CUDA only; triton.testing.do_bench, median):
 
 - the decode step's attention (batch 512, 12 heads, 88 cached positions, head dim 64, bf16) under each SDPA
-  backend, beside the floor that reading its keys and values sets at 3 TB/s;
+  backend and in lmprefs' own forms compiled (`lmprefs.models.attention.decode_attention`, which a compiled decode
+  step takes on a GPU, and the matmul form `grouped_attention`), beside the floor that reading its keys and values
+  sets at 3 TB/s;
 - the LM head's matmul with GPT-2's 50257 rows against 50304 (a multiple of 64, as lmprefs.models.trunk.lm_logits pads
   it on CUDA) at the decode (512), response (512 x 24) and whole-sequence (512 x 88) row counts, and the fp32 head
   under bf16 autocast plain and padded, forward and forward + backward.
@@ -46,6 +48,14 @@ def attention(dev: str = "cuda") -> None:
             continue
         err = ((out.float() - ref).norm() / ref.norm()).item() if m is not None else float("nan")
         print(f"decode attention {name:16s} {t * 1000:8.1f} us   relative error {err:.2e}")
+    from lmprefs.models.attention import decode_attention, grouped_attention
+
+    for name, fn in (("lmprefs fused", decode_attention), ("lmprefs matmul", grouped_attention)):
+        step = torch.compile(lambda q, k, v, m, fn=fn: fn(q, k, v, m, D**-0.5), dynamic=False)
+        out = step(q, k, v, mask).transpose(1, 2)  # [B, H, 1, D] as SDPA's
+        t = do_bench(lambda step=step: step(q, k, v, mask), warmup=25, rep=200, return_mode="median")
+        err = ((out.float() - ref).norm() / ref.norm()).item()
+        print(f"decode attention {name + ' (compiled)':16s} {t * 1000:8.1f} us   relative error {err:.2e}")
     kv_bytes = 2 * k.numel() * k.element_size()
     print(f"decode attention floor: keys + values {kv_bytes / 1e6:.0f} MB, {kv_bytes / 3e12 * 1e6:.1f} us at 3 TB/s")
 

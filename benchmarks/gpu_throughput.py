@@ -49,15 +49,13 @@ from lmprefs.assets.models import resolve_model  # noqa: E402
 from lmprefs.config import RunConfig, preset  # noqa: E402
 from lmprefs.data.queries import QueryStream  # noqa: E402
 from lmprefs.data.tasks import TaskContext  # noqa: E402
+from lmprefs.models import attention  # noqa: E402
 from lmprefs.models.loading import load_lm, trunk_blocks  # noqa: E402
 from lmprefs.models.reward_model import RewardModel  # noqa: E402
 from lmprefs.models.sampling import sample, sampler_mode  # noqa: E402
 from lmprefs.pipeline.policy import policy_for  # noqa: E402
 from lmprefs.pipeline.task import Task  # noqa: E402
-from lmprefs.runtime.device import (
-    autocast,  # noqa: E402
-    setup_torch,  # noqa: E402
-)
+from lmprefs.runtime.device import autocast, compiles_forwards, setup_torch  # noqa: E402
 from lmprefs.training import policy as P  # noqa: E402
 from lmprefs.training import rollout as RO  # noqa: E402 (sample, ref_logprobs, frozen_prefix are timed there)
 from lmprefs.training.policy_run import build_run  # noqa: E402
@@ -90,6 +88,8 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--compile", default="auto", choices=["auto", "on", "off"], help="run.compile for the sampler")
     p.add_argument("--kv-cache", default="auto", choices=["auto", "static", "dynamic"], help="run.kv_cache")
+    p.add_argument("--decode-attention", default="fused", choices=["fused", "sdpa"],
+                   help="a compiled decode step's attention on a GPU: lmprefs' fused form (the default) or SDPA's")
     p.add_argument("--sampler-reps", type=positive_int, default=3,
                    help="timed calls per sampler mode and for HF generate")  # fmt: skip
     p.add_argument("--no-generate", action="store_true", help="skip the sampler-alone and HF generate comparison")
@@ -154,6 +154,7 @@ def bench(args, tmp: Path) -> int:
                         compile=args.compile, kv_cache=args.kv_cache, log_interval=10**9,
                         save_interval=10**9)  # fmt: skip
     device, dtype = setup_torch(run_cfg)
+    attention.FUSED_DECODE = args.decode_attention == "fused"
     cuda = device.type == "cuda"
     name = args.model or ("gpt2-124m" if cuda else "gpt2-mini")
     B = args.batch or (512 if cuda else 32)
@@ -174,7 +175,8 @@ def bench(args, tmp: Path) -> int:
     print(f"lmprefs {lmprefs.__version__}, torch {torch.__version__}, device {gpu or 'cpu'}, autocast {dtype}, "
           f"model {name} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M), batch {B}, Q {Q}, T {T}, "
           f"{args.noptepochs} epochs x {args.nminibatches} minibatch, sampler static/compiled = "
-          f"{sampler_mode(args.kv_cache, args.compile, device)}", flush=True)  # fmt: skip
+          f"{sampler_mode(args.kv_cache, args.compile, device)}, decode attention {args.decode_attention}",
+          flush=True)  # fmt: skip
 
     def sync():
         if cuda:
@@ -206,7 +208,7 @@ def bench(args, tmp: Path) -> int:
     RO.ref_logprobs = timed("rollout_forward", RO.ref_logprobs)
     RO.frozen_prefix = timed("rollout_forward", RO.frozen_prefix)
     policy.values_from = timed("rollout_forward", policy.values_from)
-    score_fn = timed("scoring", RO.rm_score_fn(rm))
+    score_fn = timed("scoring", RO.rm_score_fn(rm, compiles_forwards(args.compile, device)))
     records: list[dict] = []
     mark = {"t": 0.0}
     prof = {"p": None}
@@ -253,6 +255,7 @@ def bench(args, tmp: Path) -> int:
         "updates_timed": len(timed_recs), "episodes_per_s": eps, "seconds_per_update": per_update,
         "phase_episodes_per_s": {k: B / v for k, v in per_update.items() if v > 0},
         "model_tflop_per_update": {k: v / 1e12 for k, v in flops.items()},
+        "decode_attention": args.decode_attention,
         "achieved_tflops": achieved, "bf16_peak_tflops": peak, "mfu": achieved / peak if peak else None,
         "projected_1M_episodes_min": 1e6 / eps / 60, "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,

@@ -50,8 +50,10 @@ MODELS = {
     "tiny": ("tiny", {"cpu": 64, "cuda": 256}, ["--ppo.nminibatches", "4"]),
     "smollm2": ("austen-sentiment", {"cpu": 16, "cuda": 256}, ["--ppo.nminibatches", "2", "--task.query-length", "32",
                                                                 "--run.dtype", "float32"]),
+    # random weights: the KL runs past the andon cord's 50 nats within two updates, which ends a speed run
     "gpt2-124m": ("tiny", {"cpu": 16, "cuda": 256}, ["--ppo.nminibatches", "4", "--task.query-length", "64",
-                                                     "--task.response-length", "24", "--task.truncate-after", "16"]),
+                                                     "--task.response-length", "24", "--task.truncate-after", "16",
+                                                     "--ppo.kl-stop", "1e9", "--ppo.score-drop-stop", "none"]),
 }  # fmt: skip
 
 

@@ -316,9 +316,9 @@ class RunConfig:
     """The sampler's KV cache, both transformers': static (preallocated for query + response, fixed shapes, what
     torch.compile needs) or dynamic (grown per token); auto = static (as fast or faster, also on the CPU)."""
     compile: Literal["auto", "on", "off"] = "auto"
-    """torch.compile the sampler's decode step (with CUDA graphs on a GPU) and the PPO training forward; auto = on
-    for CUDA (the training forward only without a launcher), off on the CPU, where a compile takes minutes and did
-    not pay off."""
+    """torch.compile the sampler's decode step (with CUDA graphs on a GPU), the PPO training forward, and a rollout's
+    reference logprobs and reward-model scores; auto = on for CUDA (all but the decode step only without a launcher),
+    off on the CPU, where a compile takes minutes and did not pay off."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """How several ranks (torchrun, accelerate launch) share the models being trained: ddp (DistributedDataParallel:
     a full copy on every rank, gradients averaged) or fsdp (FSDP2, torch.distributed.fsdp.fully_shard: each

@@ -8,6 +8,11 @@ faster one (`benchmarks/cpu_attention.py`; docs/results.md, "Attention on the CP
 are stacked against their one key-value head instead of copying it per head (`repeat_kv`), and the mask is the
 boolean one lmprefs and transformers' `sdpa_mask` build, so both implementations read the same masks.
 
+On a GPU, a compiled decode step (one query position over a static cache) takes `decode_attention`, written as
+products and sums that inductor fuses into passes that read the cached keys and values once each: the fused SDPA
+kernels are built for many query positions and ran a decode step at batch 512 in about 2.6x the time its keys' and
+values' bytes need on an H100 (`benchmarks/gpu_kernels.py`; docs/results.md, "GPU").
+
 It is registered with transformers under `NAME` (`use`); a model's config keeps its attention name out of
 config.json, so saved models load in plain transformers with their own default.
 """
@@ -28,6 +33,9 @@ MAX_KEYS = 512
 
 _UNSUPPORTED = ("softcap", "position_bias", "s_aux", "cache")
 
+FUSED_DECODE = True
+"""Whether a compiled decode step on a GPU takes `decode_attention` (benchmarks switch it off to compare)."""
+
 
 def short(q_len: int, k_len: int) -> bool:
     """Whether q_len query positions over k_len keys are short enough for the eager form on the CPU."""
@@ -40,6 +48,30 @@ def eager_on_cpu(query: Tensor, key: Tensor, mask: Tensor | None, dropout: float
     return (query.device.type == "cpu" and short(query.shape[2], key.shape[2]) and not dropout
             and mask is not None and mask.dtype == torch.bool and mask.shape[-1] == key.shape[2]
             and all(kwargs.get(k) is None for k in _UNSUPPORTED))  # fmt: skip
+
+
+def fused_decode(query: Tensor, key: Tensor, mask: Tensor | None, dropout: float = 0.0, **kwargs) -> bool:
+    """Whether `attention` takes `decode_attention`: one query position on a GPU inside torch.compile (eager, its
+    broadcast products would be materialized), with a boolean mask of the keys' length."""
+    return (FUSED_DECODE and query.device.type == "cuda" and query.shape[2] == 1 and torch.compiler.is_compiling()
+            and not dropout and mask is not None and mask.dtype == torch.bool and mask.shape[-1] == key.shape[2]
+            and all(kwargs.get(k) is None for k in _UNSUPPORTED))  # fmt: skip
+
+
+def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: float) -> Tensor:
+    """`grouped_attention` for one query position, as broadcast products and sums with fp32 accumulation:
+    query [B, H, 1, D], key and value [B, Hkv, L, D], mask [B or 1, 1 or H, 1, L] -> [B, 1, H, D]."""
+    B, H, _, D = query.shape
+    Hkv, L = key.shape[1], key.shape[2]
+    G = H // Hkv
+    q = query.reshape(B, Hkv, G, 1, D)
+    scores = (q * key[:, :, None]).float().sum(-1) * scaling  # [B, Hkv, G, L]
+    per_head = mask.shape[1] > 1
+    m = mask.reshape(mask.shape[0], Hkv if per_head else 1, G if per_head else 1, L)
+    scores = scores.masked_fill(~m, torch.finfo(torch.float32).min)
+    probs = torch.softmax(scores, dim=-1)  # [B, Hkv, G, L]
+    out = (probs[..., None] * value[:, :, None].float()).sum(-2)  # [B, Hkv, G, D]
+    return out.to(value.dtype).view(B, 1, H, D)
 
 
 def grouped_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: float) -> Tensor:
@@ -63,9 +95,11 @@ def attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask:
               dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
               **kwargs) -> tuple[Tensor, None]:  # fmt: skip
     """transformers' attention interface: (output [B, Lq, H, D], no weights)."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if eager_on_cpu(query, key, attention_mask, dropout, **kwargs):
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         return grouped_attention(query, key, value, attention_mask, scale), None  # type: ignore[arg-type]
+    if fused_decode(query, key, attention_mask, dropout, **kwargs):
+        return decode_attention(query, key, value, attention_mask, scale), None  # type: ignore[arg-type]
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,

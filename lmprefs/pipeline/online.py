@@ -21,6 +21,7 @@ from lmprefs.labels.types import get as get_label_type
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
+from lmprefs.runtime.device import compiles_forwards
 from lmprefs.training.policy_run import ScoreFn
 from lmprefs.training.reward import evaluate, examples_to_comparisons, tokenizer_id
 from lmprefs.training.rollout import rm_score_fn
@@ -121,7 +122,7 @@ class OnlineRewards:
         rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log,
                                          self.items_after(update))  # fmt: skip
         self.rm = rm.freeze()
-        self._score = rm_score_fn(rm)
+        self._score = rm_score_fn(rm, compiles_forwards(self.cfg.run.compile, self.t.device))
         row = {"update": update, "labels": summary["labels_train"] + summary["labels_heldout"],
                "labels_train": summary["labels_train"],
                "heldout_accuracy": summary.get("heldout/accuracy")}  # fmt: skip
@@ -136,7 +137,7 @@ class OnlineRewards:
 
         if resume:  # an empty reward model of the right shape; the checkpoint's state fills it (load_state_dict)
             self.rm = reward_frame(self.t).eval().freeze()
-            self._score = rm_score_fn(self.rm)
+            self._score = rm_score_fn(self.rm, compiles_forwards(self.cfg.run.compile, self.t.device))
             return
         truncate_jsonl(self.history_path, -1, key="update")  # a run starting over forgets its earlier reward models
         need = max(8, self.cfg.labels.online_questions // 2)

@@ -20,6 +20,7 @@ from lmprefs.pipeline.labeling import label_source
 from lmprefs.pipeline.reward_model import RewardState, TrainingLabels, reward_frame, reward_logger, train_reward_model
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.device import compiles_forwards
 from lmprefs.training.reward import normalization_samples, rm_rewards
 from lmprefs.training.rollout import rm_score_fn, text_score_fn
 
@@ -105,10 +106,11 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         return text_score_fn(lambda texts, queries: checked_scores(fn, texts, reward, queries).tolist(), t.tok, mean,
                              std, t.prefix, t.suffix, stop_tokens(cfg.task, t.tok)), {"reward": reward}  # fmt: skip
     rm_dir = Path(cfg.rewards.trained_model) if cfg.rewards.trained_model else run_dir / "reward_model"
+    compiled = compiles_forwards(cfg.run.compile, t.device)
     info: dict[str, object] = {"reward": "model", "reward_model": str(rm_dir)}
     if source == "frame":
         rm = reward_frame(t).eval().freeze()
-        return rm_score_fn(rm), info | {"state": RewardState(rm)}
+        return rm_score_fn(rm, compiled), info | {"state": RewardState(rm)}
     if source == "saved":
         if not is_reward_model_dir(rm_dir):  # a checkpoint is written only after the run's reward model is saved
             raise UserError(f"--resume {run_dir}: it has a checkpoint but no reward model in {rm_dir}")
@@ -117,7 +119,7 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
             normalize_foreign(t, rm, rm_dir)
         if cfg.run.parallel == "fsdp":  # scored through its forward: FSDP gathers a block at a time
             rm = parallel.wrap(rm, "fsdp", t.dtype)
-        return rm_score_fn(rm), info
+        return rm_score_fn(rm, compiled), info
     if store is None or isinstance(store, str | Path):
         store = label_source(str(store or cfg.labels.source or "labels.sqlite"))
     # a reward model trained here logs into the run directory (phase "reward"), as PPO does after it; rank 0 only
@@ -128,7 +130,7 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         log.close()
     rm.freeze()
     info["reward_training"] = summary
-    return rm_score_fn(rm), info | ({"state": RewardState(rm)} if rm.adapter else {})
+    return rm_score_fn(rm, compiled), info | ({"state": RewardState(rm)} if rm.adapter else {})
 
 
 def normalize_foreign(t: Task, rm, rm_dir: Path, what: str | None = None) -> None:

@@ -26,6 +26,7 @@ from lmprefs.pipeline.reward_model import train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.device import compiles_forwards
 from lmprefs.runtime.runlog import open_logger, read_metrics
 from lmprefs.training.policy import train_policy
 from lmprefs.training.policy_run import build_run
@@ -136,8 +137,8 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     say(f"[5/6] PPO against the reward model: {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", flush=True)
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
-    score, on_update = track_true_reward(rm_score_fn(rm), true_fn, t.tok, t.prefix, t.suffix,
-                                         stop_tokens(cfg.task, t.tok))
+    rm_score = rm_score_fn(rm, compiles_forwards(cfg.run.compile, t.device))
+    score, on_update = track_true_reward(rm_score, true_fn, t.tok, t.prefix, t.suffix, stop_tokens(cfg.task, t.tok))
     stats = train_policy(cfg, run, score, log, run_dir, t.ctx, on_update)
     log.close()
     stages["PPO"] = time.time() - s

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.errors import UserError
-from lmprefs.runtime.distributed import device_for
+from lmprefs.runtime.distributed import active, device_for
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -63,3 +63,10 @@ def setup_torch(run) -> tuple[torch.device, torch.dtype]:
         torch.set_num_threads(run.threads)
     device = device_for(pick_device(run.device))  # cuda:LOCAL_RANK under a launcher
     return device, pick_dtype(run.dtype, device)
+
+
+def compiles_forwards(compile: str, device: torch.device) -> bool:
+    """Whether run.compile compiles the model forwards of a PPO update: the training forward, the reference's
+    logprobs and the reward model's scores. on = always, off = never, auto = on CUDA without a launcher (under
+    DDP/FSDP, even at world size 1, compiled forwards have not been measured yet)."""
+    return compile == "on" or (compile == "auto" and device.type == "cuda" and not active())

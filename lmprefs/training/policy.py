@@ -31,6 +31,7 @@ from lmprefs.models.artifacts import plain_copy, save_policy
 from lmprefs.models.model_card import CardInfo
 from lmprefs.models.policy import Policy
 from lmprefs.runtime import distributed as dist
+from lmprefs.runtime.device import compiles_forwards
 from lmprefs.runtime.runlog import progress, read_metrics
 from lmprefs.training.policy_checkpoint import save_checkpoint
 from lmprefs.training.policy_run import AndonStop, PolicyRun, ScoreFn, nonfinite_parameters
@@ -84,17 +85,11 @@ def overoptimized(run: PolicyRun, stats: dict, stop: float | None) -> str | None
     return reason
 
 
-def compile_training(compile: str, device: torch.device) -> bool:
-    """Whether run.compile compiles the PPO training forward: on = always, off = never, auto = on CUDA without a
-    launcher (under DDP/FSDP, even at world size 1, the compiled forward has not been measured yet)."""
-    return compile == "on" or (compile == "auto" and device.type == "cuda" and not dist.active())
-
-
 def training_forward(model, compile: str, device: torch.device) -> Callable:
-    """forward(mb) -> (logprobs, values, entropy) [b, T] for ppo_update. Compiled (compile_training) it is one
+    """forward(mb) -> (logprobs, values, entropy) [b, T] for ppo_update. Compiled (compiles_forwards) it is one
     graph: every minibatch has the same shape, and inductor fuses the layer norms, activations and the log-softmax
     and entropy over the vocabulary that eager runs as separate passes over [b, T, V] tensors."""
-    call = torch.compile(model, dynamic=False) if compile_training(compile, device) else model
+    call = torch.compile(model, dynamic=False) if compiles_forwards(compile, device) else model
     return lambda mb: call(mb.queries, mb.responses, mb.prefix)
 
 

@@ -3,6 +3,7 @@ logprobs and values, truncate and score the responses, and form the KL-penalized
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -23,18 +24,21 @@ from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.token_logprobs import token_logprobs
 from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, response_logits_hidden
+from lmprefs.runtime.device import compiles_forwards
 from lmprefs.training.masked import partial_mask
 from lmprefs.training.policy_run import PolicyRun, ScoreFn
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards
 from lmprefs.training.rloo import rloo_advantages, rloo_returns
 
 
-def rm_score_fn(rm) -> ScoreFn:
-    """Scores from a reward model; a reward adapter on the policy's base reuses the rollout's frozen prefix."""
+def rm_score_fn(rm, compile: bool = False) -> ScoreFn:
+    """Scores from a reward model; a reward adapter on the policy's base reuses the rollout's frozen prefix.
+    compile: its forward under torch.compile (`compiles_forwards`), a graph per batch shape."""
+    call = torch.compile(rm, dynamic=False) if compile else rm
 
     def score(queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
         with torch.no_grad():
-            return rm(queries, responses, prefix).float()
+            return call(queries, responses, prefix).float()
 
     return score
 
@@ -55,9 +59,25 @@ def text_score_fn(fn: Callable[[list[str], list[str]], list[float]], tok, mean: 
 
 
 def ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float, vocab: int,
-                 prefix: FrozenPrefix | None = None, repeats: int = 1) -> Tensor:  # fmt: skip
+                 prefix: FrozenPrefix | None = None, repeats: int = 1, *,
+                 compile: bool = False) -> Tensor:  # fmt: skip
+    """log pi_ref(response_t) [B, T] of responses [B * k, T] to queries [B, Q] (k = repeats). compile: under
+    torch.compile (`compiles_forwards`), where inductor fuses the trunk's elementwise work and the log-softmax over
+    the vocabulary that eager runs as passes over a [B, T, V] fp32 tensor."""
+    fn = _compiled_ref_logprobs() if compile else _ref_logprobs
+    return fn(ref_lm, queries, responses, temperature, vocab, prefix, repeats)
+
+
+def _ref_logprobs(ref_lm, queries: Tensor, responses: Tensor, temperature: float, vocab: int,
+                  prefix: FrozenPrefix | None, repeats: int) -> Tensor:  # fmt: skip
     _, logits = response_logits_hidden(ref_lm, queries, responses, prefix, repeats)
     return token_logprobs(logits, responses, temperature, vocab)[0]
+
+
+@functools.cache
+def _compiled_ref_logprobs() -> Callable:
+    """Made once per process: dynamo keeps a graph per model and shape under it."""
+    return torch.compile(_ref_logprobs, dynamic=False)
 
 
 @torch.no_grad()
@@ -86,7 +106,8 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
 
     def ref_pass():
         with using(policy.lm, None):  # with LoRA the reference is the shared base, adapters off
-            return ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab, prefix)
+            return ref_logprobs(run.ref_lm or policy.lm, q, responses, task.temperature, policy.vocab, prefix,
+                                compile=compiles_forwards(cfg.run.compile, ctx.device))  # fmt: skip
 
     with ctx.autocast():  # under FSDP each pass gathers its model's shards first (a collective)
         q, responses, logprobs, values, prefix = parallel.gathered(policy, policy_pass)

@@ -61,6 +61,27 @@ def test_only_short_rows_on_the_cpu_take_the_eager_form():
     assert not attention.eager_on_cpu(q.to("meta"), k.to("meta"), mask.to("meta"))  # another device
 
 
+@pytest.mark.parametrize("heads", [(4, 2), (3, 3)])
+@pytest.mark.parametrize("per_head_mask", [False, True])
+def test_decode_attention_equals_sdpa_for_one_query_position(heads, per_head_mask):
+    H, Hkv = heads
+    B, L, D = 3, 9, 8
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(B, H, 1, D, generator=g), torch.randn(B, Hkv, L, D, generator=g), torch.randn(B, Hkv, L, D)
+    mask = torch.ones(B, H if per_head_mask else 1, 1, L, dtype=torch.bool)
+    mask[..., 6:] = False  # static-cache slots not written yet
+    mask[1, 0, 0, 2:4] = False  # padding inside a row
+    torch.testing.assert_close(attention.decode_attention(q, k, v, mask, 0.3), sdpa_reference(q, k, v, mask, 0.3),
+                               atol=1e-6, rtol=1e-5)  # fmt: skip
+
+
+def test_the_fused_decode_form_is_taken_only_inside_a_compile_on_a_gpu():
+    q, k = torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 9, 4)
+    mask = torch.ones(1, 1, 1, 9, dtype=torch.bool)
+    assert not attention.fused_decode(q, k, mask)  # the CPU: the short-row eager form or SDPA
+    assert not attention.fused_decode(q.to("meta"), k.to("meta"), mask.to("meta"))  # no GPU, not compiling
+
+
 def test_a_loaded_model_runs_it_and_matches_sdpa(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -137,6 +137,29 @@ def test_no_host_sync_inside_the_ppo_minibatch_loop():
 
 @pytest.mark.cuda
 @cuda
+def test_compiled_reference_and_reward_model_forwards_match_eager():
+    """run.compile (auto: on CUDA) compiles a rollout's reference logprobs and reward-model scores; under bf16
+    autocast they match the eager forwards within bf16 rounding, on padded queries and truncated responses."""
+    from lmprefs.data.tasks import PAD
+    from lmprefs.models.loading import load_lm
+    from lmprefs.models.reward_model import RewardModel
+    from lmprefs.training.rollout import ref_logprobs, rm_score_fn
+
+    model, tok = load_lm("tiny-gpt2", "cuda")
+    rm = RewardModel(load_lm("tiny-gpt2", "cuda")[0], tok, seed=0).cuda().freeze().eval()
+    g = torch.Generator().manual_seed(0)
+    q, r = torch.randint(0, len(tok), (16, 12), generator=g), torch.randint(0, len(tok), (16, 8), generator=g)
+    q[0, :3], r[1, 5:] = PAD, PAD
+    q, r = q.cuda(), r.cuda()
+    with torch.no_grad(), autocast(torch.device("cuda"), torch.bfloat16):
+        lps = [ref_logprobs(model, q, r, 0.7, len(tok), compile=c) for c in (False, True)]
+        scores = [rm_score_fn(rm, compile=c)(q, r) for c in (False, True)]
+    torch.testing.assert_close(lps[1], lps[0], atol=STAT_ATOL, rtol=STAT_RTOL)
+    torch.testing.assert_close(scores[1], scores[0], atol=STAT_ATOL, rtol=STAT_RTOL)
+
+
+@pytest.mark.cuda
+@cuda
 def test_sampler_static_compiled_on_cuda_matches_the_dynamic_cache():
     from lmprefs.data.tasks import PAD
     from lmprefs.models.loading import load_lm
