@@ -56,7 +56,7 @@ from _common import ArgumentParser, nonnegative_int, positive_int, run_main, sou
 
 # lmprefs internals this script uses, all in this block
 import lmprefs  # noqa: E402
-import lmprefs.pipeline.reward_model as R  # noqa: E402  (train_epoch, normalize, evaluate, reward_prefixes are timed)
+import lmprefs.pipeline.reward_model as R  # noqa: E402  (train_epoch, normalize, evaluate, label_prefixes are timed)
 from lmprefs.config import PRESETS, preset  # noqa: E402
 from lmprefs.data.tasks import decode  # noqa: E402
 from lmprefs.labels.labelers import SCORE_FNS  # noqa: E402
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
     # ---- instrumentation: time train_epoch / normalize / evaluate, capture the held-out set ----
     timers: dict[str, float] = {}
     captured: dict = {}
-    orig = {k: getattr(R, k) for k in ("train_epoch", "normalize", "evaluate", "reward_prefixes")}
+    orig = {k: getattr(R, k) for k in ("train_epoch", "normalize", "evaluate", "label_prefixes")}
 
     def wrap(name):
         def f(*a, **k):
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
         return wrap("evaluate")(rm, data, *a, **k)
 
     R.train_epoch, R.normalize, R.evaluate = train_epoch, wrap("normalize"), evaluate
-    R.reward_prefixes = wrap("reward_prefixes")  # the frozen blocks, run once before the epochs (LoRA only)
+    R.label_prefixes = wrap("label_prefixes")  # the frozen blocks, run once before the epochs (LoRA only)
 
     def fingerprint(c) -> str:
         h = hashlib.sha1()
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
         positions = len(train) * S * L * epochs
         real = (int((train.queries >= 0).sum()) * S + int((train.samples >= 0).sum())) * epochs
         # training time: the epochs plus the one pass through the frozen bottom blocks that they reuse
-        te = timers.get("train_epoch", float("nan")) + timers.get("reward_prefixes", 0.0)
+        te = timers.get("train_epoch", float("nan")) + timers.get("label_prefixes", 0.0)
         if ceiling is None:  # labels' own ceiling: a perfect scorer, ties broken at random
             texts = [decode(t.tok, held.samples[i]) for i in range(len(held))]
             exp_acc = []

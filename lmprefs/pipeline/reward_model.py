@@ -29,19 +29,18 @@ from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger, progress
 from lmprefs.training.prefix_share import SharedPrefixes
 from lmprefs.training.reward import (
+    PREFIX_CACHE_BYTES,
     Comparisons,
     evaluate,
     examples_to_comparisons,
+    label_prefixes,
     normalize,
     pairs_from_scores,
     prefix_bytes,
-    reward_prefixes,
     split_heldout_mask,
     tokenizer_id,
     train_epoch,
 )
-
-PREFIX_CACHE_BYTES = 4 << 30  # reward-model training keeps the frozen blocks' outputs of all labels up to this size
 
 
 def reward_logger(run_dir: Path, cfg: Config):
@@ -148,9 +147,9 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
         # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory;
         # computed once for several reward models when the caller shared them (the same rows, the same values)
         cache = t.shared_prefixes.for_data(rm, train) if t.shared_prefixes is not None else None
-        if cache is None and prefix_bytes(rm, train, t.ctx) <= PREFIX_CACHE_BYTES:
+        if cache is None and prefix_bytes(rm.lm, train, t.ctx) <= PREFIX_CACHE_BYTES:
             bar = progress(len(train), "reward model: frozen blocks")
-            cache = reward_prefixes(rm, train, t.ctx,
+            cache = label_prefixes(rm.lm, train, t.ctx,
                                     cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)  # fmt: skip
             bar.close()
     bar = progress(len(train) * cfg.train_reward.epochs, "training reward model")
@@ -239,7 +238,7 @@ def shared_reward_prefixes(t: Task, store, configs: list[Config]) -> SharedPrefi
     assert data.items is not None  # a store's labels carry their item ids
     data = data[torch.isin(data.items, torch.tensor(sorted(items), dtype=data.items.dtype))]
     rm = reward_frame(t)
-    if frozen_depth(rm.lm) == 0 or prefix_bytes(rm, data, t.ctx) > PREFIX_CACHE_BYTES:
+    if frozen_depth(rm.lm) == 0 or prefix_bytes(rm.lm, data, t.ctx) > PREFIX_CACHE_BYTES:
         return None
     bar = progress(len(data), "reward models: frozen blocks, once for all arms")
     shared = SharedPrefixes.compute(rm, data, t.ctx, cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)

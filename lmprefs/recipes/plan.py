@@ -44,14 +44,14 @@ def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
     - sample and label: `collect_labels` samples best-of-N questions, one prefill per question;
     - train reward model: `train_reward_model` samples train_reward.normalize_samples responses and scores them
       before and after training, evaluates the held-out labels before and after (one pass per question's query),
-      runs the frozen blocks below the LoRA adapters once for all epochs (`reward_prefixes`, when there are several
+      runs the frozen blocks below the LoRA adapters once for all epochs (`label_prefixes`, when there are several
       epochs and it fits PREFIX_CACHE_BYTES) and trains the adapted blocks (or the whole model) for its epochs;
     - PPO: per update, `make_rollout` samples with the policy, runs the frozen prefix once, reads the values from
       the sampler's hidden states (a separate value model runs its own forward), runs the reference and the reward
       model on the blocks above the prefix, then noptepochs passes of forward and backward over the batch; at the
       end the policy's adapters are merged for its export.
     """
-    from lmprefs.pipeline.reward_model import PREFIX_CACHE_BYTES
+    from lmprefs.training.reward import PREFIX_CACHE_BYTES
 
     p = _Passes(cfg, facts, n)
     m = n.eval_samples
@@ -234,7 +234,7 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
 
 
 def prefix_cache_bytes() -> int:
-    from lmprefs.pipeline.reward_model import PREFIX_CACHE_BYTES  # torch: only when a plan is made
+    from lmprefs.training.reward import PREFIX_CACHE_BYTES  # torch: only when a plan is made
 
     return PREFIX_CACHE_BYTES
 

@@ -25,14 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def sequence_logprobs(logits: Tensor, tokens: Tensor, mask: Tensor, temperature: float) -> Tensor:
-    """log pi(y|x) = the sum of the response tokens' log-probabilities at the sampling temperature, [B].
-    logits [B, T, V] (the real vocabulary only) at the positions that predict tokens [B, T]; mask [B, T] marks the
-    response's real tokens (padding after a truncated response counts nothing)."""
-    z = logits.float() / temperature  # [B, T, V], fp32 whatever the forward's dtype
-    # the picked logit minus the log-normalizer: log_softmax's value without its [B, T, V] output
-    picked = z.gather(-1, tokens.clamp(min=0).unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)  # [B, T]
-    return (picked * mask).sum(-1)  # [B]; pads read token 0 and are masked out
+def sequence_logprobs(token_logprobs: Tensor, mask: Tensor) -> Tensor:
+    """log pi(y|x) = the sum of the response tokens' log-probabilities [B, T] at the sampling temperature, [B]; mask
+    [B, T] marks the response's real tokens (padding after a truncated response counts nothing)."""
+    return (token_logprobs * mask).sum(-1)
 
 
 def implicit_rewards(logp: Tensor, ref_logp: Tensor, beta: float) -> Tensor:

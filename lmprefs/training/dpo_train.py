@@ -25,7 +25,8 @@ from lmprefs.io.atomic import crash_point
 from lmprefs.io.publish import latest_good
 from lmprefs.models.lora import lora_modules, using
 from lmprefs.models.policy import Policy
-from lmprefs.models.trunk import response_logits_hidden
+from lmprefs.models.token_logprobs import token_logprobs
+from lmprefs.models.trunk import FrozenPrefix, frozen_depth, response_logits_hidden
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.dpo import (
     implicit_rewards,
@@ -35,7 +36,7 @@ from lmprefs.training.dpo import (
     sequence_logprobs,
 )
 from lmprefs.training.optim import TFAdam
-from lmprefs.training.reward import Comparisons
+from lmprefs.training.reward import PREFIX_CACHE_BYTES, Comparisons, label_prefixes, prefix_bytes
 from lmprefs.training.sft import epoch_order
 from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
 
@@ -43,16 +44,37 @@ STATS = ("loss", "accuracy", "margin", "chosen_reward", "rejected_reward")
 
 
 def response_logprobs(policy: Policy, queries: Tensor, samples: Tensor, ctx: TaskContext, *, reference: bool = False,
-                      ref_lm=None) -> Tensor:  # fmt: skip
+                      ref_lm=None, prefix: FrozenPrefix | None = None) -> Tensor:  # fmt: skip
     """log pi(y|x) [b, S] of the S samples [b, S, T] of each query [b, Q] (unformatted): the policy's, or with
     `reference` the frozen reference's (ref_lm, or under LoRA the policy's base with its adapters off). Each query
-    runs once for its S samples."""
+    runs once for its S samples; with `prefix` (the frozen blocks' outputs for these rows, `label_prefixes`) only the
+    blocks above it run. The log-softmax over the vocabulary is `token_logprobs`': on the CPU a few rows at a time,
+    its backward recomputing them rather than keeping [b * S, T, V] fp32 tensors."""
     b, S, _ = samples.shape
     lm = ref_lm if reference and ref_lm is not None else policy.lm
     r = samples.flatten(0, 1).to(ctx.device)  # [b * S, T]
     with using(lm, None if reference else policy.adapter), ctx.autocast():
-        _, logits = response_logits_hidden(lm, ctx.format(queries), r, None, S)  # [b * S, T, V'], V' >= vocab
-    return sequence_logprobs(logits[..., : policy.vocab], r, r != PAD, policy.temperature).view(b, S)
+        _, logits = response_logits_hidden(lm, ctx.format(queries), r, prefix, S)  # [b * S, T, V'], V' >= vocab
+    lp, _ = token_logprobs(logits, r, policy.temperature, policy.vocab)  # [b * S, T] fp32
+    return sequence_logprobs(lp, r != PAD).view(b, S)
+
+
+def rows(questions: Tensor, S: int) -> Tensor:
+    """The rows [len(questions) * S] of a label_prefixes cache that hold these questions' S samples."""
+    return (questions.unsqueeze(1) * S + torch.arange(S)).flatten()
+
+
+def frozen_prefixes(policy: Policy, data: Comparisons, ctx: TaskContext, batch_size: int) -> FrozenPrefix | None:
+    """label_prefixes of the policy's LM for every row of `data`, when its bottom blocks are frozen (LoRA in the top
+    blocks) and they fit PREFIX_CACHE_BYTES: the frozen blocks then run once, not at every step and pass. They serve
+    the policy with its adapters on or off (the reference under LoRA): the frozen blocks carry no adapter."""
+    if len(data) == 0 or frozen_depth(policy.lm) == 0 or prefix_bytes(policy.lm, data, ctx) > PREFIX_CACHE_BYTES:
+        return None
+    bar = progress(len(data), "DPO: frozen blocks")
+    try:
+        return label_prefixes(policy.lm, data, ctx, batch_size, bar)
+    finally:
+        bar.close()
 
 
 def chosen(data: Comparisons) -> Tensor:
@@ -74,24 +96,26 @@ def losses(logp: Tensor, ref: Tensor, best: Tensor, cfg: Config) -> tuple[Tensor
 
 @torch.no_grad()
 def all_logprobs(policy: Policy, data: Comparisons, ctx: TaskContext, batch_size: int, *,
-                 reference: bool, ref_lm=None, bar=None) -> Tensor:  # fmt: skip
+                 reference: bool, ref_lm=None, bar=None, prefix: FrozenPrefix | None = None) -> Tensor:  # fmt: skip
     """log pi(y|x) [N, S] of every sample in `data`, in order, without gradients: the policy's, or with `reference`
-    the frozen reference's (ref_lm, or the policy's base with its adapters off)."""
-    out = []
+    the frozen reference's (ref_lm, or the policy's base with its adapters off). prefix: frozen_prefixes(data)."""
+    out, S = [], data.samples.shape[1]
     for i in range(0, len(data), batch_size):
+        pre = prefix[i * S : (i + batch_size) * S] if prefix is not None else None
         out.append(response_logprobs(policy, data.queries[i : i + batch_size], data.samples[i : i + batch_size], ctx,
-                                     reference=reference, ref_lm=ref_lm).float().cpu())  # fmt: skip
+                                     reference=reference, ref_lm=ref_lm, prefix=pre).float().cpu())  # fmt: skip
         if bar is not None:
             bar.update(len(out[-1]))
-    return torch.cat(out) if out else torch.zeros(0, data.samples.shape[1])
+    return torch.cat(out) if out else torch.zeros(0, S)
 
 
-def evaluate(policy: Policy, data: Comparisons, ref: Tensor, cfg: Config, ctx: TaskContext) -> dict:
+def evaluate(policy: Policy, data: Comparisons, ref: Tensor, cfg: Config, ctx: TaskContext,
+             prefix: FrozenPrefix | None = None) -> dict:  # fmt: skip
     """The held-out labels' mean loss, accuracy (the chosen response's implicit reward above every other's),
     margin and mean implicit rewards of the chosen and the other responses; {} without held-out labels."""
     if len(data) == 0:
         return {}
-    logp = all_logprobs(policy, data, ctx, cfg.dpo.microbatch or cfg.dpo.batch_size, reference=False)
+    logp = all_logprobs(policy, data, ctx, cfg.dpo.microbatch or cfg.dpo.batch_size, reference=False, prefix=prefix)
     each, h = losses(logp, ref, chosen(data), cfg)
     stats = {"loss": each.mean()} | preference_stats(h, chosen(data))
     return {f"heldout/{k}": float(stats[k]) for k in STATS} | {"heldout/n": len(data)}
@@ -132,15 +156,18 @@ def _load_checkpoint(run_dir: Path, cfg: Config, params, opt, labels: str) -> tu
     return int(state["step"]), dict(state["initial"])
 
 
-def _step(policy: Policy, train: Comparisons, ref: Tensor, idx: Tensor, cfg: Config, ctx: TaskContext) -> dict:
+def _step(policy: Policy, train: Comparisons, ref: Tensor, idx: Tensor, cfg: Config, ctx: TaskContext,
+          prefix: FrozenPrefix | None) -> dict:  # fmt: skip
     """Forward and backward of one batch `idx` of the training labels, in microbatches of dpo.microbatch whose
-    gradients add up to the batch's mean loss (weighted by labels.weight_by_gold where set); its mean stats."""
+    gradients add up to the batch's mean loss (weighted by labels.weight_by_gold where set); its mean stats.
+    prefix: frozen_prefixes(train)."""
     micro = cfg.dpo.microbatch or len(idx)
     sums = dict.fromkeys(STATS, 0.0)
     for m0 in range(0, len(idx), micro):
         sub = idx[m0 : m0 + micro]
         mb = train[sub]
-        logp = response_logprobs(policy, mb.queries, mb.samples, ctx)
+        pre = prefix[rows(sub, train.samples.shape[1]).to(prefix.hidden.device)] if prefix is not None else None
+        logp = response_logprobs(policy, mb.queries, mb.samples, ctx, prefix=pre)
         best = chosen(mb).to(logp.device)
         each, h = losses(logp, ref[sub].to(logp.device), best, cfg)
         w = mb.weights.to(each.device) if mb.weights is not None else torch.ones_like(each)
@@ -161,9 +188,10 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
     params = trained_parameters(policy)
     opt = TFAdam(params, lr=d.lr)
     ref_batch = d.microbatch or d.batch_size
+    cache, held_cache = (frozen_prefixes(policy, data, ctx, ref_batch) for data in (train, held))
     bar = progress(len(train) + len(held), "reference log-probabilities")
-    ref = all_logprobs(policy, train, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar)  # [N, S]
-    held_ref = all_logprobs(policy, held, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar)
+    ref = all_logprobs(policy, train, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar, prefix=cache)  # [N, S]
+    held_ref = all_logprobs(policy, held, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar, prefix=held_cache)
     bar.close()
     n, bs, digest = len(train), d.batch_size, labels_digest(train, held)
     total = math.ceil(n / bs) * d.epochs
@@ -173,7 +201,7 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
         done, initial = _load_checkpoint(run_dir, cfg, params, opt, digest)
         print(f"resuming {run_dir} at step {done}/{total}", flush=True)
     else:
-        done, initial = 0, evaluate(policy, held, held_ref, cfg, ctx)
+        done, initial = 0, evaluate(policy, held, held_ref, cfg, ctx, held_cache)
     policy.train()  # dropout is off in the config (load_lm); train() only for modules that check the mode
     bar, step, stats = progress(total, "train-dpo", initial=done), 0, {}
     try:
@@ -186,7 +214,7 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
                 for group in opt.param_groups:  # linear decay to 0, as every lmprefs trainer
                     group["lr"] = d.lr * (1 - step / total)
                 opt.zero_grad(set_to_none=True)
-                sums = _step(policy, train, ref, perm[start : start + bs], cfg, ctx)
+                sums = _step(policy, train, ref, perm[start : start + bs], cfg, ctx, cache)
                 opt.step()
                 stats = {f"dpo/{k}": v for k, v in sums.items()} | {"dpo/lr": opt.param_groups[0]["lr"],
                                                                      "dpo/epoch": epoch + start / n}  # fmt: skip
@@ -204,7 +232,7 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
     finally:
         bar.close()
     policy.eval()
-    final = evaluate(policy, held, held_ref, cfg, ctx)
+    final = evaluate(policy, held, held_ref, cfg, ctx, held_cache)
     summary = {f"initial_{k}": v for k, v in initial.items()} | final
     summary |= {"dpo/labels_train": n, "dpo/steps": total, "elapsed/time": time.time() - t0}
     if log is not None:

@@ -17,7 +17,7 @@ from torch import Tensor
 from lmprefs.data.tasks import TaskContext
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth
-from lmprefs.training.reward import Comparisons, reward_prefixes
+from lmprefs.training.reward import Comparisons, label_prefixes
 
 
 @dataclass
@@ -34,8 +34,8 @@ class SharedPrefixes:
     @classmethod
     def compute(cls, rm: RewardModel, data: Comparisons, ctx: TaskContext, batch_size: int,
                 bar=None) -> SharedPrefixes | None:  # fmt: skip
-        """reward_prefixes of every row of `data` (None when every block of rm trains)."""
-        pre = reward_prefixes(rm, data, ctx, batch_size, bar)
+        """label_prefixes of every row of `data` (None when every block of rm trains)."""
+        pre = label_prefixes(rm.lm, data, ctx, batch_size, bar)
         if pre is None or data.items is None:
             return None
         items = {int(i): k for k, i in enumerate(data.items.tolist())}
@@ -45,7 +45,7 @@ class SharedPrefixes:
         return self.hidden.numel() * self.hidden.element_size()
 
     def for_data(self, rm: RewardModel, data: Comparisons) -> FrozenPrefix | None:
-        """The prefixes of `data`'s rows in its order, as reward_prefixes(rm, data) gives them, or None when a row is
+        """The prefixes of `data`'s rows in its order, as label_prefixes(rm.lm, data) gives them, or None when a row is
         missing, its tokens differ from the stored ones, or rm's adapters start at another block."""
         if frozen_depth(rm.lm) != self.start or len(data) == 0 or data.items is None:
             return None

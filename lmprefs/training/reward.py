@@ -250,11 +250,15 @@ def evaluate(rm: RewardModel, data: Comparisons, label_type, ctx: TaskContext, b
     return summary
 
 
-def reward_prefixes(rm: RewardModel, data: Comparisons, ctx: TaskContext, batch_size: int,
-                    bar=None) -> FrozenPrefix | None:  # fmt: skip
-    """The frozen prefix of every (question, sample) row, [N * S, L, d], computed once so that each epoch runs only
-    the adapted top blocks (None when every block trains). Row i * S + j is sample j of question i."""
-    if frozen_depth(rm.lm) == 0:
+PREFIX_CACHE_BYTES = 4 << 30
+"""Training on labels keeps the frozen blocks' outputs of every labeled row (`label_prefixes`) up to this size."""
+
+
+def label_prefixes(lm, data: Comparisons, ctx: TaskContext, batch_size: int, bar=None) -> FrozenPrefix | None:
+    """The frozen prefix of the LM `lm` (a reward model's or a policy's) for every (question, sample) row,
+    [N * S, L, d], computed once so that each epoch runs only the adapted top blocks (None when every block trains).
+    Row i * S + j is sample j of question i."""
+    if frozen_depth(lm) == 0:
         return None
     S, parts = data.samples.shape[1], []
     with torch.no_grad():
@@ -262,19 +266,19 @@ def reward_prefixes(rm: RewardModel, data: Comparisons, ctx: TaskContext, batch_
             mb = data[i : i + batch_size]
             q = ctx.format(mb.queries)
             with ctx.autocast():  # each question's query runs once for its S samples
-                part = frozen_prefix_shared(rm.lm, q, mb.samples.flatten(0, 1).to(ctx.device), S)
+                part = frozen_prefix_shared(lm, q, mb.samples.flatten(0, 1).to(ctx.device), S)
                 assert part is not None  # frozen_depth > 0, checked above
                 parts.append(part)
             if bar is not None:
                 bar.update(len(mb))
-    return FrozenPrefix(rm.lm, parts[0].start, torch.cat([p.hidden for p in parts]))
+    return FrozenPrefix(lm, parts[0].start, torch.cat([p.hidden for p in parts]))
 
 
-def prefix_bytes(rm: RewardModel, data: Comparisons, ctx: TaskContext) -> int:
-    """What reward_prefixes would hold in memory (fp32 residual stream of every row)."""
+def prefix_bytes(lm, data: Comparisons, ctx: TaskContext) -> int:
+    """What label_prefixes(lm, data) would hold in memory (fp32 residual stream of every row)."""
     S = data.samples.shape[1]
     L = data.queries.shape[1] + len(ctx.prefix) + len(ctx.suffix) + data.samples.shape[2]
-    return len(data) * S * L * hidden_size(rm.lm) * 4
+    return len(data) * S * L * hidden_size(lm) * 4
 
 
 def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx: TaskContext, *, log=None, bar=None,
@@ -282,7 +286,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx
     """train_reward.epochs passes over `data`, each in a fresh random permutation, the LR decaying linearly to 0
     over all of them (train_reward.py:train l.241-249, which makes one pass). A minibatch of train_reward.batch_size
     questions runs as forwards of train_reward.microbatch questions whose gradients add up (the same step, less
-    memory). `cache`: reward_prefixes(data), so the frozen bottom blocks are not run again.
+    memory). `cache`: label_prefixes(rm.lm, data), so the frozen bottom blocks are not run again.
     Under several ranks every rank draws the same permutation and takes a strided share of each global batch; DDP
     averages the gradients, with each rank's loss weighted so that the average is the global batch's mean."""
 

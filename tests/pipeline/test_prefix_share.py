@@ -54,7 +54,7 @@ def test_a_reward_model_from_shared_work_equals_one_from_its_own(store_and_share
     # seed 0's two counts in the experiment's order (the second takes the first's untrained figures), then seed 1's
     for i, cfg in enumerate((configs[0], configs[1], configs[3])):
         own = trained(cfg, store, tmp_path / f"own{i}")
-        monkeypatch.setattr(rm_mod, "reward_prefixes", lambda *a, **k: pytest.fail("computed its own prefixes"))
+        monkeypatch.setattr(rm_mod, "label_prefixes", lambda *a, **k: pytest.fail("computed its own prefixes"))
         monkeypatch.setattr(rm_mod, "normalize", lambda *a, i=i, **k: calls.append(i) or normalize(*a, **k))
         from_shared = trained(cfg, store, tmp_path / f"shared{i}", shared, before)
         monkeypatch.undo()

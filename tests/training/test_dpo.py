@@ -108,3 +108,39 @@ def test_lora_listwise_dpo_on_best_of_4_saves_an_adapter_and_starts_at_its_refer
     adapter = json.loads((run / "policy" / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 4 and (run / "policy" / "model.safetensors").is_file()  # and the merged model
     assert main(["sample", str(run), "--n", "1"]) == 0
+
+
+def test_lora_dpo_runs_the_frozen_blocks_once_with_the_full_forwards_log_probabilities(tmp_path):
+    """With LoRA in the top block only, train-dpo computes the bottom block's outputs once for every label
+    (`frozen_prefixes`) and runs the top block alone at each step and pass: the policy's and the reference's
+    log-probabilities and the adapter's gradients equal those of the full forward."""
+    from dataclasses import replace
+
+    from lmprefs.config import preset
+    from lmprefs.pipeline.dpo import dpo_labels, dpo_policy, dpo_task
+    from lmprefs.training.dpo_train import all_logprobs, frozen_prefixes, response_logprobs, rows
+
+    db = labeled_store(tmp_path / "four.sqlite", 12, "best_of_4")
+    cfg = preset("tiny")
+    cfg = replace(cfg, labels=replace(cfg.labels, type="best_of_4"), lora=replace(cfg.lora, rank=4, layers=1),
+                  run=replace(cfg.run, dtype="float32"))  # fmt: skip
+    t = dpo_task(cfg)
+    train = dpo_labels(t, LabelStore(db), str(db)).train
+    policy, ref_lm = dpo_policy(t)
+    pre = frozen_prefixes(policy, train, t.ctx, 4)
+    assert ref_lm is None and pre is not None and pre.start == 1
+    for reference in (False, True):
+        with_prefix = all_logprobs(policy, train, t.ctx, 4, reference=reference, prefix=pre)
+        torch.testing.assert_close(with_prefix, all_logprobs(policy, train, t.ctx, 4, reference=reference))
+    grads = []
+    idx = torch.tensor([2, 0, 3])
+    for prefix in (pre[rows(idx, train.samples.shape[1])], None):
+        policy.zero_grad()
+        mb = train[idx]
+        response_logprobs(policy, mb.queries, mb.samples, t.ctx, prefix=prefix).sum().backward()
+        grads.append([p.grad.clone() for p in policy.parameters() if p.grad is not None])
+    assert len(grads[0]) == len(grads[1]) > 0
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b)
+    full = replace(cfg, lora=replace(cfg.lora, rank=0))
+    assert frozen_prefixes(dpo_policy(dpo_task(full))[0], train, t.ctx, 4) is None  # every block trains

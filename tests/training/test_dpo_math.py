@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from lmprefs.labels.types import PickBest
+from lmprefs.models.token_logprobs import token_logprobs
 from lmprefs.training.dpo import (
     implicit_rewards,
     listwise_losses,
@@ -94,7 +95,8 @@ def test_sequence_logprobs_sum_the_response_tokens_at_the_temperature():
     tokens = torch.randint(0, 7, (3, 4), generator=g)
     tokens[1, 2:] = -1  # a truncated response: padding after its last token
     mask = tokens >= 0
-    got = sequence_logprobs(logits, tokens, mask, 0.7)
+    token_lp, _ = token_logprobs(logits, tokens, 0.7, 7)  # what train-dpo sums, in fp32
+    got = sequence_logprobs(token_lp, mask)
     lp = torch.log_softmax(logits / 0.7, -1)
     want = [sum(lp[b, t, tokens[b, t]].item() for t in range(4) if mask[b, t]) for b in range(3)]
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-6)  # the float32 softmax of the forward

@@ -13,8 +13,8 @@ from lmprefs.training.reward import (
     Comparisons,
     evaluate,
     heldout_mask,
+    label_prefixes,
     normalize,
-    reward_prefixes,
     rm_rewards,
     train_epoch,
 )
@@ -125,7 +125,7 @@ def test_cached_frozen_blocks_and_microbatches_train_the_same_reward_model(tiny_
         lm = copy.deepcopy(model)
         add_adapter(lm, LoraConfig(rank=2, layers=1), "reward")
         rm = RewardModel(lm, tok, adapter="reward", seed=0)
-        cache = reward_prefixes(rm, train, TaskContext([], [], cpu, torch.float32), 16) if cached else None
+        cache = label_prefixes(rm.lm, train, TaskContext([], [], cpu, torch.float32), 16) if cached else None
         assert (cache is not None) == cached
         tr = R(cfg.train_reward, batch_size=8, lr=2e-3, epochs=2, microbatch=microbatch)
         train_epoch(rm, train, lt, R(cfg, train_reward=tr), TaskContext([], [], cpu, torch.float32), cache=cache)
