@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lmprefs.errors import first_line
+
 # the column a text is read from when none is named: TRL's and most corpora's `text`, TRL's prompt-only `prompt`,
 # TL;DR's `content`
 TEXT_COLUMNS = ("text", "prompt", "content")
@@ -77,7 +79,7 @@ def load_saved(path: Path, split: str | None, what: str):
         ds = datasets.load_from_disk(str(path))
     except (OSError, ValueError, FileNotFoundError) as e:
         raise DatasetReadError(f"{what}: {path} cannot be read by datasets.load_from_disk "
-                               f"({_first_line(e)})") from None  # fmt: skip
+                               f"({first_line(e)})") from None  # fmt: skip
     return ds[split] if split is not None else ds
 
 
@@ -88,7 +90,7 @@ def load_hub(name: str, split: str, what: str):
         return datasets.load_dataset(name, split=split)
     except Exception as e:  # the hub raises many kinds of errors (offline, gated, no such name or split)
         raise DatasetReadError(f"{what}: cannot load {name!r} split {split!r} from the Hugging Face hub "
-                               f"({type(e).__name__}: {_first_line(e)}); offline, save it with "
+                               f"({first_line(e)}); offline, save it with "
                                "Dataset.save_to_disk and give that directory, or use a local "
                                "file") from None  # fmt: skip
 
@@ -101,11 +103,6 @@ def _datasets(what: str):
         raise DatasetReadError(f"{what} needs the `datasets` package: pip install 'datasets>=3' (or run "
                                "scripts/setup.sh again)") from None  # fmt: skip
     return datasets
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:200] if text else "no message"
 
 
 def text_column(columns: list[str], field: str | None, what: str) -> str:

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from lmprefs.errors import UserError
+from lmprefs.errors import UserError, first_line
 from lmprefs.models.model_card import HERE
 
 WHAT = ("policy", "reward-model", "all")
@@ -145,18 +145,14 @@ def _upload(staged: list, private: bool) -> dict[str, str]:
         for up, _, _ in staged:  # a bare NAME lands in the token's namespace: upload to the id the hub gives back
             ids[up.repo] = getattr(api.create_repo(up.repo, private=private, exist_ok=True), "repo_id", up.repo)
     except Exception as e:  # noqa: BLE001 - no network, a refused token, a name taken: one line, nothing uploaded
-        raise UserError(f"cannot push {names}: the hub refused or could not be reached ({_first_line(e)}); nothing "
-                        "was uploaded") from None  # fmt: skip
+        raise UserError(f"cannot push {names}: the hub refused or could not be reached ({first_line(e, 160)}); "
+                        "nothing was uploaded") from None  # fmt: skip
     done: list[str] = []
     for up, d, _ in staged:
         try:
             api.upload_folder(repo_id=ids[up.repo], folder_path=d, commit_message=f"lmprefs push: the run's {up.what}")
         except Exception as e:  # noqa: BLE001 - the commit did not land: this repo is as it was
             pushed = f"; {', '.join(done)} pushed already" if done else "; nothing was uploaded"
-            raise UserError(f"cannot push {up.repo}: the upload failed ({_first_line(e)}){pushed}") from None
+            raise UserError(f"cannot push {up.repo}: the upload failed ({first_line(e, 160)}){pushed}") from None
         done.append(up.repo)
     return ids
-
-
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:160]}"
