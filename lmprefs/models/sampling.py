@@ -86,19 +86,20 @@ def compiled_step(device_type: str):
 def _static_layer_class():
     from transformers.cache_utils import StaticLayer
 
-    class StaticLayerOwnValueDtype(StaticLayer):
-        """transformers' StaticLayer with the values kept in their own dtype: under bf16 autocast a Llama's keys
-        leave the rotary embedding in fp32 while its values stay bf16, and the stock layer allocates both in the
-        keys' dtype, so its index_copy_ of the values fails."""
+    class StaticLayerInValueDtype(StaticLayer):
+        """transformers' StaticLayer with the keys kept in the values' dtype. Under bf16 autocast a Llama's keys leave
+        the rotary embedding in fp32 while its values stay bf16: the stock layer allocates both in fp32 (its
+        index_copy_ of the values then fails), and every decode step's attention would cast the whole fp32 key cache
+        to bf16 again. Autocast casts them to bf16 before each matmul, so keys stored in bf16 give bitwise the same
+        attention, from half the bytes."""
 
         def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
-            super().lazy_initialization(key_states, value_states)
-            assert self.values is not None  # allocated by the call above
-            if self.values.dtype != value_states.dtype:
-                self.values = self.values.to(value_states.dtype)
-                torch._dynamo.mark_static_address(self.values)
+            super().lazy_initialization(key_states.to(value_states.dtype), value_states)
 
-    return StaticLayerOwnValueDtype
+        def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+            return super().update(key_states.to(value_states.dtype), value_states, *args, **kwargs)
+
+    return StaticLayerInValueDtype
 
 
 _STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, its static cache)

@@ -134,9 +134,11 @@ def test_compiled_static_decode_step_equals_eager(tiny_lm):
 
 def test_static_cache_under_bf16_autocast_on_gpt2_and_llama(tiny_lm):
     """Under bf16 autocast a Llama's keys come out of the rotary embedding in fp32 and its values in bf16; the
-    static cache keeps each in its own dtype and samples what the dynamic cache samples."""
+    static cache keeps both in bf16 (attention casts the keys to bf16 anyway) and samples what the dynamic cache
+    samples."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from lmprefs.models.sampling import _STATIC_CACHES
     from lmprefs.runtime.device import autocast
 
     torch.manual_seed(0)
@@ -151,6 +153,8 @@ def test_static_cache_under_bf16_autocast_on_gpt2_and_llama(tiny_lm):
                 out[cache] = sample(model, q, 6, 0.7, vocab, torch.Generator().manual_seed(1), cache=cache)
         assert out["static"][0].equal(out["dynamic"][0])
         assert torch.allclose(out["static"][1], out["dynamic"][1], atol=1e-2)
+        layer = _STATIC_CACHES[model][1].layers[0]
+        assert layer.keys.dtype == layer.values.dtype == torch.bfloat16
 
 
 def test_repeats_sample_as_the_repeated_queries_with_one_prefill(tiny_lm):
