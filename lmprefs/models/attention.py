@@ -42,20 +42,23 @@ def short(q_len: int, k_len: int) -> bool:
     return q_len * k_len <= SHORT and k_len <= MAX_KEYS
 
 
-def eager_on_cpu(query: Tensor, key: Tensor, mask: Tensor | None, dropout: float = 0.0, **kwargs) -> bool:
-    """Whether `attention` computes these inputs itself: on the CPU, short rows, a boolean mask of the keys' length,
-    no dropout and none of the options only transformers' kernels know."""
-    return (query.device.type == "cpu" and short(query.shape[2], key.shape[2]) and not dropout
-            and mask is not None and mask.dtype == torch.bool and mask.shape[-1] == key.shape[2]
+def _ours(key: Tensor, mask: Tensor | None, dropout: float, kwargs: dict) -> bool:
+    """Whether lmprefs' own forms can compute this call: a boolean mask of the keys' length, no dropout and none of
+    the options only transformers' kernels know."""
+    return (mask is not None and mask.dtype == torch.bool and mask.shape[-1] == key.shape[2] and not dropout
             and all(kwargs.get(k) is None for k in _UNSUPPORTED))  # fmt: skip
+
+
+def eager_on_cpu(query: Tensor, key: Tensor, mask: Tensor | None, dropout: float = 0.0, **kwargs) -> bool:
+    """Whether `attention` computes these inputs in the eager form: on the CPU, short rows (and `_ours`)."""
+    return query.device.type == "cpu" and short(query.shape[2], key.shape[2]) and _ours(key, mask, dropout, kwargs)
 
 
 def fused_decode(query: Tensor, key: Tensor, mask: Tensor | None, dropout: float = 0.0, **kwargs) -> bool:
     """Whether `attention` takes `decode_attention`: one query position on a GPU inside torch.compile (eager, its
-    broadcast products would be materialized), with a boolean mask of the keys' length."""
+    broadcast products would be materialized), and `_ours`."""
     return (FUSED_DECODE and query.device.type == "cuda" and query.shape[2] == 1 and torch.compiler.is_compiling()
-            and not dropout and mask is not None and mask.dtype == torch.bool and mask.shape[-1] == key.shape[2]
-            and all(kwargs.get(k) is None for k in _UNSUPPORTED))  # fmt: skip
+            and _ours(key, mask, dropout, kwargs))  # fmt: skip
 
 
 def decode_attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, scaling: float) -> Tensor:

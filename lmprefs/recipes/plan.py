@@ -51,14 +51,12 @@ def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
       model on the blocks above the prefix, then noptepochs passes of forward and backward over the batch; at the
       end the policy's adapters are merged for its export.
     """
-    from lmprefs.training.reward import PREFIX_CACHE_BYTES
-
     p = _Passes(cfg, facts, n)
     m = n.eval_samples
     out: dict[str, dict[str, int]] = {"assets and model": {}}
     out["evaluate initial"] = {"sample": p.sample(n.eval_queries, m)}
     out["sample and label"] = {"sample": p.sample(n.questions, p.S)}
-    out["train reward model"] = _reward_model_flops(p, PREFIX_CACHE_BYTES)
+    out["train reward model"] = _reward_model_flops(p, prefix_cache_bytes())
     out["PPO"] = _ppo_flops(p)
     out["evaluate final"] = {"sample": p.sample(n.eval_queries, m, p.ad),
                              "reference": F.trunk_flops(facts, p.qr(n.eval_queries, m))

@@ -36,7 +36,7 @@ from lmprefs.training.dpo import (
     sequence_logprobs,
 )
 from lmprefs.training.optim import TFAdam
-from lmprefs.training.reward import PREFIX_CACHE_BYTES, Comparisons, label_prefixes, prefix_bytes
+from lmprefs.training.reward import PREFIX_CACHE_BYTES, Comparisons, label_prefixes, prefix_bytes, prefix_rows
 from lmprefs.training.sft import epoch_order
 from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
 
@@ -57,11 +57,6 @@ def response_logprobs(policy: Policy, queries: Tensor, samples: Tensor, ctx: Tas
         _, logits = response_logits_hidden(lm, ctx.format(queries), r, prefix, S)  # [b * S, T, V'], V' >= vocab
     lp, _ = token_logprobs(logits, r, policy.temperature, policy.vocab)  # [b * S, T] fp32
     return sequence_logprobs(lp, r != PAD).view(b, S)
-
-
-def rows(questions: Tensor, S: int) -> Tensor:
-    """The rows [len(questions) * S] of a label_prefixes cache that hold these questions' S samples."""
-    return (questions.unsqueeze(1) * S + torch.arange(S)).flatten()
 
 
 def frozen_prefixes(policy: Policy, data: Comparisons, ctx: TaskContext, batch_size: int) -> FrozenPrefix | None:
@@ -166,7 +161,7 @@ def _step(policy: Policy, train: Comparisons, ref: Tensor, idx: Tensor, cfg: Con
     for m0 in range(0, len(idx), micro):
         sub = idx[m0 : m0 + micro]
         mb = train[sub]
-        pre = prefix[rows(sub, train.samples.shape[1]).to(prefix.hidden.device)] if prefix is not None else None
+        pre = prefix[prefix_rows(sub, train.samples.shape[1]).to(prefix.hidden.device)] if prefix is not None else None
         logp = response_logprobs(policy, mb.queries, mb.samples, ctx, prefix=pre)
         best = chosen(mb).to(logp.device)
         each, h = losses(logp, ref[sub].to(logp.device), best, cfg)

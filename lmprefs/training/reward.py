@@ -274,6 +274,11 @@ def label_prefixes(lm, data: Comparisons, ctx: TaskContext, batch_size: int, bar
     return FrozenPrefix(lm, parts[0].start, torch.cat([p.hidden for p in parts]))
 
 
+def prefix_rows(questions: Tensor, S: int) -> Tensor:
+    """The rows [len(questions) * S] of a label_prefixes cache that hold these questions' S samples."""
+    return (questions.unsqueeze(1) * S + torch.arange(S)).flatten()
+
+
 def prefix_bytes(lm, data: Comparisons, ctx: TaskContext) -> int:
     """What label_prefixes(lm, data) would hold in memory (fp32 residual stream of every row)."""
     S = data.samples.shape[1]
@@ -323,7 +328,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx
                 q = ctx.format(mb.queries)  # [b, Q']
                 if shared == 1:
                     q = q.repeat_interleave(S, 0)  # [b*S, Q']
-                rows = (sub.unsqueeze(1) * S + torch.arange(S)).flatten()  # this microbatch's rows of the cache
+                rows = prefix_rows(sub, S)  # this microbatch's rows of the cache
                 pre = cache[rows.to(cache.hidden.device)] if cache is not None else None
                 # the mean over the global batch: this share's sum / len(idx), times W because DDP divides by W
                 share = 0.0 if empty else len(sub) * W / len(idx)

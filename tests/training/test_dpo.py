@@ -118,7 +118,8 @@ def test_lora_dpo_runs_the_frozen_blocks_once_with_the_full_forwards_log_probabi
 
     from lmprefs.config import preset
     from lmprefs.pipeline.dpo import dpo_labels, dpo_policy, dpo_task
-    from lmprefs.training.dpo_train import all_logprobs, frozen_prefixes, response_logprobs, rows
+    from lmprefs.training.dpo_train import all_logprobs, frozen_prefixes, response_logprobs
+    from lmprefs.training.reward import prefix_rows
 
     db = labeled_store(tmp_path / "four.sqlite", 12, "best_of_4")
     cfg = preset("tiny")
@@ -134,7 +135,7 @@ def test_lora_dpo_runs_the_frozen_blocks_once_with_the_full_forwards_log_probabi
         torch.testing.assert_close(with_prefix, all_logprobs(policy, train, t.ctx, 4, reference=reference))
     grads = []
     idx = torch.tensor([2, 0, 3])
-    for prefix in (pre[rows(idx, train.samples.shape[1])], None):
+    for prefix in (pre[prefix_rows(idx, train.samples.shape[1])], None):
         policy.zero_grad()
         mb = train[idx]
         response_logprobs(policy, mb.queries, mb.samples, t.ctx, prefix=prefix).sum().backward()
