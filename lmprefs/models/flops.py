@@ -220,18 +220,20 @@ def head_backward(forward: int, trains: bool) -> int:
 
 
 def sample_flops(facts: ModelFacts, queries: int, q_len: int, length: int, repeats: int = 1, *, static: bool = True,
-                 adapter: Adapters | None = None) -> int:  # fmt: skip
+                 adapter: Adapters | None = None, prefix_depth: int = 0) -> int:  # fmt: skip
     """`sampling.sample`: `queries` queries of q_len tokens, `repeats` responses of `length` tokens each. The prefill
     runs each query once; with the static cache and one response per query it fills the cache of q_len + length
     slots in place and attends to all of them, with several it runs on a cache of the query's own size. Each
     decode step runs the queries * repeats rows one position, attending to every slot of a static cache (or to the
-    q_len + t tokens so far with the dynamic one). The LM head runs once per response token."""
+    q_len + t tokens so far with the dynamic one). The LM head runs once per response token. With prefix_depth d
+    (the frozen prefix kept), the last token also runs through blocks 0..d, attending to all q_len + length keys."""
     n = queries * repeats
     total_len = q_len + length
     prefill_keys = total_len if static and repeats == 1 else q_len
     flops = trunk_flops(facts, [(queries, q_len, prefill_keys)], adapter=adapter)
     steps = [(n, 1, total_len if static else q_len + t) for t in range(1, length)]
-    return flops + trunk_flops(facts, steps, adapter=adapter) + lm_head_flops(facts, n * length)
+    last = trunk_flops(facts, [(n, 1, total_len)], 0, prefix_depth) if prefix_depth else 0
+    return flops + trunk_flops(facts, steps, adapter=adapter) + last + lm_head_flops(facts, n * length)
 
 
 def merge_flops(facts: ModelFacts, adapter: Adapters) -> int:

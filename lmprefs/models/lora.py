@@ -92,6 +92,13 @@ def reset_adapter(model: nn.Module, name: str, seed: int = 0) -> None:
             m.B[name].zero_()
 
 
+def adapter_start(model: nn.Module, cfg: LoraConfig) -> int:
+    """The lowest block that add_adapter(model, cfg) gives adapters: the frozen depth (`trunk.frozen_depth`) the model
+    will have, 0 without LoRA or with adapters in every block."""
+    n = len(trunk_blocks(model))
+    return n - cfg.layers if cfg.rank > 0 and 0 < cfg.layers < n else 0
+
+
 def _top_block_modules(model: nn.Module, top: int) -> set[int] | None:
     """ids of the modules inside the top `top` transformer blocks, or None (no restriction) when top <= 0."""
 

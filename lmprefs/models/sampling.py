@@ -27,9 +27,10 @@ import torch
 from torch import Tensor
 
 from lmprefs.data.tasks import PAD
+from lmprefs.models.loading import trunk_blocks
 from lmprefs.models.precast import precast
 from lmprefs.models.token_logprobs import chunk_rows, scaled_logits
-from lmprefs.models.trunk import lm_logits, model_inputs
+from lmprefs.models.trunk import FrozenPrefix, _only_blocks, lm_logits, model_inputs
 
 
 def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
@@ -182,7 +183,8 @@ def _prefill(model, queries: Tensor, repeats: int, static) -> tuple[Tensor, Tens
 @torch.no_grad()
 def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
            generator: torch.Generator | None = None, return_hidden: bool = False, *, repeats: int = 1,
-           cache: str = "auto", compile: str | bool = "off", stop_tokens: Sequence[int] = ()):  # fmt: skip
+           cache: str = "auto", compile: str | bool = "off", stop_tokens: Sequence[int] = (),
+           prefix_depth: int | None = None):  # fmt: skip
     """Sample responses [B, length] and their logprobs [B, length] at `temperature` given queries [B, Q].
     With return_hidden, also the hidden states that predicted each token [B, length, d]: the value head reads
     them, so a rollout needs no second forward pass (the original's policy.respond returns values this way).
@@ -191,12 +193,56 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     cache (run.kv_cache) and compile (run.compile): see the module doc and `sampler_mode`. Under autocast, frozen
     weights are cast once for the call (`precast`), except for a compiled step, whose guards would see new
     forwards at every call. stop_tokens (`data.tasks.stop_tokens`): the ids that end a row; () = none, the original.
+    prefix_depth d (an int): also returns, last, the frozen prefix of query + response below block d
+    (`trunk.FrozenPrefix` [B * k, Q + length, d_model]) as the sampling pass computed it, so that the forwards that
+    score these rows with adapters only above block d (reference, reward model, PPO epochs) need not run the blocks
+    below again; it costs one more pass of the last token through those blocks. None for d = 0, and under a
+    compiled step (dynamo would trace the capture): the caller then runs `trunk.frozen_prefix` itself. Positions
+    after a row's stop token hold no token's prefix (never read: they are PAD).
     """
     static, compile = sampler_mode(cache, compile, queries.device)
     stop = torch.tensor(list(stop_tokens), dtype=queries.dtype, device=queries.device) if stop_tokens else None
     with contextlib.nullcontext() if compile else precast(model, queries.device.type):
-        return _sample(model, queries, length, temperature, vocab, generator, return_hidden, repeats=repeats,
-                       static=static, compile=compile, stop=stop)  # fmt: skip
+        if not prefix_depth or compile:
+            out = _sample(model, queries, length, temperature, vocab, generator, return_hidden, repeats=repeats,
+                          static=static, compile=compile, stop=stop)  # fmt: skip
+            return out if prefix_depth is None else (*out, None)
+        with _captured_input(trunk_blocks(model)[prefix_depth]) as seen:
+            *out, last = _sample(model, queries, length, temperature, vocab, generator, return_hidden,
+                                 repeats=repeats, static=static, compile=compile, stop=stop, last_token=True)
+        return (*out, _sampled_prefix(model, prefix_depth, seen, last, repeats, queries.shape[1] + length))
+
+
+@contextlib.contextmanager
+def _captured_input(block: torch.nn.Module):
+    """The hidden states entering `block` in each forward while inside, in order (a list the caller reads)."""
+    seen: list[Tensor] = []
+
+    def hook(module, args, kwargs):
+        seen.append(args[0] if args else kwargs["hidden_states"])
+
+    handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def _sampled_prefix(model, depth: int, seen: list[Tensor], last, repeats: int, L: int) -> FrozenPrefix:
+    """The frozen prefix [N, L, d] below block `depth` from the sampling pass: the prefill's (each query once, so
+    repeated for its k rows) and each decode step's inputs to that block, then the last drawn token's, which no
+    step fed: `last` = (token [N, 1], mask, position [N, 1], cache) runs it through the blocks below only. Steps
+    not run (every row had stopped) are zeros: PAD positions, never read."""
+    tok, mask, pos, past = last
+    with _only_blocks(model, 0, depth, final_norm=False):
+        out = model.base_model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=past,
+                               use_cache=True)  # fmt: skip
+    first, *steps = seen
+    parts = [first.repeat_interleave(repeats, 0) if repeats > 1 else first, *steps, out.last_hidden_state]
+    h = torch.cat(parts, dim=1)
+    if h.shape[1] < L:
+        h = torch.cat([h, h.new_zeros(h.shape[0], L - h.shape[1], h.shape[2])], dim=1)
+    return FrozenPrefix(model, depth, h)
 
 
 def _stopped(tok: Tensor, logp: Tensor, ended: Tensor, stop: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -207,7 +253,8 @@ def _stopped(tok: Tensor, logp: Tensor, ended: Tensor, stop: Tensor) -> tuple[Te
 
 
 def _sample(model, queries: Tensor, length: int, temperature: float, vocab: int, generator, return_hidden: bool, *,
-            repeats: int, static: bool, compile: bool, stop: Tensor | None = None):  # fmt: skip
+            repeats: int, static: bool, compile: bool, stop: Tensor | None = None,
+            last_token: bool = False):  # fmt: skip
     B, Q = queries.shape
     N = B * repeats
     device = queries.device
@@ -246,6 +293,12 @@ def _sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
         responses.append(torch.full((N, left), PAD, dtype=tok.dtype, device=device))
         logprobs.append(logp.new_zeros(N, left))
         hidden += [torch.zeros_like(h)] * left
+    out: tuple = (torch.cat(responses, 1), torch.cat(logprobs, 1))
     if return_hidden:
-        return torch.cat(responses, 1), torch.cat(logprobs, 1), torch.stack(hidden, 1)
-    return torch.cat(responses, 1), torch.cat(logprobs, 1)
+        out += (torch.stack(hidden, 1),)
+    if last_token:  # the last draw, where the next step would feed it (_sampled_prefix)
+        fed = length - left - 1  # decode steps run
+        if not static:
+            mask = torch.cat([mask, torch.ones_like(tok)], dim=1)
+        out += ((tok, mask, pos + fed, past),)
+    return out

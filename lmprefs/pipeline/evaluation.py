@@ -13,6 +13,7 @@ from lmprefs.data.tasks import PAD, decode, stop_tokens, truncate_responses
 from lmprefs.labels.labelers import score_texts
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
+from lmprefs.models.trunk import FrozenPrefix, frozen_depth
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import progress
@@ -60,15 +61,18 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
     per_query, texts, kls, every, lens = [], [], [], [], []
     bar = progress(len(queries), desc)
     mine = dist.shard(queries)
+    # the reference pass starts from the sampling pass's frozen prefix where the reference is the sampled model's
+    # base (LoRA in its top blocks)
+    depth = frozen_depth(t.model) if ref_model is t.model else 0
     for i in range(0, len(mine), max(1, batch_size // samples_per_query)):
         q = mine[i : i + max(1, batch_size // samples_per_query)].to(t.device)
         formatted = t.ctx.format(q)
         with t.ctx.autocast(), using(t.model, adapter):
-            r, logp = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen,
-                             repeats=samples_per_query, stop_tokens=stop,
-                             **sampler_options(t.cfg.run))
+            r, logp, prefix = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen,
+                                     repeats=samples_per_query, stop_tokens=stop, prefix_depth=depth,
+                                     **sampler_options(t.cfg.run))  # fmt: skip
         if ref_model is not None:
-            kls += _kl(t, ref_model, formatted, r, logp, samples_per_query, kl_batch_size)
+            kls += _kl(t, ref_model, formatted, r, logp, samples_per_query, kl_batch_size, prefix=prefix)
         lens += (r != PAD).sum(1).tolist()
         post = truncate_responses(r, task.truncate_token, task.truncate_after)
         resp = decode(t.tok, post, stop)
@@ -97,15 +101,15 @@ def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None
 
 
 def _kl(t: Task, ref_model, queries: torch.Tensor, responses: torch.Tensor, logp: torch.Tensor, repeats: int,
-        batch_size: int) -> list[float]:  # fmt: skip
+        batch_size: int, *, prefix: FrozenPrefix | None = None) -> list[float]:  # fmt: skip
     """Per sample, the sum over its real tokens of logp - logp_ref: queries [B, Q], responses and logp
-    [B * repeats, T]."""
+    [B * repeats, T]; `prefix`: the rows' frozen prefix [B * repeats, Q + T, d] (the sampler's)."""
     out, per = [], max(1, batch_size // repeats)
     for j in range(0, len(queries), per):
         rows = slice(j * repeats, (j + per) * repeats)
         with t.ctx.autocast(), using(ref_model, None):
             ref = ref_logprobs(ref_model, queries[j : j + per], responses[rows], t.cfg.task.temperature, len(t.tok),
-                               repeats=repeats)  # fmt: skip
+                               prefix[rows] if prefix is not None else None, repeats)  # fmt: skip
         # rows that stopped at a stop token: the padding after it is no token of either policy
         diff = torch.where(responses[rows] != PAD, logp[rows].float() - ref.float(), 0.0)
         out += diff.sum(1).tolist()

@@ -16,12 +16,14 @@ from lmprefs.labels.formats import LabelFileError, import_file
 from lmprefs.labels.labelers import label_items, make_labeler, score_fn
 from lmprefs.labels.store import LabelStore, check_store_path
 from lmprefs.labels.types import get as get_label_type
-from lmprefs.models.lora import using
+from lmprefs.models.loading import hidden_size
+from lmprefs.models.lora import adapter_start, using
 from lmprefs.models.sampling import sampler_options
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import progress
-from lmprefs.training.reward import sample_comparisons, tokenizer_id
+from lmprefs.training.prefix_share import SharedPrefixes
+from lmprefs.training.reward import PREFIX_CACHE_BYTES, sample_comparisons, tokenizer_id
 
 
 def open_store(path: str | Path):
@@ -47,12 +49,16 @@ def label_source(source: str):
 
 def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source: str = "lmprefs label",
                    batch: str | None = None, seed: int | None = None, queries: torch.Tensor | None = None,
-                   model=None, adapter: str | None = None) -> dict:  # fmt: skip
+                   model=None, adapter: str | None = None, keep_prefixes: bool = False) -> dict:  # fmt: skip
     """Sample `n` questions of N continuations from the initial policy (or `model` with `adapter`: the current
     policy, in online mode), put them in the store, and have the simulated labeler judge them ('none': queue them
     for people). Returns counts and timings.
     Under several ranks each samples a strided share of the questions with its own seed, and rank 0 alone writes
-    them all (in the order one process would) and labels them; `store` may be None on the other ranks."""
+    them all (in the order one process would) and labels them; `store` may be None on the other ranks.
+    keep_prefixes: also return, as "prefixes", the sampling pass's frozen prefixes of the questions' rows below the
+    blocks that lora gives adapters (`SharedPrefixes`, for train_reward_model through t.shared_prefixes), so that
+    a reward model trained on these labels in this process runs only its adapted blocks; None in one process of
+    several, without frozen blocks, or beyond PREFIX_CACHE_BYTES."""
 
     cfg = t.cfg
     lt = get_label_type(cfg.labels.type)
@@ -74,11 +80,15 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
 
     bar = progress(n, "sampling comparisons")
     model = t.model if model is None else model
+    depth = adapter_start(model, cfg.lora) if keep_prefixes and dist.world() == 1 else 0
+    L = t.ctx.format(q[:1]).shape[1] + cfg.task.response_length
+    if depth and n * S * L * hidden_size(model) * 4 > PREFIX_CACHE_BYTES:  # fp32, as label_prefixes bounds them
+        depth = 0
     with using(model, adapter):
-        samples = sample_comparisons(model, t.tok, dist.shard(q), cfg.task, t.ctx, S,
-                                     batch_size=max(1, cfg.train_reward.rollout_batch_size // dist.world()), gen=gen,
-                                     on_batch=lambda k: bar.update(k * dist.world()),
-                                     sampler=sampler_options(cfg.run))  # fmt: skip
+        samples, hidden = sample_comparisons(model, t.tok, dist.shard(q), cfg.task, t.ctx, S,
+                                             batch_size=max(1, cfg.train_reward.rollout_batch_size // dist.world()),
+                                             gen=gen, on_batch=lambda k: bar.update(k * dist.world()),
+                                             sampler=sampler_options(cfg.run), prefix_depth=depth)  # fmt: skip
     bar.close()
     if dist.world() > 1:
         samples = dist.interleave(dist.all_gather_objects(samples))  # [n, S, T], question i from rank i % W
@@ -105,5 +115,8 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
         items = [store.get_item(i) for i in item_ids]
         added = label_items(store, sim, name, items)
     dist.barrier()
+    prefixes = None
+    if hidden is not None:
+        prefixes = SharedPrefixes(depth, {item: i for i, item in enumerate(item_ids)}, q, samples, hidden)
     return {"items": n, "labels_added": added, "labeler": name, "sample_seconds": t_sample,
-            "seconds": time.time() - t0}  # fmt: skip
+            "seconds": time.time() - t0, "prefixes": prefixes}  # fmt: skip

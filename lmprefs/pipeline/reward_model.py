@@ -31,6 +31,7 @@ from lmprefs.training.prefix_share import SharedPrefixes
 from lmprefs.training.reward import (
     PREFIX_CACHE_BYTES,
     Comparisons,
+    QuestionPrefixes,
     evaluate,
     examples_to_comparisons,
     label_prefixes,
@@ -141,16 +142,18 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
                "labelers": by_labeler}  # fmt: skip
     gap = cfg.labels.min_score_gap
     scales = lt.target_scales(train.labels())  # scalar ratings: the scores' mean and std; None for choices
-    summary |= before_training(t, rm, held, lt, gen, scales)
-    cache = None
-    if cfg.train_reward.epochs > 1 and frozen_depth(rm.lm) > 0:
-        # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory;
-        # computed once for several reward models when the caller shared them (the same rows, the same values)
-        cache = t.shared_prefixes.for_data(rm, train) if t.shared_prefixes is not None else None
-        if cache is None and prefix_bytes(rm.lm, train, t.ctx) <= PREFIX_CACHE_BYTES:
+    # the frozen blocks' outputs for these rows when the caller has them (the labeling pass's, or computed once for
+    # several reward models): the same rows, the same values
+    shared = t.shared_prefixes
+    held_cache = shared.for_data(rm, held) if shared is not None else None
+    summary |= before_training(t, rm, held, lt, gen, scales, held_cache)
+    cache = shared.for_data(rm, train) if shared is not None else None
+    if cache is None and cfg.train_reward.epochs > 1 and frozen_depth(rm.lm) > 0:
+        # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory
+        if prefix_bytes(rm.lm, train, t.ctx) <= PREFIX_CACHE_BYTES:
             bar = progress(len(train), "reward model: frozen blocks")
-            cache = label_prefixes(rm.lm, train, t.ctx,
-                                    cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)  # fmt: skip
+            own = label_prefixes(rm.lm, train, t.ctx, cfg.train_reward.microbatch or cfg.train_reward.batch_size, bar)
+            cache = QuestionPrefixes.own(own, train) if own is not None else None
             bar.close()
     bar = progress(len(train) * cfg.train_reward.epochs, "training reward model")
     rm.train()
@@ -160,11 +163,11 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
     bar.close()
     # a regression is evaluated in the scores' units, before normalize_after rescales its output (the correlation and
     # the pair accuracy do not change with the scale)
-    final = evaluate(rm, held, lt, t.ctx, min_gap=gap) if scales else None
+    final = evaluate(rm, held, lt, t.ctx, min_gap=gap, prefixes=held_cache) if scales else None
     if cfg.train_reward.normalize_after:
         na = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
         summary["norm_after"] = {"mean": na["mean_before"], "std": na["std_before"]}
-    summary |= final or evaluate(rm, held, lt, t.ctx, min_gap=gap)
+    summary |= final or evaluate(rm, held, lt, t.ctx, min_gap=gap, prefixes=held_cache)
     summary |= {"final_minibatch": last, "seconds": time.time() - t0}
     if log is not None:
         # the wall-clock seconds under PPO's name for them (elapsed/time), which comparisons of runs leave out
@@ -191,12 +194,14 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
     return rm, summary
 
 
-def before_training(t: Task, rm: RewardModel, held, lt, gen: torch.Generator, scales) -> dict:
+def before_training(t: Task, rm: RewardModel, held, lt, gen: torch.Generator, scales,
+                    held_cache: QuestionPrefixes | None = None) -> dict:  # fmt: skip
     """Normalize the untrained reward model (train_reward.normalize_before) and evaluate it on the held-out labels:
     summary's norm_before and initial_* entries. An untrained reward model is the same for every label count of
     one seed (its init and the held-out split follow run.seed; its target is (0, 1) for choices), so with
     t.shared_before (a dict the caller keeps across the arms) the second and later of them take the first's
-    figures, gain, bias and sampler state instead of sampling and scoring again: bitwise the same model after."""
+    figures, gain, bias and sampler state instead of sampling and scoring again: bitwise the same model after.
+    held_cache: the frozen prefixes of the held-out rows, when the caller has them."""
     cfg, memo = t.cfg, t.shared_before
     key = None
     if memo is not None and scales is None and held.items is not None:
@@ -215,7 +220,8 @@ def before_training(t: Task, rm: RewardModel, held, lt, gen: torch.Generator, sc
         target = (0.0, 1.0) if scales is None else (float(scales[0]), max(float(scales[1]), 1e-6))
         nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen, target=target)
         out["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
-    out |= {f"initial_{k}": v for k, v in evaluate(rm, held, lt, t.ctx, min_gap=cfg.labels.min_score_gap).items()}
+    initial = evaluate(rm, held, lt, t.ctx, min_gap=cfg.labels.min_score_gap, prefixes=held_cache)
+    out |= {f"initial_{k}": v for k, v in initial.items()}
     if key is not None and memo is not None:
         memo[key] = {"summary": dict(out), "gen_state": gen.get_state()}
     return out

@@ -33,6 +33,9 @@ class Counts(NamedTuple):
     shared_queries: bool = True
     """Whether the model's attention lets a question's samples share one pass of its query (SDPA:
     trunk.shares_queries); the sampler shares it whatever the attention."""
+    labeling_prefixes: bool = True
+    """Whether the reward model takes its labels' frozen prefixes from the labeling pass (the quickstart:
+    collect_labels with keep_prefixes) rather than computing them."""
 
 
 def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
@@ -40,26 +43,31 @@ def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
     config `cfg`, model `facts` (lmprefs.models.flops.ModelFacts) and the run's sizes `n`, as the code runs them:
 
     - evaluate initial / final: `evaluate_policy` samples eval_samples responses per held-out query (one prefill per
-      query); the final one also runs the reference (adapters off) on them for the KL, each query once;
-    - sample and label: `collect_labels` samples best-of-N questions, one prefill per question;
+      query); the final one also runs the reference (adapters off) on them for the KL, each query once, on the
+      blocks above the sampler's frozen prefix;
+    - sample and label: `collect_labels` samples best-of-N questions, one prefill per question, keeping the frozen
+      prefix of their rows (n.labeling_prefixes);
     - train reward model: `train_reward_model` samples train_reward.normalize_samples responses and scores them
       before and after training, evaluates the held-out labels before and after (one pass per question's query),
       runs the frozen blocks below the LoRA adapters once for all epochs (`label_prefixes`, when there are several
-      epochs and it fits PREFIX_CACHE_BYTES) and trains the adapted blocks (or the whole model) for its epochs;
-    - PPO: per update, `make_rollout` samples with the policy, runs the frozen prefix once, reads the values from
-      the sampler's hidden states (a separate value model runs its own forward), runs the reference and the reward
-      model on the blocks above the prefix, then noptepochs passes of forward and backward over the batch; at the
-      end the policy's adapters are merged for its export.
+      epochs and it fits PREFIX_CACHE_BYTES; not at all when the labeling pass kept them, and the held-out labels
+      then start from them too) and trains the adapted blocks (or the whole model) for its epochs;
+    - PPO: per update, `make_rollout` samples with the policy keeping the frozen prefix (a compiled sampler keeps
+      none: the rollout then runs it), reads the values from the sampler's hidden states (a separate value model
+      runs its own forward), runs the reference and the reward model on the blocks above the prefix, then
+      noptepochs passes of forward and backward over the batch; at the end the policy's adapters are merged for
+      its export.
     """
     p = _Passes(cfg, facts, n)
     m = n.eval_samples
     out: dict[str, dict[str, int]] = {"assets and model": {}}
     out["evaluate initial"] = {"sample": p.sample(n.eval_queries, m)}
-    out["sample and label"] = {"sample": p.sample(n.questions, p.S)}
+    out["sample and label"] = {"sample": p.sample(n.questions, p.S, keep=n.labeling_prefixes)}
     out["train reward model"] = _reward_model_flops(p, prefix_cache_bytes())
     out["PPO"] = _ppo_flops(p)
-    out["evaluate final"] = {"sample": p.sample(n.eval_queries, m, p.ad),
-                             "reference": F.trunk_flops(facts, p.qr(n.eval_queries, m))
+    ref_lo = p.start if p.kept else 0
+    out["evaluate final"] = {"sample": p.sample(n.eval_queries, m, p.ad, keep=True),
+                             "reference": F.trunk_flops(facts, p.qr(n.eval_queries, m), ref_lo)
                              + F.lm_head_flops(facts, n.eval_queries * m * p.T)}  # fmt: skip
     return out
 
@@ -75,9 +83,14 @@ class _Passes:
         self.S = label_type_shape(cfg.labels.type)[1]
         self.ad = F.Adapters.from_lora(facts, cfg.lora)  # the active adapter of the policy, value and reward model
         self.start = self.ad.start if self.ad else 0  # blocks below run once per batch (the frozen prefix)
+        run = cfg.run
+        compiled = run.compile == "on" or (run.compile == "auto" and facts.cuda and self.static)
+        self.kept = self.start > 0 and not compiled  # the sampler keeps the frozen prefix it computes
 
-    def sample(self, queries: int, repeats: int, adapter=None) -> int:
-        return F.sample_flops(self.facts, queries, self.Q, self.T, repeats, static=self.static, adapter=adapter)
+    def sample(self, queries: int, repeats: int, adapter=None, *, keep: bool = False) -> int:
+        """Sampling, keeping the frozen prefix (`keep`) where the sampler can."""
+        return F.sample_flops(self.facts, queries, self.Q, self.T, repeats, static=self.static, adapter=adapter,
+                              prefix_depth=self.start if keep and self.kept else 0)  # fmt: skip
 
     def qr(self, queries: int, repeats: int) -> list:
         return F.query_response_segments(queries, self.Q, self.T, repeats, shared=self.n.shared_queries)
@@ -98,11 +111,13 @@ def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
         rm["normalize: sample"] = norms * p.sample(n_norm, 1)
         rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), adapter=ad)
                                           + F.scalar_head_flops(facts, n_norm))  # fmt: skip
+    labeled = n.labeling_prefixes and p.kept  # the labeling pass kept every labeled row's frozen prefix
     if n.labels_heldout:
-        rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, p.qr(n.labels_heldout, S), adapter=ad)
+        rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, p.qr(n.labels_heldout, S), start if labeled else 0,
+                                                       None, ad)
                                          + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
-    cached = tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= cache_bytes
-    if cached:
+    cached = labeled or (tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= cache_bytes)
+    if cached and not labeled:
         rm["frozen prefix, once"] = F.trunk_flops(facts, p.qr(n.labels_train, S), 0, start)
     # under FSDP a question's samples are repeated rows (reward.train_epoch); in one process the quickstart shares
     train_segments = (p.qr(n.labels_train, S) if cfg.run.parallel != "fsdp"
@@ -123,8 +138,8 @@ def _ppo_flops(p: _Passes) -> dict[str, int]:
     # a separate value model: an adapter above the prefix, or with full fine-tuning a whole trunk of its own
     value_lo = start if ad else 0
     ppo = {
-        "rollout: sample": p.sample(B, 1, ad),
-        "rollout: frozen prefix": F.trunk_flops(facts, rows, 0, start) if start else 0,
+        "rollout: sample": p.sample(B, 1, ad, keep=True),
+        "rollout: frozen prefix": F.trunk_flops(facts, rows, 0, start) if start and not p.kept else 0,
         "rollout: values": F.scalar_head_flops(facts, B * T)
         + (F.trunk_flops(facts, rows, value_lo, None, ad) if separate else 0),
         "rollout: reference": F.trunk_flops(facts, rows, start) + F.lm_head_flops(facts, B * T),
@@ -143,8 +158,8 @@ def _ppo_flops(p: _Passes) -> dict[str, int]:
 
 # GFLOP/s each quickstart stage reached (docs/results.md, the SmolLM2 quickstart against its floor: AMD EPYC with
 # AVX512-BF16, 2 cores, bf16 autocast); model loads are seconds, not FLOPs
-MEASURED_GFLOPS = {"evaluate initial": 204.0, "sample and label": 188.0, "train reward model": 257.0, "PPO": 230.0,
-                   "evaluate final": 254.0}  # fmt: skip
+MEASURED_GFLOPS = {"evaluate initial": 224.1, "sample and label": 200.0, "train reward model": 234.7, "PPO": 197.6,
+                   "evaluate final": 218.5}  # fmt: skip
 MODEL_LOAD_S = 5.2
 
 
@@ -185,7 +200,7 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
 
     def stages(n_labels: int) -> dict[str, dict[str, int]]:
         n = Counts(shape.q_len, shape.train_queries, n_eval, samples, questions, n_labels, held,
-                   cfg.ppo.num_updates, shape.shared_queries)  # fmt: skip
+                   cfg.ppo.num_updates, shape.shared_queries, labeling_prefixes=False)  # fmt: skip
         return stage_flops(cfg, facts, n)
 
     def row(stage: str, runs: int, flops: float, rate: str | None) -> dict:

@@ -120,14 +120,18 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     say(f"[3/6] sampling {cfg.labels.num_train} comparisons and labeling them with {cfg.labels.labeler}", flush=True)
     store = open_store(run_dir / "labels.sqlite") if dist.is_main() else None
     n_questions = math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction))
-    collect_labels(t, store, n_questions, source="quickstart")
+    # the sampling pass keeps the frozen blocks' outputs of the labeled rows: the reward model then runs only its
+    # adapted blocks on them
+    labeled = collect_labels(t, store, n_questions, source="quickstart", keep_prefixes=True)
     store = store or open_store(run_dir / "labels.sqlite")  # the other ranks read it once rank 0 has written it
     stages["sample and label"] = time.time() - s
 
     s = time.time()
     say("[4/6] training the reward model", flush=True)
     log = open_logger(run_dir, cfg)
+    t.shared_prefixes = labeled.get("prefixes")
     rm, rm_summary = train_reward_model(t, store, run_dir / "reward_model", log)
+    t.shared_prefixes = None  # their memory, for PPO
     rm.freeze()
     stages["train reward model"] = time.time() - s
     say(f"      held-out accuracy {rm_summary.get('heldout/accuracy', float('nan')):.3f} "

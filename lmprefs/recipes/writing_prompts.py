@@ -64,9 +64,9 @@ def demo_data(cfg: Config, out: Path, n_prompts: int, per_prompt: int, true_fn) 
     queries = t.train_queries[pick[:n_prompts]]
     gen = torch.Generator(device=t.device).manual_seed(cfg.run.seed + 29)
     bar = progress(n_prompts, "demo data: sampling stories")
-    samples = sample_comparisons(t.model, t.tok, queries, task, t.ctx, per_prompt,
-                                 batch_size=cfg.train_reward.rollout_batch_size, gen=gen, on_batch=bar.update,
-                                 sampler=sampler_options(cfg.run))  # fmt: skip
+    samples, _ = sample_comparisons(t.model, t.tok, queries, task, t.ctx, per_prompt,
+                                    batch_size=cfg.train_reward.rollout_batch_size, gen=gen, on_batch=bar.update,
+                                    sampler=sampler_options(cfg.run))  # fmt: skip
     bar.close()
     prompts = decode(t.tok, queries)
     responses = response_texts(t.tok, samples.flatten(0, 1), task)

@@ -1,9 +1,12 @@
 """The frozen prefix of labeled rows (the residual stream entering the lowest LoRA block of a reward model), computed
 once and shared by every reward model that trains on a subset of the same labels with the same base model and the
-same adapter placement: the arms and seeds of `experiment mock-sentiment`.
+same adapter placement: the arms and seeds of `experiment mock-sentiment`; or kept from the sampling pass that drew
+the labeled rows (`pipeline.labeling.collect_labels` with keep_prefixes, the quickstart), which ran those blocks
+over the same tokens already.
 
 The bottom blocks carry no adapter and the base is frozen, so the prefix of a (query, sample) row depends on the row's
-tokens, the base weights and the autocast dtype only, not on the reward model's init, its label subset or its seed.
+tokens, the base weights and the autocast dtype only, not on the reward model's init, its label subset or its seed
+(the sampling pass's, computed a position at a time, equal the others up to float rounding).
 `for_data` hands a reward model the rows of its own training set, in its order, or None when the store lacks one of
 them or the tokens differ: the caller then computes its own, so sharing can never change which rows train."""
 
@@ -17,7 +20,7 @@ from torch import Tensor
 from lmprefs.data.tasks import TaskContext
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth
-from lmprefs.training.reward import Comparisons, label_prefixes
+from lmprefs.training.reward import Comparisons, QuestionPrefixes, label_prefixes
 
 
 @dataclass
@@ -44,9 +47,10 @@ class SharedPrefixes:
     def nbytes(self) -> int:
         return self.hidden.numel() * self.hidden.element_size()
 
-    def for_data(self, rm: RewardModel, data: Comparisons) -> FrozenPrefix | None:
-        """The prefixes of `data`'s rows in its order, as label_prefixes(rm.lm, data) gives them, or None when a row is
-        missing, its tokens differ from the stored ones, or rm's adapters start at another block."""
+    def for_data(self, rm: RewardModel, data: Comparisons) -> QuestionPrefixes | None:
+        """The prefixes of `data`'s rows, as label_prefixes(rm.lm, data) gives them (looked up in place, not copied),
+        or None when a row is missing, its tokens differ from the stored ones, or rm's adapters start at another
+        block."""
         if frozen_depth(rm.lm) != self.start or len(data) == 0 or data.items is None:
             return None
         found = [self.items.get(int(i)) for i in data.items.tolist()]
@@ -55,6 +59,4 @@ class SharedPrefixes:
         idx = torch.tensor(found, dtype=torch.long)
         if not (torch.equal(self.queries[idx], data.queries) and torch.equal(self.samples[idx], data.samples)):
             return None
-        S = data.samples.shape[1]
-        rows = (idx.unsqueeze(1) * S + torch.arange(S)).flatten()
-        return FrozenPrefix(rm.lm, self.start, self.hidden[rows.to(self.hidden.device)])
+        return QuestionPrefixes(FrozenPrefix(rm.lm, self.start, self.hidden), idx, data.samples.shape[1])

@@ -163,35 +163,43 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
 
 @torch.no_grad()
 def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, ctx: TaskContext, n_samples: int, *,
-                       batch_size: int, gen: torch.Generator, on_batch=None, sampler: dict | None = None) -> Tensor:
-    """n_samples truncated responses per query from the initial policy: [N, n_samples, T] (PAD after truncation).
-    `sampler`: the sampler's cache/compile options (`sampler_options(cfg.run)`).
-    The samples of one question come from one batch, in which its query runs through the model once."""
-    out = []
+                       batch_size: int, gen: torch.Generator, on_batch=None, sampler: dict | None = None,
+                       prefix_depth: int = 0) -> tuple[Tensor, Tensor | None]:  # fmt: skip
+    """n_samples truncated responses per query from the initial policy: [N, n_samples, T] (PAD after truncation),
+    and with prefix_depth d > 0 the sampling pass's frozen prefix below block d of every row [N * n_samples, L,
+    d_model] (`sample`'s), else None. `sampler`: the sampler's cache/compile options
+    (`sampler_options(cfg.run)`). The samples of one question come from one batch, in which its query runs through
+    the model once."""
+    out, hidden = [], []
     per = max(1, batch_size // n_samples)
     for start in range(0, len(queries), per):
         q = queries[start : start + per]
         with ctx.autocast():
-            r, _ = sample(model, ctx.format(q), task.response_length, task.temperature, len(tok), gen,
-                          repeats=n_samples, stop_tokens=stop_tokens(task, tok), **(sampler or {}))  # fmt: skip
+            r, _, pre = sample(model, ctx.format(q), task.response_length, task.temperature, len(tok), gen,
+                               repeats=n_samples, stop_tokens=stop_tokens(task, tok), prefix_depth=prefix_depth,
+                               **(sampler or {}))  # fmt: skip
         r = truncate_responses(r, task.truncate_token, task.truncate_after)
         out.append(r.view(len(q), n_samples, -1).cpu())
+        if pre is not None:
+            hidden.append(pre.hidden)
         if on_batch:
             on_batch(len(q))
-    return torch.cat(out)
+    return torch.cat(out), torch.cat(hidden) if hidden else None
 
 
 def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, ctx: TaskContext, batch_size: int = 64,
-               repeats: int = 1) -> Tensor:  # fmt: skip
+               repeats: int = 1, prefixes: QuestionPrefixes | None = None) -> Tensor:  # fmt: skip
     """Rewards [B * k] of queries [B, Q] each answered by k = repeats consecutive responses [B * k, T], in batches
-    of about `batch_size` rows, without gradients."""
+    of about `batch_size` rows, without gradients. `prefixes`: the frozen prefixes of these B questions' rows (only
+    the blocks above them then run)."""
     out, per = [], max(1, batch_size // repeats)
     with torch.no_grad():
         for i in range(0, len(queries), per):
             q = ctx.format(queries[i : i + per])
+            pre = prefixes.rows(torch.arange(i, i + len(q))) if prefixes is not None else None
             with ctx.autocast():
                 r = responses[i * repeats : (i + per) * repeats].to(ctx.device)
-                out.append(rm(q, r, None, repeats).float().cpu())
+                out.append(rm(q, r, pre, repeats).float().cpu())
     return torch.cat(out)
 
 
@@ -226,16 +234,16 @@ def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: Ta
 
 
 def evaluate(rm: RewardModel, data: Comparisons, label_type, ctx: TaskContext, batch_size=32,
-             min_gap: float = 0.0) -> dict:  # fmt: skip
+             min_gap: float = 0.0, prefixes: QuestionPrefixes | None = None) -> dict:  # fmt: skip
     """Held-out loss and accuracy of the reward model on labeled questions. Accuracy: how often the chosen sample gets
     the highest reward; for scalar ratings, how often the reward orders two responses to one prompt as their scores
     do (pairs whose scores differ by more than `min_gap`), so that both ways of learning from scores are compared on
-    one figure, and the Pearson correlation of rewards and scores."""
+    one figure, and the Pearson correlation of rewards and scores. `prefixes`: the frozen prefixes of data's rows."""
     if len(data) == 0:
         return {}
     S = data.samples.shape[1]
-    rewards = rm_rewards(rm, data.queries, data.samples.flatten(0, 1), ctx, batch_size * S,
-                         repeats=S).view(len(data), S)  # fmt: skip
+    rewards = rm_rewards(rm, data.queries, data.samples.flatten(0, 1), ctx, batch_size * S, repeats=S,
+                         prefixes=prefixes).view(len(data), S)  # fmt: skip
     out = label_type.loss(rewards, data.labels())
     summary = {"heldout/loss": float(out["loss"]), "heldout/n": len(data)}
     if "accuracy" in out:
@@ -279,6 +287,28 @@ def prefix_rows(questions: Tensor, S: int) -> Tensor:
     return (questions.unsqueeze(1) * S + torch.arange(S)).flatten()
 
 
+@dataclass
+class QuestionPrefixes:
+    """The frozen prefixes of a label set's rows, looked up by question: `prefix` holds S rows per question of some
+    questions (row i * S + j: sample j of question i, as `label_prefixes` lays them out) and the label set's question
+    n is its question `index[n]`, so rows computed once for more questions (the labeling pass's, or several reward
+    models', `SharedPrefixes`) serve a subset of them without a copy."""
+
+    prefix: FrozenPrefix
+    index: Tensor  # [N]
+    samples: int  # S
+
+    @classmethod
+    def own(cls, prefix: FrozenPrefix, data: Comparisons) -> QuestionPrefixes:
+        """label_prefixes(lm, data): the label set's own rows, in its order."""
+        return cls(prefix, torch.arange(len(data)), data.samples.shape[1])
+
+    def rows(self, questions: Tensor) -> FrozenPrefix:
+        """[len(questions) * S, L, d]: the prefixes of the label set's `questions` [n], sample by sample."""
+        rows = prefix_rows(self.index[questions], self.samples)
+        return self.prefix[rows.to(self.prefix.hidden.device)]
+
+
 def prefix_bytes(lm, data: Comparisons, ctx: TaskContext) -> int:
     """What label_prefixes(lm, data) would hold in memory (fp32 residual stream of every row)."""
     S = data.samples.shape[1]
@@ -287,11 +317,12 @@ def prefix_bytes(lm, data: Comparisons, ctx: TaskContext) -> int:
 
 
 def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx: TaskContext, *, log=None, bar=None,
-                cache: FrozenPrefix | None = None) -> dict:  # fmt: skip
+                cache: QuestionPrefixes | None = None) -> dict:  # fmt: skip
     """train_reward.epochs passes over `data`, each in a fresh random permutation, the LR decaying linearly to 0
     over all of them (train_reward.py:train l.241-249, which makes one pass). A minibatch of train_reward.batch_size
     questions runs as forwards of train_reward.microbatch questions whose gradients add up (the same step, less
-    memory). `cache`: label_prefixes(rm.lm, data), so the frozen bottom blocks are not run again.
+    memory). `cache`: the frozen prefixes of data's rows (`label_prefixes`), so the frozen bottom blocks are not run
+    again.
     Under several ranks every rank draws the same permutation and takes a strided share of each global batch; DDP
     averages the gradients, with each rank's loss weighted so that the average is the global batch's mean."""
 
@@ -328,8 +359,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx
                 q = ctx.format(mb.queries)  # [b, Q']
                 if shared == 1:
                     q = q.repeat_interleave(S, 0)  # [b*S, Q']
-                rows = prefix_rows(sub, S)  # this microbatch's rows of the cache
-                pre = cache[rows.to(cache.hidden.device)] if cache is not None else None
+                pre = cache.rows(sub) if cache is not None else None  # this microbatch's rows of the cache
                 # the mean over the global batch: this share's sum / len(idx), times W because DDP divides by W
                 share = 0.0 if empty else len(sub) * W / len(idx)
                 # gradients of all but the last microbatch stay local; the last backward averages the sum

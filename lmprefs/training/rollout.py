@@ -23,7 +23,7 @@ from lmprefs.models import parallel
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.token_logprobs import token_logprobs
-from lmprefs.models.trunk import FrozenPrefix, frozen_prefix, response_logits_hidden
+from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix, response_logits_hidden
 from lmprefs.runtime.device import compiles_forwards
 from lmprefs.training.masked import partial_mask
 from lmprefs.training.policy_run import PolicyRun, ScoreFn
@@ -91,15 +91,17 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
     q = ctx.format(queries)
 
     def policy_pass():
-        # logprobs and values come from the sampling pass itself (policy.respond in the original): no extra forward
+        # logprobs and values come from the sampling pass itself (policy.respond in the original): no extra forward;
+        # with LoRA in the top blocks, so does the frozen prefix below them, which the reference, the reward model
+        # and every PPO epoch of this batch then start from (None when all blocks train)
         with using(policy.lm, policy.adapter):
-            responses, logprobs, hidden = sample(policy.lm, q, task.response_length, task.temperature, policy.vocab,
-                                                 run.gen_sample, return_hidden=True, repeats=k, stop_tokens=stop,
-                                                 **sampler_options(cfg.run))  # fmt: skip
+            responses, logprobs, hidden, prefix = sample(
+                policy.lm, q, task.response_length, task.temperature, policy.vocab, run.gen_sample,
+                return_hidden=True, repeats=k, stop_tokens=stop, prefix_depth=frozen_depth(policy.lm),
+                **sampler_options(cfg.run))  # fmt: skip
         q_rows = q.repeat_interleave(k, 0) if k > 1 else q  # [B, Q] one row per sample
-        # with LoRA in the top blocks, the frozen blocks below run once here for the reference, the reward model
-        # and every PPO epoch of this batch (None when all blocks train)
-        prefix = frozen_prefix(policy.lm, torch.cat([q_rows, responses], dim=1))
+        if prefix is None:  # a compiled sampler's step keeps none
+            prefix = frozen_prefix(policy.lm, torch.cat([q_rows, responses], dim=1))
         # RLOO's baseline is the other samples' returns: the value head is neither read nor trained
         values = torch.zeros_like(logprobs) if k > 1 else policy.values_from(q_rows, responses, hidden, prefix)
         return q_rows, responses, logprobs, values, prefix

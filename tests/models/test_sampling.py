@@ -1,3 +1,5 @@
+import copy
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -5,6 +7,7 @@ import torch
 from torch import nn
 
 from lmprefs.data.tasks import PAD
+from lmprefs.models.loading import trunk_blocks
 from lmprefs.models.sampling import _STATIC_CACHES, sample
 from lmprefs.models.token_logprobs import token_logprobs
 from lmprefs.models.trunk import response_logits_hidden
@@ -191,3 +194,42 @@ def test_repeats_sample_as_the_repeated_queries_with_one_prefill(tiny_lm):
     finally:
         hook.remove()
     assert rows[0] == _padded_queries(tok).shape and all(r == (12, 1) for r in rows[1:])
+
+
+def test_sampled_prefix_equals_the_frozen_prefix_of_the_sampled_rows(tiny_lm):
+    """sample(prefix_depth=d) hands back the frozen prefix below block d of query + response as trunk.frozen_prefix
+    computes it from the sampled rows, at every real position: with either cache, repeats, rows that stop early (the
+    stop token's own position included), on GPT-2 and Llama, in fp32 and under bf16 autocast; the draws are those
+    of a call without it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmprefs.config import LoraConfig
+    from lmprefs.models.lora import add_adapter
+    from lmprefs.models.trunk import frozen_prefix
+    from lmprefs.runtime.device import autocast
+
+    model, tok = tiny_lm
+    torch.manual_seed(0)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=64)).eval()  # fmt: skip
+    cases = ((copy.deepcopy(model), len(tok), _padded_queries(tok), 1),
+             (llama, 300, torch.tensor([[5, 6, 7, 8], [PAD, PAD, 9, 10]]), 2))  # fmt: skip
+    for m, vocab, q, depth in cases:
+        add_adapter(m, LoraConfig(rank=2, layers=len(trunk_blocks(m)) - depth), "policy")  # frozen_depth(m) == depth
+        stop = tuple(range(0, vocab, 7))  # some rows stop early
+        for cache, dtype, repeats in itertools.product(("dynamic", "static"), (None, torch.bfloat16), (1, 3)):
+            with autocast(torch.device("cpu"), dtype or torch.float32):
+                r, lp, pre = sample(m, q, 7, 0.7, vocab, torch.Generator().manual_seed(4), repeats=repeats,
+                                    cache=cache, stop_tokens=stop, prefix_depth=depth)  # fmt: skip
+                plain = sample(m, q, 7, 0.7, vocab, torch.Generator().manual_seed(4), repeats=repeats, cache=cache,
+                               stop_tokens=stop)  # fmt: skip
+                rows = torch.cat([q.repeat_interleave(repeats, 0), r], dim=1)
+                want = frozen_prefix(m, rows)
+            assert r.equal(plain[0]) and lp.equal(plain[1])
+            assert pre.start == want.start == depth and pre.hidden.shape == want.hidden.shape
+            real = rows != PAD
+            assert (r == PAD).any() and real[:, q.shape[1]:].any()  # the case this test is about
+            tol = 1e-5 if dtype is None else 5e-2
+            err = (pre.hidden - want.hidden)[real].abs().max()
+            assert err <= tol, (type(m).__name__, cache, dtype, repeats, err)

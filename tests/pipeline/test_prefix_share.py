@@ -80,3 +80,27 @@ def test_rows_the_shared_prefixes_lack_are_computed(store_and_shared, tmp_path):
     changed = R(shared, samples=shared.samples.clone())
     changed.samples[changed.items[int(train.items[0])], 0, 0] += 1  # another store's tokens under the same item id
     assert changed.for_data(rm, train) is None
+
+
+def test_the_labeling_pass_keeps_the_prefixes_its_reward_model_trains_on(tmp_path, monkeypatch):
+    """collect_labels(keep_prefixes=True) keeps the sampling pass's frozen prefix of every row it labels; a reward
+    model trained on those labels takes its training and held-out rows from them, computing none of its own, and
+    ends where one that computes its own ends (fp32: up to float rounding)."""
+    cfg = R(arm_cfg(0, 24), run=R(arm_cfg(0, 24).run, dtype="float32"))
+    store = open_store(tmp_path / "labels.sqlite")
+    out = collect_labels(setup_task(cfg, 8), store, 30, source="test", keep_prefixes=True)
+    kept = out["prefixes"]
+    assert kept is not None and kept.start == 1 and kept.hidden.shape[:2] == (4 * 30, kept.queries.shape[1] + 8)
+    own = trained(cfg, store, tmp_path / "own")
+    seen = []
+    evaluate = rm_mod.evaluate
+    monkeypatch.setattr(rm_mod, "label_prefixes", lambda *a, **k: pytest.fail("computed its own prefixes"))
+    monkeypatch.setattr(rm_mod, "evaluate", lambda *a, **k: seen.append(k["prefixes"]) or evaluate(*a, **k))
+    from_labeling = trained(cfg, store, tmp_path / "kept", kept)
+    assert len(seen) == 2 and all(s is not None for s in seen)  # held out: before and after training
+    # Adam steps lr-sized even where a gradient is near 0, and the gain and bias are large: rounding, not a drift
+    for k in own[0]:
+        a, b = own[0][k], from_labeling[0][k]
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (k, a - b)
+    assert own[1]["heldout/accuracy"] == from_labeling[1]["heldout/accuracy"]
+    assert own[1]["heldout/loss"] == pytest.approx(from_labeling[1]["heldout/loss"], abs=1e-4)

@@ -11,6 +11,7 @@ from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.task import setup_task
 from lmprefs.training.reward import (
     Comparisons,
+    QuestionPrefixes,
     evaluate,
     heldout_mask,
     label_prefixes,
@@ -125,8 +126,9 @@ def test_cached_frozen_blocks_and_microbatches_train_the_same_reward_model(tiny_
         lm = copy.deepcopy(model)
         add_adapter(lm, LoraConfig(rank=2, layers=1), "reward")
         rm = RewardModel(lm, tok, adapter="reward", seed=0)
-        cache = label_prefixes(rm.lm, train, TaskContext([], [], cpu, torch.float32), 16) if cached else None
-        assert (cache is not None) == cached
+        own = label_prefixes(rm.lm, train, TaskContext([], [], cpu, torch.float32), 16) if cached else None
+        assert (own is not None) == cached
+        cache = QuestionPrefixes.own(own, train) if own is not None else None
         tr = R(cfg.train_reward, batch_size=8, lr=2e-3, epochs=2, microbatch=microbatch)
         train_epoch(rm, train, lt, R(cfg, train_reward=tr), TaskContext([], [], cpu, torch.float32), cache=cache)
         return [p.detach().clone() for p in rm.trainable_parameters()]
