@@ -30,7 +30,7 @@ from lmprefs.data.tasks import PAD
 from lmprefs.models.loading import trunk_blocks
 from lmprefs.models.precast import precast
 from lmprefs.models.token_logprobs import chunk_rows, scaled_logits
-from lmprefs.models.trunk import FrozenPrefix, _only_blocks, lm_logits, model_inputs
+from lmprefs.models.trunk import FrozenPrefix, frozen_prefix_step, lm_logits, model_inputs
 
 
 def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
@@ -209,7 +209,8 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
             return out if prefix_depth is None else (*out, None)
         with _captured_input(trunk_blocks(model)[prefix_depth]) as seen:
             *out, last = _sample(model, queries, length, temperature, vocab, generator, return_hidden,
-                                 repeats=repeats, static=static, compile=compile, stop=stop, last_token=True)
+                                 repeats=repeats, static=static, compile=compile, stop=stop,
+                                 last_token=True)  # fmt: skip
         return (*out, _sampled_prefix(model, prefix_depth, seen, last, repeats, queries.shape[1] + length))
 
 
@@ -234,11 +235,10 @@ def _sampled_prefix(model, depth: int, seen: list[Tensor], last, repeats: int, L
     step fed: `last` = (token [N, 1], mask, position [N, 1], cache) runs it through the blocks below only. Steps
     not run (every row had stopped) are zeros: PAD positions, never read."""
     tok, mask, pos, past = last
-    with _only_blocks(model, 0, depth, final_norm=False):
-        out = model.base_model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=past,
-                               use_cache=True)  # fmt: skip
+    h_last = frozen_prefix_step(model, depth, input_ids=tok, attention_mask=mask, position_ids=pos,
+                                past_key_values=past, use_cache=True)  # fmt: skip
     first, *steps = seen
-    parts = [first.repeat_interleave(repeats, 0) if repeats > 1 else first, *steps, out.last_hidden_state]
+    parts = [first.repeat_interleave(repeats, 0) if repeats > 1 else first, *steps, h_last]
     h = torch.cat(parts, dim=1)
     if h.shape[1] < L:
         h = torch.cat([h, h.new_zeros(h.shape[0], L - h.shape[1], h.shape[2])], dim=1)

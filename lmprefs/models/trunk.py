@@ -136,6 +136,13 @@ def frozen_prefix(model, tokens: Tensor) -> FrozenPrefix | None:
     return FrozenPrefix(model, start, out.last_hidden_state)
 
 
+def frozen_prefix_step(model, depth: int, **inputs) -> Tensor:
+    """The residual stream entering block `depth` from one forward of the HF trunk on `inputs` (input ids, masks,
+    positions, a KV cache: a sampler's decode step), the blocks from `depth` up not run."""
+    with _only_blocks(model, 0, depth, final_norm=False):
+        return model.base_model(**inputs).last_hidden_state
+
+
 def shares_queries(model) -> bool:
     """Whether `shared_query_trunk` can run this model: it hands the HF forward ready-made 4D masks, which only the
     SDPA attention takes as they are (others rebuild the mask from the cache's length, which a run of the top blocks
