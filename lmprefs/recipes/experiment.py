@@ -156,10 +156,12 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
         on_start()
     run_dir.mkdir(parents=True, exist_ok=True)
     store_path = run_dir / "labels.sqlite"
+    kept = None  # the labeling pass's frozen prefixes of every labeled row, when it runs in this process
     if "labels" not in res.data:
         print(f"[labels] sampling and labeling {n_questions} questions with {true_name}", flush=True)
-        out = collect_labels(t, open_store(store_path), n_questions, source="experiment")
+        out = collect_labels(t, open_store(store_path), n_questions, source="experiment", keep_prefixes=True)
         res.save("labels", {"questions": n_questions, "seconds": out["seconds"]})
+        kept = out["prefixes"]
     if "initial" not in res.data:
         print("[initial] evaluating the initial policy", flush=True)
         res.save("initial", evaluate_arm(t, None, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
@@ -167,12 +169,12 @@ def run_mock_sentiment(cfg: Config, run_dir: Path, label_counts: list[int] | Non
     arms = [(f"rm-{n}", n) for n in label_counts] + [("direct", None)]
     todo = [arm_config(cfg, s, n) for s in range(seeds) for name, n in arms
             if n is not None and seed_key(name, s) not in res.data]  # fmt: skip
-    shared = None
-    if len(todo) > 1:  # the reward models' frozen bottom blocks: run once over the union of their label subsets
+    shared = kept if todo else None
+    if shared is None and len(todo) > 1:  # the frozen bottom blocks: run once over the union of the arms' labels
         shared = shared_reward_prefixes(t, open_store(store_path), todo)
-        if shared is not None:
-            print(f"[prefixes] the frozen blocks' outputs of {len(shared.items)} labeled questions, shared by "
-                  f"{len(todo)} reward models ({shared.nbytes() / 2**30:.2f} GiB)", flush=True)  # fmt: skip
+    if shared is not None:
+        print(f"[prefixes] the frozen blocks' outputs of {len(shared.items)} labeled questions, shared by "
+              f"{len(todo)} reward models ({shared.nbytes() / 2**30:.2f} GiB)", flush=True)  # fmt: skip
     del t
     before: dict = {}  # an untrained reward model is the same for every count of a seed: normalized once per seed
     for s in range(seeds):

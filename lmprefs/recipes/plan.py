@@ -187,8 +187,9 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
                         load_s: float = MODEL_LOAD_S, share: bool = True) -> list[dict]:  # fmt: skip
     """[{stage, runs, gflop, seconds}] (gflop and seconds of all runs together) of `experiment mock-sentiment` with
     these arms, as the code shares work between them: one labeling pass and one initial evaluation for all, the
-    reward models' frozen prefixes once over the union of their labels (at most the store, at most seeds x the
-    largest count), the untrained reward model's normalization and held-out evaluation once per seed, and per arm
+    reward models' frozen prefixes kept by the labeling pass (else, over PREFIX_CACHE_BYTES, once over the union of
+    their labels: at most the store, at most seeds x the largest count), the untrained reward model's normalization
+    and held-out evaluation once per seed, and per arm
     and seed a model load, its reward model (or the direct arm's normalization samples), its PPO run and its final
     evaluation. `rates`: GFLOP/s by quickstart stage (MEASURED_GFLOPS);
     `share` False: every reward model runs its own frozen prefixes (what sharing them saves)."""
@@ -197,10 +198,14 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
         raise ValueError("label counts, seeds, evaluation queries and samples must be positive")
     questions = store_questions(cfg, label_counts, seeds)
     held = round(questions * cfg.labels.heldout_fraction)
+    ad = F.Adapters.from_lora(facts, cfg.lora)
+    S, L = label_type_shape(cfg.labels.type)[1], shape.q_len + cfg.task.response_length
+    # the labeling pass keeps every labeled row's frozen prefix where they fit (collect_labels' bound)
+    kept = share and ad is not None and questions * S * L * facts.d * 4 <= prefix_cache_bytes()
 
     def stages(n_labels: int) -> dict[str, dict[str, int]]:
         n = Counts(shape.q_len, shape.train_queries, n_eval, samples, questions, n_labels, held,
-                   cfg.ppo.num_updates, shape.shared_queries, labeling_prefixes=False)  # fmt: skip
+                   cfg.ppo.num_updates, shape.shared_queries, labeling_prefixes=kept)  # fmt: skip
         return stage_flops(cfg, facts, n)
 
     def row(stage: str, runs: int, flops: float, rate: str | None) -> dict:
@@ -212,10 +217,8 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
     rows = [row("model loads", 1 + seeds * (len(label_counts) + 1), 0, None),
             row(f"label {questions} questions", 1, sum(first["sample and label"].values()), "sample and label"),
             row("evaluate the initial policy", 1, sum(first["evaluate initial"].values()), "evaluate initial")]
-    ad = F.Adapters.from_lora(facts, cfg.lora)
-    S, L = label_type_shape(cfg.labels.type)[1], shape.q_len + cfg.task.response_length
     union = min(questions, seeds * max(label_counts))  # each arm's subset lies in the store
-    # shared as run_mock_sentiment shares them: several reward models that cache them, and the union fits the bound
+    # not kept: shared as run_mock_sentiment shares them, for several reward models that cache them, within the bound
     shared = (share and ad is not None and seeds * len(label_counts) > 1
               and "frozen prefix, once" in first["train reward model"]
               and union * S * L * facts.d * 4 <= prefix_cache_bytes())  # fmt: skip

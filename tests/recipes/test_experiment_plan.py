@@ -38,17 +38,17 @@ def test_the_rates_reproduce_the_measured_quickstart_stages():
         assert gflop / MEASURED_GFLOPS[stage] == pytest.approx(seconds, rel=0.01), stage
 
 
-def test_one_arm_costs_the_quickstart_stages_at_their_rates():
-    """One arm of the experiment: the quickstart's stages, but its reward model runs the frozen blocks below the
-    adapters itself (the labels are shared by arms trained later, not kept from the labeling pass)."""
+def test_one_arm_reproduces_the_measured_quickstart_stages():
+    """One arm of 800 labels is the quickstart (its reward model's frozen prefixes kept by the labeling pass), plus
+    the direct arm's PPO run and final evaluation."""
     p = plan(counts=(800,), seeds=1)
+    assert p["label 889 questions"]["seconds"] == pytest.approx(145.95, rel=0.01)
     assert p["evaluate the initial policy"]["seconds"] == pytest.approx(22.31, rel=0.01)
+    # the plan trains on 800 labels; the quickstart's hashed split left 784 of its 889 questions for training
+    assert p["reward model, 800 labels"]["seconds"] == pytest.approx(169.74, rel=0.02)
     assert p["final evaluation"]["seconds"] == pytest.approx(2 * 31.88, rel=0.01)  # the RM arm and the direct arm
     # PPO 188.8 s: the direct arm's scores no reward model, so the two runs are a little under twice that
     assert p["PPO"]["seconds"] == pytest.approx(2 * 188.79, rel=0.03)
-    # the labeling pass keeps no prefixes (a little less work), and the reward model computes its own (more)
-    assert p["label 889 questions"]["seconds"] < 145.95 < p["label 889 questions"]["seconds"] * 1.03
-    assert p["reward model, 800 labels"]["seconds"] > 169.74 + 15_000 / MEASURED_GFLOPS["train reward model"]
 
 
 def test_the_estimate_scales_with_the_work():
@@ -66,11 +66,12 @@ def test_the_estimate_scales_with_the_work():
     assert base["reward model, 250 labels"]["gflop"] < base["reward model, 500 labels"]["gflop"]
     fast = plan(cfg, rates={k: 2 * v for k, v in MEASURED_GFLOPS.items()})
     assert fast["PPO"]["seconds"] == pytest.approx(base["PPO"]["seconds"] / 2)
-    # sharing the frozen prefixes and the untrained models' figures costs less than every arm on its own
+    # the labeling pass's frozen prefixes and the untrained models' figures shared: less than every arm on its own
     alone = plan(cfg, share=False)
-    assert "frozen prefixes of 1667 questions" in " ".join(base) and not any("frozen" in k for k in alone)
+    assert not any("frozen" in k for k in [*base, *alone])  # kept by the labeling pass, or each arm's own
     assert sum(r["seconds"] for r in base.values()) < sum(r["seconds"] for r in alone.values())
     assert alone["reward model, 500 labels"]["gflop"] > base["reward model, 500 labels"]["gflop"]
+    assert alone["label 1667 questions"]["gflop"] < base["label 1667 questions"]["gflop"]  # the last-token pass
 
 
 def test_plan_prints_an_estimate_and_writes_nothing(tmp_path, capsys):
