@@ -26,6 +26,9 @@ from lmprefs.models.attention import short
 
 # model_type values whose blocks are laid out as Llama's (q/k/v/o projections, a gated MLP of three matrices)
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+TOP_BLOCK_MODELS = ("llama", "mistral", "qwen2")
+"""model_types whose top block `trunk.top_block_at` runs at the read positions alone: the Llama layout with no norm
+on the queries and keys (Qwen3 has one)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,9 @@ class Linear:
     reads_input: bool
     """Whether it multiplies the block's own (normed) input: the q/k/v projections. In the lowest trained block
     that input comes from frozen blocks, so no gradient flows into it."""
+    every_position: bool = False
+    """A key or value projection: in a top block run at the read positions alone (`trunk.top_block_at`) it still
+    runs at every position."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,9 @@ class ModelFacts:
     pads it."""
     cuda: bool = False
     """Counted for a GPU: attention always runs the fused kernel there."""
+    top_reads: bool = False
+    """Whether a forward that reads a few positions runs its top block there alone (`trunk.top_block_reads`: on the
+    CPU)."""
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Any, *, cuda: bool = False) -> ModelFacts:
@@ -80,8 +89,8 @@ class ModelFacts:
             d, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
             kv, inner = int(c.get("num_key_value_heads") or heads), int(c["intermediate_size"])
             head_dim = int(c.get("head_dim") or d // heads)
-            linears = (Linear("q_proj", d, heads * head_dim, True), Linear("k_proj", d, kv * head_dim, True),
-                       Linear("v_proj", d, kv * head_dim, True), Linear("o_proj", heads * head_dim, d, False),
+            linears = (Linear("q_proj", d, heads * head_dim, True), Linear("k_proj", d, kv * head_dim, True, True),
+                       Linear("v_proj", d, kv * head_dim, True, True), Linear("o_proj", heads * head_dim, d, False),
                        Linear("gate_proj", d, inner, False), Linear("up_proj", d, inner, False),
                        Linear("down_proj", inner, d, False))  # fmt: skip
             n_layers = int(c["num_hidden_layers"])
@@ -89,7 +98,8 @@ class ModelFacts:
             raise ValueError(f"model_type {kind!r}: the FLOP count knows GPT-2 and Llama-style models "
                              f"({', '.join(LLAMA_LIKE)})")  # fmt: skip
         vocab = int(c["vocab_size"])
-        return cls(n_layers, d, heads, head_dim, linears, vocab + (-vocab % 64 if cuda else 0), cuda)
+        return cls(n_layers, d, heads, head_dim, linears, vocab + (-vocab % 64 if cuda else 0), cuda,
+                   kind in TOP_BLOCK_MODELS and not cuda)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -163,44 +173,64 @@ def _attention_grads(facts: ModelFacts, adapter: Adapters, b: int) -> tuple[bool
     return "q_proj" in names, "k_proj" in names, "v_proj" in names
 
 
+# Rows read at a few positions: (rows, positions per row, positions read per row). A forward that reads them runs its
+# top block there alone where it can (facts.top_reads): the segments then cover the blocks below it.
+Read = tuple[int, int, int]
+
+
+def _top_block(facts: ModelFacts, lo: int, hi: int | None, read: Read | None) -> list[tuple[int, int, int, int]]:
+    """[(rows, query positions, key positions, key/value positions)] of the top block when it runs at the read
+    positions alone, else []."""
+    if read is None or not facts.top_reads or hi not in (None, facts.n_layers) or lo >= facts.n_layers:
+        return []
+    rows, L, R = read
+    return [(rows, R, L, L)]
+
+
 def trunk_flops(facts: ModelFacts, segments: list[Segment], lo: int = 0, hi: int | None = None,
-                adapter: Adapters | None = None) -> int:  # fmt: skip
-    """Forward of blocks lo..hi over `segments`, with `adapter` active (None: the base, adapters off)."""
+                adapter: Adapters | None = None, read: Read | None = None) -> int:  # fmt: skip
+    """Forward of blocks lo..hi over `segments`, with `adapter` active (None: the base, adapters off); with `read`,
+    the top block at the read positions (`trunk.query_response_hidden`'s read)."""
     total = 0
-    for rows, q_len, k_len in segments:
-        tokens = rows * q_len
-        for b in _blocks(facts, lo, hi):
-            total += attention_flops(facts, rows, q_len, k_len)
-            for lin in facts.linears:
-                total += 2 * tokens * lin.d_in * lin.d_out
-                if adapter is not None and adapter.adapted(b, lin):
-                    total += 2 * tokens * adapter.rank * (lin.d_in + lin.d_out)
+    top = _top_block(facts, lo, hi, read)
+    below = facts.n_layers - 1 if top else hi
+    runs = [(rows, q_len, k_len, q_len, b) for rows, q_len, k_len in segments for b in _blocks(facts, lo, below)]
+    for rows, q_len, k_len, kv_len, b in runs + [(*t, facts.n_layers - 1) for t in top]:
+        total += attention_flops(facts, rows, q_len, k_len)
+        for lin in facts.linears:
+            tokens = rows * (kv_len if lin.every_position else q_len)
+            total += 2 * tokens * lin.d_in * lin.d_out
+            if adapter is not None and adapter.adapted(b, lin):
+                total += 2 * tokens * adapter.rank * (lin.d_in + lin.d_out)
     return total
 
 
 def trunk_backward(facts: ModelFacts, segments: list[Segment], lo: int = 0, hi: int | None = None,
-                   adapter: Adapters | None = None) -> int:  # fmt: skip
-    """Backward of a forward `trunk_flops(facts, segments, lo, hi, adapter)` when `adapter` trains (its base frozen,
-    gradients stop at its lowest block), or, with adapter None, when every weight trains (full fine-tuning: the
-    embeddings too, so even the lowest block passes a gradient to its input)."""
+                   adapter: Adapters | None = None, read: Read | None = None) -> int:  # fmt: skip
+    """Backward of a forward `trunk_flops(facts, segments, lo, hi, adapter, read)` when `adapter` trains (its base
+    frozen, gradients stop at its lowest block), or, with adapter None, when every weight trains (full fine-tuning:
+    the embeddings too, so even the lowest block passes a gradient to its input)."""
     total = 0
     low = lo if adapter is None else max(lo, adapter.start)
-    for rows, q_len, k_len in segments:
-        tokens = rows * q_len
-        for b in _blocks(facts, low, hi):
-            # the lowest trained block's q/k/v read an input without gradient
-            grads = _attention_grads(facts, adapter, b) if adapter is not None and b == adapter.start else (True,) * 3
-            total += attention_backward(facts, rows, q_len, k_len, grads)
-            for lin in facts.linears:
-                mm = 2 * tokens * lin.d_in * lin.d_out
-                if adapter is None:
-                    total += 2 * mm
-                    continue
-                no_input_grad = b == adapter.start and lin.reads_input
-                total += 0 if no_input_grad else mm
-                if adapter.adapted(b, lin):  # A: its weight gradient (and x's); B: both
-                    a_mm, b_mm = 2 * tokens * lin.d_in * adapter.rank, 2 * tokens * adapter.rank * lin.d_out
-                    total += a_mm * (1 if no_input_grad else 2) + 2 * b_mm
+    top = _top_block(facts, lo, hi, read)
+    below = facts.n_layers - 1 if top else hi
+    runs = [(rows, q_len, k_len, q_len, b) for rows, q_len, k_len in segments for b in _blocks(facts, low, below)]
+    runs += [(*t, facts.n_layers - 1) for t in top if facts.n_layers - 1 >= low]
+    for rows, q_len, k_len, kv_len, b in runs:
+        # the lowest trained block's q/k/v read an input without gradient
+        grads = _attention_grads(facts, adapter, b) if adapter is not None and b == adapter.start else (True,) * 3
+        total += attention_backward(facts, rows, q_len, k_len, grads)
+        for lin in facts.linears:
+            tokens = rows * (kv_len if lin.every_position else q_len)
+            mm = 2 * tokens * lin.d_in * lin.d_out
+            if adapter is None:
+                total += 2 * mm
+                continue
+            no_input_grad = b == adapter.start and lin.reads_input
+            total += 0 if no_input_grad else mm
+            if adapter.adapted(b, lin):  # A: its weight gradient (and x's); B: both
+                a_mm, b_mm = 2 * tokens * lin.d_in * adapter.rank, 2 * tokens * adapter.rank * lin.d_out
+                total += a_mm * (1 if no_input_grad else 2) + 2 * b_mm
     return total
 
 

@@ -31,10 +31,10 @@ class RewardModel(nn.Module):
         allows (`shared_query_trunk`)."""
 
         tokens = torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1)
+        last = (tokens != PAD).long().cumsum(-1).argmax(-1, keepdim=True)  # [B, 1] index of the last real token
         with using(self.lm, self.adapter):
-            h = query_response_hidden(self.lm, queries, responses, prefix, repeats)  # [B, L, d]
-        last = (tokens != PAD).long().cumsum(-1).argmax(-1)  # index of the last real token
-        r = self.head(h[torch.arange(h.shape[0], device=h.device), last])
+            h = query_response_hidden(self.lm, queries, responses, prefix, repeats, read=last)  # [B, 1, d]
+        r = self.head(h[:, 0])
         return self.gain * r + self.bias
 
     def trainable_parameters(self) -> list[nn.Parameter]:

@@ -10,14 +10,16 @@ pads become token 0 and are masked out of attention, and position ids are the ex
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import Tensor, nn
 
 from lmprefs.data.tasks import PAD
 from lmprefs.models.attention import sdpa_like
+from lmprefs.models.flops import TOP_BLOCK_MODELS
 from lmprefs.models.loading import _trunk_names, hidden_size, trunk_blocks
 from lmprefs.models.lora import LoRALinear
 
@@ -178,14 +180,30 @@ def shared_query_trunk(model, queries: Tensor, responses: Tensor, repeats: int, 
 
 
 def query_response_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
-                          repeats: int = 1) -> Tensor:  # fmt: skip
+                          repeats: int = 1, read: Tensor | None = None) -> Tensor:  # fmt: skip
     """trunk_hidden(model, cat(queries.repeat_interleave(k), responses), prefix) [B * k, Q + T, d] for queries [B, Q]
-    and responses [B * k, T], each query run once for its k responses where the attention allows."""
+    and responses [B * k, T], each query run once for its k responses where the attention allows. `read` [B * k, R]:
+    only the hidden states at these positions [B * k, R, d] (distinct within a row), the top block computed there
+    alone where it can (`top_block_at`)."""
+    n = len(trunk_blocks(model))
+    ours = prefix if prefix is not None and prefix.model is model else None
+    lo = ours.start if ours is not None else 0
+    top = read is not None and top_block_reads(model) and lo < n
+    hi, norm = (n - 1, False) if top else (None, True)
     if repeats > 1 and shares_queries(model):
-        ours = prefix if prefix is not None and prefix.model is model else None
-        return shared_query_trunk(model, queries, responses, repeats, lo=ours.start if ours is not None else 0,
-                                  hidden=ours.hidden if ours is not None else None)  # fmt: skip
-    return trunk_hidden(model, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1), prefix)
+        h = shared_query_trunk(model, queries, responses, repeats, lo=lo, hi=hi,
+                               hidden=ours.hidden if ours is not None else None, final_norm=norm)  # fmt: skip
+    elif top:
+        tokens = torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1)
+        with _only_blocks(model, 0, n - 1, final_norm=False):  # the prefix (if ours) is for blocks below n - 1
+            h = trunk_hidden(model, tokens, ours)
+    else:
+        h = trunk_hidden(model, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1), prefix)
+    if read is None:
+        return h
+    if top:
+        return top_block_at(model, h, read, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1))
+    return h.gather(1, read.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
 
 
 def frozen_prefix_shared(model, queries: Tensor, responses: Tensor, repeats: int) -> FrozenPrefix | None:
@@ -238,9 +256,8 @@ def response_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPre
                     repeats: int = 1) -> Tensor:  # fmt: skip
     """The hidden states [B, T, d] that predict each response token (and carry its value). repeats=k: queries
     [B / k, Q], each answered by k consecutive responses (`query_response_hidden`)."""
-    h = query_response_hidden(model, queries, responses, prefix, repeats)
     idx = response_positions(queries.repeat_interleave(repeats, 0), responses.shape[1])
-    return h.gather(1, idx.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+    return query_response_hidden(model, queries, responses, prefix, repeats, read=idx)
 
 
 def response_logits_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
@@ -249,3 +266,63 @@ def response_logits_hidden(model, queries: Tensor, responses: Tensor, prefix: Fr
     The LM head runs only there: most of a sequence is query, and the head is the largest matmul."""
     h = response_hidden(model, queries, responses, prefix, repeats)
     return h, lm_logits(model, h)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The top block at the positions that are read. A reward model reads one position per row and the policy and value
+# head the T that predict the response, but the top block's query, output projection and MLP run at every position
+# (in the quickstart 4 of 56 rows' positions matter to a reward model). Above the last block nothing mixes positions,
+# so its output elsewhere is never used: only its keys and values are, at every position.
+
+def top_block_reads(model) -> bool:
+    """Whether `top_block_at` runs this model's top block: a Llama-style block (no norm on queries and keys) whose
+    attention reads 4D masks as given, on the CPU, its weights whole (not FSDP's shards, which its forward would
+    gather only inside the block's own call) and not inside torch.compile (a compiled forward runs the block whole,
+    as `lmprefs.models.flops` counts it on a GPU)."""
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    blocks = trunk_blocks(model)
+    attn = getattr(blocks[-1], "self_attn", None) if kind in TOP_BLOCK_MODELS and len(blocks) > 1 else None
+    if attn is None or hasattr(attn, "k_norm") or not sdpa_like(model) or torch.compiler.is_compiling():
+        return False
+    weights = list(blocks[-1].parameters())
+    return all(w.device.type == "cpu" and type(w.data) is torch.Tensor for w in weights)
+
+
+class _KeysAhead:
+    """A KV cache stand-in for one attention call: given keys and values [N, Hkv, L', D] ahead of the call's own."""
+
+    def __init__(self, keys: Tensor, values: Tensor):
+        self.keys, self.values = keys, values
+
+    def update(self, keys: Tensor, values: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        return torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2)
+
+
+def top_block_at(model, h: Tensor, read: Tensor, tokens: Tensor) -> Tensor:
+    """The final hidden states [N, R, d] at positions `read` [N, R] of rows `tokens` [N, L] (PAD allowed), given the
+    residual stream h [N, L, d] entering the top block. The keys and values of the other positions are computed
+    here and handed to the block's own forward, run on the read positions alone, as a cache; the attention mask
+    follows them (causal by position, pads never attended)."""
+    block: Any = trunk_blocks(model)[-1]  # a Llama-style decoder layer (top_block_reads)
+    trunk, attn = model.base_model, block.self_attn
+    N, L, d = h.shape
+    _, mask, positions = model_inputs(tokens)
+    full = attention_mask(model, mask)  # [N, 1, L, L]
+    is_read = torch.zeros(N, L, dtype=torch.bool, device=h.device).scatter_(1, read, True)
+    rest = torch.arange(L, device=h.device).expand(N, L)[~is_read].view(N, L - read.shape[1])  # [N, L - R]
+
+    def at(x: Tensor, idx: Tensor) -> Tensor:
+        return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+
+    cos, sin = trunk.rotary_emb(h, positions)  # [N, L, D]
+    x = block.input_layernorm(at(h, rest))
+    shape = (N, L - read.shape[1], -1, attn.head_dim)
+    k = attn.k_proj(x).view(shape).transpose(1, 2)
+    v = attn.v_proj(x).view(shape).transpose(1, 2)
+    rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+    k = rotary(k, k, at(cos, rest), at(sin, rest))[1]
+    keys = torch.cat([rest, read], dim=1)  # the cache's key order
+    m = at(full[:, 0], read).gather(2, keys.unsqueeze(1).expand(-1, read.shape[1], -1)).unsqueeze(1)  # [N,1,R,L]
+    out = block(at(h, read), attention_mask=m, position_ids=at(positions.unsqueeze(-1), read).squeeze(-1),
+                past_key_values=_KeysAhead(k, v), position_embeddings=(at(cos, read), at(sin, read)))  # fmt: skip
+    return trunk.norm(out[0] if isinstance(out, tuple) else out)

@@ -65,10 +65,10 @@ def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
     out["sample and label"] = {"sample": p.sample(n.questions, p.S, keep=n.labeling_prefixes)}
     out["train reward model"] = _reward_model_flops(p, prefix_cache_bytes())
     out["PPO"] = _ppo_flops(p)
-    ref_lo = p.start if p.kept else 0
+    ref_lo, rows = p.start if p.kept else 0, n.eval_queries * m
     out["evaluate final"] = {"sample": p.sample(n.eval_queries, m, p.ad, keep=True),
-                             "reference": F.trunk_flops(facts, p.qr(n.eval_queries, m), ref_lo)
-                             + F.lm_head_flops(facts, n.eval_queries * m * p.T)}  # fmt: skip
+                             "reference": F.trunk_flops(facts, p.qr(n.eval_queries, m), ref_lo, read=p.policy(rows))
+                             + F.lm_head_flops(facts, rows * p.T)}  # fmt: skip
     return out
 
 
@@ -92,13 +92,22 @@ class _Passes:
         return F.sample_flops(self.facts, queries, self.Q, self.T, repeats, static=self.static, adapter=adapter,
                               prefix_depth=self.start if keep and self.kept else 0)  # fmt: skip
 
+    def policy(self, rows: int) -> F.Read:
+        """A policy's or value head's reads: the T positions that predict the response."""
+        return rows, self.L, self.T
+
+    def reward(self, rows: int) -> F.Read:
+        """A reward model's: the last token."""
+        return rows, self.L, 1
+
     def qr(self, queries: int, repeats: int) -> list:
         return F.query_response_segments(queries, self.Q, self.T, repeats, shared=self.n.shared_queries)
 
-    def fwd_bwd(self, segments: list, lo: int, adapter) -> int:
-        """A training forward from block lo and its backward (adapter: the one that trains; None: every weight)."""
-        return (F.trunk_flops(self.facts, segments, lo, None, adapter)
-                + F.trunk_backward(self.facts, segments, lo, None, adapter))  # fmt: skip
+    def fwd_bwd(self, segments: list, lo: int, adapter, read: F.Read) -> int:
+        """A training forward from block lo reading `read` and its backward (adapter: the one that trains; None:
+        every weight)."""
+        return (F.trunk_flops(self.facts, segments, lo, None, adapter, read)
+                + F.trunk_backward(self.facts, segments, lo, None, adapter, read))  # fmt: skip
 
 
 def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
@@ -109,12 +118,13 @@ def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
     n_norm = min(tr.normalize_samples, n.train_queries)
     if norms:
         rm["normalize: sample"] = norms * p.sample(n_norm, 1)
-        rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), adapter=ad)
+        rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), adapter=ad,
+                                                        read=p.reward(n_norm))
                                           + F.scalar_head_flops(facts, n_norm))  # fmt: skip
     labeled = n.labeling_prefixes and p.kept  # the labeling pass kept every labeled row's frozen prefix
     if n.labels_heldout:
         rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, p.qr(n.labels_heldout, S), start if labeled else 0,
-                                                       None, ad)
+                                                       None, ad, p.reward(n.labels_heldout * S))
                                          + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
     cached = labeled or (tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= cache_bytes)
     if cached and not labeled:
@@ -123,7 +133,7 @@ def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
     train_segments = (p.qr(n.labels_train, S) if cfg.run.parallel != "fsdp"
                       else F.plain_segments(n.labels_train * S, L))  # fmt: skip
     head = F.scalar_head_flops(facts, n.labels_train * S)
-    rm["training"] = tr.epochs * (p.fwd_bwd(train_segments, start if cached else 0, ad)
+    rm["training"] = tr.epochs * (p.fwd_bwd(train_segments, start if cached else 0, ad, p.reward(n.labels_train * S))
                                   + head + F.head_backward(head, True))  # fmt: skip
     if ad and cfg.lora.merged_reward_model:
         rm["export: merge adapter"] = F.merge_flops(facts, ad)
@@ -141,15 +151,16 @@ def _ppo_flops(p: _Passes) -> dict[str, int]:
         "rollout: sample": p.sample(B, 1, ad, keep=True),
         "rollout: frozen prefix": F.trunk_flops(facts, rows, 0, start) if start and not p.kept else 0,
         "rollout: values": F.scalar_head_flops(facts, B * T)
-        + (F.trunk_flops(facts, rows, value_lo, None, ad) if separate else 0),
-        "rollout: reference": F.trunk_flops(facts, rows, start) + F.lm_head_flops(facts, B * T),
-        "rollout: reward model": F.trunk_flops(facts, rows, start, None, ad) + F.scalar_head_flops(facts, B),
+        + (F.trunk_flops(facts, rows, value_lo, None, ad, p.policy(B)) if separate else 0),
+        "rollout: reference": F.trunk_flops(facts, rows, start, read=p.policy(B)) + F.lm_head_flops(facts, B * T),
+        "rollout: reward model": F.trunk_flops(facts, rows, start, None, ad, p.reward(B))
+        + F.scalar_head_flops(facts, B),
     }
     train = F.plain_segments(P, L)
     lm_head, v_head = F.lm_head_flops(facts, P * T), F.scalar_head_flops(facts, P * T)
-    ppo["PPO epochs"] = (p.fwd_bwd(train, start, ad) + lm_head + F.head_backward(lm_head, ad is None)
+    ppo["PPO epochs"] = (p.fwd_bwd(train, start, ad, p.policy(P)) + lm_head + F.head_backward(lm_head, ad is None)
                          + v_head + F.head_backward(v_head, True)
-                         + (p.fwd_bwd(train, value_lo, ad) if separate else 0))  # fmt: skip
+                         + (p.fwd_bwd(train, value_lo, ad, p.policy(P)) if separate else 0))  # fmt: skip
     ppo = {k: v * p.n.updates for k, v in ppo.items() if v}
     if ad:
         ppo["export: merge adapters"] = F.merge_flops(facts, ad)
@@ -158,9 +169,9 @@ def _ppo_flops(p: _Passes) -> dict[str, int]:
 
 # GFLOP/s each quickstart stage reached (docs/results.md, the SmolLM2 quickstart against its floor: AMD EPYC with
 # AVX512-BF16, 2 cores, bf16 autocast); model loads are seconds, not FLOPs
-MEASURED_GFLOPS = {"evaluate initial": 224.1, "sample and label": 200.0, "train reward model": 234.7, "PPO": 197.6,
-                   "evaluate final": 218.5}  # fmt: skip
-MODEL_LOAD_S = 5.2
+MEASURED_GFLOPS = {"evaluate initial": 215.4, "sample and label": 221.3, "train reward model": 232.0, "PPO": 199.2,
+                   "evaluate final": 217.0}  # fmt: skip
+MODEL_LOAD_S = 4.8
 
 
 class Shape(NamedTuple):

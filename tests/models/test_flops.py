@@ -91,8 +91,9 @@ def test_lora_sampler_frozen_prefix_and_reward_model_training(model, layers):
     for prefix in [None] + ([frozen_prefix_shared(lm, q, r, 4)] if ad.start else []):
         lo = ad.start if prefix is not None else 0
         got = counted(lambda prefix=prefix: rm(q, r, prefix, 4).sum().backward())
-        want = (F.trunk_flops(facts, segments, lo, None, ad) + F.trunk_backward(facts, segments, lo, None, ad)
-                + head + F.head_backward(head, True))  # fmt: skip
+        read = (B * 4, Q + T, 1)  # the reward model reads each row's last token
+        want = (F.trunk_flops(facts, segments, lo, None, ad, read) + F.trunk_backward(facts, segments, lo, None, ad,
+                read) + head + F.head_backward(head, True))  # fmt: skip
         assert want == got
 
 
@@ -112,7 +113,8 @@ def test_policy_training_forward_and_backward(model, fine_tuning):
     rows = F.plain_segments(B, Q + T)
     lo = ad.start if ad else 0
     lm_head, v_head = F.lm_head_flops(facts, B * T), F.scalar_head_flops(facts, B * T)
-    want = (F.trunk_flops(facts, rows, lo, None, ad) + F.trunk_backward(facts, rows, lo, None, ad)
+    read = (B, Q + T, T)  # the policy and its value head read the positions that predict the response
+    want = (F.trunk_flops(facts, rows, lo, None, ad, read) + F.trunk_backward(facts, rows, lo, None, ad, read)
             + lm_head + F.head_backward(lm_head, ad is None) + v_head + F.head_backward(v_head, True))  # fmt: skip
     assert want == counted(step)
 

@@ -1,0 +1,81 @@
+"""The top block at the read positions alone (`trunk.top_block_at`): a reward model's rewards and a policy's
+log-probabilities, values and their gradients equal those of the whole top block, on a Llama with grouped-query
+attention, padded queries, truncated responses, a question's samples sharing their query and a frozen prefix; a
+GPT-2 runs its top block whole."""
+
+import copy
+
+import torch
+
+from lmprefs.config import LoraConfig
+from lmprefs.data.tasks import PAD
+from lmprefs.models import trunk
+from lmprefs.models.lora import add_adapter, lora_modules
+from lmprefs.models.policy import Policy
+from lmprefs.models.reward_model import RewardModel
+from lmprefs.models.trunk import frozen_prefix_shared, top_block_reads
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lmprefs.models import attention
+
+    torch.manual_seed(0)
+    lm = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=64)).eval()  # fmt: skip
+    attention.use(lm)
+    add_adapter(lm, LoraConfig(rank=2, layers=2), "a")
+    for m in lora_modules(lm):
+        torch.nn.init.normal_(m.B["a"], std=0.1)
+    return lm
+
+
+def _both(monkeypatch, fn):
+    """fn() with the top block at the read positions, then whole; (outputs, gradients) of each."""
+    out = []
+    for reads in (True, False):
+        if not reads:
+            monkeypatch.setattr(trunk, "top_block_reads", lambda model: False)
+        out.append(fn())
+    return out
+
+
+def _grads(loss, params):
+    return torch.autograd.grad(loss, params)
+
+
+def test_reward_model_and_policy_equal_the_whole_top_block(monkeypatch):
+    lm = _llama()
+    assert top_block_reads(lm)
+    q = torch.tensor([[5, 6, 7, 8], [9, 10, PAD, PAD]])
+    r = torch.randint(0, 300, (6, 5), generator=torch.Generator().manual_seed(1))
+    r[1, 3:] = PAD  # truncated
+    rm = RewardModel(lm, None, adapter="a", seed=0)
+    policy = Policy(lm, [0] * 300, 0.7, adapter="a")
+    torch.nn.init.normal_(policy.value_head.linear.weight)
+    params = [p for m in lora_modules(lm) for p in (m.A["a"], m.B["a"])]
+    pre = frozen_prefix_shared(lm, q, r, 3)
+
+    def reward(prefix):
+        out = rm(q, r, prefix, 3)
+        return out, _grads(out.pow(2).sum(), params)
+
+    def policy_pass():
+        rows = q.repeat_interleave(3, 0)
+        logp, values, ent = policy(rows, r)
+        return torch.cat([logp, values, ent]), _grads((logp.sum() + values.pow(2).sum()), params)
+
+    for fn in (lambda: reward(None), lambda: reward(pre), policy_pass):
+        (got, g_got), (want, g_want) = _both(monkeypatch, fn)
+        monkeypatch.undo()
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+        for a, b in zip(g_got, g_want, strict=True):  # within fp32 rounding of the gradient's scale
+            assert (a - b).abs().max() <= 1e-6 * b.abs().max() + 1e-5, ((a - b).abs().max(), b.abs().max())
+
+
+def test_gpt2_runs_its_top_block_whole(tiny_lm):
+    lm = copy.deepcopy(tiny_lm[0])
+    add_adapter(lm, LoraConfig(rank=2, layers=1), "a")
+    assert not top_block_reads(lm)
