@@ -189,20 +189,19 @@ def query_response_hidden(model, queries: Tensor, responses: Tensor, prefix: Fro
     ours = prefix if prefix is not None and prefix.model is model else None
     lo = ours.start if ours is not None else 0
     top = read is not None and top_block_reads(model) and lo < n
-    hi, norm = (n - 1, False) if top else (None, True)
+    tokens = torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1)
     if repeats > 1 and shares_queries(model):
-        h = shared_query_trunk(model, queries, responses, repeats, lo=lo, hi=hi,
-                               hidden=ours.hidden if ours is not None else None, final_norm=norm)  # fmt: skip
+        h = shared_query_trunk(model, queries, responses, repeats, lo=lo, hi=n - 1 if top else None,
+                               hidden=ours.hidden if ours is not None else None, final_norm=not top)  # fmt: skip
     elif top:
-        tokens = torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1)
         with _only_blocks(model, 0, n - 1, final_norm=False):  # the prefix (if ours) is for blocks below n - 1
             h = trunk_hidden(model, tokens, ours)
     else:
-        h = trunk_hidden(model, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1), prefix)
+        h = trunk_hidden(model, tokens, prefix)
     if read is None:
         return h
     if top:
-        return top_block_at(model, h, read, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1))
+        return top_block_at(model, h, read, tokens)
     return h.gather(1, read.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
 
 
@@ -270,9 +269,9 @@ def response_logits_hidden(model, queries: Tensor, responses: Tensor, prefix: Fr
 
 # --------------------------------------------------------------------------------------------------------------
 # The top block at the positions that are read. A reward model reads one position per row and the policy and value
-# head the T that predict the response, but the top block's query, output projection and MLP run at every position
-# (in the quickstart 4 of 56 rows' positions matter to a reward model). Above the last block nothing mixes positions,
-# so its output elsewhere is never used: only its keys and values are, at every position.
+# head the T that predict the response (in the quickstart 1 and 24 of a row's 56), but the top block's query, output
+# projection and MLP run at every position. Above the top block nothing mixes positions, so its output elsewhere is
+# never used: only its keys and values are, at every position.
 
 def top_block_reads(model) -> bool:
     """Whether `top_block_at` runs this model's top block: a Llama-style block (no norm on queries and keys) whose
