@@ -187,15 +187,22 @@ def _top_block(facts: ModelFacts, lo: int, hi: int | None, read: Read | None) ->
     return [(rows, R, L, L)]
 
 
+def _block_runs(facts: ModelFacts, segments: list[Segment], lo: int, hi: int | None,
+                read: Read | None) -> list[tuple[int, int, int, int, int]]:  # fmt: skip
+    """(rows, query positions, key positions, key/value positions, block) of each block lo..hi over `segments`, the
+    top block at the read positions alone where it runs there (`_top_block`)."""
+    top = _top_block(facts, lo, hi, read)
+    below = facts.n_layers - 1 if top else hi
+    runs = [(rows, q_len, k_len, q_len, b) for rows, q_len, k_len in segments for b in _blocks(facts, lo, below)]
+    return runs + [(*t, facts.n_layers - 1) for t in top]
+
+
 def trunk_flops(facts: ModelFacts, segments: list[Segment], lo: int = 0, hi: int | None = None,
                 adapter: Adapters | None = None, read: Read | None = None) -> int:  # fmt: skip
     """Forward of blocks lo..hi over `segments`, with `adapter` active (None: the base, adapters off); with `read`,
     the top block at the read positions (`trunk.query_response_hidden`'s read)."""
     total = 0
-    top = _top_block(facts, lo, hi, read)
-    below = facts.n_layers - 1 if top else hi
-    runs = [(rows, q_len, k_len, q_len, b) for rows, q_len, k_len in segments for b in _blocks(facts, lo, below)]
-    for rows, q_len, k_len, kv_len, b in runs + [(*t, facts.n_layers - 1) for t in top]:
+    for rows, q_len, k_len, kv_len, b in _block_runs(facts, segments, lo, hi, read):
         total += attention_flops(facts, rows, q_len, k_len)
         for lin in facts.linears:
             tokens = rows * (kv_len if lin.every_position else q_len)
@@ -212,11 +219,7 @@ def trunk_backward(facts: ModelFacts, segments: list[Segment], lo: int = 0, hi: 
     the embeddings too, so even the lowest block passes a gradient to its input)."""
     total = 0
     low = lo if adapter is None else max(lo, adapter.start)
-    top = _top_block(facts, lo, hi, read)
-    below = facts.n_layers - 1 if top else hi
-    runs = [(rows, q_len, k_len, q_len, b) for rows, q_len, k_len in segments for b in _blocks(facts, low, below)]
-    runs += [(*t, facts.n_layers - 1) for t in top if facts.n_layers - 1 >= low]
-    for rows, q_len, k_len, kv_len, b in runs:
+    for rows, q_len, k_len, kv_len, b in _block_runs(facts, segments, low, hi, read):
         # the lowest trained block's q/k/v read an input without gradient
         grads = _attention_grads(facts, adapter, b) if adapter is not None and b == adapter.start else (True,) * 3
         total += attention_backward(facts, rows, q_len, k_len, grads)
