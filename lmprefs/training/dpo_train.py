@@ -36,7 +36,13 @@ from lmprefs.training.dpo import (
     sequence_logprobs,
 )
 from lmprefs.training.optim import TFAdam
-from lmprefs.training.reward import PREFIX_CACHE_BYTES, Comparisons, label_prefixes, prefix_bytes, prefix_rows
+from lmprefs.training.reward import (
+    PREFIX_CACHE_BYTES,
+    Comparisons,
+    QuestionPrefixes,
+    label_prefixes,
+    prefix_bytes,
+)
 from lmprefs.training.sft import epoch_order
 from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
 
@@ -59,7 +65,8 @@ def response_logprobs(policy: Policy, queries: Tensor, samples: Tensor, ctx: Tas
     return sequence_logprobs(lp, r != PAD).view(b, S)
 
 
-def frozen_prefixes(policy: Policy, data: Comparisons, ctx: TaskContext, batch_size: int) -> FrozenPrefix | None:
+def frozen_prefixes(policy: Policy, data: Comparisons, ctx: TaskContext,
+                    batch_size: int) -> QuestionPrefixes | None:  # fmt: skip
     """label_prefixes of the policy's LM for every row of `data`, when its bottom blocks are frozen (LoRA in the top
     blocks) and they fit PREFIX_CACHE_BYTES: the frozen blocks then run once, not at every step and pass. They serve
     the policy with its adapters on or off (the reference under LoRA): the frozen blocks carry no adapter."""
@@ -67,9 +74,10 @@ def frozen_prefixes(policy: Policy, data: Comparisons, ctx: TaskContext, batch_s
         return None
     bar = progress(len(data), "DPO: frozen blocks")
     try:
-        return label_prefixes(policy.lm, data, ctx, batch_size, bar)
+        own = label_prefixes(policy.lm, data, ctx, batch_size, bar)
     finally:
         bar.close()
+    return QuestionPrefixes.own(own, data) if own is not None else None
 
 
 def chosen(data: Comparisons) -> Tensor:
@@ -91,12 +99,13 @@ def losses(logp: Tensor, ref: Tensor, best: Tensor, cfg: Config) -> tuple[Tensor
 
 @torch.no_grad()
 def all_logprobs(policy: Policy, data: Comparisons, ctx: TaskContext, batch_size: int, *,
-                 reference: bool, ref_lm=None, bar=None, prefix: FrozenPrefix | None = None) -> Tensor:  # fmt: skip
+                 reference: bool, ref_lm=None, bar=None,
+                 prefix: QuestionPrefixes | None = None) -> Tensor:  # fmt: skip
     """log pi(y|x) [N, S] of every sample in `data`, in order, without gradients: the policy's, or with `reference`
     the frozen reference's (ref_lm, or the policy's base with its adapters off). prefix: frozen_prefixes(data)."""
     out, S = [], data.samples.shape[1]
     for i in range(0, len(data), batch_size):
-        pre = prefix[i * S : (i + batch_size) * S] if prefix is not None else None
+        pre = prefix.rows(torch.arange(i, min(i + batch_size, len(data)))) if prefix is not None else None
         out.append(response_logprobs(policy, data.queries[i : i + batch_size], data.samples[i : i + batch_size], ctx,
                                      reference=reference, ref_lm=ref_lm, prefix=pre).float().cpu())  # fmt: skip
         if bar is not None:
@@ -105,7 +114,7 @@ def all_logprobs(policy: Policy, data: Comparisons, ctx: TaskContext, batch_size
 
 
 def evaluate(policy: Policy, data: Comparisons, ref: Tensor, cfg: Config, ctx: TaskContext,
-             prefix: FrozenPrefix | None = None) -> dict:  # fmt: skip
+             prefix: QuestionPrefixes | None = None) -> dict:  # fmt: skip
     """The held-out labels' mean loss, accuracy (the chosen response's implicit reward above every other's),
     margin and mean implicit rewards of the chosen and the other responses; {} without held-out labels."""
     if len(data) == 0:
@@ -152,7 +161,7 @@ def _load_checkpoint(run_dir: Path, cfg: Config, params, opt, labels: str) -> tu
 
 
 def _step(policy: Policy, train: Comparisons, ref: Tensor, idx: Tensor, cfg: Config, ctx: TaskContext,
-          prefix: FrozenPrefix | None) -> dict:  # fmt: skip
+          prefix: QuestionPrefixes | None) -> dict:  # fmt: skip
     """Forward and backward of one batch `idx` of the training labels, in microbatches of dpo.microbatch whose
     gradients add up to the batch's mean loss (weighted by labels.weight_by_gold where set); its mean stats.
     prefix: frozen_prefixes(train)."""
@@ -161,7 +170,7 @@ def _step(policy: Policy, train: Comparisons, ref: Tensor, idx: Tensor, cfg: Con
     for m0 in range(0, len(idx), micro):
         sub = idx[m0 : m0 + micro]
         mb = train[sub]
-        pre = prefix[prefix_rows(sub, train.samples.shape[1]).to(prefix.hidden.device)] if prefix is not None else None
+        pre = prefix.rows(sub) if prefix is not None else None
         logp = response_logprobs(policy, mb.queries, mb.samples, ctx, prefix=pre)
         best = chosen(mb).to(logp.device)
         each, h = losses(logp, ref[sub].to(logp.device), best, cfg)

@@ -119,7 +119,6 @@ def test_lora_dpo_runs_the_frozen_blocks_once_with_the_full_forwards_log_probabi
     from lmprefs.config import preset
     from lmprefs.pipeline.dpo import dpo_labels, dpo_policy, dpo_task
     from lmprefs.training.dpo_train import all_logprobs, frozen_prefixes, response_logprobs
-    from lmprefs.training.reward import prefix_rows
 
     db = labeled_store(tmp_path / "four.sqlite", 12, "best_of_4")
     cfg = preset("tiny")
@@ -129,13 +128,13 @@ def test_lora_dpo_runs_the_frozen_blocks_once_with_the_full_forwards_log_probabi
     train = dpo_labels(t, LabelStore(db), str(db)).train
     policy, ref_lm = dpo_policy(t)
     pre = frozen_prefixes(policy, train, t.ctx, 4)
-    assert ref_lm is None and pre is not None and pre.start == 1
+    assert ref_lm is None and pre is not None and pre.prefix.start == 1
     for reference in (False, True):
         with_prefix = all_logprobs(policy, train, t.ctx, 4, reference=reference, prefix=pre)
         torch.testing.assert_close(with_prefix, all_logprobs(policy, train, t.ctx, 4, reference=reference))
     grads = []
     idx = torch.tensor([2, 0, 3])
-    for prefix in (pre[prefix_rows(idx, train.samples.shape[1])], None):
+    for prefix in (pre.rows(idx), None):
         policy.zero_grad()
         mb = train[idx]
         response_logprobs(policy, mb.queries, mb.samples, t.ctx, prefix=prefix).sum().backward()
