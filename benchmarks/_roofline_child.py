@@ -5,12 +5,14 @@ with --count, the FLOPs of each stage as torch's FlopCounterMode counts them.
     python benchmarks/_roofline_child.py OUT.json [--count] ARGS...
 
 The stages are the functions `run_quickstart` calls, wrapped in its module's namespace: each call is timed by the
-recipe as usual, and counted (--count) by a FlopCounterMode of its own.
+recipe as usual, counted (--count) by a FlopCounterMode of its own, and followed by a reading of the process's peak
+RSS so far, which tells in which stage the run's peak was reached.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import sys
 from pathlib import Path
 
@@ -33,16 +35,18 @@ def main(argv: list[str]) -> int:
     out, argv = Path(argv[0]), argv[1:]
     count = argv[:1] == ["--count"]
     argv = argv[1:] if count else argv
-    record: dict = {"counted": {} if count else None}
+    record: dict = {"counted": {} if count else None, "peak_rss_mib": {}}
 
     def counted(stage_of, fn):
         def run(*args, **kwargs):
-            if not count:
-                return fn(*args, **kwargs)
             stage = stage_of(kwargs)
-            with flop_counter() as mode:
+            if not count:
                 result = fn(*args, **kwargs)
-            record["counted"][stage] = record["counted"].get(stage, 0) + mode.get_total_flops()
+            else:
+                with flop_counter() as mode:
+                    result = fn(*args, **kwargs)
+                record["counted"][stage] = record["counted"].get(stage, 0) + mode.get_total_flops()
+            record["peak_rss_mib"][stage] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
             return result
 
         return run

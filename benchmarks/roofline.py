@@ -10,7 +10,8 @@ What is measured
   code does them), and divides: achieved GFLOP/s, its share of this machine's matmul peak, and the floor, the time
   the stage's FLOPs take at that peak. The peak is measured after the run: a square matmul in the dtype the run
   computed in (run.dtype=auto: bf16 autocast on a CPU with native bf16 or a CUDA GPU, fp32 elsewhere), on its
-  device, at its thread count, best of --peak-reps. Also the largest process's peak RSS.
+  device, at its thread count, best of --peak-reps. Also the largest process's peak RSS, and the peak so far at the
+  end of each stage.
 
   --count-flops counts each stage's FLOPs a second way, with torch's FlopCounterMode on the real run, and prints
   both (its seconds then include the counter's overhead; the sampler and PPO forward are not compiled).
@@ -233,6 +234,7 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
                "floor_s": flops / 1e9 / peak,
                "parts_gflop": {k: v / 1e9 for k, v in parts[stage].items()}}  # fmt: skip
         row["pct_of_peak"] = 100 * row["gflop_per_s"] / peak
+        row["peak_rss_mib"] = record.get("peak_rss_mib", {}).get(stage)  # the process's peak so far, at its end
         if counted is not None:
             c = counted.get(stage, 0)
             row |= {"counted_flops": c, "counted_gflop": c / 1e9}
@@ -244,6 +246,7 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
              "gflop_per_s": gflop / secs if secs > 0 else 0.0, "peak_gflop_per_s": peak,
              "floor_s": gflop / peak}  # fmt: skip
     total["pct_of_peak"] = 100 * total["gflop_per_s"] / peak
+    total["peak_rss_mib"] = rss_kib / 1024
     if counted is not None:
         c = sum(counted.values())
         total |= {"counted_flops": c, "counted_gflop": c / 1e9,
@@ -256,19 +259,21 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
     print(f"machine: {device_name(device)}, {threads} threads, {dtype}; matmul peak "
           f"{peak:.1f} GFLOP/s ({dtype} {size}x{size}, best of {a.peak_reps}); load average "
           f"{loads[0][0]:.2f} before, {loads[1][0]:.2f} after")  # fmt: skip
-    head = ["stage", "seconds", "GFLOP", "GFLOP/s", "peak GFLOP/s", "% of peak", "floor s"]
+    head = ["stage", "seconds", "GFLOP", "GFLOP/s", "peak GFLOP/s", "% of peak", "floor s", "peak RSS MiB"]
     if counted is not None:
         head += ["counted GFLOP", "analytic/counted"]
     widths = [max(len(h), 18) if i == 0 else max(len(h), 9) for i, h in enumerate(head)]
     print(fmt_row(head, widths))
     for r in [*rows, total]:
         cells = [r["stage"], f"{r['seconds']:.2f}", f"{r['gflop']:.2f}", f"{r['gflop_per_s']:.2f}",
-                 f"{r['peak_gflop_per_s']:.1f}", f"{r['pct_of_peak']:.1f}", f"{r['floor_s']:.2f}"]  # fmt: skip
+                 f"{r['peak_gflop_per_s']:.1f}", f"{r['pct_of_peak']:.1f}", f"{r['floor_s']:.2f}",
+                 "" if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:.0f}"]  # fmt: skip
         if counted is not None:
             cells += [f"{r['counted_gflop']:.2f}", f"{r['analytic_over_counted']:.4f}"]
         print(fmt_row(cells, widths))
-    rss_mib = rss_kib / 1024
-    print(f"peak RSS of the run: {rss_mib:.0f} MiB (its largest process); the whole child process took {wall:.1f} s")
+    rss_mib = total["peak_rss_mib"]
+    print(f"peak RSS of the run: {rss_mib:.0f} MiB (its largest process; by stage: the peak so far at the stage's "
+          f"end); the whole child process took {wall:.1f} s")
     print("\nFLOPs by part (analytic):")
     for r in rows:
         for part, g in r["parts_gflop"].items():

@@ -232,11 +232,13 @@ def test_roofline_counts_each_stage_as_flop_counter_mode_does(tmp_path):
     assert rm["held-out evaluation"] > 0 and rm["training"] > 0
     assert "frozen prefix, once" not in rm and "rollout: frozen prefix" not in ppo  # the sampling passes kept them
     assert res["total"]["flops"] == sum(s["flops"] for s in stages.values()) and res["peak_rss_mib"] > 0
-    for name in [*ROOFLINE_STAGES, "total"]:  # seconds, GFLOP, GFLOP/s, peak, %, floor, counted, ratio
+    rss = [stages[name]["peak_rss_mib"] for name in ROOFLINE_STAGES]  # the child's peak so far at each stage's end
+    assert 0 < rss[0] and rss == sorted(rss) and rss[-1] <= res["total"]["peak_rss_mib"] == res["peak_rss_mib"]
+    for name in [*ROOFLINE_STAGES, "total"]:  # seconds, GFLOP, GFLOP/s, peak, %, floor, peak RSS, counted, ratio
         row = re.search(rf"^{re.escape(name)}  +(.+)$", r.stdout, re.M)
         assert row, r.stdout
         cells = [float(x) for x in row.group(1).split()]
-        assert len(cells) == 8 and all(math.isfinite(x) for x in cells), row.group(0)
+        assert len(cells) == 9 and all(math.isfinite(x) for x in cells), row.group(0)
     assert re.search(r"^peak RSS of the run: \d+ MiB", r.stdout, re.M), r.stdout
     assert "[5/6] PPO against the reward model" in r.stdout  # the quickstart's own progress passes through
 

@@ -145,7 +145,8 @@ class TrainRewardConfig:
     """Questions per forward pass; their gradients add up to one batch_size step (0 = the whole batch at once).
     Lowers peak memory (a 16-question batch of 4 samples on SmolLM2 takes several GiB), not the result."""
     rollout_batch_size: int = 512
-    """Queries per sampling batch when sampling for normalization."""
+    """Rows per sampling batch of the initial policy: queries when sampling for normalization, questions x samples
+    when sampling labeling questions."""
     normalize_samples: int = 256
     """Samples from the initial policy used to fit the reward gain and bias."""
     normalize_before: bool = True

@@ -37,15 +37,20 @@ def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Te
     """One categorical draw per row by inverse CDF: logits [B, V'] and uniforms u [B, 1] -> (token [B, 1],
     logprob [B, 1]) at `temperature` over the first `vocab` logits. On the CPU a few rows at a time (`chunk_rows`):
     the passes over [rows, V] fp32 then stay in cache instead of streaming [B, V] through memory once per op; every
-    op is per row, so the draws are bitwise those of the whole batch at once."""
+    op is per row, so the draws are bitwise those of the whole batch at once. The CDF sums the softmax, and the
+    token's logprob is the log of its probability: one pass over the vocabulary fewer than exp(log_softmax), equal
+    to the log-softmax within a few float32 roundings. The draw lands on the first token whose CDF reaches u times
+    the total, and never below the smallest positive float, so the drawn token's probability is never 0 (at u = 0
+    it would be token 0 whatever its probability)."""
     step = chunk_rows(logits)
+    tiny = torch.finfo(torch.float32).tiny
     toks, lps = [], []
     for i in range(0, len(logits), step):
-        logp = torch.log_softmax(scaled_logits(logits, slice(i, i + step), vocab, temperature), dim=-1)  # [b, V]
-        cdf = logp.exp().cumsum(-1)
-        tok = torch.searchsorted(cdf, u[i : i + step] * cdf[:, -1:]).clamp(max=vocab - 1)  # [b, 1]
+        p = torch.softmax(scaled_logits(logits, slice(i, i + step), vocab, temperature), dim=-1)  # [b, V]
+        cdf = p.cumsum(-1)
+        tok = torch.searchsorted(cdf, (u[i : i + step] * cdf[:, -1:]).clamp(min=tiny)).clamp(max=vocab - 1)
         toks.append(tok)
-        lps.append(logp.gather(-1, tok))
+        lps.append(p.gather(-1, tok).log())
     if len(toks) == 1:
         return toks[0], lps[0]
     return torch.cat(toks), torch.cat(lps)
@@ -106,10 +111,14 @@ def _static_layer_class():
 _STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, its static cache)
 
 
-def _static_cache(model, batch: int, length: int):
-    """A static cache for [batch, length] (transformers' Cache of static layers), kept per model (not on it, so a
-    deepcopy of the model does not copy it) and reset between calls: its buffers keep their addresses, so compiled
-    steps (and their CUDA graphs) are reused rather than re-recorded."""
+def _static_cache(model, batch: int, length: int, *, hold: bool):
+    """A static cache for [batch, length] (transformers' Cache of static layers). With `hold` (a compiled step) it is
+    kept per model (not on it, so a deepcopy of the model does not copy it) and reset between calls: its buffers
+    keep their addresses, so compiled steps (and their CUDA graphs) are reused rather than re-recorded. Eager steps
+    take a new one, freed with the call: a labeling batch's cache of 512 rows holds 660 MB of SmolLM2's keys and
+    values, which a held cache would keep through the stages after it."""
+    if not hold:
+        return _new_static_cache(model, length)
     device = next(model.parameters()).device
     # the autocast state of the model's device type: the bare torch.is_autocast_enabled() is CUDA's alone, so a cache
     # allocated in fp32 on the CPU was handed to a bf16-autocast call of the same shape (index_copy_ of bf16 into fp32)
@@ -258,7 +267,8 @@ def _sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     B, Q = queries.shape
     N = B * repeats
     device = queries.device
-    h, mask, past = _prefill(model, queries, repeats, _static_cache(model, N, Q + length) if static else None)
+    static_cache = _static_cache(model, N, Q + length, hold=compile) if static else None
+    h, mask, past = _prefill(model, queries, repeats, static_cache)
     if static:
         mask = torch.cat([mask, mask.new_ones(N, length)], dim=1)  # [N, Q+T], the same tensor every step
     pos = mask[:, :Q].sum(-1, keepdim=True)  # [N, 1] position of the first response token

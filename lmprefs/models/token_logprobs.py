@@ -5,8 +5,8 @@ Written as torch ops on the whole [N, V] logits, the log-softmax at a temperatur
 of N x V fp32 numbers (the cast, the division, the log-softmax, the entropy's exp and product, and as many again in
 backward); at SmolLM2's 49,152-token vocabulary and a PPO minibatch of 16 x 24 response tokens that is 75 MB a pass,
 far past the CPU's caches, and those passes took a fifth of a minibatch's forward and backward. Here each chunk of
-rows runs all of them while it is in cache, and backward recomputes a chunk's log-softmax from the logits instead
-of keeping [N, V] fp32 tensors alive between forward and backward. tests/models/test_token_logprobs.py compares
+rows runs all of them while it is in cache, and backward recomputes a chunk's softmax from the logits instead of
+keeping [N, V] fp32 tensors alive between forward and backward. tests/models/test_token_logprobs.py compares
 values and gradients with the unfused ops.
 """
 
@@ -32,9 +32,10 @@ def scaled_logits(logits: Tensor, rows: slice, vocab: int, temperature: float) -
 
 class _TokenLogprobs(torch.autograd.Function):
     """(log pi(token) [N], entropy [N]) of logits [N, V'] (any float dtype; columns from `vocab` on are ignored).
-    Per row the same torch ops as the unfused code (log_softmax, gather, exp, product, sum; and log_softmax's
-    backward), so the values and the log-probabilities' gradient are bitwise those of the unfused code, and the
-    sampler's per-step log-probabilities equal these where its logits equal the full forward's."""
+    Per row the same torch ops as the unfused code (log_softmax, gather, exp, product, sum), so the values are
+    bitwise those of the unfused code. The log-probabilities' gradient, softmax(z) - onehot scaled by -g / T, takes
+    the softmax in one pass where exp(log_softmax) takes two, and the temperature's division into that product: it
+    equals the unfused gradient within float32 rounding."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
@@ -59,15 +60,18 @@ class _TokenLogprobs(torch.autograd.Function):
         c = chunk_rows(logits)
         for i in range(0, logits.shape[0], c):
             rows = slice(i, i + c)
-            logp = torch.log_softmax(scaled_logits(logits, rows, vocab, t), dim=-1)  # [c, V], recomputed
-            p = logp.exp()
-            # d log p_k / d z_j = [j = k] - p_j
-            gz = torch.zeros_like(p) if g_lp is None else p * -g_lp[rows, None]
-            if g_lp is not None:
-                gz.scatter_add_(-1, tokens[rows, None], g_lp[rows, None])
-            if g_ent is not None:  # d H / d z_j = -p_j (log p_j + H)
-                gz -= p * (logp + (-(p * logp).sum(-1, keepdim=True))) * g_ent[rows, None]
-            grad[rows, :vocab] = gz.div_(t)
+            z = scaled_logits(logits, rows, vocab, t)  # [c, V], recomputed
+            if g_ent is None:  # the log-probabilities' gradient alone (PPO, DPO, SFT): softmax, scaled in place
+                gz = torch.zeros_like(z) if g_lp is None else torch.softmax(z, dim=-1).mul_(g_lp[rows, None] / -t)
+            else:
+                logp = torch.log_softmax(z, dim=-1)
+                p = logp.exp()
+                gz = p * (g_lp[rows, None] / -t) if g_lp is not None else torch.zeros_like(p)
+                # d H / d z_j = -p_j (log p_j + H)
+                gz -= p * (logp + (-(p * logp).sum(-1, keepdim=True))) * (g_ent[rows, None] / t)
+            if g_lp is not None:  # d log p_k / d z_j = [j = k] - p_j
+                gz.scatter_add_(-1, tokens[rows, None], g_lp[rows, None] / t)
+            grad[rows, :vocab] = gz
         return grad, None, None, None
 
 

@@ -40,7 +40,7 @@ def _scores(t: Task, reward, formatted, post, resp: list[str], queries: torch.Te
 
 @torch.no_grad()
 def evaluate_policy(t: Task, queries: torch.Tensor, true_fn, adapter: str | None, samples_per_query: int,
-                    seed: int, *, batch_size: int = 128, desc: str = "evaluating", ref_model=None,
+                    seed: int, *, batch_size: int = 256, desc: str = "evaluating", ref_model=None,
                     kl_batch_size: int = 64) -> dict:  # fmt: skip
     """True reward of a policy on held-out queries: mean and standard error over queries (each query's reward is
     the mean over its samples), every sample's reward ("scores", [queries][samples]), and the texts of the first

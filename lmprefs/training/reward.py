@@ -170,7 +170,7 @@ def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, ctx: TaskC
     d_model] (`sample`'s), else None. `sampler`: the sampler's cache/compile options
     (`sampler_options(cfg.run)`). The samples of one question come from one batch, in which its query runs through
     the model once."""
-    out, hidden = [], []
+    out, hidden = [], None
     per = max(1, batch_size // n_samples)
     for start in range(0, len(queries), per):
         q = queries[start : start + per]
@@ -180,11 +180,13 @@ def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, ctx: TaskC
                                **(sampler or {}))  # fmt: skip
         r = truncate_responses(r, task.truncate_token, task.truncate_after)
         out.append(r.view(len(q), n_samples, -1).cpu())
-        if pre is not None:
-            hidden.append(pre.hidden)
+        if pre is not None:  # filled in place: a concatenation at the end would hold every prefix twice
+            if hidden is None:
+                hidden = pre.hidden.new_empty(len(queries) * n_samples, *pre.hidden.shape[1:])
+            hidden[start * n_samples : start * n_samples + len(pre.hidden)] = pre.hidden
         if on_batch:
             on_batch(len(q))
-    return torch.cat(out), torch.cat(hidden) if hidden else None
+    return torch.cat(out), hidden
 
 
 def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, ctx: TaskContext, batch_size: int = 64,

@@ -86,15 +86,15 @@ def _padded_queries(tok):
 
 def test_static_cache_sampler_equals_the_dynamic_one(tiny_lm):
     """transformers' StaticCache (fixed shapes, what torch.compile and CUDA graphs need) draws the same tokens with
-    the same logprobs and hidden states as the DynamicCache path, padded rows included; and a second call reuses
-    the same preallocated cache."""
+    the same logprobs and hidden states as the DynamicCache path, padded rows included; an eager step's cache is
+    not held after the call (only a compiled step's is, for its graphs)."""
     model, tok = tiny_lm
     q = _padded_queries(tok)
+    _STATIC_CACHES.pop(model, None)
     dyn = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="dynamic")
     st = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="static")
-    cache = _STATIC_CACHES[model][1]
     again = sample(model, q, 12, 0.7, len(tok), torch.Generator().manual_seed(5), True, cache="static")
-    assert _STATIC_CACHES[model][1] is cache
+    assert model not in _STATIC_CACHES
     for a, b, c in zip(dyn, st, again, strict=True):
         assert torch.allclose(a.float(), b.float(), atol=1e-5), (a.float() - b.float()).abs().max()
         assert b.equal(c)
@@ -122,26 +122,28 @@ def test_sampler_mode_resolves_auto_by_device():
 @pytest.mark.slow
 def test_compiled_static_decode_step_equals_eager(tiny_lm):
     """torch.compile of the static decode step (about 1-2 min to compile on a 2-core CPU, hence slow) gives the
-    eager sampler's tokens and logprobs, and compiles one graph for all steps and calls."""
+    eager sampler's tokens and logprobs, and compiles one graph for all steps and calls, over one held cache."""
     import torch._dynamo.utils
 
     model, tok = tiny_lm
     q = _padded_queries(tok)
     eager = sample(model, q, 8, 0.7, len(tok), torch.Generator().manual_seed(2), cache="static")
     torch._dynamo.utils.counters.clear()
+    caches = []
     for _ in range(2):
         comp = sample(model, q, 8, 0.7, len(tok), torch.Generator().manual_seed(2), cache="static", compile="on")
         assert comp[0].equal(eager[0]) and torch.allclose(comp[1], eager[1], atol=1e-5)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+        caches.append(_STATIC_CACHES[model][1])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1 and caches[0] is caches[1]
 
 
-def test_static_cache_under_bf16_autocast_on_gpt2_and_llama(tiny_lm):
+def test_static_cache_under_bf16_autocast_on_gpt2_and_llama(tiny_lm, monkeypatch):
     """Under bf16 autocast a Llama's keys come out of the rotary embedding in fp32 and its values in bf16; the
     static cache keeps both in bf16 (attention casts the keys to bf16 anyway) and samples what the dynamic cache
     samples."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lmprefs.models.sampling import _STATIC_CACHES
+    from lmprefs.models import sampling
     from lmprefs.runtime.device import autocast
 
     torch.manual_seed(0)
@@ -149,6 +151,9 @@ def test_static_cache_under_bf16_autocast_on_gpt2_and_llama(tiny_lm):
                                          num_attention_heads=4, num_key_value_heads=2,
                                          max_position_embeddings=64)).eval()  # fmt: skip
     q = torch.tensor([[5, 6, 7, 8], [PAD, PAD, 9, 10]])
+    made = []
+    new_cache = sampling._new_static_cache
+    monkeypatch.setattr(sampling, "_new_static_cache", lambda *a: made.append(new_cache(*a)) or made[-1])
     for model, vocab in ((tiny_lm[0], len(tiny_lm[1])), (llama, 300)):
         out = {}
         for cache in ("dynamic", "static"):
@@ -156,8 +161,8 @@ def test_static_cache_under_bf16_autocast_on_gpt2_and_llama(tiny_lm):
                 out[cache] = sample(model, q, 6, 0.7, vocab, torch.Generator().manual_seed(1), cache=cache)
         assert out["static"][0].equal(out["dynamic"][0])
         assert torch.allclose(out["static"][1], out["dynamic"][1], atol=1e-2)
-        layer = _STATIC_CACHES[model][1].layers[0]
-        assert layer.keys.dtype == layer.values.dtype == torch.bfloat16
+        layer = made[-1].layers[0]  # the call's cache, of query + response
+        assert layer.keys.dtype == layer.values.dtype == torch.bfloat16 and layer.keys.shape[2] == 4 + 6
 
 
 def test_repeats_sample_as_the_repeated_queries_with_one_prefill(tiny_lm):

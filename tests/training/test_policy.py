@@ -87,7 +87,7 @@ def test_learning_raises_the_score_while_kl_stays_bounded(tmp_path):
                                     embd_pdrop=0, attn_pdrop=0)).eval()  # fmt: skip
     cfg = preset("tiny")
     cfg = R(cfg, task=R(cfg.task, truncate_token=None, query_length=8),
-            ppo=R(cfg.ppo, total_episodes=16 * 40, lr=3e-3, nminibatches=2),
+            ppo=R(cfg.ppo, total_episodes=16 * 80, lr=3e-3, nminibatches=2),  # 40: gains of 0.06-0.13 by seed
             rewards=R(cfg.rewards, kl_coef=0.05, kl_target=3.0),
             run=R(cfg.run, log_interval=1000, save_interval=1000))  # fmt: skip
     run = build_run(cfg, Policy(lm, CountingTokenizer(), cfg.task.temperature),
