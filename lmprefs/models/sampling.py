@@ -189,6 +189,46 @@ def _prefill(model, queries: Tensor, repeats: int, static) -> tuple[Tensor, Tens
     return h, mask, past
 
 
+KV_CACHE_BYTES = 512 * 2**20
+"""On the CPU, the most one sampling pass's KV cache holds: a call for more rows samples its queries in parts, one
+after another. A labeling batch of 384 rows of SmolLM2 holds 495 MB of keys and values in bf16 and 990 MB in fp32,
+where a run's peak RSS is reached (docs/results.md)."""
+
+
+def kv_cache_bytes(model, rows: int, length: int, dtype: torch.dtype) -> int:
+    """Bytes of the keys and values of `rows` sequences of `length` tokens in `dtype`, every layer."""
+    c = model.config
+    heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return 2 * c.num_hidden_layers * rows * length * heads * head_dim * dtype.itemsize
+
+
+def _parts(model, queries: Tensor, length: int, repeats: int) -> list[slice]:
+    """The slices of `queries` sampled one after another: all of them at once, except on the CPU where their KV
+    cache would pass KV_CACHE_BYTES."""
+    B, device = len(queries), queries.device
+    if device.type != "cpu" or getattr(model, "config", None) is None:  # a model without a config: no known cache
+        return [slice(0, B)]
+    on = torch.is_autocast_enabled("cpu")
+    dtype = torch.get_autocast_dtype("cpu") if on else next(model.parameters()).dtype
+    per_query = kv_cache_bytes(model, repeats, queries.shape[1] + length, dtype)
+    step = max(1, min(B, KV_CACHE_BYTES // per_query))
+    return [slice(i, i + step) for i in range(0, B, step)]
+
+
+def _joined(model, outs: list[tuple]) -> tuple:
+    """The outputs of sampling parts of a batch, as those of the whole batch (rows in the queries' order)."""
+    joined: list[Tensor | FrozenPrefix | None] = []
+    for parts in zip(*outs, strict=True):
+        if isinstance(parts[0], Tensor):
+            joined.append(torch.cat(parts))
+        elif parts[0] is None or any(p is None for p in parts):
+            joined.append(None)
+        else:  # FrozenPrefix
+            joined.append(FrozenPrefix(model, parts[0].start, torch.cat([p.hidden for p in parts])))
+    return tuple(joined)
+
+
 @torch.no_grad()
 def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
            generator: torch.Generator | None = None, return_hidden: bool = False, *, repeats: int = 1,
@@ -208,7 +248,14 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     below again; it costs one more pass of the last token through those blocks. None for d = 0, and under a
     compiled step (dynamo would trace the capture): the caller then runs `trunk.frozen_prefix` itself. Positions
     after a row's stop token hold no token's prefix (never read: they are PAD).
+    On the CPU a batch whose KV cache would pass KV_CACHE_BYTES is sampled in parts of fewer queries (`_parts`),
+    which draw from the generator one part after another.
     """
+    parts = _parts(model, queries, length, repeats)
+    if len(parts) > 1:
+        return _joined(model, [sample(model, queries[p], length, temperature, vocab, generator, return_hidden,
+                                      repeats=repeats, cache=cache, compile=compile, stop_tokens=stop_tokens,
+                                      prefix_depth=prefix_depth) for p in parts])  # fmt: skip
     static, compile = sampler_mode(cache, compile, queries.device)
     stop = torch.tensor(list(stop_tokens), dtype=queries.dtype, device=queries.device) if stop_tokens else None
     with contextlib.nullcontext() if compile else precast(model, queries.device.type):

@@ -97,7 +97,7 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         # the KL penalty dominate and the direct arm of `experiment mock-sentiment` learns far less
         # (docs/results.md).
         gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
-        q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
+        q, r, _ = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
         raw = dist.gather_rows(checked_scores(fn, response_texts(t.tok, r, cfg.task), reward, decode(t.tok, q)))
         mean, std = raw.mean().item(), max(raw.std(unbiased=False).item(), 1e-6)
         if dist.is_main():
@@ -142,7 +142,7 @@ def normalize_foreign(t: Task, rm, rm_dir: Path, what: str | None = None) -> Non
     cfg = t.cfg
     what = what or f"rewards.trained_model={rm_dir}"
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
-    q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
+    q, r, _ = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
     raw = dist.gather_rows(rm_rewards(rm, q, r, t.ctx).double())
     mean, std = raw.mean().item(), raw.std(unbiased=False).item()
     if cfg.rewards.normalize and not std > 1e-6:

@@ -116,10 +116,11 @@ def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
     rm: dict[str, int] = {}
     norms = int(tr.normalize_before) + int(tr.normalize_after)
     n_norm = min(tr.normalize_samples, n.train_queries)
-    if norms:
-        rm["normalize: sample"] = norms * p.sample(n_norm, 1)
-        rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), adapter=ad,
-                                                        read=p.reward(n_norm))
+    if norms:  # the reward model scores them from the sampling pass's frozen prefix (normalize)
+        keep = p.kept and cfg.run.parallel != "fsdp"
+        rm["normalize: sample"] = norms * p.sample(n_norm, 1, keep=keep)
+        rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), start if keep else 0,
+                                                        None, ad, p.reward(n_norm))
                                           + F.scalar_head_flops(facts, n_norm))  # fmt: skip
     labeled = n.labeling_prefixes and p.kept  # the labeling pass kept every labeled row's frozen prefix
     if n.labels_heldout:
@@ -169,9 +170,9 @@ def _ppo_flops(p: _Passes) -> dict[str, int]:
 
 # GFLOP/s each quickstart stage reached (docs/results.md, the SmolLM2 quickstart against its floor: AMD EPYC with
 # AVX512-BF16, 2 cores, bf16 autocast); model loads are seconds, not FLOPs
-MEASURED_GFLOPS = {"evaluate initial": 243.5, "sample and label": 242.6, "train reward model": 237.4, "PPO": 217.3,
-                   "evaluate final": 272.5}  # fmt: skip
-MODEL_LOAD_S = 5.7
+MEASURED_GFLOPS = {"evaluate initial": 260.2, "sample and label": 255.6, "train reward model": 245.5, "PPO": 211.9,
+                   "evaluate final": 265.5}  # fmt: skip
+MODEL_LOAD_S = 5.0
 
 
 class Shape(NamedTuple):
@@ -251,8 +252,10 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
     ppo = stages(max(label_counts))
     per_ppo = sum(ppo["PPO"].values())
     direct = per_ppo - ppo["PPO"].get("rollout: reward model", 0)
-    norm = ppo["train reward model"].get("normalize: sample", 0)
-    rows.append(row("direct arm: normalization samples", seeds, seeds * norm / max(norms, 1), "evaluate initial"))
+    # the direct arm's normalization samples keep no prefix: its reward is a function of the texts
+    norm = F.sample_flops(facts, min(tr.normalize_samples, shape.train_queries), shape.q_len, cfg.task.response_length,
+                          1, static=cfg.run.kv_cache != "dynamic") if norms else 0  # fmt: skip
+    rows.append(row("direct arm: normalization samples", seeds, seeds * norm, "evaluate initial"))
     rows.append(row(f"PPO, {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", seeds * (len(label_counts) + 1),
                     seeds * (len(label_counts) * per_ppo + direct), "PPO"))  # fmt: skip
     rows.append(row(f"final evaluation, {n_eval} x {samples}", seeds * (len(label_counts) + 1),

@@ -27,6 +27,7 @@ from lmprefs.pipeline.rewards import track_true_reward
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import compiles_forwards
+from lmprefs.runtime.memory import release_freed_memory
 from lmprefs.runtime.runlog import open_logger, read_metrics
 from lmprefs.training.policy import train_policy
 from lmprefs.training.policy_run import build_run
@@ -114,6 +115,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     s = time.time()
     say("[2/6] evaluating the initial policy on held-out queries (true reward)", flush=True)
     before = evaluate_policy(t, heldout, true_fn, None, eval_samples, cfg.run.seed + 5, desc="initial policy")
+    release_freed_memory()  # the next stage starts from what the run holds, not this one's high-water mark
     stages["evaluate initial"] = time.time() - s
 
     s = time.time()
@@ -124,6 +126,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     # adapted blocks on them
     labeled = collect_labels(t, store, n_questions, source="quickstart", keep_prefixes=True)
     store = store or open_store(run_dir / "labels.sqlite")  # the other ranks read it once rank 0 has written it
+    release_freed_memory()
     stages["sample and label"] = time.time() - s
 
     s = time.time()
@@ -133,6 +136,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     rm, rm_summary = train_reward_model(t, store, run_dir / "reward_model", log)
     t.shared_prefixes = None  # their memory, for PPO
     rm.freeze()
+    release_freed_memory()
     stages["train reward model"] = time.time() - s
     say(f"      held-out accuracy {rm_summary.get('heldout/accuracy', float('nan')):.3f} "
         f"({rm_summary['labels_heldout']} labels; chance {chance(cfg):.2f})", flush=True)  # fmt: skip
@@ -145,6 +149,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     score, on_update = track_true_reward(rm_score, true_fn, t.tok, t.prefix, t.suffix, stop_tokens(cfg.task, t.tok))
     stats = train_policy(cfg, run, score, log, run_dir, t.ctx, on_update)
     log.close()
+    release_freed_memory()
     stages["PPO"] = time.time() - s
 
     s = time.time()

@@ -205,31 +205,42 @@ def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, ctx: TaskCon
     return torch.cat(out)
 
 
-def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen):
-    """(queries [n, Q], responses [n, T]): train_reward.normalize_samples untruncated samples of the initial policy,
-    as the original's normalization draws them (train_reward.py:normalize). Under several ranks, this rank's strided
-    share of them (both sizes are global totals), sampled with `gen`, the rank's own generator."""
+def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen, *,
+                          prefix_depth: int = 0) -> tuple[Tensor, Tensor, QuestionPrefixes | None]:  # fmt: skip
+    """(queries [n, Q], responses [n, T], their frozen prefixes): train_reward.normalize_samples untruncated samples
+    of the initial policy, as the original's normalization draws them (train_reward.py:normalize). Under several
+    ranks, this rank's strided share of them (both sizes are global totals), sampled with `gen`, the rank's own
+    generator. With prefix_depth d > 0, the sampling pass's frozen prefix below block d of each sample, one per
+    query (None under a compiled sampler, which keeps none), else None."""
     q = dist.shard(queries[: cfg.train_reward.normalize_samples])
     per = max(1, cfg.train_reward.rollout_batch_size // dist.world())
-    responses = []
+    responses, hidden = [], []
     with torch.no_grad():
         for i in range(0, len(q), per):
             with ctx.autocast():
-                r, _ = sample(model, ctx.format(q[i : i + per]), cfg.task.response_length, cfg.task.temperature,
-                              len(tok), gen, stop_tokens=stop_tokens(cfg.task, tok),
-                              **sampler_options(cfg.run))  # fmt: skip
+                r, _, pre = sample(model, ctx.format(q[i : i + per]), cfg.task.response_length, cfg.task.temperature,
+                                   len(tok), gen, stop_tokens=stop_tokens(cfg.task, tok), prefix_depth=prefix_depth,
+                                   **sampler_options(cfg.run))  # fmt: skip
             responses.append(r.cpu())
-    return q, torch.cat(responses)
+            hidden.append(pre)
+    prefixes = None
+    if hidden and all(h is not None for h in hidden):
+        prefix = FrozenPrefix(model, prefix_depth, torch.cat([h.hidden for h in hidden]))
+        prefixes = QuestionPrefixes(prefix, torch.arange(len(q)), 1)
+    return q, torch.cat(responses), prefixes
 
 
 def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen, *,
               target: tuple[float, float] = (0.0, 1.0)) -> dict:  # fmt: skip
     """Set gain and bias so rewards of initial-policy samples have mean and std `target`: (0, 1), or before training
     the scale of the labels when the label type has one (train_reward.py:normalize and target_mean_std;
-    rewards.py:set_reward_norm). The samples are untruncated, as the original's normalization samples are."""
-    q, responses = normalization_samples(model, tok, queries, cfg, ctx, gen)
+    rewards.py:set_reward_norm). The samples are untruncated, as the original's normalization samples are. A
+    reward model on the sampled model's own base scores them from the sampling pass's frozen prefix."""
+    shared = getattr(rm, "lm", None) is model and cfg.run.parallel != "fsdp"  # a sharded trunk scores the tokens
+    depth = frozen_depth(model) if shared else 0
+    q, responses, prefixes = normalization_samples(model, tok, queries, cfg, ctx, gen, prefix_depth=depth)
     # the moments of every rank's samples together (the original averages them over MPI ranks)
-    r = dist.gather_rows(rm_rewards(rm, q, responses, ctx).double())
+    r = dist.gather_rows(rm_rewards(rm, q, responses, ctx, prefixes=prefixes).double())
     mean, std = r.mean().item(), r.std(unbiased=False).item()  # np.mean / np.std of the original
     rm.set_norm(mean, std, *target)
     return {"mean_before": mean, "std_before": std, "queries": q, "responses": responses}

@@ -155,7 +155,7 @@ def test_a_plain_sequence_classifier_is_a_trained_reward_model(tmp_path, capsys)
     t = setup_task(preset("tiny"))
     normalize_foreign(t, rm, tmp_path / "trl_rm")
     gen = torch.Generator().manual_seed(rank_seed(t.cfg.run.seed) + 2)  # the samples normalize_foreign drew
-    q, r = normalization_samples(t.model, t.tok, t.train_queries, t.cfg, t.ctx, gen)
+    q, r, _ = normalization_samples(t.model, t.tok, t.train_queries, t.cfg, t.ctx, gen)
     rewards = rm_rewards(rm, q, r, t.ctx).double()
     assert abs(rewards.mean().item()) < 1e-4 and abs(rewards.std(unbiased=False).item() - 1) < 1e-4
 

@@ -238,3 +238,24 @@ def test_sampled_prefix_equals_the_frozen_prefix_of_the_sampled_rows(tiny_lm):
             tol = 1e-5 if dtype is None else 5e-2
             err = (pre.hidden - want.hidden)[real].abs().max()
             assert err <= tol, (type(m).__name__, cache, dtype, repeats, err)
+
+
+def test_a_batch_past_the_kv_budget_is_sampled_in_parts(tiny_lm, monkeypatch):
+    """On the CPU a call whose KV cache would pass KV_CACHE_BYTES samples its queries in parts, one after another:
+    the same tokens, logprobs, hidden states and frozen prefix as separate calls on those parts with one generator."""
+    from lmprefs.models import sampling
+
+    model, tok = tiny_lm
+    q = _padded_queries(tok)  # 3 queries
+    L, k = q.shape[1] + 6, 2
+    per_query = sampling.kv_cache_bytes(model, k, L, torch.float32)
+    monkeypatch.setattr(sampling, "KV_CACHE_BYTES", 2 * per_query)  # parts of 2 queries: 2 + 1
+    assert sampling._parts(model, q, 6, k) == [slice(0, 2), slice(2, 4)]
+    whole = sample(model, q, 6, 0.7, len(tok), torch.Generator().manual_seed(3), True, repeats=k, prefix_depth=1)
+    monkeypatch.setattr(sampling, "KV_CACHE_BYTES", 100 * per_query)
+    g = torch.Generator().manual_seed(3)
+    parts = [sample(model, q[p], 6, 0.7, len(tok), g, True, repeats=k, prefix_depth=1) for p in (slice(0, 2),
+                                                                                                 slice(2, 3))]
+    for i in range(3):  # responses, logprobs, hidden
+        assert whole[i].shape[0] == 3 * k and whole[i].equal(torch.cat([p[i] for p in parts]))
+    assert whole[3].start == 1 and whole[3].hidden.equal(torch.cat([p[3].hidden for p in parts]))

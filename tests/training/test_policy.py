@@ -206,7 +206,7 @@ def test_direct_reward_is_normalized_on_initial_policy_samples(tmp_path):
     score, info = reward_for_policy(t, tmp_path, "vader", None, False)
     assert info == {"reward": "vader"}
     gen = torch.Generator().manual_seed(cfg.run.seed + 2)  # the samples it normalized on
-    q, r = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
+    q, r, _ = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
     s = score(format_queries(q, t.prefix, t.suffix), r).double()
     assert abs(s.mean().item()) < 1e-5 and abs(s.std(unbiased=False).item() - 1) < 1e-4
 

@@ -36,6 +36,30 @@ def test_normalization_reaches_mean_0_std_1_on_the_sampled_set(tiny_lm):
     assert abs(r.mean().item()) < 1e-3 and abs(r.std(unbiased=False).item() - 1) < 1e-3
 
 
+def test_normalization_scores_from_the_sampling_pass_prefix(tiny_lm):
+    """A reward model on the sampled model's own base (LoRA in the top block) scores the normalization samples from
+    the prefix the sampling pass kept: the rewards it normalizes are those of a plain forward within rounding."""
+    from lmprefs.config import LoraConfig
+    from lmprefs.pipeline.reward_model import reward_frame
+    from lmprefs.training.reward import normalization_samples
+
+    cfg = preset("tiny")
+    cfg = R(cfg, lora=LoraConfig(rank=4, alpha=8.0, layers=1), train_reward=R(cfg.train_reward, normalize_samples=12))
+    t = setup_task(cfg, n_heldout=8)
+    rm = reward_frame(t)
+    gen = torch.Generator().manual_seed(0)
+    q, r, prefixes = normalization_samples(t.model, t.tok, t.train_queries, cfg, t.ctx, gen, prefix_depth=1)
+    assert prefixes is not None and prefixes.prefix.start == 1 and len(prefixes.prefix) == len(q) == 12
+    with torch.no_grad():
+        rm.head.linear.weight.normal_()  # an untrained head reads little: make the rewards spread
+    plain = rm_rewards(rm, q, r, t.ctx)
+    torch.testing.assert_close(rm_rewards(rm, q, r, t.ctx, prefixes=prefixes), plain, rtol=1e-4, atol=1e-5)
+    out = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, torch.Generator().manual_seed(0))
+    assert out["responses"].equal(r)  # the same draws as without a prefix kept
+    after = rm_rewards(rm, q, r, t.ctx).double()  # plain forwards, normalized by the prefix-scored moments
+    assert abs(after.mean().item()) < 1e-4 and abs(after.std(unbiased=False).item() - 1) < 1e-4
+
+
 def _scripted(n, g, marker=0):
     """Best-of-4 questions where the preferred sample is the one that ends in the marker token ('!')."""
     q = torch.randint(300, 20000, (n, 6), generator=g)
