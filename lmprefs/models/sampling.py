@@ -196,7 +196,8 @@ where a run's peak RSS is reached (docs/results.md)."""
 
 
 def kv_cache_bytes(model, rows: int, length: int, dtype: torch.dtype) -> int:
-    """Bytes of the keys and values of `rows` sequences of `length` tokens in `dtype`, every layer."""
+    """Bytes of the keys and values of `rows` sequences of `length` tokens in `dtype`, every layer: the static
+    cache's, which keeps keys in the values' dtype (a dynamic cache under bf16 autocast keeps fp32 keys)."""
     c = model.config
     heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
