@@ -217,17 +217,10 @@ def _parts(model, queries: Tensor, length: int, repeats: int) -> list[slice]:
     return [slice(i, i + step) for i in range(0, B, step)]
 
 
-def _joined(model, outs: list[tuple]) -> tuple:
+def _joined(outs: list[tuple]) -> tuple:
     """The outputs of sampling parts of a batch, as those of the whole batch (rows in the queries' order)."""
-    joined: list[Tensor | FrozenPrefix | None] = []
-    for parts in zip(*outs, strict=True):
-        if isinstance(parts[0], Tensor):
-            joined.append(torch.cat(parts))
-        elif parts[0] is None or any(p is None for p in parts):
-            joined.append(None)
-        else:  # FrozenPrefix
-            joined.append(FrozenPrefix(model, parts[0].start, torch.cat([p.hidden for p in parts])))
-    return tuple(joined)
+    return tuple(torch.cat(parts) if isinstance(parts[0], Tensor) else FrozenPrefix.cat(list(parts))
+                 for parts in zip(*outs, strict=True))
 
 
 @torch.no_grad()
@@ -254,7 +247,7 @@ def sample(model, queries: Tensor, length: int, temperature: float, vocab: int,
     """
     parts = _parts(model, queries, length, repeats)
     if len(parts) > 1:
-        return _joined(model, [sample(model, queries[p], length, temperature, vocab, generator, return_hidden,
+        return _joined([sample(model, queries[p], length, temperature, vocab, generator, return_hidden,
                                       repeats=repeats, cache=cache, compile=compile, stop_tokens=stop_tokens,
                                       prefix_depth=prefix_depth) for p in parts])  # fmt: skip
     static, compile = sampler_mode(cache, compile, queries.device)

@@ -84,6 +84,14 @@ class FrozenPrefix:
     def __len__(self) -> int:
         return self.hidden.shape[0]
 
+    @staticmethod
+    def cat(parts: list[FrozenPrefix | None]) -> FrozenPrefix | None:
+        """The prefixes of consecutive batches of rows as one (None if any batch kept none)."""
+        if not parts or any(p is None for p in parts):
+            return None
+        first = cast(FrozenPrefix, parts[0])
+        return FrozenPrefix(first.model, first.start, torch.cat([cast(FrozenPrefix, p).hidden for p in parts]))
+
 
 def frozen_depth(model) -> int:
     """Number of bottom blocks that hold no LoRA adapter (0 without LoRA, or with adapters in every block)."""

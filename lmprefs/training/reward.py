@@ -223,11 +223,8 @@ def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskCon
                                    **sampler_options(cfg.run))  # fmt: skip
             responses.append(r.cpu())
             hidden.append(pre)
-    prefixes = None
-    if hidden and all(h is not None for h in hidden):
-        prefix = FrozenPrefix(model, prefix_depth, torch.cat([h.hidden for h in hidden]))
-        prefixes = QuestionPrefixes(prefix, torch.arange(len(q)), 1)
-    return q, torch.cat(responses), prefixes
+    prefix = FrozenPrefix.cat(hidden)
+    return q, torch.cat(responses), QuestionPrefixes(prefix, torch.arange(len(q)), 1) if prefix is not None else None
 
 
 def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen, *,
