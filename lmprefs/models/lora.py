@@ -49,7 +49,9 @@ class LoRALinear(nn.Module):
         if self.active is None:
             return y
         a, b = self.A[self.active], self.B[self.active]
-        return y + (x.to(a.dtype) @ a.t() @ b.t()).to(y.dtype) * self.scale
+        if not torch.is_autocast_enabled(x.device.type):  # under autocast the matmul casts x itself, once
+            x = x.to(a.dtype)
+        return y + (x @ a.t() @ b.t()).to(y.dtype) * self.scale
 
     def merged_weight(self, name: str) -> Tensor:
         delta = (self.B[name] @ self.A[name]) * self.scale  # [out, in]

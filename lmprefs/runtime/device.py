@@ -12,6 +12,7 @@ import torch
 
 from lmprefs.errors import UserError
 from lmprefs.runtime.distributed import active, device_for
+from lmprefs.runtime.memory import keep_freed_memory
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -57,11 +58,14 @@ def autocast(device: torch.device, dtype: torch.dtype):
 
 
 def setup_torch(run) -> tuple[torch.device, torch.dtype]:
-    """Device, autocast dtype and threads from RunConfig."""
+    """Device, autocast dtype and threads from RunConfig; on the CPU, freed tensor memory kept for reuse
+    (`keep_freed_memory`)."""
 
     if run.threads:
         torch.set_num_threads(run.threads)
     device = device_for(pick_device(run.device))  # cuda:LOCAL_RANK under a launcher
+    if device.type == "cpu":
+        keep_freed_memory()
     return device, pick_dtype(run.dtype, device)
 
 

@@ -2,11 +2,12 @@ import copy
 import dataclasses
 
 import torch
+from torch import nn
 
 from lmprefs.config import LoraConfig, preset
 from lmprefs.data.queries import QueryStream
 from lmprefs.data.tasks import TaskContext
-from lmprefs.models.lora import add_adapter, lora_modules, merged_copy, using
+from lmprefs.models.lora import LoRALinear, add_adapter, lora_modules, merged_copy, using
 from lmprefs.models.policy import Policy
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.trunk import frozen_prefix, response_logits_hidden
@@ -247,3 +248,30 @@ def test_ppo_update_on_the_frozen_prefix_equals_the_full_forward():
     assert a["stats"] == b["stats"]
     assert all(torch.equal(v, b["adapters"][k]) for k, v in a["adapters"].items())
     assert any(v.abs().sum() > 0 for v in a["adapters"].values())  # the update did move the adapters
+
+
+def test_lora_under_autocast_matches_the_fp32_adapter_path():
+    """Under bf16 autocast an adapter reads its bf16 input as it is (the matmul casts for itself): the output and
+    the gradients equal those of the input first widened to fp32 and cast back by autocast, to the bit."""
+    torch.manual_seed(0)
+    m = LoRALinear(nn.Linear(48, 32, bias=False).requires_grad_(False), rank=4, alpha=8)
+    m.add("p")
+    m.active = "p"
+    with torch.no_grad():
+        m.B["p"].normal_()
+    x = torch.randn(16, 48).bfloat16()
+
+    def run(widen: bool):
+        xi = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", torch.bfloat16):
+            if widen:  # the input widened to fp32 first, which autocast then casts back for the matmul
+                y = m.base(xi) + (xi.float() @ m.A["p"].t() @ m.B["p"].t()) * m.scale
+            else:
+                y = m(xi)
+        y.float().square().sum().backward()
+        grads = [xi.grad, m.A["p"].grad.clone(), m.B["p"].grad.clone()]
+        m.A["p"].grad = m.B["p"].grad = None
+        return [y.detach(), *grads]
+
+    for ours, widened in zip(run(False), run(True), strict=True):
+        assert torch.equal(ours, widened)
