@@ -44,9 +44,6 @@ for _ in range(20):
     step()
 print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
-BLOCK_PAGES = 60 * 2**20 // 4096  # the largest temporary's pages
-
-
 def _faults(mode: str, env: dict | None = None) -> tuple[str, int]:
     out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True,
                          env={**os.environ, **(env or {})}).stdout.split()  # fmt: skip
@@ -57,15 +54,16 @@ def _faults(mode: str, env: dict | None = None) -> tuple[str, int]:
 def test_freed_blocks_are_reused_without_page_faults():
     """By default a block past glibc's largest mmap threshold (32 MiB) is mapped anew at every allocation and its
     pages faulted in again; kept in the heap, the next steps reuse them. Each run in a process of its own: the
-    settings are the process's."""
+    settings are the process's. Compared with each other, not with a page count: with transparent huge pages on,
+    a fault brings in 2 MB."""
     kept, faults = _faults("keep")
     assert kept == "True"
-    assert faults < 3 * BLOCK_PAGES, faults  # twenty steps: the 60 MB block's pages faulted in twice at most
     _, plain = _faults("plain")
-    assert plain > 10 * BLOCK_PAGES, plain  # at (nearly) every step
+    assert 4 * faults < plain, (faults, plain)  # twenty steps: the 60 MB block faulted in twice at most, not ~20 times
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_thresholds_the_user_set_are_left_alone():
+    _, keep = _faults("keep")
     kept, faults = _faults("keep", {"MALLOC_MMAP_THRESHOLD_": str(2**20)})
-    assert kept == "False" and faults > 10 * BLOCK_PAGES
+    assert kept == "False" and faults > 4 * keep, (faults, keep)
