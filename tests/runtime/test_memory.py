@@ -44,26 +44,34 @@ for _ in range(20):
     step()
 print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
+
+
 def _faults(mode: str, env: dict | None = None) -> tuple[str, int]:
     out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True,
                          env={**os.environ, **(env or {})}).stdout.split()  # fmt: skip
     return out[0], int(out[1])
 
 
+@pytest.fixture(scope="module")
+def kept_faults() -> tuple[str, int]:
+    """The faults of a process that keeps freed memory, for both tests below."""
+    return _faults("keep")
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
-def test_freed_blocks_are_reused_without_page_faults():
+def test_freed_blocks_are_reused_without_page_faults(kept_faults):
     """By default a block past glibc's largest mmap threshold (32 MiB) is mapped anew at every allocation and its
     pages faulted in again; kept in the heap, the next steps reuse them. Each run in a process of its own: the
     settings are the process's. Compared with each other, not with a page count: with transparent huge pages on,
     a fault brings in 2 MB."""
-    kept, faults = _faults("keep")
+    kept, faults = kept_faults
     assert kept == "True"
     _, plain = _faults("plain")
     assert 4 * faults < plain, (faults, plain)  # twenty steps: the 60 MB block faulted in twice at most, not ~20 times
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
-def test_thresholds_the_user_set_are_left_alone():
-    _, keep = _faults("keep")
+def test_thresholds_the_user_set_are_left_alone(kept_faults):
+    _, keep = kept_faults
     kept, faults = _faults("keep", {"MALLOC_MMAP_THRESHOLD_": str(2**20)})
     assert kept == "False" and faults > 4 * keep, (faults, keep)
