@@ -1,3 +1,3 @@
-from lmprefs.cli.dispatch import main
+from lmprefs.cli.dispatch import entry
 
-raise SystemExit(main())
+entry()

@@ -6,8 +6,10 @@ Config overrides are dotted flags (`--ppo.lr 2e-5`) applied to a preset; a comma
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from typing import NoReturn
 
 from lmprefs.cli.assets import cmd_assets
 from lmprefs.cli.common import COMMANDS
@@ -59,6 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     # under a launcher (torchrun sets RANK and WORLD_SIZE) join the process group; without one, torch is not even
     # imported here and nothing changes
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ
+    return _run(cmd, rest, launched)
+
+
+def entry() -> NoReturn:
+    """The process's entry point (the `lmprefs` script, `python -m lmprefs`): main's status as the exit status."""
+    rc = main()
+    if "lmprefs.runtime.distributed" in sys.modules and "RANK" in os.environ:
+        _end_rank(rc)
+    sys.exit(rc)
+
+
+def _run(cmd: str, rest: list[str], launched: bool) -> int:
+    """The command's exit status; a user's mistake, a full disk or a lost rank as one line on stderr."""
     where = f" (rank {os.environ.get('RANK')} of {os.environ.get('WORLD_SIZE')})" if launched else ""
     try:
         if launched and cmd not in DISTRIBUTED and os.environ["WORLD_SIZE"] != "1":
@@ -97,6 +112,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if launched and "lmprefs.runtime.distributed" in sys.modules:
             sys.modules["lmprefs.runtime.distributed"].teardown()
+
+
+def _end_rank(rc: int) -> NoReturn:
+    """End a launched process without the interpreter's finalization. gloo's worker threads outlive
+    `destroy_process_group` after a training run (references inside torch keep the group), and one that drops its
+    last finished collective, the final barrier, while the interpreter finalizes takes the GIL there: the process
+    aborts ("terminate called without an active exception") after its work is done, and the launcher fails the run.
+    Every file a command writes is closed when it returns; only the standard streams are flushed here."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(ValueError, OSError):  # closed, or a reader that left
+            stream.flush()
+    os._exit(rc)
 
 
 def _close_progress() -> None:

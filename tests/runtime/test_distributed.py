@@ -315,3 +315,35 @@ def test_whole_state_of_fsdp_models_saves_as_the_usual_directories(worker_result
     with torch.no_grad():
         for x, y in zip(load_policy(tmp_path / "policy")(q, r), policy(q, r), strict=True):
             assert torch.allclose(x, y, atol=1e-5)
+
+
+def test_a_launched_process_ends_without_the_interpreter_s_finalization(monkeypatch, capsys):
+    """gloo's worker threads outlive the process group, and one that frees its last collective while the interpreter
+    finalizes aborts the rank after its work is done: the `lmprefs` entry point of a launched rank leaves through
+    os._exit with the command's status and its output flushed. `main` itself returns (a library call, or the test
+    worker running several commands in one rank), and so does the entry point without a launcher."""
+    import lmprefs.cli.dispatch as dispatch
+    from lmprefs.runtime import distributed
+
+    exits = []
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(rc):
+        exits.append(rc)
+        raise Exited
+
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    monkeypatch.setattr(distributed, "init", lambda: False)
+    monkeypatch.setitem(dispatch.HANDLERS, "train-policy", lambda rest: print("trained") or 3)
+    monkeypatch.setattr(sys, "argv", ["lmprefs", "train-policy"])
+    with pytest.raises(SystemExit) as e:
+        dispatch.entry()
+    assert e.value.code == 3 and exits == []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert main(["train-policy"]) == 3 and exits == []
+    with pytest.raises(Exited):
+        dispatch.entry()
+    assert exits == [3] and capsys.readouterr().out == "trained\n" * 3
