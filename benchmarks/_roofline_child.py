@@ -30,6 +30,7 @@ def main(argv: list[str]) -> int:
 
     import lmprefs.recipes.quickstart as qs
     from lmprefs.cli.dispatch import main as lmprefs_main
+    from lmprefs.models import cpu_linear
     from lmprefs.models.flops import flop_counter
 
     out, argv = Path(argv[0]), argv[1:]
@@ -59,7 +60,8 @@ def main(argv: list[str]) -> int:
                       attention=getattr(t.model.config, "_attn_implementation", None),
                       query_length=int(t.train_queries.shape[1]), prefix=len(t.prefix), suffix=len(t.suffix),
                       train_queries=len(t.train_queries), device=str(t.device),
-                      dtype=str(t.dtype).removeprefix("torch."), threads=torch.get_num_threads())  # fmt: skip
+                      dtype=str(t.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
+                      fp32_linear="onednn" if any(map(cpu_linear.routed, t.model.modules())) else "torch")  # fmt: skip
         return t
 
     for name, stage in STAGE_OF.items():

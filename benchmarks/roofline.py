@@ -262,7 +262,8 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
         f"reduced: {cfg.labels.num_train} labels, {cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}")
     print(f"\nroofline of lmprefs quickstart --preset {a.preset} ({size_note}; {counts.eval_queries} held-out queries "
           f"x {a.eval_samples} samples)")  # fmt: skip
-    print(f"machine: {device_name(device)}, {threads} threads, {dtype}; matmul peak "
+    route = ", fp32 linear layers through oneDNN" if record.get("fp32_linear") == "onednn" else ""
+    print(f"machine: {device_name(device)}, {threads} threads, {dtype}{route}; matmul peak "
           f"{peak:.1f} GFLOP/s ({dtype} {size}x{size}, best of {a.peak_reps}); load average "
           f"{loads[0][0]:.2f} before, {loads[1][0]:.2f} after")  # fmt: skip
     head = ["stage", "seconds", "GFLOP", "GFLOP/s", "peak GFLOP/s", "% of peak", "floor s", "peak RSS MiB"]
@@ -290,6 +291,7 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
     if a.json:
         res = {"bench": "roofline", "preset": a.preset, "full": a.full, "quickstart_argv": qs_argv,
                "device": device, "dtype": dtype, "threads": threads, "machine": device_name(device),
+               "fp32_linear": record.get("fp32_linear"),
                "peak": {"gflop_per_s": peak, "size": size, "reps": a.peak_reps, "dtype": dtype},
                "model": asdict(facts), "counts": counts._asdict(), "stages": rows, "total": total,
                "peak_rss_mib": rss_mib, "child_wall_s": wall, "loadavg_before": loads[0], "loadavg_after": loads[1],

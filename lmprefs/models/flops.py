@@ -18,6 +18,7 @@ the CPU runs for short rows (`lmprefs.models.attention`) 4: 2x.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -278,7 +279,8 @@ def merge_flops(facts: ModelFacts, adapter: Adapters) -> int:
 def flop_counter() -> Any:
     """torch's FlopCounterMode (as a context manager; `.get_total_flops()` after), also counting the CPU's fused
     attention, which it counts on CUDA only, with its own formulas for the CUDA kernels: 2 matmuls forward, 5
-    backward. What the counts here are checked against."""
+    backward; and oneDNN's linear (`models.cpu_linear`), which it does not count. What the counts here are checked
+    against."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
@@ -290,6 +292,10 @@ def flop_counter() -> Any:
     def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
         return sdpa_backward_flop_count(grad_out, query, key, value)
 
+    def linear(x, w, *args, out_shape=None, **kwargs) -> int:  # x [..., in], w [out, in]
+        return 2 * math.prod(x[:-1]) * w[0] * w[1]
+
     cpu = {aten._scaled_dot_product_flash_attention_for_cpu: forward,
-           aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}  # fmt: skip
+           aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+           torch.ops.mkldnn._linear_pointwise: linear}  # fmt: skip
     return FlopCounterMode(display=False, custom_mapping=cpu)

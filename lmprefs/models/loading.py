@@ -12,7 +12,7 @@ from lmprefs.assets.cache import AssetError, cache_dir
 from lmprefs.assets.models import MODEL_ASSETS as MODEL_NAMES
 from lmprefs.assets.models import resolve_model
 from lmprefs.assets.tokenizers import load_tokenizer
-from lmprefs.models import attention
+from lmprefs.models import attention, cpu_linear
 
 
 def load_lm(name: str, device: torch.device | str = "cpu"):
@@ -47,6 +47,7 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     model = AutoModelForCausalLM.from_pretrained(path, config=cfg, dtype=torch.float32)
     model = model.to(device).eval()  # type: ignore[arg-type]
     attention.use(model)
+    cpu_linear.use(model)  # fp32 frozen linears on the CPU through oneDNN
     # exports of merged models go back to it (export_dtype)
     model.source_dtype = source_dtype if isinstance(source_dtype, torch.dtype) else torch.float32
     model.lmprefs_base, model.lmprefs_base_path = portable_base(name, path)

@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lmprefs.models import cpu_linear
+from lmprefs.models.cpu_linear import linear_classes
 from lmprefs.models.flops import LLAMA_LIKE
 from lmprefs.models.loading import trunk_blocks
 
@@ -32,21 +34,14 @@ BLOCK_NORMS: dict[str, tuple[str, str]] = {
 }
 
 
-def _conv1d_class():
-    try:
-        from transformers.pytorch_utils import Conv1D
-    except ImportError:  # a transformers without GPT-2's Conv1D: nothing of that kind to cast
-        return None
-    return Conv1D
-
-
 def _frozen_linears(model: nn.Module) -> Iterator[tuple[nn.Module, torch.Tensor]]:
     """(layer, weight) of the linear layers (nn.Linear, GPT-2's Conv1D) whose weight is a plain frozen tensor and
-    whose forward is the class's own (hooks of other libraries that replace it are left alone)."""
-    kinds = tuple(k for k in (nn.Linear, _conv1d_class()) if k is not None)
+    whose forward is the class's own or `cpu_linear`'s (hooks of other libraries that replace it are left alone)."""
     for m in model.modules():
         w = getattr(m, "weight", None)
-        if not isinstance(m, kinds) or not isinstance(w, torch.Tensor) or "forward" in m.__dict__:
+        if not isinstance(m, linear_classes()) or not isinstance(w, torch.Tensor):
+            continue
+        if "forward" in m.__dict__ and not cpu_linear.routed(m):
             continue
         if not w.requires_grad and type(w.data) is torch.Tensor:  # not a sharded DTensor
             yield m, w
@@ -87,17 +82,20 @@ def precast(model: nn.Module, device_type: str):
         yield
         return
     dtype = torch.get_autocast_dtype(device_type)
-    patched = []
+    patched: list[tuple[nn.Module, object]] = []  # (module, the forward in its dict before, or None)
     try:
         for m, w in _frozen_linears(model):
             # an instance attribute: Module.__call__ finds it before the class's forward
+            patched.append((m, m.__dict__.get("forward")))
             m.__dict__["forward"] = _forward_with(m, w.detach().to(dtype))
-            patched.append(m)
         if not torch.is_grad_enabled():
             for m in _block_norms(model):
+                patched.append((m, m.__dict__.get("forward")))
                 m.__dict__["forward"] = _cast_output(m.forward, dtype)
-                patched.append(m)
         yield
     finally:
-        for m in patched:
-            del m.__dict__["forward"]
+        for m, before in reversed(patched):
+            if before is None:
+                del m.__dict__["forward"]
+            else:
+                m.__dict__["forward"] = before
