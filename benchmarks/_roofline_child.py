@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
                       query_length=int(t.train_queries.shape[1]), prefix=len(t.prefix), suffix=len(t.suffix),
                       train_queries=len(t.train_queries), device=str(t.device),
                       dtype=str(t.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
-                      fp32_linear="onednn" if any(map(cpu_linear.routed, t.model.modules())) else "torch")  # fmt: skip
+                      fp32_linear=None if t.dtype != torch.float32 else  # under autocast nothing is routed
+                      "onednn" if any(map(cpu_linear.routed, t.model.modules())) else "torch")  # fmt: skip
         return t
 
     for name, stage in STAGE_OF.items():
