@@ -23,7 +23,6 @@ import json
 import math
 import os
 import platform
-import re
 import time
 import types
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from torch import Tensor, nn
 from lmprefs.assets.cache import cache_dir
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
+from lmprefs.runtime.device import cpu_info
 
 ENV = "LMPREFS_CPU_LINEAR"
 FASTER = 0.6  # route where oneDNN takes at most this share of MKL's time
@@ -129,7 +129,8 @@ def _shares(key: str) -> float:
     path = cache_dir() / "cpu-linear.json"
     known = _read(path)
     if key not in known:
-        known = {**_read(path), key: round(_measure(), 4)}  # read again: another process may have added its own
+        share = round(_measure(), 4)
+        known = {**_read(path), key: share}  # read again after measuring: another process may have added its own
         try:
             atomic_write_text(path, json.dumps(known, indent=1, sort_keys=True) + "\n")
         except (OSError, UserError):  # a read-only cache: measured again by the next process
@@ -148,14 +149,8 @@ def _read(path: Path) -> dict[str, float]:
 def _cpu_model() -> str:
     """The CPU's model name and its AVX-512 extensions: CPUs sold under one name differ (a VM's "AMD EPYC" may be
     any generation)."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        info = ""
-    name = re.search(r"^model name\s*:\s*(.+)$", info, re.M)
-    flags = re.search(r"^flags\s*:\s*(.+)$", info, re.M)
-    ext = ",".join(sorted(set(re.findall(r"\bavx512\w*", flags.group(1) if flags else ""))))
-    return f"{name.group(1).strip() if name else platform.machine()} [{ext}]"
+    name, flags = cpu_info()
+    return f"{name or platform.machine()} [{','.join(sorted(f for f in flags if f.startswith('avx512')))}]"
 
 
 def _measure(reps: int = 7) -> float:

@@ -95,14 +95,21 @@ def test_loaded_models_route_their_linear_layers_where_chosen(tiny_lm):
 
 def test_the_choice_is_the_environments_or_this_machines_measurement_kept_in_the_cache(tmp_path, monkeypatch):
     """auto routes where the kept share is at most FASTER; a machine without an entry measures once and adds its
-    own beside the others; onednn and torch decide without measuring; anything else is a one-line error."""
+    own beside the others, also those written while it measured; onednn and torch decide without measuring; anything else is a one-line error."""
     monkeypatch.setenv("LMPREFS_CACHE", str(tmp_path))
     monkeypatch.delenv(cpu_linear.ENV, raising=False)
     cpu_linear._shares.cache_clear()
-    monkeypatch.setattr(cpu_linear, "_measure", lambda: 0.5)
-    assert cpu_linear.chosen() and cpu_linear.onednn_share() == 0.5
     path = tmp_path / "cpu-linear.json"
-    (key,) = json.loads(path.read_text())
+
+    def measure_while_another_process_adds_its_own():
+        path.write_text(json.dumps({"another CPU": 0.7}))
+        return 0.5
+
+    monkeypatch.setattr(cpu_linear, "_measure", measure_while_another_process_adds_its_own)
+    assert cpu_linear.chosen() and cpu_linear.onednn_share() == 0.5
+    kept = json.loads(path.read_text())
+    assert kept.pop("another CPU") == 0.7
+    (key,) = kept
     assert f"torch {torch.__version__}" in key and f"{torch.get_num_threads()} threads" in key
     for share, routes in ((0.2, True), (0.9, False)):
         path.write_text(json.dumps({"another CPU": 0.1, key: share}))
