@@ -199,3 +199,8 @@ def main(plan_file: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
+    # as the `lmprefs` entry point ends a launched rank: without the interpreter's finalization, which gloo's worker
+    # threads, alive after the steps' process groups are destroyed, can crash after the work is done
+    from lmprefs.cli.dispatch import _end_rank
+
+    _end_rank(0)
