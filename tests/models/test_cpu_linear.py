@@ -95,7 +95,8 @@ def test_loaded_models_route_their_linear_layers_where_chosen(tiny_lm):
 
 def test_the_choice_is_the_environments_or_this_machines_measurement_kept_in_the_cache(tmp_path, monkeypatch):
     """auto routes where the kept share is at most FASTER; a machine without an entry measures once and adds its
-    own beside the others, also those written while it measured; onednn and torch decide without measuring; anything else is a one-line error."""
+    own beside the others, also those written while it measured; onednn and torch decide without measuring;
+    anything else is a one-line error."""
     monkeypatch.setenv("LMPREFS_CACHE", str(tmp_path))
     monkeypatch.delenv(cpu_linear.ENV, raising=False)
     cpu_linear._shares.cache_clear()
