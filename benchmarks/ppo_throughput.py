@@ -53,16 +53,19 @@ Example
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from pathlib import Path
+
+from _common import ArgumentParser, nonnegative_int, positive_int
+from _ppo_report import report
+from _ppo_worker import lmprefs_worker
+
+from lmprefs.assets.models import MODEL_ASSETS, resolve_model
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ANCHOR_DIR = REPO.parent / "shared" / "bench"
@@ -71,22 +74,6 @@ MODES = ("shared", "separate")
 # what an anchor result must have been measured with for a ratio against it to mean anything
 ANCHOR_SETTINGS = ("batch_size", "query_len", "response_len", "ppo_epochs", "minibatches", "temperature")
 ANCHOR_SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size")
-
-from _common import ArgumentParser, nonnegative_int, positive_int, source_fingerprint  # noqa: E402
-
-# lmprefs internals this script uses, all in this block
-import lmprefs  # noqa: E402
-from lmprefs.assets.models import MODEL_ASSETS, resolve_model  # noqa: E402
-from lmprefs.config import Config, PPOConfig, RewardsConfig, RunConfig, TaskConfig  # noqa: E402
-from lmprefs.data.queries import QueryStream  # noqa: E402
-from lmprefs.data.tasks import TaskContext  # noqa: E402
-from lmprefs.models.loading import load_lm  # noqa: E402
-from lmprefs.pipeline.policy import policy_for  # noqa: E402
-from lmprefs.pipeline.task import Task  # noqa: E402
-from lmprefs.runtime.device import setup_torch  # noqa: E402
-from lmprefs.training import policy as P  # noqa: E402
-from lmprefs.training import rollout as RO  # noqa: E402 (sample, ref_logprobs, frozen_prefix are timed there)
-from lmprefs.training.policy_run import build_run  # noqa: E402
 
 
 def build_parser() -> ArgumentParser:
@@ -185,228 +172,6 @@ def loadavg() -> str:
     return "loadavg {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# worker: lmprefs
-
-
-def char_frac(target: str):
-    """The anchor's default reward: fraction of `target` characters in each decoded response. lmprefs' text rewards
-    take the query texts too (text_score_fn calls fn(responses, queries)); this one ignores them, as the anchor's."""
-
-    def fn(texts: list[str], queries: list[str]) -> list[float]:
-        return [t.count(target) / max(len(t), 1) for t in texts]
-
-    return fn
-
-
-class _NullLog:
-    """What train_policy needs of a RunLogger, without files (the anchor runs TRL with report_to=none)."""
-
-    def scalars(self, stats, step):
-        pass
-
-    def samples(self, rows, step):
-        pass
-
-
-def anchor_queries(common, tok, args) -> list[list[int]]:
-    """The anchor's queries (_anchor_common.make_queries: the same seed, so the same as TRL's), kept in --out-dir:
-    they tokenize 2 MB of text, seconds with a slow tokenizer, once per invocation instead of once per run."""
-    n = args.steps * args.batch_size + args.batch_size
-    key = f"{Path(args.model_dir).resolve()}|{n}|{args.query_len}|{args.seed}".encode()
-    path = Path(args.out_dir) / f"queries-{hashlib.sha1(key).hexdigest()[:12]}.json"
-    if path.exists():
-        return json.loads(path.read_text())
-    q = common.make_queries(tok, n, args.query_len, seed=args.seed)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(q))
-    tmp.replace(path)
-    return q
-
-
-def lmprefs_worker(args) -> dict:
-    import torch
-
-    sys.path.insert(0, args.anchor_dir)
-    import _anchor_common as common
-
-    src = source_fingerprint()
-    steps = args.steps + (1 if args.profile_update else 0)
-    B = args.batch_size
-    cfg = Config(
-        task=TaskConfig(
-            query_dataset="bundled",
-            query_length=args.query_len,
-            response_length=args.response_len,
-            start_text=None,
-            end_text=None,
-            truncate_token=None,
-            temperature=args.temperature,
-            initial_model=args.model_dir,
-        ),
-        rewards=RewardsConfig(kl_coef=0.05, kl_target=None),  # TRL's PPOConfig default: fixed 0.05
-        ppo=PPOConfig(
-            total_episodes=B * steps,
-            batch_size=B,
-            nminibatches=args.minibatches,
-            noptepochs=args.ppo_epochs,
-            lr=args.lr,
-            value_model=args.value_model,
-            score_drop_stop=None,
-        ),
-        run=RunConfig(
-            seed=args.seed,
-            device="cpu",
-            dtype=args.dtype,
-            threads=args.threads,
-            log_interval=10**9,
-            save_interval=10**9,
-        ),
-    )
-    t_setup = time.perf_counter()
-    device, dtype = setup_torch(cfg.run)
-    torch.manual_seed(args.seed)
-    model, tok = load_lm(args.model_dir, device)
-    queries = torch.tensor(anchor_queries(common, tok, args))[: steps * B]
-    t = Task(cfg, device, dtype, model, tok, queries, queries[:0], [], [])
-    policy = policy_for(t)
-    run = build_run(cfg, policy, QueryStream(queries, cfg.run.seed), device)
-    score_fn = RO.text_score_fn(char_frac("e"), tok)
-    setup_s = time.perf_counter() - t_setup
-
-    # ---- phase timers: wrap what the loop calls, as the anchor wraps TRL's helpers ----
-    cur: dict[str, float] = defaultdict(float)
-    prof_state = {"prof": None}
-
-    def timed(name_fn, fn):
-        def wrapper(*a, **k):
-            name = name_fn(*a, **k)
-            t0 = time.perf_counter()
-            with torch.profiler.record_function("lmprefs::" + name):
-                try:
-                    return fn(*a, **k)
-                finally:
-                    cur[name] += time.perf_counter() - t0
-
-        return wrapper
-
-    RO.sample = timed(lambda *a, **k: "sample", RO.sample)
-    RO.ref_logprobs = timed(lambda *a, **k: "rollout_ref_fwd", RO.ref_logprobs)
-    P.ppo_update = timed(lambda *a, **k: "ppo_update", P.ppo_update)
-    score_fn = timed(lambda *a, **k: "score", score_fn)
-    policy.forward = timed(
-        lambda *a, **k: "ppo_train_fwd" if torch.is_grad_enabled() else "rollout_policy_fwd", policy.forward
-    )
-    if hasattr(policy, "values_from"):  # newer lmprefs: rollout values from the sampler's hidden states
-        policy.values_from = timed(lambda *a, **k: "rollout_policy_fwd", policy.values_from)
-    run.optimizer.step = timed(lambda *a, **k: "ppo_optimizer_step", run.optimizer.step)
-    orig_backward = torch.Tensor.backward
-    torch.Tensor.backward = timed(lambda *a, **k: "ppo_backward", orig_backward)
-
-    updates: list[dict] = []
-    mark = {"t": None}
-    last_stats: dict = {}
-
-    def on_update(r, stats):
-        now = time.perf_counter()
-        rec = {"total_s": now - mark["t"], **cur}
-        updates.append(rec)
-        cur.clear()
-        last_stats.update(stats)
-        if args.profile_update:
-            if r.update == 1 and prof_state.get("flops") is not None:
-                prof_state["flops"].__exit__(None, None, None)
-                prof_state["gflop"] = prof_state["flops"].get_total_flops() / 1e9
-            if r.update == steps - 1:  # profile the next (last) update
-                prof_state["prof"] = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                prof_state["prof"].start()
-            elif prof_state["prof"] is not None:
-                prof_state["prof"].stop()
-        mark["t"] = time.perf_counter()
-
-    run_dir = Path(args.out_dir) / f"lmprefs-{args.value_model}-{os.getpid()}"
-    if args.profile_update:  # count the FLOPs of the warm-up update (excluded from timing anyway)
-        from torch.utils.flop_counter import FlopCounterMode
-
-        prof_state["flops"] = FlopCounterMode(display=False)
-        prof_state["flops"].__enter__()
-    mon = common.CpuMonitor().start()
-    mark["t"] = time.perf_counter()
-    t0 = time.perf_counter()
-    P.train_policy(cfg, run, score_fn, _NullLog(), run_dir, TaskContext([], [], device, dtype), on_update=on_update)
-    train_s = time.perf_counter() - t0
-    cpu = mon.stop()
-    torch.Tensor.backward = orig_backward
-
-    def phase(rec):
-        rollout_fwd = rec.get("rollout_policy_fwd", 0.0) + rec.get("rollout_ref_fwd", 0.0)
-        gen, scoring = rec.get("sample", 0.0), rec.get("score", 0.0)
-        return {
-            "total_s": rec["total_s"],
-            "generation_s": gen,
-            "rollout_forward_s": rollout_fwd,
-            "scoring_s": scoring,
-            "optimization_s": rec["total_s"] - gen - rollout_fwd - scoring,
-            "detail": {k: round(v, 4) for k, v in rec.items() if k != "total_s"},
-        }
-
-    per = [phase(r) for r in updates]
-    timed_steps = per[1 : args.steps]  # warm-up excluded; a profiled update (if any) is not in the average
-    n = len(timed_steps)
-    eps = B * n / sum(s["total_s"] for s in timed_steps)
-    n_params = sum(p.numel() for p in policy.parameters())
-    res = {
-        "bench": f"lmprefs_ppo[{args.value_model}]",
-        "versions": {**common.versions(), "lmprefs": getattr(lmprefs, "__version__", "?")},
-        "lmprefs_source": src,
-        "lmprefs_source_end": source_fingerprint(),
-        "model": {
-            **common.model_info(model),
-            "dir": args.model_dir,
-            "policy_params_M": round(n_params / 1e6, 3),
-            "value_model": args.value_model,
-            "param_dtype": str(next(policy.parameters()).dtype),
-            "autocast_dtype": str(dtype),
-        },
-        "episodes_per_sec": round(eps, 3),
-        "sec_per_step_mean": {
-            k: round(sum(s[k] for s in timed_steps) / n, 4)
-            for k in ("total_s", "generation_s", "rollout_forward_s", "scoring_s", "optimization_s")
-        },
-        "detail_mean": {
-            k: round(sum(s["detail"].get(k, 0.0) for s in timed_steps) / n, 4)
-            for k in sorted({k for s in timed_steps for k in s["detail"]})
-        },
-        "warmup_step_s": round(per[0]["total_s"], 4),
-        "per_step_total_s": [round(s["total_s"], 4) for s in per],
-        "setup_s": round(setup_s, 3),
-        "train_wall_s": round(train_s, 3),
-        "last_metrics": {
-            k: last_stats.get(k)
-            for k in ("objective/score", "objective/kl", "ppo/loss/policy", "ppo/loss/value", "ppo/policy/approxkl")
-        },
-        "peak_rss_mib": round(common.peak_rss_mib(), 1),
-        "cpu_during_train": cpu,
-    }
-    if args.profile_update:
-        prof = prof_state["prof"]
-        prof_rec = per[-1]
-        res["profile"] = {
-            "update_s": round(prof_rec["total_s"], 4),
-            "gflop": round(prof_state.get("gflop") or 0.0, 2),
-            "phases": prof_rec["detail"],
-            "table": prof.key_averages().table(
-                sort_by="self_cpu_time_total", row_limit=args.profile_top, max_name_column_width=48
-            ),
-            "phase_table": prof.key_averages().table(sort_by="cpu_time_total", row_limit=12, max_name_column_width=48),
-        }
-    return res
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# orchestrator
-
-
 def busy_cores(window: float = 3.0) -> float:
     """Cores busy system-wide over `window` seconds (this script sleeps meanwhile), from /proc/stat."""
 
@@ -498,137 +263,89 @@ def load_anchor_result(path: str, args) -> tuple[dict | None, str | None]:
     return r, None
 
 
-def flop_model(args, n_layer: int = 4, d: int = 256, V: int = 8192) -> dict:
-    """Matmul GFLOP per update of TRL's PPO and of lmprefs' (current code), for a GPT-2 of this shape (by default the
-    anchor model's)."""
-    B, Q, T, E = args.batch_size, args.query_len, args.response_len, args.ppo_epochs
-    Ft, Fh = 24 * n_layer * d * d, 2 * d * V
-    L = Q + T
-    gen = B * (L - 1) * Ft + B * T * Fh  # prefill + T-1 cached steps, head on the T sampling positions
-    trl = gen + B * L * (Ft + Fh) + B * L * Ft + 3 * E * B * L * (2 * Ft + Fh)
-    shared = gen + B * (L * Ft + T * Fh) + 3 * E * B * (L * Ft + T * Fh)
-    separate = shared + B * L * Ft + 3 * E * B * L * Ft
-    return {"trl": trl / 1e9, "lmprefs shared": shared / 1e9, "lmprefs separate": separate / 1e9}
+def check_anchor_paths(parser: ArgumentParser, args) -> None:
+    """TRL's python (unless TRL is not run) and the anchor's harness, before anything is written."""
+    anchor_py = Path(args.anchor_python)
+    if not args.skip_trl and not args.anchor_result and not anchor_py.exists():
+        parser.error(f"{anchor_py} not found: create the TRL venv as ../shared/bench/README.md says, or pass "
+                     "--anchor-result or --skip-trl")  # fmt: skip
+    if not (Path(args.anchor_dir) / "_anchor_common.py").exists():
+        parser.error(f"--anchor-dir {args.anchor_dir}: no _anchor_common.py there (the queries and the anchor model "
+                     "come from it)")  # fmt: skip
 
 
-def fmt_phases(s: dict) -> str:
-    keys = ("total_s", "generation_s", "rollout_forward_s", "scoring_s", "optimization_s")
-    return (
-        "total {:.3f} s = generation {:.3f} + rollout forwards {:.3f} + scoring {:.3f} + optimization {:.3f}".format(
-            *(s[k] for k in keys)
-        )
+def print_machine(args, out: Path) -> tuple[float, float, float]:
+    """The invocation's header: versions, machine, and its load before (returned, for results.json)."""
+    import platform
+
+    import torch
+    import transformers
+
+    print(f"# ppo_throughput  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  out={out}")
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"cpu_count {os.cpu_count()}, threads {args.threads}, {platform.machine()}"
     )
+    load_start = os.getloadavg()
+    print(f"machine load before: {loadavg()}")
+    return load_start
 
 
-def median(xs):
-    return statistics.median(xs) if xs else float("nan")
+def prepare_model(parser: ArgumentParser, args, model_dir: Path) -> dict:
+    """The anchor model built if absent; its shape, which an --anchor-result must have been measured on."""
+    sys.path.insert(0, args.anchor_dir)
+    import _anchor_common as common
+
+    log(f"model dir {model_dir} (built once if absent)")
+    common.ensure_model(str(model_dir))
+    shape, anchor = model_shape(model_dir), args.anchor
+    for k in ANCHOR_SHAPE if anchor is not None else ():
+        theirs = (anchor.get("model") or {}).get(k)
+        if theirs is not None and theirs != shape.get(k):
+            parser.error(f"--anchor-result {args.anchor_result} was measured on a model with {k} {theirs}; "
+                         f"{model_dir} has {shape.get(k)}")  # fmt: skip
+    return shape
 
 
-def eps_per_cpu_second(r: dict | None, args) -> float | None:
-    """Episodes per CPU-second of a run's training call (warm-up included), from its CpuMonitor record: the
-    process's own cores times the call's wall seconds."""
-    cpu = (r or {}).get("cpu_during_train", {})
-    own, wall = cpu.get("own_cores_avg"), cpu.get("wall_s")
-    if not own or not wall:
-        return None
-    return args.batch_size * args.steps / (own * wall)
+def shared_flags(args, model_dir: Path) -> list[str]:
+    """The settings both sides are run with, as flags of trl_ppo_bench.py and of this script's worker."""
+    flags = []
+    for name in ("batch_size", "query_len", "response_len", "steps", "ppo_epochs", "minibatches", "temperature",
+                 "lr", "threads", "seed"):  # fmt: skip
+        flags += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    return [*flags, "--model-dir", str(model_dir)]
 
 
-def report_per_cpu_second(args, systems, modes, results, summary) -> None:
-    """The same rounds per CPU-second: a ratio that other work on the machine moves far less than wall time."""
-    print()
-    print("episodes per CPU-second of the training call (warm-up included), per round:")
-    per = {s: [eps_per_cpu_second(r, args) for r in results[s]] for s in systems}
-    for s in systems:
-        cells = ", ".join("n/a" if x is None else f"{x:.3f}" for x in per[s])
-        print(f"  {('TRL' if s == 'trl' else 'lmprefs ' + s):>18}: {cells}")
-    if "trl" not in systems:
-        return
-    targets = {"shared": 3.5, "separate": 2.0}
-    for m in modes:
-        ratios = [a / b for a, b in zip(per[m], per["trl"], strict=True) if a and b]
-        if not ratios:
-            continue
-        r_med = median(ratios)
-        summary["ratios"].setdefault(m, {})["per_cpu_second"] = {"per_round": ratios, "median": r_med}
-        print(f"lmprefs ({m:>8} value model) / TRL per CPU-second: {r_med:.2f}x (rounds "
-              f"{', '.join(f'{x:.2f}' for x in ratios)}) target >= {targets[m]}x: "
-              f"{'MET' if r_med >= targets[m] else 'NOT MET'}")  # fmt: skip
+def trl_command(args, flags: list[str]) -> list[str]:
+    bf16 = ["--bf16"] if args.dtype == "bfloat16" else []
+    return [str(Path(args.anchor_python)), str(Path(args.anchor_dir) / "trl_ppo_bench.py"), "--reward", "char-frac:e",
+            *flags, *bf16]  # fmt: skip
 
 
-def report_throughput(args, systems, modes, results, summary) -> None:
-    """Per-round episodes/s, medians, ratios against TRL and the phase split of the median runs."""
+def lmprefs_command(args, out: Path, flags: list[str], mode: str, profile: bool = False) -> list[str]:
+    """This script as the lmprefs worker; profiled: 2 updates (warm-up and a timed one) before the profiled one."""
+    profiling = ["--profile-update", "--profile-top", str(args.profile_top), "--steps", "2"] if profile else []
+    return [sys.executable, str(Path(__file__).resolve()), "--worker", "lmprefs", "--value-model", mode, "--out-dir",
+            str(out), "--anchor-dir", args.anchor_dir, "--dtype", args.dtype, *flags, *profiling]  # fmt: skip
 
-    def eps_list(s):
-        return [r["episodes_per_sec"] if r else None for r in results[s]]
 
-    print()
-    print("episodes/s per round [cores used by other processes during the timed region / busy cores just before]:")
-    for s in systems:
-        cells = []
-        for r in results[s]:
-            if r is None:
-                cells.append("FAILED")
+def measure(args, cmd: list[str], env: dict, label: str) -> dict | None:
+    idle = (args.idle_threshold, args.max_wait)
+    return run_json(cmd, env, args.timeout, label, idle, args.max_other, args.retries)
+
+
+def run_rounds(args, systems: list[str], commands: dict[str, list[str]], env: dict) -> dict[str, list[dict | None]]:
+    """--reps rounds of every system, the order rotated each round; TRL's side is the --anchor-result if given."""
+    results: dict[str, list[dict | None]] = {s: [] for s in systems}
+    for rep in range(args.reps):
+        k = rep % len(systems)
+        order = systems[k:] + systems[:k]
+        for s in order:
+            if s == "trl" and args.anchor is not None:
+                results[s].append(args.anchor)
                 continue
-            other = r["cpu_during_train"].get("other_cores_avg")
-            flag = " CONTAMINATED" if r.get("contaminated") else ""
-            cells.append(f"{r['episodes_per_sec']:.3f} [{other}/{r.get('busy_cores_before')}]{flag}")
-        print(f"  {('TRL' if s == 'trl' else 'lmprefs ' + s):>18}: " + ", ".join(cells))
-
-    def clean(r):
-        return r is not None and not r.get("contaminated")
-
-    any_clean = all(any(clean(r) for r in results[s]) for s in systems)
-    use = clean if any_clean else (lambda r: r is not None)
-    if not any_clean:
-        print("WARNING: some system has no uncontaminated run; the figures below include contaminated runs")
-    for s in systems:
-        ok = [r["episodes_per_sec"] for r in results[s] if use(r)]
-        summary["systems"][s] = {"episodes_per_sec_median": median(ok), "per_round": eps_list(s), "used": len(ok)}
-    print()
-    targets = {"shared": 3.5, "separate": 2.0}  # per episode, both sides at their best dtype
-    for m in modes:
-        med = summary["systems"][m]["episodes_per_sec_median"]
-        line = f"lmprefs ({m:>8} value model): {med:.3f} episodes/s (median of {summary['systems'][m]['used']})"
-        if "trl" in systems:
-            ratios = [
-                a["episodes_per_sec"] / b["episodes_per_sec"]
-                for a, b in zip(results[m], results["trl"], strict=True)
-                if use(a) and use(b)
-            ]
-            trl_med = summary["systems"]["trl"]["episodes_per_sec_median"]
-            r_med = median(ratios)
-            summary["ratios"][m] = {
-                "per_round": ratios,
-                "median_of_round_ratios": r_med,
-                "ratio_of_medians": med / trl_med,
-                "target": targets[m],
-            }
-            line += (
-                f" | TRL {trl_med:.3f} | ratio {r_med:.2f}x (median of per-round ratios "
-                f"{', '.join(f'{x:.2f}' for x in ratios) or 'none usable'}; ratio of medians "
-                f"{med / trl_med:.2f}x) target >= {targets[m]}x: "
-                f"{'MET' if min(r_med, med / trl_med) >= targets[m] else 'NOT MET'}"
-            )
-        print(line)
-    report_per_cpu_second(args, systems, modes, results, summary)
-    print()
-    print("mean seconds per update (median run of each system):")
-    for s in systems:
-        ok = [r for r in results[s] if use(r)]
-        if not ok:
-            continue
-        r = sorted(ok, key=lambda r: r["episodes_per_sec"])[len(ok) // 2]
-        print(f"  {('TRL' if s == 'trl' else 'lmprefs ' + s):>18}: {fmt_phases(r['sec_per_step_mean'])}")
-        if s != "trl":
-            print(f"  {'':>18}  detail: {json.dumps(r['detail_mean'])}")
-        else:
-            d = defaultdict(float)
-            for st in r["per_step"][1:]:
-                for k, v in st["detail"].items():
-                    d[k] += v / (len(r["per_step"]) - 1)
-            print(f"  {'':>18}  detail: {json.dumps({k: round(v, 4) for k, v in sorted(d.items())})}")
-        print(f"  {'':>18}  last metrics: {json.dumps(r.get('last_metrics'))}")
+            results[s].append(measure(args, commands[s], env, f"rep {rep + 1}/{args.reps} {s}"))
+    return results
 
 
 def main(argv=None) -> int:
@@ -646,216 +363,26 @@ def main(argv=None) -> int:
         return 0
 
     modes = [m for m in args.modes.split(",") if m]
-    anchor_py = Path(args.anchor_python)
-    if not args.skip_trl and not args.anchor_result and not anchor_py.exists():
-        parser.error(f"{anchor_py} not found: create the TRL venv as ../shared/bench/README.md says, or pass "
-                     "--anchor-result or --skip-trl")  # fmt: skip
-    if not (Path(args.anchor_dir) / "_anchor_common.py").exists():
-        parser.error(f"--anchor-dir {args.anchor_dir}: no _anchor_common.py there (the queries and the anchor model "
-                     "come from it)")  # fmt: skip
+    check_anchor_paths(parser, args)
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="ppo-throughput-"))
     out.mkdir(parents=True, exist_ok=True)
     (out / "tmp").mkdir(exist_ok=True)
     model_dir = Path(args.model_dir or out / "anchor-model")
-
-    import platform
-
-    import torch
-    import transformers
-
-    print(f"# ppo_throughput  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  out={out}")
-    print(
-        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"cpu_count {os.cpu_count()}, threads {args.threads}, {platform.machine()}"
-    )
-    load_start = os.getloadavg()
-    print(f"machine load before: {loadavg()}")
-
-    sys.path.insert(0, args.anchor_dir)
-    import _anchor_common as common
-
-    log(f"model dir {model_dir} (built once if absent)")
-    common.ensure_model(str(model_dir))
-    shape, anchor = model_shape(model_dir), args.anchor
-    for k in ANCHOR_SHAPE if anchor is not None else ():
-        theirs = (anchor.get("model") or {}).get(k)
-        if theirs is not None and theirs != shape.get(k):
-            parser.error(f"--anchor-result {args.anchor_result} was measured on a model with {k} {theirs}; "
-                         f"{model_dir} has {shape.get(k)}")  # fmt: skip
+    load_start = print_machine(args, out)
+    shape = prepare_model(parser, args, model_dir)
 
     env = dict(os.environ, TMPDIR=str(out / "tmp"))
-    shared_flags = [
-        "--batch-size",
-        str(args.batch_size),
-        "--query-len",
-        str(args.query_len),
-        "--response-len",
-        str(args.response_len),
-        "--steps",
-        str(args.steps),
-        "--ppo-epochs",
-        str(args.ppo_epochs),
-        "--minibatches",
-        str(args.minibatches),
-        "--temperature",
-        str(args.temperature),
-        "--lr",
-        str(args.lr),
-        "--threads",
-        str(args.threads),
-        "--seed",
-        str(args.seed),
-        "--model-dir",
-        str(model_dir),
-    ]
-    trl_cmd = [
-        str(anchor_py),
-        str(Path(args.anchor_dir) / "trl_ppo_bench.py"),
-        "--reward",
-        "char-frac:e",
-        *shared_flags,
-        *(["--bf16"] if args.dtype == "bfloat16" else []),
-    ]
-
-    def lm_cmd(mode, profile=False):
-        return [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--worker",
-            "lmprefs",
-            "--value-model",
-            mode,
-            "--out-dir",
-            str(out),
-            "--anchor-dir",
-            args.anchor_dir,
-            "--dtype",
-            args.dtype,
-            *shared_flags,
-            *(["--profile-update", "--profile-top", str(args.profile_top), "--steps", "2"] if profile else []),
-        ]
-
+    flags = shared_flags(args, model_dir)
+    commands = {"trl": trl_command(args, flags), **{m: lmprefs_command(args, out, flags, m) for m in modes}}
     systems = ([] if args.skip_trl else ["trl"]) + modes
-    idle = (args.idle_threshold, args.max_wait)
-    results: dict[str, list[dict | None]] = {s: [] for s in systems}
-    for rep in range(args.reps):
-        k = rep % len(systems)
-        order = systems[k:] + systems[:k]
-        for s in order:
-            if s == "trl" and anchor is not None:
-                results[s].append(anchor)
-                continue
-            cmd = trl_cmd if s == "trl" else lm_cmd(s)
-            results[s].append(
-                run_json(cmd, env, args.timeout, f"rep {rep + 1}/{args.reps} {s}", idle, args.max_other, args.retries)
-            )
-
+    results = run_rounds(args, systems, commands, env)
     profiles = {}
     if args.profile:
         for m in modes:
-            profiles[m] = run_json(
-                lm_cmd(m, profile=True), env, args.timeout, f"profile {m}", idle, args.max_other, args.retries
-            )
-
+            profiles[m] = measure(args, lmprefs_command(args, out, flags, m, profile=True), env, f"profile {m}")
     load_end = os.getloadavg()
 
-    # ---------------- report ----------------
-    print()
-    first = next((r for s in systems for r in results[s] if r), None)
-    trl_first = next((r for r in results.get("trl", []) if r), None)
-    if trl_first:
-        print(f"TRL side: {trl_first.get('ppo_trainer')} versions {json.dumps(trl_first.get('versions'))}")
-    if anchor is not None:
-        print(
-            f"TRL side read from {args.anchor_result} (not measured in this invocation: its ratios compare runs made "
-            "at different times)"
-        )
-    if first and "lmprefs" in first.get("versions", {}):
-        print(f"lmprefs side: versions {json.dumps(first['versions'])}")
-    if first:
-        print(f"model: {json.dumps(first['model'])}")
-    srcs = {
-        json.dumps(r[k])
-        for s in systems
-        if s != "trl"
-        for r in results[s]
-        if r
-        for k in ("lmprefs_source", "lmprefs_source_end")
-    }
-    srcs |= {json.dumps(pr[k]) for pr in profiles.values() if pr for k in ("lmprefs_source", "lmprefs_source_end")}
-    print(
-        f"lmprefs source (sha1 of lmprefs/**/*.py): {', '.join(sorted(srcs))}"
-        + ("  WARNING: the package changed during this benchmark" if len(srcs) > 1 else "")
-    )
-    print(
-        f"settings: batch {args.batch_size}, query {args.query_len}, response {args.response_len}, "
-        f"{args.ppo_epochs} epochs x {args.minibatches} minibatches, T {args.temperature}, lr {args.lr}, "
-        f"{args.threads} threads, both sides "
-        f"{'fp32' if args.dtype == 'float32' else 'bf16 (TRL --bf16, lmprefs autocast)'}, "
-        f"reward char-frac:e, {args.steps} updates/run (first = warm-up, excluded)"
-    )
-    summary: dict = {"systems": {}, "ratios": {}}
-    if args.reps > 0:
-        report_throughput(args, systems, modes, results, summary)
-    else:
-        print("(--reps 0: no throughput rounds)")
-    fm = None
-    if all(isinstance(shape.get(k), int) for k in ("n_layer", "n_embd", "vocab_size")):  # a GPT-2-like config
-        fm = flop_model(args, shape["n_layer"], shape["n_embd"], shape["vocab_size"])
-        print()
-        print(
-            "FLOP model per update (matmuls only; per token Ft = 24*n_layer*d^2, LM head Fh = 2*d*V per position; "
-            "training = 3x forward):"
-        )
-        for k, v in fm.items():
-            ceiling = f", TRL/this = {fm['trl'] / v:.2f}x" if k != "trl" else ""
-            print(f"  {k:>18}: {v:8.2f} GFLOP{ceiling}")
-        print(
-            "  (TRL: full-sequence logits and a separate critic trunk in every train forward, reference logits over "
-            "the whole sequence; lmprefs: LM head only at the response positions, values from the sampler's hidden "
-            "states)"
-        )
-    summary["flop_model_gflop"] = fm
-
-    if profiles:
-        print()
-        for m, pr in profiles.items():
-            if not pr:
-                print(f"profile {m}: FAILED")
-                continue
-            pf = pr["profile"]
-            ph = pf["phases"]
-            print(
-                f"== profile of one lmprefs update, value_model={m} (torch.profiler on; "
-                f"{pf['update_s']:.3f} s with profiler, {pr['sec_per_step_mean']['total_s']:.3f} s mean "
-                f"unprofiled in the same run) =="
-            )
-            opt_parts = ("ppo_train_fwd", "ppo_backward", "ppo_optimizer_step")
-            n_opt = args.ppo_epochs * args.minibatches
-            rows = [
-                (f"sampling (KV-cache, {args.response_len} tokens)", ph.get("sample", 0)),
-                ("rollout forward: policy/value", ph.get("rollout_policy_fwd", 0)),
-                ("rollout forward: reference", ph.get("rollout_ref_fwd", 0)),
-                ("scoring (decode + char-frac)", ph.get("score", 0)),
-                (f"PPO: train forwards ({n_opt})", ph.get("ppo_train_fwd", 0)),
-                (f"PPO: backward ({n_opt})", ph.get("ppo_backward", 0)),
-                (f"PPO: optimizer steps ({n_opt})", ph.get("ppo_optimizer_step", 0)),
-                ("PPO: rest (GAE, whitening, losses)", ph.get("ppo_update", 0) - sum(ph.get(k, 0) for k in opt_parts)),
-            ]
-            accounted = sum(v for _, v in rows)
-            rows.append(("other (loop, KL ctl, stream, stats)", pf["update_s"] - accounted))
-            for name, v in rows:
-                print(f"  {name:<38} {v:8.3f} s  {100 * v / pf['update_s']:5.1f}%")
-            print(f"  {'total':<38} {pf['update_s']:8.3f} s")
-            if pf.get("gflop"):
-                unprof = pr["sec_per_step_mean"]["total_s"]
-                print(
-                    f"  FLOPs of one update (torch FlopCounterMode: matmuls + attention): {pf['gflop']:.0f} GFLOP "
-                    f"= {pf['gflop'] / unprof:.0f} GFLOP/s at the unprofiled {unprof:.3f} s/update"
-                )
-            print(f"top {args.profile_top} operators by self CPU time:")
-            print(pf["table"])
-
+    summary = report(args, systems, modes, results, profiles, shape)
     print("machine load before: {:.2f} {:.2f} {:.2f}; after: {:.2f} {:.2f} {:.2f}".format(*load_start, *load_end))
     summary.update(
         {"load_before": load_start, "load_after": load_end, "args": vars(args), "runs": results, "profiles": profiles}
