@@ -25,7 +25,7 @@ from lmprefs.pipeline.policy import policy_for
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime.device import setup_torch
 from lmprefs.training import policy as P
-from lmprefs.training import rollout as RO  # sample, ref_logprobs, frozen_prefix are timed there
+from lmprefs.training import rollout as RO  # its sample and ref_logprobs are timed, not a frozen_prefix of its own
 from lmprefs.training.policy_run import build_run
 
 PHASE_KEYS = ("total_s", "generation_s", "rollout_forward_s", "scoring_s", "optimization_s")
