@@ -46,7 +46,7 @@ from _common import ArgumentParser, nonnegative_int, positive_int, run_main  # n
 # lmprefs internals this script uses, all in this block
 import lmprefs  # noqa: E402
 from lmprefs.assets.models import resolve_model  # noqa: E402
-from lmprefs.config import RunConfig, preset  # noqa: E402
+from lmprefs.config import Config, RunConfig, preset  # noqa: E402
 from lmprefs.data.queries import QueryStream  # noqa: E402
 from lmprefs.data.tasks import TaskContext  # noqa: E402
 from lmprefs.models import attention  # noqa: E402
@@ -58,7 +58,7 @@ from lmprefs.pipeline.task import Task  # noqa: E402
 from lmprefs.runtime.device import autocast, compiles_forwards, setup_torch  # noqa: E402
 from lmprefs.training import policy as P  # noqa: E402
 from lmprefs.training import rollout as RO  # noqa: E402 (sample, ref_logprobs, frozen_prefix are timed there)
-from lmprefs.training.policy_run import build_run  # noqa: E402
+from lmprefs.training.policy_run import PolicyRun, build_run  # noqa: E402
 
 # bf16 dense tensor-core peaks (TFLOP/s, no sparsity) by GPU name, for the utilisation figure
 BF16_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0,
@@ -149,7 +149,6 @@ def main(argv=None) -> int:
 
 
 def bench(args, tmp: Path) -> int:
-    cfg0 = preset("sentiment")
     run_cfg = RunConfig(device=args.device, dtype=args.dtype, threads=args.threads, seed=args.seed,
                         compile=args.compile, kv_cache=args.kv_cache, log_interval=10**9,
                         save_interval=10**9)  # fmt: skip
@@ -161,14 +160,7 @@ def bench(args, tmp: Path) -> int:
     updates = args.updates or (5 if cuda else 2)
     Q, T = args.query_len, args.response_len
     model_dir = build_model_dir(name, args.seed, tmp) if name in ARCHS else name
-    cfg = replace(
-        cfg0,
-        task=replace(cfg0.task, initial_model=model_dir, query_dataset="bundled", query_length=Q, response_length=T),
-        ppo=replace(cfg0.ppo, batch_size=B, nminibatches=args.nminibatches, noptepochs=args.noptepochs,
-                    score_drop_stop=None, kl_stop=1e9,
-                    total_episodes=B * (args.warmup + updates + 2 * int(args.profile))),
-        run=run_cfg,
-    )  # fmt: skip
+    cfg = ppo_config(args, run_cfg, model_dir, B, updates)
     model, tok = load_lm(model_dir, device)
     V = len(tok)
     gpu = torch.cuda.get_device_name(device) if cuda else None
@@ -178,10 +170,6 @@ def bench(args, tmp: Path) -> int:
           f"{sampler_mode(args.kv_cache, args.compile, device)}, decode attention {args.decode_attention}",
           flush=True)  # fmt: skip
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize(device)
-
     g = torch.Generator().manual_seed(args.seed)
     queries = torch.randint(0, V, (B * (args.warmup + updates + 2), Q), generator=g)
     t = Task(cfg, device, dtype, model, tok, queries, queries[:0], [], [])
@@ -190,62 +178,117 @@ def bench(args, tmp: Path) -> int:
     run = build_run(cfg, policy, QueryStream(queries, args.seed), device)
 
     # ---- phase timers around what the loop calls (synchronising on CUDA so each phase owns its kernels) ----
-    cur: dict[str, float] = defaultdict(float)
+    clock = PhaseClock(device, last_timed=args.warmup + updates, profile=args.profile)
+    RO.sample = clock.timed("generation", RO.sample)
+    RO.ref_logprobs = clock.timed("rollout_forward", RO.ref_logprobs)
+    RO.frozen_prefix = clock.timed("rollout_forward", RO.frozen_prefix)
+    policy.values_from = clock.timed("rollout_forward", policy.values_from)
+    score_fn = clock.timed("scoring", RO.rm_score_fn(rm, compiles_forwards(args.compile, device)))
+    clock.start()
+    P.train_policy(cfg, run, score_fn, NullLog(), tmp / "run", TaskContext([], [], device, dtype),
+                   on_update=clock.on_update)  # fmt: skip
+    timed_recs = clock.records[args.warmup : args.warmup + updates]
+    res = ppo_report(args, t, timed_recs, model_flops(model, B, Q, T, args.noptepochs, V), name, gpu)
 
-    def timed(phase, fn):
+    if not args.no_generate:
+        res["sampler_alone"] = sampler_comparison(args, policy.lm, tok, queries[:B].to(device), cfg, device, dtype)
+    if args.profile_sampler:
+        sampler_profile(policy.lm, tok, queries[:B].to(device), cfg, device, dtype)
+    if clock.prof is not None:
+        key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+        print(clock.prof.key_averages().table(sort_by=key, row_limit=25))
+    line = json.dumps(res)
+    print(line)
+    if args.json:
+        Path(args.json).write_text(line + "\n")
+    return 0
+
+
+def ppo_config(args, run_cfg: RunConfig, model_dir: str, B: int, updates: int) -> Config:
+    """The sentiment preset on this run's model, shapes and number of updates (warm-up, timed, and two more with
+    --profile), with the andon cord's KL and score-drop stops off: nothing ends a speed run early."""
+    cfg0 = preset("sentiment")
+    Q, T = args.query_len, args.response_len
+    return replace(
+        cfg0,
+        task=replace(cfg0.task, initial_model=model_dir, query_dataset="bundled", query_length=Q, response_length=T),
+        ppo=replace(cfg0.ppo, batch_size=B, nminibatches=args.nminibatches, noptepochs=args.noptepochs,
+                    score_drop_stop=None, kl_stop=1e9,
+                    total_episodes=B * (args.warmup + updates + 2 * int(args.profile))),
+        run=run_cfg,
+    )  # fmt: skip
+
+
+class PhaseClock:
+    """Seconds of each PPO update by phase: `timed` wraps what the loop calls (synchronising on CUDA so each phase
+    owns its kernels), `on_update` closes an update's record, whose optimization is the rest of its time. With
+    `profile`, torch.profiler records the update after the last timed one."""
+
+    def __init__(self, device: torch.device, *, last_timed: int, profile: bool):
+        self.device, self.cuda = device, device.type == "cuda"
+        self.last_timed, self.profile = last_timed, profile
+        self.cur: dict[str, float] = defaultdict(float)
+        self.records: list[dict] = []
+        self.mark = 0.0
+        self.prof: torch.profiler.profile | None = None
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def timed(self, phase: str, fn):
         def wrapper(*a, **k):
-            sync()
+            self.sync()
             t0 = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
-                sync()
-                cur[phase] += time.perf_counter() - t0
+                self.sync()
+                self.cur[phase] += time.perf_counter() - t0
 
         return wrapper
 
-    RO.sample = timed("generation", RO.sample)
-    RO.ref_logprobs = timed("rollout_forward", RO.ref_logprobs)
-    RO.frozen_prefix = timed("rollout_forward", RO.frozen_prefix)
-    policy.values_from = timed("rollout_forward", policy.values_from)
-    score_fn = timed("scoring", RO.rm_score_fn(rm, compiles_forwards(args.compile, device)))
-    records: list[dict] = []
-    mark = {"t": 0.0}
-    prof = {"p": None}
+    def start(self) -> None:
+        self.sync()
+        self.mark = time.perf_counter()
 
-    def on_update(r, stats):
-        sync()
+    def on_update(self, r: PolicyRun, stats: dict) -> None:
+        self.sync()
         now = time.perf_counter()
-        total = now - mark["t"]
-        rec = {"total": total, **cur}
-        rec["optimization"] = total - sum(v for k, v in cur.items())
-        records.append(rec)
-        cur.clear()
-        if prof["p"] is not None and r.update == args.warmup + updates + 1:  # before the run's final save
-            prof["p"].stop()
-        if args.profile and r.update == args.warmup + updates:  # profile one extra update
-            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-            prof["p"] = torch.profiler.profile(activities=acts)
-            prof["p"].start()
-        mark["t"] = time.perf_counter()
+        total = now - self.mark
+        rec = {"total": total, **self.cur}
+        rec["optimization"] = total - sum(v for k, v in self.cur.items())
+        self.records.append(rec)
+        self.cur.clear()
+        if self.prof is not None and r.update == self.last_timed + 1:  # before the run's final save
+            self.prof.stop()
+        if self.profile and r.update == self.last_timed:  # profile one extra update
+            self.prof = torch.profiler.profile(activities=profiler_activities(self.cuda))
+            self.prof.start()
+        self.mark = time.perf_counter()
 
-    run_dir = tmp / "run"
 
-    class NullLog:
-        def scalars(self, stats, step):
-            pass
+def profiler_activities(cuda: bool) -> list[torch.profiler.ProfilerActivity]:
+    return [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
 
-        def samples(self, rows, step):
-            pass
 
-    sync()
-    mark["t"] = time.perf_counter()
-    P.train_policy(cfg, run, score_fn, NullLog(), run_dir, TaskContext([], [], device, dtype), on_update=on_update)
-    timed_recs = records[args.warmup : args.warmup + updates]
+class NullLog:
+    """The run logger train_policy is given: nothing is logged while it is timed."""
+
+    def scalars(self, stats, step):
+        pass
+
+    def samples(self, rows, step):
+        pass
+
+
+def ppo_report(args, t: Task, timed_recs: list[dict], flops: dict, name: str, gpu: str | None) -> dict:
+    """The medians of the timed updates against the model FLOPs, printed, and the result JSON's figures."""
+    B, Q, T = t.cfg.ppo.batch_size, t.cfg.task.query_length, t.cfg.task.response_length
+    device, dtype = t.device, t.dtype
     phases = ["generation", "rollout_forward", "scoring", "optimization", "total"]
     per_update = {k: statistics.median(r.get(k, 0.0) for r in timed_recs) for k in phases}
     eps = B / per_update["total"]
-    flops = model_flops(model, B, Q, T, args.noptepochs, V)
     peak = args.peak_tflops or next((v for k, v in BF16_PEAK_TFLOPS.items() if gpu and k in gpu), None)
     achieved = flops["total"] / per_update["total"] / 1e12
     res = {
@@ -266,19 +309,7 @@ def bench(args, tmp: Path) -> int:
         print(f"  {k:16s} {per_update[k]:8.3f} s/update  {100 * per_update[k] / per_update['total']:5.1f}%  "
               f"{flops[k] / 1e12:8.2f} TFLOP")
     print(f"  achieved {achieved:.2f} TFLOP/s" + (f", MFU {res['mfu']:.1%} of {peak:.0f}" if peak else ""))
-
-    if not args.no_generate:
-        res["sampler_alone"] = sampler_comparison(args, policy.lm, tok, queries[:B].to(device), cfg, device, dtype)
-    if args.profile_sampler:
-        sampler_profile(policy.lm, tok, queries[:B].to(device), cfg, device, dtype)
-    if prof["p"] is not None:
-        key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
-        print(prof["p"].key_averages().table(sort_by=key, row_limit=25))
-    line = json.dumps(res)
-    print(line)
-    if args.json:
-        Path(args.json).write_text(line + "\n")
-    return 0
+    return res
 
 
 def sampler_comparison(args, model, tok, q, cfg, device, dtype) -> dict:
@@ -335,7 +366,7 @@ def sampler_profile(model, tok, q, cfg, device, dtype) -> None:
             torch.cuda.synchronize(device)
 
     call()
-    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    acts = profiler_activities(cuda)
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=acts) as prof:
         call()

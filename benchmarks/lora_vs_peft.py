@@ -17,10 +17,12 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from _common import ArgumentParser, positive_int, run_main
+from transformers import PreTrainedModel
 
 # lmprefs internals this script uses, all in this block
 from lmprefs.config import LoraConfig
@@ -30,16 +32,7 @@ from lmprefs.models.trunk import _only_blocks, attention_mask, frozen_prefix, mo
 
 
 def main(argv=None) -> int:
-    ap = ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m", help="an lmprefs model asset or a local HF directory")
-    ap.add_argument("--layers", type=positive_int, default=8, help="top blocks with adapters (lora.layers)")
-    ap.add_argument("--rank", type=positive_int, default=8, help="LoRA rank (alpha = 2 x rank)")
-    ap.add_argument("--batch", type=positive_int, default=32, help="token rows per step")
-    ap.add_argument("--seq-len", type=positive_int, default=56, help="tokens per row")
-    ap.add_argument("--threads", type=positive_int, default=2)
-    ap.add_argument("--reps", type=positive_int, default=5, help="timed repetitions (the median is printed)")
-    ap.add_argument("--peft-first", action="store_true", help="time peft first (to see order effects)")
-    ap.add_argument("--json", default=None, help="also write the figures here as one JSON object")
+    ap = parser()
     args = ap.parse_args(argv)
     from peft import LoraConfig as PeftLoraConfig  # seconds to import: after the flags are checked
     from peft import get_peft_model
@@ -54,58 +47,22 @@ def main(argv=None) -> int:
     targets = tuple(t for t in LoraConfig().targets if names.get(t) in ("Linear", "Conv1D"))
     tokens = torch.randint(0, len(tok), (args.batch, args.seq_len))
 
-    mine = copy.deepcopy(base)
     lcfg = LoraConfig(rank=args.rank, alpha=2.0 * args.rank, layers=top, targets=targets)
-    add_adapter(mine, lcfg, "policy")
-    with using(mine, "policy"):
-        pre = frozen_prefix(mine, tokens)
-
-    def step_mine() -> None:
-        with using(mine, "policy"):
-            h = trunk_hidden(mine, tokens, pre)
-        h.float().pow(2).mean().backward()
-
+    mine = HandWrittenLora(base, lcfg, tokens)
     peft_cfg = PeftLoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=list(targets), lora_dropout=0.0,
                               layers_to_transform=list(range(n_blocks - top, n_blocks)),
                               fan_in_fan_out=any(names[t] == "Conv1D" for t in targets))  # fmt: skip
-    inner = get_peft_model(copy.deepcopy(base), peft_cfg).base_model.model  # the causal LM holding peft's layers
-    ids, mask, pos = model_inputs(tokens)
-    mask = attention_mask(inner, mask)
-    with torch.no_grad(), _only_blocks(inner, 0, n_blocks - top, final_norm=False):
-        hp = inner.base_model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
+    # the causal LM holding peft's layers
+    theirs = PeftLora(get_peft_model(copy.deepcopy(base), peft_cfg).base_model.model, tokens, n_blocks - top)
 
-    def step_peft() -> None:
-        with _only_blocks(inner, n_blocks - top, None, from_hidden=True):
-            out = inner.base_model(inputs_embeds=hp, attention_mask=mask, position_ids=pos, use_cache=False)
-        out.last_hidden_state.float().pow(2).mean().backward()
-
-    # both adapters start as the identity: the same hidden states as the base model's, or the race is not fair
-    with torch.no_grad():
-        with using(mine, "policy"):
-            h_mine = trunk_hidden(mine, tokens, pre)
-        with _only_blocks(inner, n_blocks - top, None, from_hidden=True):
-            h_peft = inner.base_model(inputs_embeds=hp, attention_mask=mask, position_ids=pos,
-                                      use_cache=False).last_hidden_state  # fmt: skip
-        h_base = trunk_hidden(base, tokens)
-    diff = max((h_mine - h_base).abs().max().item(), (h_peft - h_base).abs().max().item())
-    n_lora = {"hand-written": sum(p.numel() for p in mine.parameters() if p.requires_grad),
-              "peft": sum(p.numel() for p in inner.parameters() if p.requires_grad)}  # fmt: skip
+    diff, n_lora = compare_to_base(base, tokens, mine, theirs)
     if diff > 1e-3 or n_lora["hand-written"] != n_lora["peft"]:
         print(f"the two adapters differ: largest hidden-state difference from the base {diff:.2e}, trainable "
               f"parameters {n_lora}", file=sys.stderr)  # fmt: skip
         return 1
 
-    def timed(fn) -> list[float]:
-        fn()  # warm-up
-        ts = []
-        for _ in range(args.reps):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return ts
-
-    order = [("peft", step_peft), ("hand-written", step_mine)]
-    times = {name: timed(fn) for name, fn in (order if args.peft_first else order[::-1])}
+    order = [("peft", theirs.step), ("hand-written", mine.step)]
+    times = {name: timed(fn, args.reps) for name, fn in (order if args.peft_first else order[::-1])}
     res = {name: statistics.median(ts) for name, ts in times.items()}
     print(f"top-{top}-block forward+backward, batch {args.batch}x{args.seq_len}, median of {args.reps}: "
           f"hand-written {res['hand-written'] * 1000:.0f} ms, peft {res['peft'] * 1000:.0f} ms")  # fmt: skip
@@ -116,6 +73,82 @@ def main(argv=None) -> int:
                "max_abs_diff_from_base": diff}  # fmt: skip
         Path(args.json).write_text(json.dumps(out) + "\n")
     return 0
+
+
+def parser() -> ArgumentParser:
+    ap = ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m", help="an lmprefs model asset or a local HF directory")
+    ap.add_argument("--layers", type=positive_int, default=8, help="top blocks with adapters (lora.layers)")
+    ap.add_argument("--rank", type=positive_int, default=8, help="LoRA rank (alpha = 2 x rank)")
+    ap.add_argument("--batch", type=positive_int, default=32, help="token rows per step")
+    ap.add_argument("--seq-len", type=positive_int, default=56, help="tokens per row")
+    ap.add_argument("--threads", type=positive_int, default=2)
+    ap.add_argument("--reps", type=positive_int, default=5, help="timed repetitions (the median is printed)")
+    ap.add_argument("--peft-first", action="store_true", help="time peft first (to see order effects)")
+    ap.add_argument("--json", default=None, help="also write the figures here as one JSON object")
+    return ap
+
+
+class HandWrittenLora:
+    """lmprefs' adapters on a copy of the model; a step runs its adapted top blocks from the frozen prefix, which is
+    computed once."""
+
+    def __init__(self, base: PreTrainedModel, cfg: LoraConfig, tokens: torch.Tensor):
+        self.model, self.tokens = copy.deepcopy(base), tokens
+        add_adapter(self.model, cfg, "policy")
+        with using(self.model, "policy"):
+            self.pre = frozen_prefix(self.model, tokens)
+
+    def hidden(self) -> torch.Tensor:
+        with using(self.model, "policy"):
+            return trunk_hidden(self.model, self.tokens, self.pre)
+
+    def step(self) -> None:
+        self.hidden().float().pow(2).mean().backward()
+
+
+class PeftLora:
+    """peft's adapters (in `model`, from `start` up); a step runs the blocks from `start` on the hidden states below
+    them, which are computed once."""
+
+    def __init__(self, model: PreTrainedModel, tokens: torch.Tensor, start: int):
+        self.model, self.start = model, start
+        ids, mask, self.pos = model_inputs(tokens)
+        self.mask = attention_mask(model, mask)
+        with torch.no_grad(), _only_blocks(model, 0, start, final_norm=False):
+            self.hp = model.base_model(input_ids=ids, attention_mask=self.mask, position_ids=self.pos,
+                                       use_cache=False).last_hidden_state  # fmt: skip
+
+    def hidden(self) -> torch.Tensor:
+        with _only_blocks(self.model, self.start, None, from_hidden=True):
+            out = self.model.base_model(inputs_embeds=self.hp, attention_mask=self.mask, position_ids=self.pos,
+                                        use_cache=False)  # fmt: skip
+        return out.last_hidden_state
+
+    def step(self) -> None:
+        self.hidden().float().pow(2).mean().backward()
+
+
+def compare_to_base(base: PreTrainedModel, tokens: torch.Tensor, mine: HandWrittenLora,
+                    theirs: PeftLora) -> tuple[float, dict[str, int]]:  # fmt: skip
+    """Both adapters start as the identity: the same hidden states as the base model's, or the race is not fair.
+    Returns the largest difference from the base and each side's trainable parameters."""
+    with torch.no_grad():
+        h_mine, h_peft, h_base = mine.hidden(), theirs.hidden(), trunk_hidden(base, tokens)
+    diff = max((h_mine - h_base).abs().max().item(), (h_peft - h_base).abs().max().item())
+    n_lora = {"hand-written": sum(p.numel() for p in mine.model.parameters() if p.requires_grad),
+              "peft": sum(p.numel() for p in theirs.model.parameters() if p.requires_grad)}  # fmt: skip
+    return diff, n_lora
+
+
+def timed(fn: Callable[[], None], reps: int) -> list[float]:
+    fn()  # warm-up
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return ts
 
 
 if __name__ == "__main__":

@@ -53,16 +53,19 @@ import time
 from pathlib import Path
 
 from _common import ArgumentParser, nonnegative_int, positive_int, run_main, source_fingerprint  # noqa: E402
+from _reward_model_timers import RewardModelTimers  # noqa: E402
 
 # lmprefs internals this script uses, all in this block
 import lmprefs  # noqa: E402
 import lmprefs.pipeline.reward_model as R  # noqa: E402  (train_epoch, normalize, evaluate, label_prefixes are timed)
-from lmprefs.config import PRESETS, preset  # noqa: E402
+from lmprefs.config import PRESETS, Config, preset  # noqa: E402
 from lmprefs.data.tasks import decode  # noqa: E402
-from lmprefs.labels.labelers import SCORE_FNS  # noqa: E402
+from lmprefs.labels.labelers import SCORE_FNS, ScoreFn  # noqa: E402
+from lmprefs.labels.store import LabelStore  # noqa: E402
 from lmprefs.pipeline.labeling import collect_labels, open_store  # noqa: E402
 from lmprefs.pipeline.reward_model import load_examples, train_reward_model  # noqa: E402
-from lmprefs.pipeline.task import setup_task  # noqa: E402
+from lmprefs.pipeline.task import Task, setup_task  # noqa: E402
+from lmprefs.training.reward import Comparisons  # noqa: E402
 
 # the label ceiling scores a held-out question's samples alone: labelers that read the query are not covered
 LABELERS = ("vader", "descriptiveness")
@@ -132,18 +135,57 @@ def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    ns = args.ns
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="reward-accuracy-"))
     out.mkdir(parents=True, exist_ok=True)
+    cfg = run_config(args)
+    M = max(args.ns) + args.heldout
+    load0 = os.getloadavg()
+    src = print_header(args, cfg, out, M, load0)
 
-    import platform
+    # ---- 1. task + labels (once) ----
+    t0 = time.time()
+    t = setup_task(cfg)
+    setup_s = time.time() - t0
+    log(f"task ready in {setup_s:.1f}s: {len(t.train_queries)} training queries, dtype {t.dtype}")
+    store, col = open_labels(args, t, out, M)
+    # train_reward_model holds out int(total * heldout_fraction) of ALL labels in the store
+    total = len(load_examples(cfg, store, t.tok))
+    if total < M:
+        print(f"reward_accuracy.py: error: --store {args.store} holds {total} labels; {M} needed (max(--labels) + "
+              "--heldout)", file=sys.stderr)  # fmt: skip
+        return 2
+    col["labels_in_store"] = total
 
-    import torch
-    import transformers
+    # ---- 2. a reward model per N, with train_epoch / normalize / evaluate timed and the held-out set captured ----
+    timers = RewardModelTimers(R)
+    rows, ceiling = [], None
+    for n in args.ns:
+        summary, wall = train_one(cfg, t, store, out, n, args.heldout / total, timers, keep=args.keep_models)
+        if ceiling is None:  # once: the held-out set is the same for every N
+            ceiling = label_ceiling(t, timers.captured["held"], SCORE_FNS[args.labeler])
+        rows.append(result_row(cfg, t, n, summary, wall, timers))
+        print_row(rows[-1])
 
+    load1 = os.getloadavg()
+    print_summary(args.labeler, rows, ceiling)
+    src1 = source_fingerprint()
+    if src1 != src:
+        print(f"WARNING: the lmprefs sources changed during this benchmark: now {json.dumps(src1)}")
+    print("machine load before: {:.2f} {:.2f} {:.2f}; after: {:.2f} {:.2f} {:.2f}".format(*load0, *load1))
+    res = {"args": vars(args), "lmprefs_source": [src, src1], "collect": col, "setup_s": setup_s,
+           "label_ceiling": ceiling, "rows": rows, "load_before": load0, "load_after": load1,
+           "versions": versions()}  # fmt: skip
+    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"results: {out / 'results.json'}")
+    store.close()
+    return 0
+
+
+def run_config(args: argparse.Namespace) -> Config:
+    """The preset with the flags applied: noiseless simulated labels, and the reward-model training flags given."""
     R_ = dataclasses.replace
     cfg = preset(args.preset)
-    cfg = R_(
+    return R_(
         cfg,
         run=R_(cfg.run, dtype=args.dtype, threads=args.threads, device="cpu", seed=args.seed),
         labels=R_(cfg.labels, labeler=args.labeler, labeler_temperature=0.0, labeler_random_rate=0.0),
@@ -151,11 +193,23 @@ def main(argv=None) -> int:
                                                    microbatch=args.microbatch)),
         lora=R_(cfg.lora, **given(rank=args.lora_rank, layers=args.lora_layers)),
     )
-    H, M = args.heldout, max(ns) + args.heldout
-    load0 = os.getloadavg()
+
+
+def versions() -> dict[str, str]:
+    import platform
+
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def print_header(args: argparse.Namespace, cfg: Config, out: Path, M: int, load0: tuple[float, float, float]) -> dict:
+    """What runs, on what: the lines before any work. Returns the lmprefs source fingerprint it printed."""
+    v = versions()
     print(f"# reward_accuracy  {time.strftime('%Y-%m-%d %H:%M:%S %Z')}  out={out}")
     print(
-        f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, "
         f"lmprefs {getattr(lmprefs, '__version__', '?')}, cpu_count {os.cpu_count()}, threads {args.threads}"
     )
     print(
@@ -165,16 +219,16 @@ def main(argv=None) -> int:
         f"{cfg.train_reward.epochs}, lora rank {cfg.lora.rank} layers {cfg.lora.layers}, "
         f"normalize_samples {cfg.train_reward.normalize_samples}, dtype {args.dtype}, seed {args.seed}"
     )
-    print(f"labels N = {ns}, held-out H = {H}, questions needed M = {M}")
+    print(f"labels N = {args.ns}, held-out H = {args.heldout}, questions needed M = {M}")
     src = source_fingerprint()
     print(f"lmprefs source (sha1 of lmprefs/**/*.py): {json.dumps(src)}")
     print("machine load before: {:.2f} {:.2f} {:.2f}".format(*load0))
+    return src
 
-    # ---- 1. task + labels (once) ----
-    t0 = time.time()
-    t = setup_task(cfg)
-    setup_s = time.time() - t0
-    log(f"task ready in {setup_s:.1f}s: {len(t.train_queries)} training queries, dtype {t.dtype}")
+
+def open_labels(args: argparse.Namespace, t: Task, out: Path, M: int) -> tuple[LabelStore, dict]:
+    """The label store in --out-dir: a copy of --store, or M best-of-4 questions collected and labeled now. Returns it
+    and what the collection reported."""
     store_path = out / "labels.sqlite"
     if store_path.exists():  # made since the flags were checked
         sys.exit(f"{store_path} exists; give a fresh --out-dir")
@@ -184,137 +238,119 @@ def main(argv=None) -> int:
             if Path(args.store + ext).exists():
                 shutil.copyfile(args.store + ext, str(store_path) + ext)
         store = open_store(store_path)
-        col = {"reused_store": str(args.store)}
+        col: dict = {"reused_store": str(args.store)}
         log(f"reusing the labels in {args.store}")
-    else:
-        store = open_store(store_path)
-        log(f"collecting {M} best-of-4 questions and {args.labeler} labels ...")
-        col = collect_labels(t, store, M, labeler=args.labeler)
-        log(f"collected: {col}")
-        print(
-            f"labels: {col['labels_added']} in {col['seconds']:.0f}s (sampling {col['sample_seconds']:.0f}s, "
-            f"{col['sample_seconds'] / M:.2f} s per question of 4 samples)"
-        )
-    # train_reward_model holds out int(total * heldout_fraction) of ALL labels in the store
-    total = len(load_examples(cfg, store, t.tok))
-    if total < M:
-        print(f"reward_accuracy.py: error: --store {args.store} holds {total} labels; {M} needed (max(--labels) + "
-              "--heldout)", file=sys.stderr)  # fmt: skip
-        return 2
-    col["labels_in_store"] = total
+        return store, col
+    store = open_store(store_path)
+    log(f"collecting {M} best-of-4 questions and {args.labeler} labels ...")
+    col = collect_labels(t, store, M, labeler=args.labeler)
+    log(f"collected: {col}")
+    print(
+        f"labels: {col['labels_added']} in {col['seconds']:.0f}s (sampling {col['sample_seconds']:.0f}s, "
+        f"{col['sample_seconds'] / M:.2f} s per question of 4 samples)"
+    )
+    return store, col
 
-    # ---- instrumentation: time train_epoch / normalize / evaluate, capture the held-out set ----
-    timers: dict[str, float] = {}
-    captured: dict = {}
-    orig = {k: getattr(R, k) for k in ("train_epoch", "normalize", "evaluate", "label_prefixes")}
 
-    def wrap(name):
-        def f(*a, **k):
-            s = time.perf_counter()
-            try:
-                return orig[name](*a, **k)
-            finally:
-                timers[name] = timers.get(name, 0.0) + time.perf_counter() - s
+def train_one(cfg: Config, t: Task, store: LabelStore, out: Path, n: int, heldout_fraction: float,
+              timers: RewardModelTimers, *, keep: bool) -> tuple[dict, float]:  # fmt: skip
+    """A reward model trained on the first n labels (the held-out ones left out): its summary and wall seconds, with
+    `timers` holding this run's timings and sets alone. The model itself is deleted unless `keep`."""
+    R_ = dataclasses.replace
+    cfg_n = R_(cfg, labels=R_(cfg.labels, num_train=n, heldout_fraction=heldout_fraction))
+    t_n = dataclasses.replace(t, cfg=cfg_n)
+    timers.clear()
+    log(f"training a reward model on N={n} labels ({loadavg()})")
+    s = time.time()
+    rm, summary = train_reward_model(t_n, store, out / f"rm-{n}")
+    wall = time.time() - s
+    del rm
+    if not keep:
+        shutil.rmtree(out / f"rm-{n}", ignore_errors=True)
+    return summary, wall
 
-        return f
 
-    def train_epoch(rm, data, *a, **k):
-        captured["train"] = data
-        mon = CpuMonitor()
-        try:
-            return wrap("train_epoch")(rm, data, *a, **k)
-        finally:
-            captured["cpu"] = mon.stop()
+def label_ceiling(t: Task, held: Comparisons, score_fn: ScoreFn) -> float:
+    """The labels' own ceiling: the expected held-out accuracy of a perfect scorer, ties broken at random."""
+    texts = [decode(t.tok, held.samples[i]) for i in range(len(held))]
+    exp_acc = []
+    for i, txt in enumerate(texts):
+        sc = score_fn(txt)
+        top = max(sc)
+        ties = [j for j, v in enumerate(sc) if v == top]
+        exp_acc.append((int(held.best[i]) in ties) / len(ties))
+    return sum(exp_acc) / len(exp_acc)
 
-    def evaluate(rm, data, *a, **k):
-        captured["held"] = data
-        return wrap("evaluate")(rm, data, *a, **k)
 
-    R.train_epoch, R.normalize, R.evaluate = train_epoch, wrap("normalize"), evaluate
-    R.label_prefixes = wrap("label_prefixes")  # the frozen blocks, run once before the epochs (LoRA only)
+def fingerprint(c: Comparisons) -> str:
+    """A short sha1 of a set's queries, samples and labels: which held-out set a run evaluated on."""
+    h = hashlib.sha1()
+    for x in (c.queries, c.samples, c.best):
+        h.update(x.contiguous().numpy().tobytes())
+    return h.hexdigest()[:12]
 
-    def fingerprint(c) -> str:
-        h = hashlib.sha1()
-        for x in (c.queries, c.samples, c.best):
-            h.update(x.contiguous().numpy().tobytes())
-        return h.hexdigest()[:12]
 
-    score_fn = SCORE_FNS[args.labeler]
-    rows, ceiling = [], None
-    for n in ns:
-        cfg_n = R_(cfg, labels=R_(cfg.labels, num_train=n, heldout_fraction=H / total))
-        t_n = dataclasses.replace(t, cfg=cfg_n)
-        timers.clear()
-        captured.clear()
-        log(f"training a reward model on N={n} labels ({loadavg()})")
-        s = time.time()
-        rm, summary = train_reward_model(t_n, store, out / f"rm-{n}")
-        wall = time.time() - s
-        del rm
-        if not args.keep_models:
-            shutil.rmtree(out / f"rm-{n}", ignore_errors=True)
-        train, held = captured["train"], captured["held"]
-        S = train.samples.shape[1]
-        L = cfg.task.query_length + len(t.prefix) + len(t.suffix) + cfg.task.response_length
-        epochs = cfg.train_reward.epochs
-        positions = len(train) * S * L * epochs
-        real = (int((train.queries >= 0).sum()) * S + int((train.samples >= 0).sum())) * epochs
-        # training time: the epochs plus the one pass through the frozen bottom blocks that they reuse
-        te = timers.get("train_epoch", float("nan")) + timers.get("label_prefixes", 0.0)
-        if ceiling is None:  # labels' own ceiling: a perfect scorer, ties broken at random
-            texts = [decode(t.tok, held.samples[i]) for i in range(len(held))]
-            exp_acc = []
-            for i, txt in enumerate(texts):
-                sc = score_fn(txt)
-                top = max(sc)
-                ties = [j for j, v in enumerate(sc) if v == top]
-                exp_acc.append((int(held.best[i]) in ties) / len(ties))
-            ceiling = sum(exp_acc) / len(exp_acc)
-        acc = summary["heldout/accuracy"]
-        row = {
-            "labels": n,
-            "labels_train": summary["labels_train"],
-            "labels_heldout": summary["labels_heldout"],
-            "heldout_accuracy": acc,
-            "heldout_accuracy_95ci": wilson(acc, summary["labels_heldout"]),
-            "heldout_loss": summary.get("heldout/loss"),
-            "initial_heldout_accuracy": summary.get("initial_heldout/accuracy"),
-            "initial_heldout_loss": summary.get("initial_heldout/loss"),
-            "heldout_fingerprint": fingerprint(held),
-            "train_epoch_s": te,
-            "train_positions_per_s": positions / te,
-            "train_real_tokens_per_s": real / te,
-            "train_s_per_label": te / len(train),
-            "normalize_s": timers.get("normalize"),
-            "evaluate_s": timers.get("evaluate"),
-            "wall_s": wall,
-            "train_epoch_cpu": captured.get("cpu"),
-            "final_minibatch": summary.get("final_minibatch"),
-            "load_after": os.getloadavg(),
-            "rss_gib": rss_gib(),
-        }
-        rows.append(row)
-        lo, hi = row["heldout_accuracy_95ci"]
-        print(
-            f"N={n:5d}: held-out accuracy {100 * acc:5.1f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}; before training "
-            f"{100 * row['initial_heldout_accuracy']:.1f}%), loss {row['heldout_loss']:.3f}; train_epoch "
-            f"{te:.0f}s = {row['train_s_per_label']:.2f} s/label, {row['train_positions_per_s']:.0f} tokens/s "
-            f"({row['train_real_tokens_per_s']:.0f} non-pad); run {wall:.0f}s (normalize {row['normalize_s']:.0f}s, "
-            f"evaluate {row['evaluate_s']:.0f}s); held-out set {row['heldout_fingerprint']}; during train_epoch other "
-            f"processes used {row['train_epoch_cpu']['other_cores_avg']} cores; RSS {row['rss_gib'][0]:.1f} GiB "
-            f"(peak {row['rss_gib'][1]:.1f}) ({loadavg()})",
-            flush=True,
-        )
+def result_row(cfg: Config, t: Task, n: int, summary: dict, wall: float, timers: RewardModelTimers) -> dict:
+    """The figures of the reward model trained on n labels, from its summary and what `timers` recorded."""
+    timed, captured = timers.timers, timers.captured
+    train, held = captured["train"], captured["held"]
+    S = train.samples.shape[1]
+    L = cfg.task.query_length + len(t.prefix) + len(t.suffix) + cfg.task.response_length
+    epochs = cfg.train_reward.epochs
+    positions = len(train) * S * L * epochs
+    real = (int((train.queries >= 0).sum()) * S + int((train.samples >= 0).sum())) * epochs
+    # training time: the epochs plus the one pass through the frozen bottom blocks that they reuse
+    te = timed.get("train_epoch", float("nan")) + timed.get("label_prefixes", 0.0)
+    acc = summary["heldout/accuracy"]
+    return {
+        "labels": n,
+        "labels_train": summary["labels_train"],
+        "labels_heldout": summary["labels_heldout"],
+        "heldout_accuracy": acc,
+        "heldout_accuracy_95ci": wilson(acc, summary["labels_heldout"]),
+        "heldout_loss": summary.get("heldout/loss"),
+        "initial_heldout_accuracy": summary.get("initial_heldout/accuracy"),
+        "initial_heldout_loss": summary.get("initial_heldout/loss"),
+        "heldout_fingerprint": fingerprint(held),
+        "train_epoch_s": te,
+        "train_positions_per_s": positions / te,
+        "train_real_tokens_per_s": real / te,
+        "train_s_per_label": te / len(train),
+        "normalize_s": timed.get("normalize"),
+        "evaluate_s": timed.get("evaluate"),
+        "wall_s": wall,
+        "train_epoch_cpu": captured.get("cpu"),
+        "final_minibatch": summary.get("final_minibatch"),
+        "load_after": os.getloadavg(),
+        "rss_gib": rss_gib(),
+    }
 
+
+def print_row(row: dict) -> None:
+    n, acc, te, wall = row["labels"], row["heldout_accuracy"], row["train_epoch_s"], row["wall_s"]
+    lo, hi = row["heldout_accuracy_95ci"]
+    print(
+        f"N={n:5d}: held-out accuracy {100 * acc:5.1f}% (95% CI {100 * lo:.1f}-{100 * hi:.1f}; before training "
+        f"{100 * row['initial_heldout_accuracy']:.1f}%), loss {row['heldout_loss']:.3f}; train_epoch "
+        f"{te:.0f}s = {row['train_s_per_label']:.2f} s/label, {row['train_positions_per_s']:.0f} tokens/s "
+        f"({row['train_real_tokens_per_s']:.0f} non-pad); run {wall:.0f}s (normalize {row['normalize_s']:.0f}s, "
+        f"evaluate {row['evaluate_s']:.0f}s); held-out set {row['heldout_fingerprint']}; during train_epoch other "
+        f"processes used {row['train_epoch_cpu']['other_cores_avg']} cores; RSS {row['rss_gib'][0]:.1f} GiB "
+        f"(peak {row['rss_gib'][1]:.1f}) ({loadavg()})",
+        flush=True,
+    )
+
+
+def print_summary(labeler: str, rows: list[dict], ceiling: float) -> None:
+    """The checks (one held-out set, the label ceiling), the table of every N and the target."""
     fps = {r["heldout_fingerprint"] for r in rows}
-    load1 = os.getloadavg()
     print()
     print(
         f"held-out set identical for every N: {'yes' if len(fps) == 1 else 'NO ' + str(fps)} "
         f"({rows[0]['labels_heldout']} labels)"
     )
     print(
-        f"label ceiling (perfect {args.labeler} scorer, ties at random) on the held-out set: {100 * ceiling:.1f}%; "
+        f"label ceiling (perfect {labeler} scorer, ties at random) on the held-out set: {100 * ceiling:.1f}%; "
         f"chance 25%"
     )
     print()
@@ -339,56 +375,6 @@ def main(argv=None) -> int:
             f"{'MET' if b['heldout_accuracy'] >= 0.55 else 'NOT MET'} (best {100 * b['heldout_accuracy']:.1f}% at "
             f"N={b['labels']})"
         )
-    src1 = source_fingerprint()
-    if src1 != src:
-        print(f"WARNING: the lmprefs sources changed during this benchmark: now {json.dumps(src1)}")
-    print("machine load before: {:.2f} {:.2f} {:.2f}; after: {:.2f} {:.2f} {:.2f}".format(*load0, *load1))
-    res = {
-        "args": vars(args),
-        "lmprefs_source": [src, src1],
-        "collect": col,
-        "setup_s": setup_s,
-        "label_ceiling": ceiling,
-        "rows": rows,
-        "load_before": load0,
-        "load_after": load1,
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-        },
-    }
-    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
-    print(f"results: {out / 'results.json'}")
-    store.close()
-    return 0
-
-
-class CpuMonitor:
-    """Cores used by this process and by everything else over a region (/proc/stat), as the anchor's CpuMonitor."""
-
-    def __init__(self):
-        self.t0, self.b0, self.o0 = time.perf_counter(), self._busy(), self._own()
-
-    @staticmethod
-    def _busy() -> float:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
-
-    @staticmethod
-    def _own() -> float:
-        t = os.times()
-        return t.user + t.system
-
-    def stop(self) -> dict:
-        wall = time.perf_counter() - self.t0
-        own = self._own() - self.o0
-        return {
-            "wall_s": round(wall, 2),
-            "own_cores_avg": round(own / wall, 2),
-            "other_cores_avg": round(max(self._busy() - self.b0 - own, 0.0) / wall, 2),
-        }
 
 
 def rss_gib() -> tuple[float, float]:

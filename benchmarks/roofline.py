@@ -38,6 +38,7 @@ from _common import ArgumentParser, cpu_name, positive_int, run_main, source_fin
 
 # the matmul FLOPs of each stage, counted as the code runs it (shared with `experiment mock-sentiment --plan`)
 from lmprefs.models.attention import SDPA_LIKE
+from lmprefs.models.flops import ModelFacts
 from lmprefs.recipes.plan import Counts, stage_flops
 
 HERE = Path(__file__).resolve().parent
@@ -147,7 +148,6 @@ def check_model(name: str) -> None:
     missing asset, a hub name offline) is left to the quickstart, which says why in one line."""
     from lmprefs.assets.models import resolve_model
     from lmprefs.errors import UserError
-    from lmprefs.models.flops import ModelFacts
 
     try:
         config = json.loads((Path(resolve_model(name)) / "config.json").read_text())
@@ -210,53 +210,15 @@ def main(argv=None) -> int:
 
 def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
     """The table (and --json) from the run's report.json and the child's record."""
-    from lmprefs.errors import UserError
-    from lmprefs.models.flops import ModelFacts
-
     device, dtype, threads = record["device"], record["dtype"], record["threads"]
-    try:
-        facts = ModelFacts.from_config(record["model_config"], cuda=device.startswith("cuda"))
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    fig = report["figures"]
-    counts = Counts(
-        q_len=record["prefix"] + record["query_length"] + record["suffix"], train_queries=record["train_queries"],
-        eval_queries=report["true_reward_before"]["n_queries"], eval_samples=a.eval_samples,
-        questions=math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction)),
-        labels_train=fig["rm_train"], labels_heldout=fig["rm_heldout"], updates=cfg.ppo.num_updates,
-        shared_queries=record["attention"] in SDPA_LIKE,
-    )  # fmt: skip
+    facts, counts = flop_inputs(a, cfg, report, record)
     parts = stage_flops(cfg, facts, counts)
     size = a.peak_size or (8192 if device.startswith("cuda") else 2048)
     print(f"roofline: measuring the matmul peak ({dtype}, {size}x{size}, best of {a.peak_reps})", flush=True)
     peak = matmul_peak(device, dtype, threads, size, a.peak_reps)  # GFLOP/s
     counted = record.get("counted")
-
-    rows = []
-    for stage in STAGES:
-        seconds, flops = float(report["stages"][stage]), sum(parts[stage].values())
-        row = {"stage": stage, "seconds": seconds, "flops": flops, "gflop": flops / 1e9,
-               "gflop_per_s": flops / 1e9 / seconds if seconds > 0 else 0.0, "peak_gflop_per_s": peak,
-               "floor_s": flops / 1e9 / peak,
-               "parts_gflop": {k: v / 1e9 for k, v in parts[stage].items()}}  # fmt: skip
-        row["pct_of_peak"] = 100 * row["gflop_per_s"] / peak
-        row["peak_rss_mib"] = record.get("peak_rss_mib", {}).get(stage)  # the process's peak so far, at its end
-        if counted is not None:
-            c = counted.get(stage, 0)
-            row |= {"counted_flops": c, "counted_gflop": c / 1e9}
-            row["analytic_over_counted"] = flops / c if c else (1.0 if flops == 0 else math.inf)
-        rows.append(row)
-    secs, flops = sum(r["seconds"] for r in rows), sum(r["flops"] for r in rows)
-    gflop = flops / 1e9
-    total = {"stage": "total", "seconds": secs, "flops": flops, "gflop": gflop,
-             "gflop_per_s": gflop / secs if secs > 0 else 0.0, "peak_gflop_per_s": peak,
-             "floor_s": gflop / peak}  # fmt: skip
-    total["pct_of_peak"] = 100 * total["gflop_per_s"] / peak
-    total["peak_rss_mib"] = rss_kib / 1024
-    if counted is not None:
-        c = sum(counted.values())
-        total |= {"counted_flops": c, "counted_gflop": c / 1e9,
-                  "analytic_over_counted": flops / c if c else math.inf}  # fmt: skip
+    rows = stage_rows(report, record, parts, peak)
+    total = total_row(rows, peak, rss_kib, counted)
 
     size_note = "full preset" if a.full else (
         f"reduced: {cfg.labels.num_train} labels, {cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}")
@@ -266,18 +228,7 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
     print(f"machine: {device_name(device)}, {threads} threads, {dtype}{route}; matmul peak "
           f"{peak:.1f} GFLOP/s ({dtype} {size}x{size}, best of {a.peak_reps}); load average "
           f"{loads[0][0]:.2f} before, {loads[1][0]:.2f} after")  # fmt: skip
-    head = ["stage", "seconds", "GFLOP", "GFLOP/s", "peak GFLOP/s", "% of peak", "floor s", "peak RSS MiB"]
-    if counted is not None:
-        head += ["counted GFLOP", "analytic/counted"]
-    widths = [max(len(h), 18) if i == 0 else max(len(h), 9) for i, h in enumerate(head)]
-    print(fmt_row(head, widths))
-    for r in [*rows, total]:
-        cells = [r["stage"], f"{r['seconds']:.2f}", f"{r['gflop']:.2f}", f"{r['gflop_per_s']:.2f}",
-                 f"{r['peak_gflop_per_s']:.1f}", f"{r['pct_of_peak']:.1f}", f"{r['floor_s']:.2f}",
-                 "" if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:.0f}"]  # fmt: skip
-        if counted is not None:
-            cells += [f"{r['counted_gflop']:.2f}", f"{r['analytic_over_counted']:.4f}"]
-        print(fmt_row(cells, widths))
+    print_table([*rows, total], counted=counted is not None)
     rss_mib = total["peak_rss_mib"]
     print(f"peak RSS of the run: {rss_mib:.0f} MiB (its largest process; by stage: the peak so far at the stage's "
           f"end); the whole child process took {wall:.1f} s")
@@ -298,6 +249,77 @@ def finish(a, cfg, report, record, *, qs_argv, wall, rss_kib, loads) -> int:
                "lmprefs_source": source_fingerprint(), "count_flops": counted is not None}  # fmt: skip
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0
+
+
+def flop_inputs(a, cfg, report, record) -> tuple[ModelFacts, Counts]:
+    """What the FLOP count needs: the model's shape (from the config the child recorded) and the run's sizes."""
+    from lmprefs.errors import UserError
+
+    try:
+        facts = ModelFacts.from_config(record["model_config"], cuda=record["device"].startswith("cuda"))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    fig = report["figures"]
+    counts = Counts(
+        q_len=record["prefix"] + record["query_length"] + record["suffix"], train_queries=record["train_queries"],
+        eval_queries=report["true_reward_before"]["n_queries"], eval_samples=a.eval_samples,
+        questions=math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction)),
+        labels_train=fig["rm_train"], labels_heldout=fig["rm_heldout"], updates=cfg.ppo.num_updates,
+        shared_queries=record["attention"] in SDPA_LIKE,
+    )  # fmt: skip
+    return facts, counts
+
+
+def stage_rows(report, record, parts: dict[str, dict[str, int]], peak: float) -> list[dict]:
+    """A row of figures per stage: its seconds (report.json), FLOPs and their parts, against the peak; with the
+    child's FlopCounterMode counts where it took them."""
+    counted = record.get("counted")
+    rows = []
+    for stage in STAGES:
+        seconds, flops = float(report["stages"][stage]), sum(parts[stage].values())
+        row = {"stage": stage, "seconds": seconds, "flops": flops, "gflop": flops / 1e9,
+               "gflop_per_s": flops / 1e9 / seconds if seconds > 0 else 0.0, "peak_gflop_per_s": peak,
+               "floor_s": flops / 1e9 / peak,
+               "parts_gflop": {k: v / 1e9 for k, v in parts[stage].items()}}  # fmt: skip
+        row["pct_of_peak"] = 100 * row["gflop_per_s"] / peak
+        row["peak_rss_mib"] = record.get("peak_rss_mib", {}).get(stage)  # the process's peak so far, at its end
+        if counted is not None:
+            c = counted.get(stage, 0)
+            row |= {"counted_flops": c, "counted_gflop": c / 1e9}
+            row["analytic_over_counted"] = flops / c if c else (1.0 if flops == 0 else math.inf)
+        rows.append(row)
+    return rows
+
+
+def total_row(rows: list[dict], peak: float, rss_kib: int, counted: dict | None) -> dict:
+    """The stages' sum, with the largest process's peak RSS of the whole run."""
+    secs, flops = sum(r["seconds"] for r in rows), sum(r["flops"] for r in rows)
+    gflop = flops / 1e9
+    total = {"stage": "total", "seconds": secs, "flops": flops, "gflop": gflop,
+             "gflop_per_s": gflop / secs if secs > 0 else 0.0, "peak_gflop_per_s": peak,
+             "floor_s": gflop / peak}  # fmt: skip
+    total["pct_of_peak"] = 100 * total["gflop_per_s"] / peak
+    total["peak_rss_mib"] = rss_kib / 1024
+    if counted is not None:
+        c = sum(counted.values())
+        total |= {"counted_flops": c, "counted_gflop": c / 1e9,
+                  "analytic_over_counted": flops / c if c else math.inf}  # fmt: skip
+    return total
+
+
+def print_table(rows: list[dict], *, counted: bool) -> None:
+    head = ["stage", "seconds", "GFLOP", "GFLOP/s", "peak GFLOP/s", "% of peak", "floor s", "peak RSS MiB"]
+    if counted:
+        head += ["counted GFLOP", "analytic/counted"]
+    widths = [max(len(h), 18) if i == 0 else max(len(h), 9) for i, h in enumerate(head)]
+    print(fmt_row(head, widths))
+    for r in rows:
+        cells = [r["stage"], f"{r['seconds']:.2f}", f"{r['gflop']:.2f}", f"{r['gflop_per_s']:.2f}",
+                 f"{r['peak_gflop_per_s']:.1f}", f"{r['pct_of_peak']:.1f}", f"{r['floor_s']:.2f}",
+                 "" if r.get("peak_rss_mib") is None else f"{r['peak_rss_mib']:.0f}"]  # fmt: skip
+        if counted:
+            cells += [f"{r['counted_gflop']:.2f}", f"{r['analytic_over_counted']:.4f}"]
+        print(fmt_row(cells, widths))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ before and after each model, and the CPU model: on a shared machine the figures 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from _common import ArgumentParser, cpu_name, int_at_least, positive_int, run_main
@@ -89,6 +91,37 @@ def run(model: str, device: str, procs: int | None, parallel: str, threads: int,
 
 
 def main(argv=None) -> int:
+    p = parser()
+    a = p.parse_args(argv)
+    models, modes, solo_threads = check_args(p, a)
+    if "smollm2" in models and asset_status("smollm2-135m") != "ready":
+        print("smollm2: not in the cache (lmprefs assets prepare smollm2-135m); skipped")
+        models.remove("smollm2")
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print(f"{p.prog}: error: --device cuda: CUDA is not available here", file=sys.stderr)
+            return 2
+        print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {cpu_name()}")
+        # (label, processes (None: no launcher), run.parallel, threads)
+        configs = [("no launcher", None, "ddp", 0)] + [(f"torchrun x1 NCCL {m}", 1, m, 0) for m in modes]
+    else:
+        print(f"CPU: {cpu_name()}, {os.cpu_count()} cores")
+        # 1 x 1 as well: on a loaded machine two threads of one process can lose more than they gain
+        configs = [(f"1 process x {t} thread{'s' * (t > 1)}", None, "ddp", t) for t in solo_threads]
+        configs += [(f"2 processes x 1 thread {m}", 2, m, 1) for m in modes]
+    results = {"device": a.device, "cpu": cpu_name(), "cpu_count": os.cpu_count(), "updates": a.updates,
+               "models": {}}  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        for m in models:
+            results["models"][m] = measure_model(a, m, configs, Path(tmp))
+    if a.json:
+        Path(a.json).write_text(json.dumps(results) + "\n")
+    return 0
+
+
+def parser() -> ArgumentParser:
     p = ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--models", default=None, help="comma-separated; default tiny,smollm2 (cpu), tiny,gpt2-124m (cuda)")
@@ -105,8 +138,11 @@ def main(argv=None) -> int:
                    "ratios (each torchrun process has 1 thread)")  # fmt: skip
     p.add_argument("--compile", choices=("auto", "off"), default="auto", help="run.compile of every run")
     p.add_argument("--json", default=None, help="also write every figure here as one JSON object")
-    a = p.parse_args(argv)
+    return p
 
+
+def check_args(p: ArgumentParser, a: argparse.Namespace) -> tuple[list[str], list[str], list[int]]:
+    """The models, run.parallel values and no-launcher thread counts the flags name; a bad one is p.error."""
     models = [m for m in (a.models or ("tiny,smollm2" if a.device == "cpu" else "tiny,gpt2-124m")).split(",") if m]
     modes = [m for m in a.parallel.split(",") if m]
     for m in models:
@@ -127,56 +163,39 @@ def main(argv=None) -> int:
         if a.batch is not None and a.batch % (procs_max * nmb):
             p.error(f"--batch {a.batch}: {m} runs {nmb} minibatches on each of up to {procs_max} processes; give a "
                     f"multiple of {procs_max * nmb}")  # fmt: skip
-    if "smollm2" in models and asset_status("smollm2-135m") != "ready":
-        print("smollm2: not in the cache (lmprefs assets prepare smollm2-135m); skipped")
-        models.remove("smollm2")
-    if a.device == "cuda":
-        import torch
+    return models, modes, solo_threads
 
-        if not torch.cuda.is_available():
-            print(f"{p.prog}: error: --device cuda: CUDA is not available here", file=sys.stderr)
-            return 2
-        print(f"GPU: {torch.cuda.get_device_name(0)}; CPU: {cpu_name()}")
-        # (label, processes (None: no launcher), run.parallel, threads)
-        configs = [("no launcher", None, "ddp", 0)] + [(f"torchrun x1 NCCL {m}", 1, m, 0) for m in modes]
-    else:
-        print(f"CPU: {cpu_name()}, {os.cpu_count()} cores")
-        # 1 x 1 as well: on a loaded machine two threads of one process can lose more than they gain
-        configs = [(f"1 process x {t} thread{'s' * (t > 1)}", None, "ddp", t) for t in solo_threads]
-        configs += [(f"2 processes x 1 thread {m}", 2, m, 1) for m in modes]
-    extra = ["--run.compile", a.compile]
-    results = {"device": a.device, "cpu": cpu_name(), "cpu_count": os.cpu_count(), "updates": a.updates,
-               "models": {}}  # fmt: skip
-    with tempfile.TemporaryDirectory() as tmp:
-        for m in models:
-            m_extra = list(extra)
-            if m == "gpt2-124m":
-                sys.path.insert(0, str(Path(__file__).parent))
-                from gpu_throughput import build_model_dir
 
-                m_extra += ["--task.initial-model", build_model_dir("gpt2-124m", seed=0, parent=Path(tmp))]
-            batch = a.batch or MODELS[m][1][a.device]
-            results["models"][m] = {"batch": batch, "load_before": os.getloadavg(), "reps": []}
-            print(f"load average before {m}: {os.getloadavg()}", flush=True)
-            for rep in range(a.reps):
-                t0, figures = time.time(), []
-                for label, procs, parallel, threads in configs:
-                    out = Path(tmp) / f"{m}-{label.replace(' ', '_')}-{rep}"
-                    figures.append((label, run(m, a.device, procs, parallel, threads, a.updates, out, m_extra,
-                                               batch)))  # fmt: skip
-                base = figures[0][1]
-                print(f"{m:9s} batch {batch:3d}: " + "; ".join(
-                    f"{label} {eps:7.2f} episodes/s ({eps / base:.2f}x)" for label, eps in figures) +
-                    f"  ({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
-                results["models"][m]["reps"].append([
-                    {"label": label, "processes": n or 1, "launcher": n is not None, "parallel": parallel,
-                     "threads": threads, "episodes_per_s": eps, "ratio": eps / base}
-                    for (label, eps), (_, n, parallel, threads) in zip(figures, configs, strict=True)])  # fmt: skip
-            results["models"][m]["load_after"] = os.getloadavg()
-            print(f"load average after {m}: {os.getloadavg()}", flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(results) + "\n")
-    return 0
+def measure_model(a: argparse.Namespace, m: str, configs: Sequence[tuple[str, int | None, str, int]],
+                  tmp: Path) -> dict:  # fmt: skip
+    """--reps rounds of every configuration on model m, each printed as a line of episodes/s and ratios to the first
+    configuration; the load average before and after."""
+    m_extra = ["--run.compile", a.compile]
+    if m == "gpt2-124m":
+        sys.path.insert(0, str(Path(__file__).parent))
+        from gpu_throughput import build_model_dir
+
+        m_extra += ["--task.initial-model", build_model_dir("gpt2-124m", seed=0, parent=tmp)]
+    batch = a.batch or MODELS[m][1][a.device]
+    res: dict = {"batch": batch, "load_before": os.getloadavg(), "reps": []}
+    print(f"load average before {m}: {os.getloadavg()}", flush=True)
+    for rep in range(a.reps):
+        t0, figures = time.time(), []
+        for label, procs, parallel, threads in configs:
+            out = tmp / f"{m}-{label.replace(' ', '_')}-{rep}"
+            figures.append((label, run(m, a.device, procs, parallel, threads, a.updates, out, m_extra,
+                                       batch)))  # fmt: skip
+        base = figures[0][1]
+        print(f"{m:9s} batch {batch:3d}: " + "; ".join(
+            f"{label} {eps:7.2f} episodes/s ({eps / base:.2f}x)" for label, eps in figures) +
+            f"  ({time.time() - t0:.0f}s)", flush=True)  # fmt: skip
+        res["reps"].append([
+            {"label": label, "processes": n or 1, "launcher": n is not None, "parallel": parallel,
+             "threads": threads, "episodes_per_s": eps, "ratio": eps / base}
+            for (label, eps), (_, n, parallel, threads) in zip(figures, configs, strict=True)])  # fmt: skip
+    res["load_after"] = os.getloadavg()
+    print(f"load average after {m}: {os.getloadavg()}", flush=True)
+    return res
 
 
 if __name__ == "__main__":
