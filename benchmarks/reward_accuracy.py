@@ -60,6 +60,7 @@ import lmprefs  # noqa: E402
 import lmprefs.pipeline.reward_model as R  # noqa: E402  (train_epoch, normalize, evaluate, label_prefixes are timed)
 from lmprefs.config import PRESETS, Config, preset  # noqa: E402
 from lmprefs.data.tasks import decode  # noqa: E402
+from lmprefs.io.publish import versions as published_versions  # noqa: E402
 from lmprefs.labels.labelers import SCORE_FNS, ScoreFn  # noqa: E402
 from lmprefs.labels.store import LabelStore  # noqa: E402
 from lmprefs.pipeline.labeling import collect_labels, open_store  # noqa: E402
@@ -266,8 +267,18 @@ def train_one(cfg: Config, t: Task, store: LabelStore, out: Path, n: int, heldou
     wall = time.time() - s
     del rm
     if not keep:
-        shutil.rmtree(out / f"rm-{n}", ignore_errors=True)
+        remove_published(out / f"rm-{n}")
     return summary, wall
+
+
+def remove_published(path: Path) -> None:
+    """A published directory gone: its link and every version it pointed at (rmtree refuses a link)."""
+    for v in published_versions(path):
+        shutil.rmtree(v)
+    if path.is_symlink():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
 
 
 def label_ceiling(t: Task, held: Comparisons, score_fn: ScoreFn) -> float:

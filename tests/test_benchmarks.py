@@ -186,6 +186,7 @@ def test_reward_accuracy_runs_on_the_tiny_preset(tmp_path):
         assert 0 < row["train_real_tokens_per_s"] <= row["train_positions_per_s"] and row["train_epoch_s"] > 0
     assert 0.25 <= res["label_ceiling"] <= 1  # noiseless labels: the labeled best is always among the tied top
     assert "held-out set identical for every N: yes" in r.stdout
+    assert not list(out.glob("rm-*")), "a reward model was left in --out-dir without --keep-models"
 
 
 def test_scaling_runs_without_a_launcher_and_under_torchrun_with_two_processes(tmp_path):
