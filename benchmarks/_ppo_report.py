@@ -170,7 +170,7 @@ def report_median_run_phases(systems, results, use) -> None:
         if s != "trl":
             print(f"  {'':>18}  detail: {json.dumps(r['detail_mean'])}")
         else:
-            d = defaultdict(float)
+            d: defaultdict[str, float] = defaultdict(float)
             for st in r["per_step"][1:]:
                 for k, v in st["detail"].items():
                     d[k] += v / (len(r["per_step"]) - 1)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from _common import source_fingerprint
+from torch.utils.flop_counter import FlopCounterMode
 
 # lmprefs internals the worker uses, all in this block
 import lmprefs
@@ -131,7 +132,7 @@ def install_timers(cur: dict[str, float], policy, run, score_fn: Callable) -> tu
         policy.values_from = timed(cur, lambda *a, **k: "rollout_policy_fwd", policy.values_from)
     run.optimizer.step = timed(cur, lambda *a, **k: "ppo_optimizer_step", run.optimizer.step)
     orig_backward = torch.Tensor.backward
-    torch.Tensor.backward = timed(cur, lambda *a, **k: "ppo_backward", orig_backward)
+    torch.Tensor.backward = timed(cur, lambda *a, **k: "ppo_backward", orig_backward)  # type: ignore[method-assign]
     return score_fn, orig_backward
 
 
@@ -144,15 +145,13 @@ class UpdateRecorder:
         self.cur: dict[str, float] = defaultdict(float)
         self.updates: list[dict] = []
         self.last_stats: dict = {}
-        self.flops = None
+        self.flops: FlopCounterMode | None = None
         self.gflop: float | None = None
-        self.prof = None
+        self.prof: torch.profiler.profile | None = None
         self.mark = 0.0
 
     def count_flops(self) -> None:
         """Count the FLOPs of the warm-up update (excluded from timing anyway)."""
-        from torch.utils.flop_counter import FlopCounterMode
-
         self.flops = FlopCounterMode(display=False)
         self.flops.__enter__()
 
@@ -166,8 +165,8 @@ class UpdateRecorder:
                 self.flops.__exit__(None, None, None)
                 self.gflop = self.flops.get_total_flops() / 1e9
             if r.update == self.steps - 1:  # profile the next (last) update
-                self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-                self.prof.start()
+                self.prof = prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                prof.start()
             elif self.prof is not None:
                 self.prof.stop()
         self.mark = time.perf_counter()
@@ -218,6 +217,7 @@ def model_record(args, common, model, policy, dtype) -> dict:
 
 def profile_record(args, recorder: UpdateRecorder, prof_update: dict) -> dict:
     prof = recorder.prof
+    assert prof is not None  # --profile-update: the last update was profiled
     return {
         "update_s": round(prof_update["total_s"], 4),
         "gflop": round(recorder.gflop or 0.0, 2),
@@ -258,7 +258,7 @@ def lmprefs_worker(args) -> dict:
     P.train_policy(cfg, run, score_fn, _NullLog(), run_dir, TaskContext([], [], device, dtype), on_update=recorder)
     train_s = time.perf_counter() - t0
     cpu = mon.stop()
-    torch.Tensor.backward = orig_backward
+    torch.Tensor.backward = orig_backward  # type: ignore[method-assign]
 
     per = [update_phases(u) for u in recorder.updates]
     res = {

@@ -87,19 +87,20 @@ def main(argv=None) -> int:
                 times[shared].append(t)
         same += int((out[True] == out[False]).all(1).sum())
         rows += len(out[True])
-    plain, shared = statistics.median(times[False]), statistics.median(times[True])
+    plain, shared_prefill = statistics.median(times[False]), statistics.median(times[True])
     print(f"machine: {cpu_name()}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}; "
           f"torch {torch.__version__}; lmprefs sources {source_fingerprint()['sha1']}")
     print(f"{a.model} on {a.device}, autocast {a.dtype}: {a.questions} queries x {a.n} samples, query {a.query_len} "
           f"tokens, response {a.response_len}; median of {a.reps} calls each")
     print(f"  queries repeated ({a.questions * a.n} prefills): {plain:.2f} s")
-    print(f"  repeats={a.n} (one prefill per query):  {shared:.2f} s  ({shared / plain:.2f}x the time)")
+    print(f"  repeats={a.n} (one prefill per query):  {shared_prefill:.2f} s  "
+          f"({shared_prefill / plain:.2f}x the time)")
     print(f"  identical responses: {same} of {rows} rows (the rest differ from a near-tie draw on)")
     if a.json:
         res = {"model": a.model, "device": a.device, "dtype": a.dtype, "threads": torch.get_num_threads(),
                "questions": a.questions, "n": a.n, "query_len": a.query_len, "response_len": a.response_len,
-               "reps": a.reps, "seconds_repeated_queries": plain, "seconds_shared_prefill": shared,
-               "time_ratio": shared / plain, "identical_rows": same, "rows": rows,
+               "reps": a.reps, "seconds_repeated_queries": plain, "seconds_shared_prefill": shared_prefill,
+               "time_ratio": shared_prefill / plain, "identical_rows": same, "rows": rows,
                "seconds_all": {"repeated_queries": times[False], "shared_prefill": times[True]},
                "lmprefs_source": source_fingerprint()["sha1"], "torch": torch.__version__}  # fmt: skip
         Path(a.json).write_text(json.dumps(res) + "\n")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from typing import Any
 
 import torch
 from _common import ArgumentParser, cpu_name, nonnegative_int, positive_int, run_main, source_fingerprint
@@ -90,8 +91,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the figures here as one JSON object")
     a = p.parse_args(argv)
     try:
-        heads = tuple(int(x) for x in a.heads.split(":"))
-        assert len(heads) == 3 and min(heads) > 0 and heads[0] % heads[1] == 0
+        H, Hkv, D = (int(x) for x in a.heads.split(":"))
+        heads = (H, Hkv, D)
+        assert min(heads) > 0 and H % Hkv == 0
     except (ValueError, AssertionError):
         p.error(f"--heads {a.heads!r}: QUERY_HEADS:KV_HEADS:HEAD_DIM, query heads a multiple of key-value heads")
     try:
@@ -128,9 +130,10 @@ def main(argv=None) -> int:
             for name, fn in ways.items():
                 seconds[name].append(timed(fn, args, grad, dtype, calls))
         med = {name: statistics.median(s) for name, s in seconds.items()}
-        row = {"rows": b, "query_len": lq, "key_len": lk, "pass": "forward+backward" if grad else "forward",
-               "eager": attention.short(lq, lk), "ms": {n: 1e3 * s for n, s in med.items()},
-               "ratio": med["lmprefs"] / med["sdpa"], "max_error": errors}  # fmt: skip
+        row: dict[str, Any] = {"rows": b, "query_len": lq, "key_len": lk,
+                               "pass": "forward+backward" if grad else "forward", "eager": attention.short(lq, lk),
+                               "ms": {n: 1e3 * s for n, s in med.items()}, "ratio": med["lmprefs"] / med["sdpa"],
+                               "max_error": errors}  # fmt: skip
         rows.append(row)
         print(f"{b:4d} rows x {lq:4d} queries x {lk:4d} keys {row['pass']:>16}: sdpa {row['ms']['sdpa']:8.3f} ms, "
               f"lmprefs {row['ms']['lmprefs']:8.3f} ms ({'eager' if row['eager'] else 'sdpa'}), "

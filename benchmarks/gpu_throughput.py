@@ -36,6 +36,7 @@ import time
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -64,7 +65,7 @@ from lmprefs.training.policy_run import PolicyRun, build_run  # noqa: E402
 BF16_PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0,
                     "L40S": 362.0, "L4": 121.0, "A10G": 70.0, "A10": 125.0, "RTX 4090": 165.0}  # fmt: skip
 
-ARCHS = {  # random-weight GPT-2s: the original's 124M, and a small one for CPUs
+ARCHS: dict[str, dict[str, Any]] = {  # random-weight GPT-2s: the original's 124M, and a small one for CPUs
     "gpt2-124m": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024),
     "gpt2-mini": dict(n_layer=4, n_embd=256, n_head=4, n_positions=1024),
 }

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import torch
 from _common import ArgumentParser, positive_int, run_main
@@ -53,7 +54,8 @@ def main(argv=None) -> int:
                               layers_to_transform=list(range(n_blocks - top, n_blocks)),
                               fan_in_fan_out=any(names[t] == "Conv1D" for t in targets))  # fmt: skip
     # the causal LM holding peft's layers
-    theirs = PeftLora(get_peft_model(copy.deepcopy(base), peft_cfg).base_model.model, tokens, n_blocks - top)
+    peft_lm = cast(PreTrainedModel, get_peft_model(copy.deepcopy(base), peft_cfg).base_model.model)
+    theirs = PeftLora(peft_lm, tokens, n_blocks - top)
 
     diff, n_lora = compare_to_base(base, tokens, mine, theirs)
     if diff > 1e-3 or n_lora["hand-written"] != n_lora["peft"]:

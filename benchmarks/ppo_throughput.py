@@ -226,6 +226,7 @@ def run_json(
             return res
         if attempt < retries:
             log(f"{label}: other processes used {other} cores during the timed region; redoing")
+    assert res is not None  # retries >= 0: the loop ran
     res["contaminated"] = True
     return res
 

@@ -168,6 +168,7 @@ def main(argv=None) -> int:
         print_row(rows[-1])
 
     load1 = os.getloadavg()
+    assert ceiling is not None  # args.ns holds at least one N
     print_summary(args.labeler, rows, ceiling)
     src1 = source_fingerprint()
     if src1 != src:
@@ -283,6 +284,7 @@ def remove_published(path: Path) -> None:
 
 def label_ceiling(t: Task, held: Comparisons, score_fn: ScoreFn) -> float:
     """The labels' own ceiling: the expected held-out accuracy of a perfect scorer, ties broken at random."""
+    assert held.best is not None  # best-of-4 questions
     texts = [decode(t.tok, held.samples[i]) for i in range(len(held))]
     exp_acc = []
     for i, txt in enumerate(texts):
@@ -296,7 +298,7 @@ def label_ceiling(t: Task, held: Comparisons, score_fn: ScoreFn) -> float:
 def fingerprint(c: Comparisons) -> str:
     """A short sha1 of a set's queries, samples and labels: which held-out set a run evaluated on."""
     h = hashlib.sha1()
-    for x in (c.queries, c.samples, c.best):
+    for x in (c.queries, c.samples, *([] if c.best is None else [c.best])):
         h.update(x.contiguous().numpy().tobytes())
     return h.hexdigest()[:12]
 

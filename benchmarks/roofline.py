@@ -33,6 +33,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 from _common import ArgumentParser, cpu_name, positive_int, run_main, source_fingerprint
 
@@ -277,7 +278,7 @@ def stage_rows(report, record, parts: dict[str, dict[str, int]], peak: float) ->
     rows = []
     for stage in STAGES:
         seconds, flops = float(report["stages"][stage]), sum(parts[stage].values())
-        row = {"stage": stage, "seconds": seconds, "flops": flops, "gflop": flops / 1e9,
+        row: dict[str, Any] = {"stage": stage, "seconds": seconds, "flops": flops, "gflop": flops / 1e9,
                "gflop_per_s": flops / 1e9 / seconds if seconds > 0 else 0.0, "peak_gflop_per_s": peak,
                "floor_s": flops / 1e9 / peak,
                "parts_gflop": {k: v / 1e9 for k, v in parts[stage].items()}}  # fmt: skip
