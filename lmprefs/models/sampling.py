@@ -30,7 +30,7 @@ from lmprefs.data.tasks import PAD
 from lmprefs.models.loading import trunk_blocks
 from lmprefs.models.precast import precast
 from lmprefs.models.token_logprobs import chunk_rows, scaled_logits
-from lmprefs.models.trunk import FrozenPrefix, frozen_prefix_step, lm_logits, model_inputs
+from lmprefs.models.trunk import FrozenPrefix, cache_of, frozen_prefix_step, lm_logits, model_inputs, with_cache
 
 
 def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Tensor, Tensor]:
@@ -58,9 +58,10 @@ def _draw(logits: Tensor, u: Tensor, temperature: float, vocab: int) -> tuple[Te
 
 def _forward_step(model, tok: Tensor, mask: Tensor, pos: Tensor, past):
     """Feed the previous token [B, 1] at positions pos [B, 1]; ((hidden [B, d], logits [B, V']), the cache)."""
-    out = model.base_model(input_ids=tok, attention_mask=mask, position_ids=pos, past_key_values=past, use_cache=True)
+    out = model.base_model(input_ids=tok, attention_mask=mask, position_ids=pos, **with_cache(model.base_model, past),
+                           use_cache=True)  # fmt: skip
     h = out.last_hidden_state[:, -1]
-    return (h, lm_logits(model, h)), out.past_key_values
+    return (h, lm_logits(model, h)), cache_of(out)
 
 
 def _static_forward(model, tok, mask, pos, past):
@@ -168,13 +169,13 @@ def _prefill(model, queries: Tensor, repeats: int, static) -> tuple[Tensor, Tens
     if static is not None and repeats == 1:  # the whole static mask; the causal mask hides the unwritten slots
         L = static.layers[0].max_cache_len
         full = torch.cat([mask, mask.new_ones(B, L - Q)], dim=1)
-        out = model.base_model(input_ids=ids, attention_mask=full, position_ids=positions, past_key_values=static,
-                               use_cache=True)  # fmt: skip
+        out = model.base_model(input_ids=ids, attention_mask=full, position_ids=positions, use_cache=True,
+                               **with_cache(model.base_model, static))  # fmt: skip
     else:  # a static cache of the queries' own size: its keys and values come out in the dtypes the decode writes
         own = None if static is None else _new_static_cache(model, Q)
-        out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=own,
-                               use_cache=True)  # fmt: skip
-    past = out.past_key_values
+        out = model.base_model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                               **with_cache(model.base_model, own))  # fmt: skip
+    past = cache_of(out)
     last = (queries != PAD).long().cumsum(-1).argmax(-1)  # index of each row's last real token
     h = out.last_hidden_state[torch.arange(B, device=queries.device), last]  # [B, d]
     if repeats > 1:
@@ -285,8 +286,8 @@ def _sampled_prefix(model, depth: int, seen: list[Tensor], last, repeats: int, L
     step fed: `last` = (token [N, 1], mask, position [N, 1], cache) runs it through the blocks below only. Steps
     not run (every row had stopped) are zeros: PAD positions, never read."""
     tok, mask, pos, past = last
-    h_last = frozen_prefix_step(model, depth, input_ids=tok, attention_mask=mask, position_ids=pos,
-                                past_key_values=past, use_cache=True)  # fmt: skip
+    h_last = frozen_prefix_step(model, depth, input_ids=tok, attention_mask=mask, position_ids=pos, use_cache=True,
+                                **with_cache(model.base_model, past))  # fmt: skip
     first, *steps = seen
     parts = [first.repeat_interleave(repeats, 0) if repeats > 1 else first, *steps, h_last]
     h = torch.cat(parts, dim=1)

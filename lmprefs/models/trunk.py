@@ -10,6 +10,7 @@ pads become token 0 and are masked out of attention, and position ids are the ex
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -33,6 +34,28 @@ def model_inputs(tokens: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     ids = torch.where(mask, tokens, torch.zeros_like(tokens))
     positions = (mask.long().cumsum(-1) - 1).clamp(min=0)  # exclusive cumsum of the mask
     return ids, mask.long(), positions
+
+
+_CACHE_KEYWORDS: dict[type, str] = {}
+
+
+def with_cache(module: nn.Module, cache) -> dict[str, Any]:
+    """{keyword: cache} for a transformers forward (a trunk's or a block's): transformers 5.24 renamed
+    `past_key_values` to `cache` (the old name warns, and is to go in 5.40); earlier versions take only the old one.
+    Looked up once per class (torch.compile traces the lookup without a graph break)."""
+    cls = type(module)
+    name = _CACHE_KEYWORDS.get(cls)
+    if name is None:
+        name = _CACHE_KEYWORDS[cls] = "cache" if "cache" in inspect.signature(cls.forward).parameters else \
+            "past_key_values"
+    return {name: cache}
+
+
+def cache_of(out) -> Any:
+    """The KV cache a transformers forward returned: `cache` from 5.24 on (where reading `past_key_values` warns),
+    `past_key_values` before."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def attention_mask(model, mask: Tensor) -> Tensor:
@@ -180,10 +203,10 @@ def shared_query_trunk(model, queries: Tensor, responses: Tensor, repeats: int, 
     with _only_blocks(model, lo, hi, from_hidden=hidden is not None, final_norm=final_norm):
         out = model.base_model(**{key: first}, attention_mask=masks[::k, :, :Q, :Q], position_ids=positions[::k, :Q],
                                use_cache=True)  # fmt: skip
-        past = out.past_key_values
+        past = cache_of(out)
         past.batch_repeat_interleave(k)
         tail = model.base_model(**{key: rest}, attention_mask=masks[:, :, Q:], position_ids=positions[:, Q:],
-                                past_key_values=past, use_cache=True)  # fmt: skip
+                                **with_cache(model.base_model, past), use_cache=True)  # fmt: skip
     return torch.cat([out.last_hidden_state.repeat_interleave(k, 0), tail.last_hidden_state], dim=1)
 
 
@@ -331,5 +354,5 @@ def top_block_at(model, h: Tensor, read: Tensor, tokens: Tensor) -> Tensor:
     keys = torch.cat([rest, read], dim=1)  # the cache's key order
     m = at(full[:, 0], read).gather(2, keys.unsqueeze(1).expand(-1, read.shape[1], -1)).unsqueeze(1)  # [N,1,R,L]
     out = block(at(h, read), attention_mask=m, position_ids=at(positions.unsqueeze(-1), read).squeeze(-1),
-                past_key_values=_KeysAhead(k, v), position_embeddings=(at(cos, read), at(sin, read)))  # fmt: skip
+                **with_cache(block, _KeysAhead(k, v)), position_embeddings=(at(cos, read), at(sin, read)))  # fmt: skip
     return trunk.norm(out[0] if isinstance(out, tuple) else out)

@@ -10,7 +10,7 @@ from lmprefs.data.tasks import PAD
 from lmprefs.models.loading import trunk_blocks
 from lmprefs.models.sampling import _STATIC_CACHES, sample
 from lmprefs.models.token_logprobs import token_logprobs
-from lmprefs.models.trunk import response_logits_hidden
+from lmprefs.models.trunk import cache_of, response_logits_hidden, with_cache
 
 
 class NextTokenModel(nn.Module):
@@ -42,6 +42,21 @@ def test_fake_next_token_model_gives_exact_tokens():
     r, lp = sample(m, q, 5, temperature=1.0, vocab=10, generator=torch.Generator().manual_seed(0), cache="dynamic")
     assert r.tolist() == [[4, 5, 6, 7, 8], [8, 9, 0, 1, 2], [6, 7, 8, 9, 0]]
     assert torch.allclose(lp, torch.zeros_like(lp), atol=1e-6)
+
+
+def test_the_cache_goes_under_the_keyword_the_forward_takes():
+    """transformers 5.24 renamed a forward's `past_key_values` to `cache`, in its outputs too; older versions (and
+    the fake model above) know only `past_key_values`."""
+
+    class Renamed(nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=False):
+            return SimpleNamespace(cache=cache)
+
+    kv = object()
+    assert with_cache(NextTokenModel(4), kv) == {"past_key_values": kv}
+    assert with_cache(Renamed(), kv) == {"cache": kv}
+    assert cache_of(Renamed()(None, **with_cache(Renamed(), kv))) is kv
+    assert cache_of(SimpleNamespace(past_key_values=kv)) is kv
 
 
 def test_logits_beyond_the_real_vocabulary_are_never_sampled():

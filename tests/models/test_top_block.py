@@ -79,3 +79,22 @@ def test_gpt2_runs_its_top_block_whole(tiny_lm):
     lm = copy.deepcopy(tiny_lm[0])
     add_adapter(lm, LoraConfig(rank=2, layers=1), "a")
     assert not top_block_reads(lm)
+
+
+def test_no_forward_hands_transformers_its_deprecated_cache_keyword():
+    """Sampling (static and dynamic caches, with the frozen prefix kept), a question's samples sharing their query and
+    the top block at the read positions pass their KV caches under the keyword the installed transformers takes:
+    from 5.24 on `cache`, where `past_key_values` warns on every run and is to be removed."""
+    import warnings
+
+    from lmprefs.models.sampling import sample
+
+    lm = _llama()
+    q = torch.tensor([[5, 6, 7, 8], [9, 10, PAD, PAD]])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for cache in ("static", "dynamic"):
+            r, *_ = sample(lm, q, 5, 0.7, 300, torch.Generator().manual_seed(0), repeats=3, cache=cache,
+                           prefix_depth=1)  # fmt: skip
+        RewardModel(lm, None, adapter="a", seed=0)(q, r, None, 3)
+    assert not [w for w in seen if "past_key_values" in str(w.message)], [str(w.message) for w in seen]
