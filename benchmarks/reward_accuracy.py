@@ -60,7 +60,7 @@ import lmprefs  # noqa: E402
 import lmprefs.pipeline.reward_model as R  # noqa: E402  (train_epoch, normalize, evaluate, label_prefixes are timed)
 from lmprefs.config import PRESETS, Config, preset  # noqa: E402
 from lmprefs.data.tasks import decode  # noqa: E402
-from lmprefs.io.publish import versions as published_versions  # noqa: E402
+from lmprefs.io import publish  # noqa: E402
 from lmprefs.labels.labelers import SCORE_FNS, ScoreFn  # noqa: E402
 from lmprefs.labels.store import LabelStore  # noqa: E402
 from lmprefs.pipeline.labeling import collect_labels, open_store  # noqa: E402
@@ -268,18 +268,8 @@ def train_one(cfg: Config, t: Task, store: LabelStore, out: Path, n: int, heldou
     wall = time.time() - s
     del rm
     if not keep:
-        remove_published(out / f"rm-{n}")
+        publish.remove(out / f"rm-{n}")
     return summary, wall
-
-
-def remove_published(path: Path) -> None:
-    """A published directory gone: its link and every version it pointed at (rmtree refuses a link)."""
-    for v in published_versions(path):
-        shutil.rmtree(v)
-    if path.is_symlink():
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
 
 
 def label_ceiling(t: Task, held: Comparisons, score_fn: ScoreFn) -> float:
@@ -298,7 +288,7 @@ def label_ceiling(t: Task, held: Comparisons, score_fn: ScoreFn) -> float:
 def fingerprint(c: Comparisons) -> str:
     """A short sha1 of a set's queries, samples and labels: which held-out set a run evaluated on."""
     h = hashlib.sha1()
-    for x in (c.queries, c.samples, *([] if c.best is None else [c.best])):
+    for x in (y for y in (c.queries, c.samples, c.best) if y is not None):
         h.update(x.contiguous().numpy().tobytes())
     return h.hexdigest()[:12]
 

@@ -115,6 +115,19 @@ def publish_dir(out: Path, meta: dict | None = None, keep: int = 0):
     shutil.rmtree(out.parent / f"{out.name}.legacy", ignore_errors=True)
 
 
+def remove(out: Path) -> None:
+    """A published directory deleted: its link first (a kill then leaves only versions no name points to), then every
+    version and a retired plain directory. A plain directory (an older lmprefs) is deleted as it is."""
+    out = Path(out)
+    if out.is_symlink():
+        out.unlink()
+    elif out.exists():
+        shutil.rmtree(out)
+    for v in versions(out):
+        shutil.rmtree(v)
+    shutil.rmtree(out.parent / f"{out.name}.legacy", ignore_errors=True)
+
+
 def verify(d: Path) -> dict:
     """The manifest of a published directory version, after checking every file's sha256; DamagedDirectory names
     the first problem."""
