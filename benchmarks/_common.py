@@ -68,6 +68,14 @@ def run_main(main) -> int:
         return 2
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds every process on the machine has been busy since boot (/proc/stat, idle and iowait left out):
+    its difference over a region, less this process's own, is what other work took."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_name() -> str:
     """The CPU's model name, as `lscpu` shows it (every figure names its machine)."""
     try:

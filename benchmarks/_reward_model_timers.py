@@ -8,6 +8,8 @@ import os
 import time
 from types import ModuleType
 
+from _common import busy_cpu_seconds
+
 TIMED = ("train_epoch", "normalize", "evaluate", "label_prefixes")
 
 
@@ -58,13 +60,7 @@ class CpuMonitor:
     """Cores used by this process and by everything else over a region (/proc/stat), as the anchor's CpuMonitor."""
 
     def __init__(self):
-        self.t0, self.b0, self.o0 = time.perf_counter(), self._busy(), self._own()
-
-    @staticmethod
-    def _busy() -> float:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+        self.t0, self.b0, self.o0 = time.perf_counter(), busy_cpu_seconds(), self._own()
 
     @staticmethod
     def _own() -> float:
@@ -77,5 +73,5 @@ class CpuMonitor:
         return {
             "wall_s": round(wall, 2),
             "own_cores_avg": round(own / wall, 2),
-            "other_cores_avg": round(max(self._busy() - self.b0 - own, 0.0) / wall, 2),
+            "other_cores_avg": round(max(busy_cpu_seconds() - self.b0 - own, 0.0) / wall, 2),
         }

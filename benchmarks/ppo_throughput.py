@@ -61,7 +61,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ArgumentParser, nonnegative_int, positive_int
+from _common import ArgumentParser, busy_cpu_seconds, nonnegative_int, positive_int
 from _ppo_report import report
 from _ppo_worker import lmprefs_worker
 
@@ -174,15 +174,9 @@ def loadavg() -> str:
 
 def busy_cores(window: float = 3.0) -> float:
     """Cores busy system-wide over `window` seconds (this script sleeps meanwhile), from /proc/stat."""
-
-    def jiffies():
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v[:8]) - v[3] - v[4]
-
-    b0 = jiffies()
+    b0 = busy_cpu_seconds()
     time.sleep(window)
-    return (jiffies() - b0) / os.sysconf("SC_CLK_TCK") / window
+    return (busy_cpu_seconds() - b0) / window
 
 
 def wait_idle(threshold: float, max_wait: float) -> float:
