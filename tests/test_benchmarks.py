@@ -338,3 +338,25 @@ def test_bad_flags_are_one_line_and_exit_2(script, argv, needle, tmp_path, capsy
     assert len(lines) == 1 and "Traceback" not in err and out == "", (out, err)
     assert "error:" in lines[0] and needle in lines[0], lines[0]
     assert not (tmp_path / "out").exists(), "a refused run wrote its output folder"
+
+
+def test_the_gpu_kit_refuses_in_one_line_where_it_cannot_run(tmp_path):
+    """scripts/gpu_kit.sh runs its parts only on a GPU and after `pack`: elsewhere one line and exit 2, nothing run."""
+    (tmp_path / "scripts").mkdir()
+    kit = tmp_path / "scripts" / "gpu_kit.sh"
+    kit.write_text((ROOT / "scripts" / "gpu_kit.sh").read_text())
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+
+    def run(*args):
+        r = subprocess.run(["bash", str(kit), *args], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        return line
+
+    assert run().startswith("usage: bash scripts/gpu_kit.sh pack | bench | tests | all")
+    assert "'speed'" in run("speed")
+    assert "run 'bash scripts/gpu_kit.sh pack' first" in run("bench")
+    if not torch.cuda.is_available():
+        (tmp_path / ".gpu" / "wheels").mkdir(parents=True)
+        assert "no CUDA device" in run("all")
+    assert not (tmp_path / "out").exists()
