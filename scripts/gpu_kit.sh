@@ -23,18 +23,18 @@ PY=${PYTHON:-python3}
 pack() {
   local cache=${LMPREFS_CACHE:-$HOME/.cache/lmprefs}
   local pins
-  pins=$("$PY" -c "import sys; from importlib.metadata import version; print(*(f'{n}=={version(n)}' for n in sys.argv[1:]))" \
-    "${WHEELS[@]}")
+  mapfile -t pins < <("$PY" -c "import sys; from importlib.metadata import version
+for n in sys.argv[1:]: print(f'{n}=={version(n)}')" "${WHEELS[@]}")
   rm -rf "$KIT.tmp" && mkdir -p "$KIT.tmp/wheels" "$KIT.tmp/cache"
   "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform any \
-    -d "$KIT.tmp/wheels" $pins
+    -d "$KIT.tmp/wheels" "${pins[@]}"
   for a in "${ASSETS[@]}"; do
     [ -e "$cache/$a" ] || "$PY" -m lmprefs assets prepare "$a" >/dev/null
     cp -r "$cache/$a" "$KIT.tmp/cache/"
   done
   rm -rf "$KIT" && mv "$KIT.tmp" "$KIT"
-  echo "gpu_kit: $KIT holds $(ls "$KIT/wheels" | wc -l) wheels and ${#ASSETS[@]} assets, $(du -sh "$KIT" | cut -f1);" \
+  echo "gpu_kit: $KIT holds $(find "$KIT/wheels" -name "*.whl" | wc -l) wheels and ${#ASSETS[@]} assets, $(du -sh "$KIT" | cut -f1);" \
     "run there: bash scripts/gpu_kit.sh all   (carry: $KIT)"
 }
 
