@@ -5,8 +5,12 @@ from __future__ import annotations
 from lmprefs.cli.common import command_parser
 from lmprefs.errors import UserError
 
+USAGE = {"presets": "lmprefs presets [NAME [--config FILE] [--section.key VALUE ...]]",
+         "config": "lmprefs config (PRESET | --config FILE) [--section.key VALUE ...]"}
 
-def cmd_presets(argv: list[str]) -> int:
+
+def cmd_presets(argv: list[str], cmd: str = "presets") -> int:
+    """`lmprefs presets`, and `lmprefs config` under its own name (its usage, its help, its errors)."""
     import json
 
     from lmprefs.config import PRESETS
@@ -14,7 +18,7 @@ def cmd_presets(argv: list[str]) -> int:
     from lmprefs.runtime.resolve import resolve_config
 
     argv, pairs = split_overrides(argv)
-    p = command_parser("presets", "lmprefs presets [NAME [--config FILE] [--section.key VALUE ...]]")
+    p = command_parser(cmd, USAGE[cmd])
     p.add_argument("name", nargs="?", help="print this preset's full config as JSON (after any overrides)")
     p.add_argument("--config", help="a saved config.json to start from instead of the preset")
     a = p.parse_args(argv)
@@ -33,4 +37,4 @@ def cmd_config(argv: list[str]) -> int:
     rest, pairs = split_overrides(argv)
     if not rest and not pairs and "--config" not in argv:
         raise UserError("name a preset (lmprefs presets lists them) or pass --config FILE")
-    return cmd_presets(argv)
+    return cmd_presets(argv, "config")

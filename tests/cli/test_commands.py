@@ -127,3 +127,16 @@ def test_every_flag_of_every_command_has_help():
                         if not a.help and not isinstance(a, argparse._SubParsersAction | argparse._HelpAction)]
     assert set(seen) >= {f"lmprefs {c}" for c in cli.HANDLERS} - {"lmprefs config"}, set(seen)  # config: presets
     assert not missing, missing
+
+
+def test_config_help_and_its_mistakes_name_the_config_command(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        main(["config", "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith("usage: lmprefs config "), out
+    assert "print the resolved config of a preset" in out and "list the presets" not in out
+    assert main(["config", "tiny", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err == "lmprefs config: error: unrecognized arguments: --bogus (see lmprefs config --help)\n"
