@@ -10,6 +10,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import re
 import textwrap
 import types
 import typing
@@ -70,7 +71,27 @@ def parse_value(text: str, t: Any, key: str) -> Any:
         if v is None:
             raise ConfigError(f"--{key.replace('_', '-')} {text!r}: expected {t.__name__}")
         return v
-    return text.encode().decode("unicode_escape") if "\\" in text else text
+    return _unescape(text, key) if "\\" in text else text
+
+
+# Python's backslash escapes; a backslash before anything else is kept as typed
+_ESCAPE = re.compile(r"\\(N(\{[A-Za-z0-9 -]*\})?|x[0-9a-fA-F]{0,2}|u[0-9a-fA-F]{0,4}|U[0-9a-fA-F]{0,8}|[0-7]{1,3}"
+                     r"|[\\'\"abfnrtv\n]|$)")
+
+
+def _unescape(text: str, key: str) -> str:
+    """`text` with its escapes (\\n, \\t, \\x41, \\u00e9, \\N{...}) decoded one by one: decoding the whole text as
+    unicode_escape bytes would read its UTF-8 as Latin-1 ('Résumé' became 'RÃ©sumÃ©'). A broken escape is a
+    ConfigError naming the value, not a UnicodeDecodeError."""
+
+    def one(m: re.Match) -> str:
+        try:
+            return m.group(0).encode("ascii").decode("unicode_escape")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"--{key.replace('_', '-')} {text!r}: {m.group(0)!r} is not a valid escape "
+                              f"({e.reason}); write a backslash as \\\\") from None  # fmt: skip
+
+    return _ESCAPE.sub(one, text)
 
 
 def _set(obj, path: list[str], value: Any):

@@ -93,6 +93,18 @@ def test_cli_unknown_key_exits_2_with_a_suggestion(capsys):
     assert "train_reward.microbatch=-1 must be >= 0" in err and "Traceback" not in err
 
 
+
+def test_text_overrides_decode_escapes_keep_other_text_and_refuse_a_broken_escape_in_one_line(capsys):
+    cfg = apply_overrides(preset("tiny"), [("task.query-suffix", "\\n\\nRésumé → TL;DR:\\t\\x41\\u00e9 \\q")])
+    assert cfg.task.query_suffix == "\n\nRésumé → TL;DR:\tAé \\q"  # not 'RÃ©sumÃ©': UTF-8 read as Latin-1
+    for bad, why in (("\\x", "truncated \\xXX escape"), ("a\\N{no such name}", "unknown Unicode character name"),
+                     ("tail\\", "\\ at end of string")):  # fmt: skip
+        assert main(["config", "tiny", "--task.query-suffix", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"lmprefs config: error: --task.query-suffix {bad!r}: ") and why in err, err
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+
+
 SECTIONS = {f.name: f.type if isinstance(f.type, str) else f.type.__name__ for f in dataclasses.fields(Config)}
 
 
