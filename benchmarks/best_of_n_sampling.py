@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
 
-    device = pick_device(a.device)  # no CUDA: lmprefs' one-line error
+    device = pick_device(a.device, "--device")  # no CUDA: lmprefs' one-line error
     model, tok = load_lm(a.model, device)
     model.eval()
     g = torch.Generator().manual_seed(0)

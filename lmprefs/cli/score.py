@@ -31,7 +31,7 @@ def score_cli(a) -> int:
              for line in lines if line.strip()]  # fmt: skip
     if not pairs:
         raise UserError("no texts to score (one per line on stdin or in the file)")
-    device = pick_device(a.device)
+    device = pick_device(a.device, "--device")
     rm = load_reward_model(path, device).eval()
     scores, counts = score_texts(rm, task, pairs, device, truncate=a.truncate)
     for (_, r), s in zip(pairs, scores, strict=True):

@@ -13,7 +13,8 @@ from typing import Literal
 
 # simulated labelers (labels/labelers.py:SCORE_FNS) and 'none'
 LABELERS = ("vader", "descriptiveness", "faithfulness", "none")
-_DEVICE = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+# run.device, and the device flags of the commands that take one
+DEVICES = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
 class _Problems(list):
@@ -191,7 +192,7 @@ def _run(cfg) -> list[str]:
     need(run.log_interval > 0, f"run.log_interval={run.log_interval} must be positive")
     need(run.save_interval > 0, f"run.save_interval={run.save_interval} must be positive")
     need(run.threads >= 0, f"run.threads={run.threads} must be >= 0 (0: torch's default)")
-    need(bool(_DEVICE.fullmatch(run.device)), f"run.device={run.device!r}: choose auto, cpu, cuda, cuda:N or mps")
+    need(bool(DEVICES.fullmatch(run.device)), f"run.device={run.device!r}: choose auto, cpu, cuda, cuda:N or mps")
     if run.parallel == "fsdp":
         need(lo.rank == 0, f"run.parallel=fsdp does not combine with LoRA (lora.rank={lo.rank}): the adapters are "
                            "small and the frozen base is shared, so run.parallel=ddp suits LoRA")

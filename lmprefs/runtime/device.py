@@ -10,16 +10,21 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.config.validate import DEVICES
 from lmprefs.errors import UserError
 from lmprefs.runtime.distributed import active, device_for
 from lmprefs.runtime.memory import keep_freed_memory
 
 
-def pick_device(name: str = "auto") -> torch.device:
+def pick_device(name: str = "auto", what: str = "device") -> torch.device:
+    """The torch device `name` names (auto: CUDA when present); a name torch does not know ('tpu') or CUDA where
+    there is none is a UserError naming `what` gave it (e.g. "--device")."""
+    if not DEVICES.fullmatch(name):
+        raise UserError(f"{what} {name!r}: choose auto, cpu, cuda, cuda:N or mps")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"device {name!r}: CUDA is not available here (torch {torch.__version__}); use cpu or auto")
+        raise UserError(f"{what} {name!r}: CUDA is not available here (torch {torch.__version__}); use cpu or auto")
     return torch.device(name)
 
 
@@ -71,7 +76,7 @@ def setup_torch(run) -> tuple[torch.device, torch.dtype]:
 
     if run.threads:
         torch.set_num_threads(run.threads)
-    device = device_for(pick_device(run.device))  # cuda:LOCAL_RANK under a launcher
+    device = device_for(pick_device(run.device, "run.device"))  # cuda:LOCAL_RANK under a launcher
     if device.type == "cpu":
         keep_freed_memory()
     return device, pick_dtype(run.dtype, device)

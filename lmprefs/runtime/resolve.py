@@ -45,4 +45,4 @@ def check_runnable(cfg: Config) -> None:
 
     check_trackers(cfg.run.report_to)
     if cfg.run.device.startswith("cuda"):
-        pick_device(cfg.run.device)
+        pick_device(cfg.run.device, "run.device")

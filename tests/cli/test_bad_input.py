@@ -123,6 +123,8 @@ ROWS = [
     (["score", "--reward-model", "adir", "texts.txt"], "not a reward-model directory"),
     (["score", "--reward-model", "rm", "missing.txt"], "missing.txt does not exist"),
     (["score"], "--reward-model"),
+    (["score", "--reward-model", "rm", "--device", "tpu", "texts.txt"],
+     "--device 'tpu': choose auto, cpu, cuda, cuda:N or mps"),
     (["presets", "nope"], "unknown preset 'nope'"),
     (["presets", "tiny", "--ppo.lr", "-1"], "ppo.lr=-1.0"),
     (["experiment", "mock-sentiment", "--labels", "x", "--run-dir", "exp"], "--labels 'x'"),
