@@ -6,7 +6,7 @@ import sys
 
 from lmprefs.cli.common import ArgumentParser
 from lmprefs.errors import UserError
-from lmprefs.labels.store import LabelStore, check_store_path
+from lmprefs.labels.store import LabelStore, check_name, check_store_path
 
 
 def _existing_store(db: str) -> LabelStore:
@@ -140,6 +140,10 @@ def cmd_labelers(argv: list[str]) -> int:
     a = p.parse_args(argv)
 
     if a.action == "add":
+        try:  # before the store is opened: opening a new one creates it, and a refused name must leave nothing
+            check_name(a.name)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         store = LabelStore(check_store_path(a.db, must_exist=False))
         try:
             token = store.add_labeler(a.name, admin=a.admin)

@@ -120,6 +120,8 @@ ROWS = [
     (["labelers", "add", "bob", "--db", "nofolder/x.sqlite"], "nofolder does not exist"),
     (["labelers", "list", "--db", "missing.sqlite"], "does not exist"),
     (["labelers", "frobnicate"], "invalid choice"),
+    (["labelers", "add", "", "--db", "new.sqlite"], "labeler name '' must be 1-100 characters"),
+    (["labelers", "add", " bob", "--db", "new.sqlite"], "labeler name ' bob' must be 1-100 characters"),
     (["score", "--reward-model", "adir", "texts.txt"], "not a reward-model directory"),
     (["score", "--reward-model", "rm", "missing.txt"], "missing.txt does not exist"),
     (["score"], "--reward-model"),

@@ -25,6 +25,7 @@ from lmprefs.labels.store.records import (
     ImportRow,
     Item,
     Labeler,
+    check_name,
     check_ranking,
     source_split,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "Item",
     "LabelStore",
     "Labeler",
+    "check_name",
     "check_ranking",
     "check_store_path",
     "source_split",
