@@ -53,8 +53,8 @@ def _check_serve_flags(a) -> None:
     """One line naming the first bad flag, before anything is opened."""
     if not 0 <= a.port <= 65535:
         raise UserError(f"--port {a.port}: must be 0..65535")
-    if a.lease_minutes <= 0:
-        raise UserError(f"--lease-minutes {a.lease_minutes}: must be positive")
+    if not 0 < a.lease_minutes < float("inf"):  # nan passed `<= 0` and served items under a lease of nan seconds
+        raise UserError(f"--lease-minutes {a.lease_minutes:g}: must be a positive number of minutes")
     for flag, value in (("--gold-rate", a.gold_rate), ("--overlap", a.overlap)):
         if not 0 <= value <= 1:
             raise UserError(f"{flag} {value}: must be in [0, 1]")

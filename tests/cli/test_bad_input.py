@@ -113,6 +113,8 @@ ROWS = [
     (["serve", "--db", "missing.sqlite"], "does not exist"),
     (["serve", "--db", "adir"], "is a directory"),
     (["serve", "--port", "70000"], "--port 70000"),
+    (["serve", "--lease-minutes", "nan"], "--lease-minutes nan: must be a positive number of minutes"),
+    (["serve", "--lease-minutes", "inf"], "--lease-minutes inf: must be a positive number of minutes"),
     (["serve", "--trusted-proxy", "proxy.example"], "--trusted-proxy 'proxy.example' is not an IP address"),
     (["serve", "--trusted-proxy", "*"], "--trusted-proxy '*' is not an IP address"),
     (["labelers", "add", "bob", "--db", "adir"], "is a directory"),
