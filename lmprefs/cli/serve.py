@@ -96,18 +96,18 @@ def cmd_serve(argv: list[str]) -> int:
         store.close()
         raise UserError(f"--batch {a.batch!r}: {a.db} holds no items of that batch"
                         + (f" (its batches: {', '.join(known[:8])})" if known else " (its items have no batch)"))
+    from lmprefs.server.app import create_app
+    from lmprefs.server.live import LOOPBACK, bind, server, url
+
+    try:  # before the settings are saved: a serve that cannot listen leaves the store as it was
+        sock = bind(a.host, a.port)
+    except OSError as e:
+        store.close()
+        raise UserError(f"cannot listen on {a.host}:{a.port} ({e.strerror or e}); pass a free --port, or 0") from None
     _save_settings(store, a)
     tokens = store.labelers_with_tokens()
     pending = store.pending_count(batch=a.batch)
     store.close()
-
-    from lmprefs.server.app import create_app
-    from lmprefs.server.live import LOOPBACK, bind, server, url
-
-    try:
-        sock = bind(a.host, a.port)
-    except OSError as e:
-        raise UserError(f"cannot listen on {a.host}:{a.port} ({e.strerror or e}); pass a free --port, or 0") from None
     loopback = a.host in LOOPBACK or a.host.startswith("127.")
     hosts = ["127.0.0.1", "localhost", "::1", "[::1]", a.host] if loopback else None  # no DNS-rebinding onto loopback
     app = create_app(a.db, a.task, batch=a.batch, lease_seconds=a.lease_minutes * 60, allowed_hosts=hosts,

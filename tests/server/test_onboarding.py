@@ -91,3 +91,19 @@ def test_serve_refuses_bad_onboarding_settings_in_one_line(db, capsys):
         assert main(["serve", "--db", str(path), *flags]) == 2
         err = capsys.readouterr().err.strip()
         assert why in err and len(err.splitlines()) == 1
+
+
+def test_serve_that_cannot_listen_leaves_the_stores_settings_as_they_were(db, capsys):
+    import socket
+
+    path, _ = db
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        assert main(["serve", "--db", str(path), "--port", port, "--onboarding", "7", "--admit-accuracy", "0.9",
+                     "--anchor-every", "5"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lmprefs serve: error: cannot listen on 127.0.0.1:{port}") and len(err.splitlines()) == 1
+    with LabelStore(path) as store:
+        assert store.onboarding_settings() == (3, 0.6) and store.anchor_every() == 0
