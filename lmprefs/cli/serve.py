@@ -81,6 +81,17 @@ def _save_settings(store: LabelStore, a) -> None:
         store.set_anchor_every(a.anchor_every)
 
 
+def _bind_fix(e: OSError) -> str:
+    """What to change when the socket cannot listen: a host that is no address of this machine (unknown, or
+    another's) is not fixed by another port."""
+    import errno
+    import socket
+
+    if isinstance(e, socket.gaierror) or e.errno == errno.EADDRNOTAVAIL:
+        return "--host must be an address of this machine (127.0.0.1, or 0.0.0.0 for every interface)"
+    return "pass a free --port, or 0"
+
+
 def cmd_serve(argv: list[str]) -> int:
     a = _serve_parser().parse_args(argv)
     _check_serve_flags(a)
@@ -103,7 +114,7 @@ def cmd_serve(argv: list[str]) -> int:
         sock = bind(a.host, a.port)
     except OSError as e:
         store.close()
-        raise UserError(f"cannot listen on {a.host}:{a.port} ({e.strerror or e}); pass a free --port, or 0") from None
+        raise UserError(f"cannot listen on {a.host}:{a.port} ({e.strerror or e}); {_bind_fix(e)}") from None
     _save_settings(store, a)
     tokens = store.labelers_with_tokens()
     pending = store.pending_count(batch=a.batch)

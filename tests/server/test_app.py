@@ -374,3 +374,13 @@ def test_labelers_and_serve_commands(tmp_path, capsys):
         assert main(["serve", "--db", db, "--port", str(busy.getsockname()[1])]) == 2
     err = capsys.readouterr().err
     assert "cannot listen on 127.0.0.1" in err and len(err.strip().splitlines()) == 1
+
+
+def test_serve_on_an_address_of_another_machine_says_to_fix_the_host_not_the_port(tmp_path, capsys):
+    db = str(tmp_path / "cli.sqlite")
+    assert main(["labelers", "add", "zoe", "--db", db]) == 0
+    capsys.readouterr()
+    assert main(["serve", "--db", db, "--host", "192.0.2.1", "--port", "0"]) == 2  # TEST-NET-1: no one's address
+    err = capsys.readouterr().err
+    assert err.startswith("lmprefs serve: error: cannot listen on 192.0.2.1:0 (") and len(err.splitlines()) == 1
+    assert "--host must be an address of this machine" in err and "--port" not in err, err
