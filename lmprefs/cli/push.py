@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from lmprefs.cli.common import command_parser
 from lmprefs.errors import UserError
@@ -30,9 +31,22 @@ def cmd_push(argv: list[str]) -> int:
     from lmprefs.recipes.push import push_run
 
     run = input_dir(a.run, "RUN", "run directory")
-    if a.hub_dir and os.path.exists(a.hub_dir) and not os.path.isdir(a.hub_dir):
-        raise UserError(f"--hub-dir {a.hub_dir}: is a file, expected the folder standing in for the hub")
+    named = None
+    if a.hub_dir:  # given, or $LMPREFS_HUB_DIR: a bad one is named as what gave it
+        given = any(x == "--hub-dir" or x.startswith("--hub-dir=") for x in argv)
+        named = f"--hub-dir {a.hub_dir}" if given else f"{HUB_DIR_ENV}={a.hub_dir} (environment)"
+        _check_hub_dir(Path(a.hub_dir), named)
     where = f"{a.hub_dir}/" if a.hub_dir else "https://huggingface.co/"
-    for up, files in push_run(run, a.repo, a.what, a.private, a.hub_dir):
+    for up, files in push_run(run, a.repo, a.what, a.private, a.hub_dir, hub_named=named):
         print(f"{up.what}: {len(files)} files from {up.source} -> {where}{up.repo}")
     return 0
+
+
+def _check_hub_dir(hub: Path, named: str) -> None:
+    """The stand-in folder must be one, or be makeable: a file at it or above it is refused before anything is
+    staged (mkdir would raise NotADirectoryError deep in the copy)."""
+    if hub.exists() and not hub.is_dir():
+        raise UserError(f"{named}: is a file, expected the folder standing in for the hub")
+    above = next(d for d in hub.parents if d.exists())  # "." or "/" at the latest
+    if not hub.exists() and not above.is_dir():
+        raise UserError(f"{named}: {above} is a file, not a folder")

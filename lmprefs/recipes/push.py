@@ -96,8 +96,10 @@ def evaluation_section(run: Path) -> str:
             + "| | mean +/- s.e. over queries |\n|---|---|\n" + "\n".join(rows) + "\n\n")
 
 
-def push_run(run: Path, repo: str, what: str, private: bool, hub_dir: str | None) -> list[tuple[Upload, list[str]]]:
-    """Stage every upload, then copy each to the hub stand-in, or check the hub and upload each as one commit."""
+def push_run(run: Path, repo: str, what: str, private: bool, hub_dir: str | None, *,
+             hub_named: str | None = None) -> list[tuple[Upload, list[str]]]:  # fmt: skip
+    """Stage every upload, then copy each to the hub stand-in, or check the hub and upload each as one commit.
+    hub_named: how a refusal names hub_dir (default "--hub-dir DIR")."""
     ups = plan(run, repo, what)
     with tempfile.TemporaryDirectory(prefix="lmprefs-push-") as tmp:
         staged = []
@@ -106,11 +108,23 @@ def push_run(run: Path, repo: str, what: str, private: bool, hub_dir: str | None
             staged.append((up, Path(tmp) / str(i), stage(up, run, Path(tmp) / str(i))))
         ids = {}
         if hub_dir:
+            _make_folders(Path(hub_dir), ups, hub_named or f"--hub-dir {hub_dir}")
             for up, d, _ in staged:
                 _copy_to_stand_in(d, Path(hub_dir) / up.repo)
         else:
             ids = _upload(staged, private)
     return [(replace(up, repo=ids.get(up.repo, up.repo)), files) for up, _, files in staged]
+
+
+def _make_folders(hub: Path, ups: list[Upload], named: str) -> None:
+    """Each repo's folder in the stand-in, made before any repo is copied: one that cannot be made (a read-only
+    place, /proc) is one line, with nothing copied."""
+    for up in ups:
+        parent = (hub / up.repo).parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"{named}: cannot make {parent} ({e.strerror}); nothing was copied") from None
 
 
 def _copy_to_stand_in(src: Path, dest: Path) -> None:

@@ -109,11 +109,41 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path, capsys):
         ([str(run)], "--repo"),
         ([str(tmp_path / "unfinished"), "--repo", "x", "--what", "reward-model"], "holds no reward model"),
         ([str(run), "--repo", "x", "--hub-dir", str(run / "config.json")], "is a file"),
+        ([str(run), "--repo", "x", "--hub-dir", str(run / "config.json" / "hub")],
+         f"--hub-dir {run / 'config.json' / 'hub'}: {run / 'config.json'} is a file, not a folder"),
     ]
     for argv, want in cases:
         assert main(["push", *hub, *argv]) == 2, argv  # a case's own --hub-dir comes last: it wins
         assert want in one_line(capsys), argv
     assert not (tmp_path / "hub").exists()
+
+
+def test_a_bad_hub_dir_from_the_environment_is_named_as_the_environments(run, tmp_path, capsys, monkeypatch):
+    for hub, want in ((run / "config.json", "is a file, expected the folder standing in for the hub"),
+                      (run / "config.json" / "hub", f"{run / 'config.json'} is a file, not a folder")):  # fmt: skip
+        monkeypatch.setenv("LMPREFS_HUB_DIR", str(hub))
+        assert main(["push", str(run), "--repo", "x"]) == 2
+        assert one_line(capsys) == f"lmprefs push: error: LMPREFS_HUB_DIR={hub} (environment): {want}"
+
+
+def test_a_hub_dir_that_cannot_be_made_is_one_line_and_copies_nothing(run, tmp_path, capsys, monkeypatch):
+    import errno
+    import os
+
+    from lmprefs.recipes import push
+
+    real = push.Path.mkdir
+
+    def refused(self, *a, **kw):  # as under /proc, where no folder can be made
+        if self.is_relative_to(tmp_path / "hub"):
+            raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(push.Path, "mkdir", refused)
+    assert main(["push", str(run), "--repo", "alice/x", "--hub-dir", str(tmp_path / "hub")]) == 2
+    assert one_line(capsys) == (f"lmprefs push: error: --hub-dir {tmp_path / 'hub'}: cannot make "
+                                f"{tmp_path / 'hub' / 'alice'} (No such file or directory); nothing was copied")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_run_names_its_base_by_the_asset_and_push_drops_a_local_bases_path(run, tmp_path):
