@@ -58,8 +58,8 @@ def plan_from_args(a: argparse.Namespace):
     for flag, v in (("--eval-queries", a.eval_queries), ("--samples", a.samples)):
         if v is not None and v < 2:
             raise UserError(f"{flag} {v}: must be at least 2 (a standard error needs two)")
-    if a.min_ess < 1:
-        raise UserError(f"--min-ess {a.min_ess}: must be at least 1")
+    if not 1 <= a.min_ess < float("inf"):  # nan passed `< 1` and trusted no frontier point
+        raise UserError(f"--min-ess {a.min_ess:g}: must be a number of at least 1")
     return Plan(arms=tuple(dict.fromkeys(arms)), seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
                 kl_coefs=_positive(a.kl_coefs or DEFAULT_BETAS, "--kl-coefs", "KL coefficient"),
                 dpo_betas=_positive(a.dpo_betas or DEFAULT_BETAS, "--dpo-betas", "beta"), labels=labels,

@@ -134,6 +134,8 @@ ROWS = [
     (["experiment", "mock-sentiment", "--labels", "x", "--run-dir", "exp"], "--labels 'x'"),
     (["experiment", "mock-sentiment", "--run-dir", "afile"], "afile: is a file"),
     (["experiment", "nope"], "invalid choice"),
+    (["experiment", "kl-frontier", "tiny", "--min-ess", "nan", "--run-dir", "exp"], "--min-ess nan: must be a number"),
+    (["experiment", "compare", "tiny", "--min-ess", "inf", "--run-dir", "exp"], "--min-ess inf: must be a number"),
     (["assets", "prepare", "nope"], "unknown asset 'nope'"),
     (["assets", "frobnicate"], "invalid choice"),
     (["quickstart", "--preset", "tiny", "--eval-queries", "1", "--run-dir", "qs"], "--eval-queries"),
