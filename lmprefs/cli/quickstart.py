@@ -27,8 +27,6 @@ def cmd_quickstart(argv: list[str]) -> int:
         raise UserError("--eval-queries must be >= 2 and --eval-samples >= 1")
     cfg = resolve_config(a.preset, pairs)
     run_dir = run_dir_for(a.run_dir, cfg, "quickstart", a.preset)
-    if (run_dir / "report.md").exists() or (run_dir / "labels.sqlite").exists():
-        raise UserError(f"{run_dir} already holds a quickstart run; choose another --run-dir")
     try:
         out = run_quickstart(cfg, run_dir, a.eval_queries, a.eval_samples)
     except AndonStop as e:

@@ -17,6 +17,7 @@ from pathlib import Path
 from lmprefs.config import Config, label_type_shape
 from lmprefs.data.queries import QueryStream
 from lmprefs.data.tasks import decode, show, stop_tokens
+from lmprefs.errors import UserError
 from lmprefs.labels.labelers import score_fn
 from lmprefs.models import parallel
 from lmprefs.pipeline.evaluation import evaluate_policy, plot_curves, true_reward_name
@@ -98,9 +99,18 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
     return path
 
 
+# what a run leaves in its directory (quickstart's, and train-policy's, train-reward's or train-dpo's, which share
+# the layout); quickstart, which cannot resume, starts only where none of them is
+RUN_FILES = ("config.json", "run.json", "metrics.jsonl", "checkpoint", "policy", "reward_model", "labels.sqlite",
+             "report.md")  # fmt: skip
+
+
 def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -> dict:
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
     # shares of each global batch, the held-out queries are evaluated in shares and gathered; rank 0 writes
+    held = [name for name in RUN_FILES if (run_dir / name).exists()]
+    if held:  # checking only its own report.md and labels.sqlite let it overwrite another command's run
+        raise UserError(f"{run_dir} already holds a run ({held[0]}); choose another --run-dir")
     say = print if dist.is_main() else (lambda *_, **__: None)
     true_fn = score_fn(cfg.labels.labeler)  # a missing judge asset stops the run before it writes anything
     if dist.is_main():

@@ -139,6 +139,7 @@ ROWS = [
     (["assets", "prepare", "nope"], "unknown asset 'nope'"),
     (["assets", "frobnicate"], "invalid choice"),
     (["quickstart", "--preset", "tiny", "--eval-queries", "1", "--run-dir", "qs"], "--eval-queries"),
+    (["quickstart", "--preset", "tiny", "--run-dir", "run"], "run already holds a run (config.json)"),
     # files that are not UTF-8
     (["config", "tiny", "--config", "latin1.json"], "latin1.json: not UTF-8 text (byte 0xe9"),
     (["score", "--reward-model", "rm", "latin1.txt"], "latin1.txt: not UTF-8 text (byte 0xe9"),
