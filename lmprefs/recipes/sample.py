@@ -35,6 +35,9 @@ def _setup(cfg, n: int, policy_dir: Path | None, temperature: float | None, seed
         model, tok = load_lm(cfg.task.initial_model, device)
     train, heldout, prefix, suffix = task_queries(cfg.task, tok, max_positions(model), HELDOUT_QUERIES)
     pool = heldout if split == "heldout" else train
+    if n > len(pool):  # randperm(...)[:n] would print fewer than asked, without a word
+        raise UserError(f"--n {n}: the {split} split of task.query_dataset={cfg.task.query_dataset!r} has only "
+                        f"{len(pool)} queries")  # fmt: skip
     seed = cfg.run.seed if seed is None else seed
     gen = torch.Generator(device=device).manual_seed(seed)
     pick = torch.randperm(len(pool), generator=torch.Generator().manual_seed(seed))[:n]
