@@ -122,6 +122,7 @@ def cmd_train_policy(argv: list[str]) -> int:
         raise UserError("--continue-after-andon goes with --resume --run-dir D")
     else:
         cfg = resolve_config(a.preset, pairs, a.config)
+        _check_start_flags(a, cfg)
     run_dir = run_dir_for(a.run_dir, cfg, "train-policy", a.preset)
     try:
         out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume, online=a.online,
@@ -138,6 +139,21 @@ def cmd_train_policy(argv: list[str]) -> int:
           f"kl {s.get('objective/kl', float('nan')):.2f}, "
           f"beta {s.get('objective/kl_coef', float('nan')):.3f})")  # fmt: skip
     return 0
+
+
+def _check_start_flags(a, cfg) -> None:
+    """Flags a new train-policy run would ignore without a word, refused: --labeler answers only --online's
+    questions, and --db only trains the reward model of a run that trains one. (A resumed run reuses its own and
+    says so.)"""
+    from lmprefs.pipeline.rewards import trains_reward_model
+
+    if a.labeler is not None and not a.online:
+        raise UserError(f"--labeler {a.labeler}: answers the questions of --online; add --online, or drop --labeler")
+    if a.db is not None and not a.online and not trains_reward_model(cfg, a.reward, False):
+        source = (f"--reward {a.reward}" if a.reward not in (None, "model") else
+                  f"rewards.trained_model={cfg.rewards.trained_model}")  # fmt: skip
+        raise UserError(f"--db {a.db}: a label store trains a reward model, and this run trains none ({source} "
+                        "gives the reward); drop --db")  # fmt: skip
 
 
 def cmd_train_dpo(argv: list[str]) -> int:
