@@ -33,7 +33,8 @@ def cmd_evaluate(argv: list[str]) -> int:
     p.add_argument("--eval-queries", type=int, default=None, help="queries to evaluate (default: up to 256)")
     p.add_argument("--eval-samples", type=int, default=2, help="samples per query")
     p.add_argument("--out", default=None, help="output directory (default runs/evaluate-NAME-TIME)")
-    p.add_argument("--preset", default="austen-sentiment", help="the config for a model directory (a run has its own)")
+    p.add_argument("--preset", default=None,
+                   help="the config for a model directory (default austen-sentiment; a run has its own)")
     help_with_config(p, argv, "austen-sentiment", pairs)
     a = p.parse_args(argv)
     from lmprefs.recipes.evaluate import check_inputs, evaluate, resolve_target

@@ -9,6 +9,8 @@ from pathlib import Path
 from lmprefs.cli.common import command_parser, help_with_config
 from lmprefs.errors import UserError
 
+DEFAULT_PRESET = "austen-sentiment"
+
 
 def sample_cli(a: argparse.Namespace, pairs) -> int:
     from lmprefs.data.tasks import show
@@ -25,12 +27,15 @@ def sample_cli(a: argparse.Namespace, pairs) -> int:
             raise UserError(f"{run_dir}: is a file, expected a train-policy run directory")
         if not (run_dir / "config.json").is_file():
             raise UserError(f"{run_dir} is not a run directory (no config.json)")
+        if a.preset is not None:  # the run's own config would replace it without a word
+            raise UserError(f"--preset {a.preset}: {run_dir} is a run directory with its own config "
+                            f"({run_dir / 'config.json'}); drop --preset")  # fmt: skip
         cfg = resolve_config("", pairs, config_file=str(run_dir / "config.json"))
         policy_dir = run_dir / "policy"
         if not (policy_dir / "lmprefs.json").is_file():
             raise UserError(f"{run_dir} holds no trained policy yet ({policy_dir} is missing)")
     else:
-        cfg = resolve_config(a.preset, pairs)
+        cfg = resolve_config(a.preset or DEFAULT_PRESET, pairs)
     if a.best_of is not None:
         return _print_best_of(a, cfg, policy_dir)
     for q, r in sample_texts(cfg, a.n, policy_dir, a.temperature, a.seed, a.split):
@@ -82,10 +87,11 @@ def cmd_sample(argv: list[str]) -> int:
     from lmprefs.config.overrides import split_overrides
 
     argv, pairs = split_overrides(argv)
-    p = command_parser("sample", "lmprefs sample [RUN_DIR] [--preset NAME] [--n N] [--temperature T] "
+    p = command_parser("sample", "lmprefs sample [RUN_DIR | --preset NAME] [--n N] [--temperature T] "
                        "[--best-of N (--reward-model DIR | --reward NAME)] [--section.key V ...]")
     p.add_argument("run_dir", nargs="?", help="a train-policy run directory (default: the preset's initial model)")
-    p.add_argument("--preset", default="austen-sentiment", help="preset naming the task and initial model")
+    p.add_argument("--preset", default=None,
+                   help=f"preset naming the task and initial model (default {DEFAULT_PRESET}; a run has its own)")
     p.add_argument("--n", type=int, default=4, help="number of queries to continue")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: the task's; the original's sample.py used 1.0 for runs)")
@@ -97,7 +103,7 @@ def cmd_sample(argv: list[str]) -> int:
                    "tokenizer)")  # fmt: skip
     p.add_argument("--reward", default=None,
                    help="with --best-of: a reward on response texts: vader, descriptiveness or module:function")
-    help_with_config(p, argv, "austen-sentiment", pairs)
+    help_with_config(p, argv, DEFAULT_PRESET, pairs)
     a = p.parse_args(argv)
 
     return sample_cli(a, pairs)

@@ -54,12 +54,19 @@ def _is_run_dir(path: Path) -> bool:
     return isinstance(d, dict) and "task" in d and "ppo" in d
 
 
-def resolve_target(given: str, preset: str, pairs, reference: str | None) -> Target:
+MODEL_PRESET = "austen-sentiment"  # the config of a saved model directory evaluated without --preset
+
+
+def resolve_target(given: str, preset: str | None, pairs, reference: str | None) -> Target:
     """The run or model directory `given` as a Target: a run directory (or a policy inside one) with the run's
-    config, its policy and its initial model as the reference; a saved model directory with the preset's config and
-    its base (an adapter's base model, else the preset's task.initial_model) as the reference."""
+    config, its policy and its initial model as the reference; a saved model directory with the preset's config
+    (None: MODEL_PRESET) and its base (an adapter's base model, else the preset's task.initial_model) as the
+    reference. A preset given for a run is refused: the run's own config would silently replace it."""
     path = input_dir(given, "RUN_OR_MODEL", "run or model directory")
     run = path if _is_run_dir(path) else path.parent if path.name in POLICY_DIRS and _is_run_dir(path.parent) else None
+    if run is not None and preset is not None:
+        raise UserError(f"--preset {preset}: {run} is a run directory with its own config ({run / 'config.json'}); "
+                        "drop --preset")  # fmt: skip
     if run is not None:
         cfg = resolve_config("", pairs, config_file=run / "config.json")
         policy_dir = path if run != path else next((run / d for d in POLICY_DIRS if (run / d).is_dir()), None)
@@ -70,7 +77,7 @@ def resolve_target(given: str, preset: str, pairs, reference: str | None) -> Tar
     if not ((path / "lmprefs.json").is_file() or (path / "config.json").is_file() or (path / "adapter").is_dir()):
         raise UserError(f"RUN_OR_MODEL {given}: neither a run directory (no config.json of a run) nor a saved model "
                         "(no lmprefs.json or config.json)")  # fmt: skip
-    cfg = resolve_config(preset, pairs)
+    cfg = resolve_config(preset or MODEL_PRESET, pairs)
     base = cfg.task.initial_model
     if (path / "adapter" / "adapter_config.json").is_file():
         base = adapter_base(path / "adapter", path) or base

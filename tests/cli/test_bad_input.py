@@ -173,6 +173,7 @@ ROWS = [
     # a model directory inside a run where the run is expected
     (["sample", "run/policy"], "pass the run directory (run), not its policy/"),
     (["sample", "afile"], "afile: is a file, expected a train-policy run directory"),
+    (["sample", "run", "--preset", "nope"], "--preset nope: run is a run directory with its own config"),
     (["train-policy", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
     (["train-sft", "tiny", "--resume", "--run-dir", "run/policy"], "pass the run directory (run), not its policy/"),
     (["train-policy", "tiny", "--config", "run/policy/config.json"], "pass the run directory (run), not its policy/"),
@@ -193,6 +194,8 @@ ROWS = [
     (["evaluate", "afile", "--reward", "vader"], "RUN_OR_MODEL afile: is a file, expected a run or model directory"),
     (["evaluate", "adir", "--reward", "vader"], "RUN_OR_MODEL adir: neither a run directory"),
     (["evaluate", "run"], "give one of --reward NAME"),
+    (["evaluate", "run", "--reward", "vader", "--preset", "tiny"],
+     "--preset tiny: run is a run directory with its own config (run/config.json); drop --preset"),
     (["evaluate", "run", "--reward", "vader", "--reward-model", "rm"], "not both (--reward vader, --reward-model rm)"),
     (["evaluate", "run", "--reward", "nope"], "--reward 'nope': choose descriptiveness"),
     (["evaluate", "run", "--reward", "no_such_module_x:f"], "--reward no_such_module_x:f: cannot import"),
