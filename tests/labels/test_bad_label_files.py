@@ -30,6 +30,10 @@ def _tree(root) -> dict[str, int]:
 
 ROWS = [
     # (files to write first, argv, text the one line must contain)
+    ({"none.jsonl": ""}, ["import-labels", "none.jsonl", "--format", "pairs", "--db", "new.sqlite"],
+     "none.jsonl: holds no rows to import"),
+    ({"blank.jsonl": "\n\n"}, ["import-labels", "blank.jsonl", "--format", "scores", "--db", "pairs.sqlite"],
+     "blank.jsonl: holds no rows to import"),
     ({"same.jsonl": _pairs([("q", "same", "same")])}, ["import-labels", "same.jsonl", "--db", "new.sqlite"],
      "same.jsonl line 1: fields 'chosen' and 'rejected' are the same text"),
     ({"empty.jsonl": _pairs([("q", "  ", "b")])}, ["import-labels", "empty.jsonl", "--db", "new.sqlite"],

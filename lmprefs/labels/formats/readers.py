@@ -282,6 +282,8 @@ def import_file(
     if format not in ("auto", *IMPORT_FORMATS):
         raise ValueError(f"format={format!r} must be 'auto' or one of {IMPORT_FORMATS}")
     kind, rows = _load(path)
+    if not rows:  # with a format given, an empty file imported "0 rows" and created the store
+        raise LabelFileError(f"{path.name}: holds no rows to import")
     fmt = _detect(path, kind, rows) if format == "auto" else format
     if fmt == "pairs" and label_type not in (None, "best_of_2"):
         raise ValueError(f"pairs files hold best_of_2 questions, not label_type={label_type!r}")
