@@ -25,6 +25,13 @@ def cmd_train_reward(argv: list[str]) -> int:
 
     cfg = resolve_config(a.preset, pairs, a.config)
     run_dir = run_dir_for(a.run_dir, cfg, "train-reward", a.preset)
+    # it replaced a reward model there, or another command's config.json, without a word
+    if (run_dir / "reward_model").exists():
+        raise UserError(f"{run_dir} already holds a reward model ({run_dir / 'reward_model'}); choose another "
+                        "--run-dir")  # fmt: skip
+    held = [name for name in ("run.json", "checkpoint", "policy", "sft_model") if (run_dir / name).exists()]
+    if held:
+        raise UserError(f"{run_dir} already holds a run ({held[0]}); choose another --run-dir")
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
     t = setup_task(cfg)  # a bad model or query dataset is refused before the run directory is made
     labels = training_labels(t, store)  # and so is a store that cannot train

@@ -54,6 +54,7 @@ def workdir(tmp_path_factory):
     save_config(preset("tiny"), d / "run" / "config.json")
     (d / "run" / "policy" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
     (d / "run" / "policy" / "lmprefs.json").write_text(json.dumps({"kind": "policy", "temperature": 0.7}))
+    (d / "rmrun" / "reward_model").mkdir(parents=True)  # a train-reward run, as far as its directory shows
     return d
 
 
@@ -94,6 +95,10 @@ ROWS = [
     (["quickstart", "--preset", "tiny", "--run-dir", "afile"], "afile: is a file"),
     (["train-reward", "tiny", "--db", "notdb.sqlite", "--run-dir", "out"], "not an SQLite file"),
     (["train-reward", "tiny", "--db", "missing.sqlite", "--run-dir", "out"], "does not exist"),
+    (["train-reward", "tiny", "--db", "pairs.jsonl", "--labels.type", "best_of_2", "--run-dir", "rmrun"],
+     "rmrun already holds a reward model (rmrun/reward_model); choose another --run-dir"),
+    (["train-reward", "tiny", "--db", "pairs.jsonl", "--labels.type", "best_of_2", "--run-dir", "run"],
+     "run already holds a run (policy); choose another --run-dir"),
     (["train-reward", "tiny", "--config", "missing.json"], "missing.json does not exist"),
     (["train-policy", "tiny", "--rewards.trained-model", "adir", "--run-dir", "out"], "not a reward-model"),
     (["train-policy", "tiny", "--rewards.trained-model", "foreign_rm", "--run-dir", "out"], "differs from the"),
