@@ -45,8 +45,14 @@ def _build_dir_atomically(target: Path, build: Callable[[Path], None]) -> Path:
     """Build into a temporary sibling and rename, so a killed build never leaves a half-written asset."""
     if target.exists():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    except OSError as e:  # LMPREFS_CACHE naming a file, or a place no folder can be made: not a traceback
+        named = os.environ.get("LMPREFS_CACHE")
+        where = f"LMPREFS_CACHE={named} (environment)" if named else "the default cache (LMPREFS_CACHE unset)"
+        raise AssetError(f"{where}: cannot make the asset cache {target.parent} ({e.strerror}); point it at a "
+                         "folder you can write") from None  # fmt: skip
     try:
         build(tmp)
         os.replace(tmp, target)
