@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import output_dir
 
 COMMANDS = {
     "experiment": "mock-sentiment: Figure 2 (reward models from N labels vs direct access, over seeds); kl-frontier: "
@@ -51,17 +52,13 @@ def command_parser(cmd: str, usage: str | None = None) -> ArgumentParser:
 
 
 def run_dir_for(given: str | None, cfg, command: str, preset: str) -> Path:
-    """The run directory from --run-dir, run.save_dir or a fresh default; refused when it names a file."""
+    """The run directory from --run-dir, run.save_dir or a fresh default; refused when it, or a folder above it,
+    is a file."""
     from lmprefs.data.chat import check_chat_template
     from lmprefs.runtime.runlog import default_run_dir
 
     check_chat_template(cfg.task)
-    run_dir = Path(given or cfg.run.save_dir or default_run_dir(command, preset))
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"--run-dir {run_dir}: is a file, not a directory")
-    if not run_dir.exists() and run_dir.parent.exists() and not run_dir.parent.is_dir():
-        raise UserError(f"--run-dir {run_dir}: {run_dir.parent} is a file, not a directory")
-    return run_dir
+    return output_dir(given or cfg.run.save_dir or default_run_dir(command, preset), "--run-dir")
 
 
 def help_with_config(parser: argparse.ArgumentParser, argv: list[str], default_preset: str, pairs=()) -> None:

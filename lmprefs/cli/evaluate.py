@@ -6,6 +6,7 @@ from pathlib import Path
 
 from lmprefs.cli.common import command_parser, help_with_config
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import output_dir
 
 USAGE = ("lmprefs evaluate RUN_OR_MODEL (--reward NAME | --reward-model DIR) [--reference MODEL] [--queries FILE] "
          "[--eval-queries N] [--eval-samples K] [--out DIR] [--preset P] [--section.key V ...]")  # fmt: skip
@@ -41,9 +42,7 @@ def cmd_evaluate(argv: list[str]) -> int:
     from lmprefs.runtime.runlog import default_run_dir
 
     check_inputs(a.target, a.reward, a.reward_model, a.queries, a.eval_queries, a.eval_samples, a.reference)
-    out = Path(a.out) if a.out else default_run_dir("evaluate", Path(a.target).resolve().name)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out}: is a file, not a directory")
+    out = output_dir(a.out or default_run_dir("evaluate", Path(a.target).resolve().name), "--out")
     if (out / "results.json").exists():
         raise UserError(f"--out {out}: already holds an evaluation (results.json); choose another --out")
     target = resolve_target(a.target, a.preset, pairs, a.reference)

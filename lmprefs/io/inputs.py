@@ -1,5 +1,6 @@
 """A user's input files and directories, refused in one line that names the flag and the path: one that is missing,
-a directory where a file is expected (or a file where a directory is), and text that is not UTF-8."""
+a directory where a file is expected (or a file where a directory is), and text that is not UTF-8; and the output
+directories a command will make, refused where a file stands at or above them."""
 
 from __future__ import annotations
 
@@ -47,3 +48,16 @@ def decode_text(data: bytes, where: str) -> str:
         raise UserError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}, line {line}); "
                         "save it as UTF-8") from None  # fmt: skip
     return text.removeprefix("\ufeff")  # editors on Windows start UTF-8 files with a byte-order mark
+
+
+def output_dir(path: str | Path, what: str) -> Path:
+    """`path` as a Path for a directory a command makes (or reuses), or a UserError naming `what` (e.g. "--run-dir")
+    where a file stands in the way: at the path, or at any folder above it (mkdir would end in NotADirectoryError
+    after the model had loaded)."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{what} {path}: is a file, not a directory")
+    above = next(d for d in p.parents if d.exists())  # "." or "/" at the latest
+    if not p.exists() and not above.is_dir():
+        raise UserError(f"{what} {path}: {above} is a file, not a directory")
+    return p
