@@ -172,7 +172,7 @@ def to_dict(cfg: Config) -> dict:
 def from_dict(d: dict, cls=Config, origin: str = "config", prefix: str = "") -> Any:
     """Rebuild a config from its dict; unknown keys are rejected (a saved config must mean what it says)."""
     if not isinstance(d, dict):
-        raise ConfigError(f"{origin}: {prefix or 'config'} must be an object")
+        raise ConfigError(f"{origin}: {prefix.rstrip('.') or 'config'} must be an object, not {type(d).__name__}")
     hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}

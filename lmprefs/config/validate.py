@@ -64,8 +64,15 @@ def _type_problems(obj, prefix: str) -> list[str]:
             else:
                 ok |= isinstance(v, a)
         if not ok:
-            out.append(f"{key}={v!r} is not a {' or '.join(getattr(a, '__name__', str(a)) for a in allowed)}")
+            out.append(f"{key}={v!r}: expected {' or '.join(map(_type_name, allowed))}")
     return out
+
+
+def _type_name(t) -> str:
+    """A declared type as a user reads it: int, tuple[int, ...], one of 'a', 'b'."""
+    if typing.get_origin(t) is Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(t)))
+    return t.__name__ if isinstance(t, type) else str(t).replace("typing.", "")
 
 
 

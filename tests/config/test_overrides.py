@@ -78,7 +78,7 @@ def test_stop_tokens_parse_as_ids_round_trip_and_need_stop_at_eos(tmp_path):
     d = json.loads((tmp_path / "config.json").read_text())
     d["task"]["stop_tokens"] = ["13"]
     (tmp_path / "bad.json").write_text(json.dumps(d))
-    with pytest.raises(ConfigError, match="task.stop_tokens=.* is not a tuple"):
+    with pytest.raises(ConfigError, match="task.stop_tokens=.*: expected tuple"):
         load_config(tmp_path / "bad.json")
 
 

@@ -241,7 +241,7 @@ def test_detect_format_and_atomic_export(tmp_path, store, tok):
         formats.detect_format(write(tmp_path / "c.txt", [{"query": "q", "samples": ["a"], "score": 1}], True))
         == "comparisons"
     )
-    with pytest.raises(LabelFileError, match="cannot tell the format"):
+    with pytest.raises(LabelFileError, match=r"cannot tell the format .*\(--format on the command line, format= in"):
         formats.detect_format(write(tmp_path / "d.jsonl", [{"text": "hi"}], True))
     out = tmp_path / "out.jsonl"
     out.write_text("old")
@@ -311,3 +311,11 @@ def test_a_saved_trl_preference_dataset_imports_like_its_jsonl(tmp_path, store, 
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "dict: a DatasetDict with splits train; name one as" in err, err
     assert not (tmp_path / "new.sqlite").exists()
+
+
+def test_pairs_export_of_a_label_type_it_cannot_hold_says_so(tmp_path, store):
+    """A pairs file holds choices (best_of_N, rankings): asked for ratings it says that, and writes nothing."""
+    out = tmp_path / "ratings.jsonl"
+    with pytest.raises(LabelFileError, match="the pairs format holds best_of_N and ranking labels, not scalar_rating"):
+        export_file(store, out, format="pairs", label_type="scalar_rating")
+    assert not out.exists()

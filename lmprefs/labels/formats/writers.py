@@ -57,6 +57,9 @@ def export_file(
     path = Path(path)
     if format not in FORMATS or pairs not in ("first", "all"):
         raise ValueError(f"format={format!r} must be one of {FORMATS}; pairs={pairs!r} must be 'first' or 'all'")
+    if format == "pairs" and label_type and label_type_shape(label_type)[0] not in _CHOICES:
+        raise LabelFileError(f"the pairs format holds best_of_N and ranking labels, not {label_type}; export those "
+                             "as comparisons (.jsonl)")  # fmt: skip
     types = [label_type] if label_type else store.label_types()
     if format == "openai":
         types = [label_type or "best_of_4"]
