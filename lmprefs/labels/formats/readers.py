@@ -74,7 +74,8 @@ def _detect(path: Path, kind: str, rows: list) -> str:
     if isinstance(first, dict) and "score" in first and "prompt" in first:
         return "scores"
     expected = ", ".join(IMPORT_FORMATS)
-    raise LabelFileError(f"{path.name}: cannot tell the format (expected {expected}); name the format (--format on the command line, format= in Python)")
+    raise LabelFileError(f"{path.name}: cannot tell the format (expected {expected}); name the format (--format on "
+                         "the command line, format= in Python)")  # fmt: skip
 
 
 def _field(name: str, where: str, row: object, key: str, types: type | tuple[type, ...], what: str):
