@@ -247,10 +247,12 @@ def label_type_shape(label_type: str) -> tuple[str, int]:
         return "score", 1
     if label_type == "scalar_compare":
         return "difference", 2
-    m = re.fullmatch(r"best_of_(\d+)", label_type)
+    # ASCII digits without a leading zero: \d would take best_of_04 or an Arabic-Indic four as a second name for
+    # best_of_4, whose items train-reward and the exports (which match the name exactly) would never see
+    m = re.fullmatch(r"best_of_([1-9][0-9]*)", label_type)
     if m and int(m.group(1)) >= 2:
         return "best", int(m.group(1))
-    m = re.fullmatch(r"ranking_(\d)", label_type)
+    m = re.fullmatch(r"ranking_([0-9])", label_type)
     if m and 2 <= int(m.group(1)) <= RANKING_MAX:
         return "ranking", int(m.group(1))
     raise ValueError(f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'ranking_K' (K 2 to "

@@ -1,0 +1,49 @@
+"""The JSON API under malformed input: every refusal is a 4xx whose JSON body names the bad field in one line, and
+leaves the store exactly as it was; nothing invalid is taken silently."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from lmprefs.labels.store import LabelStore
+from lmprefs.server.app import create_app
+
+SAMPLES = [f" s{j}" for j in range(4)]
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        store.add_item("q", SAMPLES, source="t")
+    return path
+
+
+@pytest.fixture
+def api(db):
+    with LabelStore(db) as store:
+        token = store.add_labeler("alice", admin=True)
+    return TestClient(create_app(db), headers={"Authorization": f"Bearer {token}"})
+
+
+def counts(db) -> dict[str, int]:
+    with LabelStore(db) as store:
+        return store.table_counts()
+
+
+def detail(r) -> str:
+    assert r.headers["content-type"] == "application/json", r.text
+    return r.json()["detail"]
+
+
+@pytest.mark.parametrize("label_type, n", [("best_of_04", 4), ("best_of_\u0664", 4), ("ranking_\u0663", 3)])
+def test_a_label_type_not_written_plainly_is_refused_not_stored_under_a_second_name(api, db, label_type, n):
+    # best_of_04 or best_of_<ARABIC-INDIC FOUR> read as four options, but train-reward --labels.type best_of_4 and
+    # the exports never see an item stored under that name
+    before = counts(db)
+    r = api.post("/api/items", json={"items": [{"query": "q2", "samples": SAMPLES[:n], "label_type": label_type}]})
+    assert r.status_code == 422 and f"items[0]: unknown label type {label_type!r}" in detail(r)
+    assert counts(db) == before
+    r = api.get("/api/labels", params={"label_type": label_type})
+    assert r.status_code == 422 and f"label_type: unknown label type {label_type!r}" in detail(r)
