@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.quality import quality as quality_of
@@ -55,7 +55,13 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorOut, **ERRORS[code]} for code in codes}
 
 
+# a field the API does not know is refused, not dropped: a misspelt `gold` would otherwise queue an ordinary question
+INPUT = ConfigDict(extra="forbid")
+
+
 class ItemIn(BaseModel):
+    model_config = INPUT
+
     query: str = Field(max_length=20_000)
     samples: list[str] = Field(min_length=1, max_length=16)
     label_type: str = Field("best_of_4", max_length=30)
@@ -71,6 +77,8 @@ class ItemIn(BaseModel):
 
 
 class ItemsIn(BaseModel):
+    model_config = INPUT
+
     items: list[ItemIn] = Field(max_length=MAX_ITEMS)
 
 

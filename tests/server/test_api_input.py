@@ -47,3 +47,19 @@ def test_a_label_type_not_written_plainly_is_refused_not_stored_under_a_second_n
     assert counts(db) == before
     r = api.get("/api/labels", params={"label_type": label_type})
     assert r.status_code == 422 and f"label_type: unknown label type {label_type!r}" in detail(r)
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"items": [{"query": "q2", "samples": SAMPLES, "golden": 1}]}, "body.items.0.golden"),  # a typo of gold
+        ({"items": [{"query": "q2", "samples": SAMPLES, "wantlabels": 3}]}, "body.items.0.wantlabels"),
+        ({"items": [{"query": "q2", "samples": SAMPLES}], "gold": 1}, "body.gold"),
+    ],
+)
+def test_an_unknown_field_is_refused_not_dropped(api, db, body, field):
+    # dropped, a misspelt gold would queue an ordinary question with a 200, and nobody would know
+    before = counts(db)
+    r = api.post("/api/items", json=body)
+    assert r.status_code == 422 and detail(r) == f"invalid request: {field}: Extra inputs are not permitted"
+    assert counts(db) == before
