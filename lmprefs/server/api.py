@@ -55,8 +55,9 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": ErrorOut, **ERRORS[code]} for code in codes}
 
 
-# a field the API does not know is refused, not dropped: a misspelt `gold` would otherwise queue an ordinary question
-INPUT = ConfigDict(extra="forbid")
+# a field the API does not know is refused, not dropped: a misspelt `gold` would otherwise queue an ordinary question;
+# strict: a value of the wrong JSON type is refused, not converted (`"gold": true` would be gold answer 1)
+INPUT = ConfigDict(extra="forbid", strict=True)
 
 
 class ItemIn(BaseModel):

@@ -63,3 +63,20 @@ def test_an_unknown_field_is_refused_not_dropped(api, db, body, field):
     r = api.post("/api/items", json=body)
     assert r.status_code == 422 and detail(r) == f"invalid request: {field}: Extra inputs are not permitted"
     assert counts(db) == before
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("gold", True, "Input should be a valid integer"),  # true would be gold answer 1
+        ("gold", 1.0, "Input should be a valid integer"),
+        ("priority", "3", "Input should be a valid integer"),
+        ("want_labels", 2.0, "Input should be a valid integer"),
+        ("want_labels", False, "Input should be a valid integer"),
+    ],
+)
+def test_a_number_of_the_wrong_type_is_refused_not_converted(api, db, field, value, message):
+    before = counts(db)
+    r = api.post("/api/items", json={"items": [{"query": "q2", "samples": SAMPLES, field: value}]})
+    assert r.status_code == 422 and detail(r) == f"invalid request: body.items.0.{field}: {message}"
+    assert counts(db) == before
