@@ -162,6 +162,21 @@ def me(user: Admin) -> dict:
     return {"name": user.name, "is_admin": user.is_admin}
 
 
+def _gold_problem(it: ItemIn) -> str | None:
+    """What is wrong with a question's gold answer or note, as `field: why`, or None. Checked here rather than left
+    to the store, whose message names the item by an id that the refused call never made (it is rolled back)."""
+    if it.gold is None:
+        if it.gold_note is not None:  # stored only with a gold answer: without one it would be dropped with a 200
+            return "gold_note: a note explains a gold answer; send gold (the right sample's index) with it"
+        return None
+    value_field, n = label_type_shape(it.label_type)  # valid: the store has just added the question
+    if value_field not in ("best", "ranking"):
+        return f"gold: a {it.label_type} question cannot be gold; only best_of_N and ranking_K questions can"
+    if it.gold >= n:
+        return f"gold={it.gold} must be the right sample's index, 0..{n - 1}"
+    return None
+
+
 def add_items(request: Request, user: Admin, body: ItemsIn) -> ItemsOut:
     """Queue questions in one transaction (all or none). The same question again returns the same id."""
     st = request.app.state.lmprefs
@@ -172,6 +187,8 @@ def add_items(request: Request, user: Admin, body: ItemsIn) -> ItemsOut:
                 item_id = st.store.add_item(it.query, it.samples, source=it.source, label_type=it.label_type,
                                             want_labels=it.want_labels, batch=it.batch, priority=it.priority,
                                             key=it.key)  # fmt: skip
+                if problem := _gold_problem(it):
+                    raise HTTPException(422, f"items[{k}].{problem}.")
                 if it.gold is not None:
                     st.store.set_gold(item_id, it.gold, it.gold_note)
             except ValueError as e:

@@ -80,3 +80,29 @@ def test_a_number_of_the_wrong_type_is_refused_not_converted(api, db, field, val
     r = api.post("/api/items", json={"items": [{"query": "q2", "samples": SAMPLES, field: value}]})
     assert r.status_code == 422 and detail(r) == f"invalid request: body.items.0.{field}: {message}"
     assert counts(db) == before
+
+
+def test_a_gold_note_without_gold_is_refused_not_dropped(api, db):
+    before = counts(db)
+    r = api.post("/api/items", json={"items": [{"query": "q2", "samples": SAMPLES, "gold_note": "2 is kinder"}]})
+    assert r.status_code == 422
+    assert detail(r) == "items[0].gold_note: a note explains a gold answer; send gold (the right sample's index) with it."
+    assert counts(db) == before
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ({"samples": SAMPLES, "gold": 4}, "items[1].gold=4 must be the right sample's index, 0..3."),
+        ({"samples": SAMPLES[:3], "label_type": "ranking_3", "gold": 3},
+         "items[1].gold=3 must be the right sample's index, 0..2."),  # fmt: skip
+        ({"samples": SAMPLES[:1], "label_type": "scalar_rating", "gold": 0},
+         "items[1].gold: a scalar_rating question cannot be gold; only best_of_N and ranking_K questions can."),
+    ],
+)
+def test_a_bad_gold_answer_is_named_by_its_field_not_by_an_item_that_was_rolled_back(api, db, item, message):
+    # the store's own message named "gold item 3", an id the refused call never made
+    before = counts(db)
+    r = api.post("/api/items", json={"items": [{"query": "q2", "samples": SAMPLES}, {"query": "q3", **item}]})
+    assert r.status_code == 422 and detail(r) == message
+    assert counts(db) == before
