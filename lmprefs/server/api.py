@@ -14,11 +14,14 @@ clients send the token, and documents each call's errors, whose body is always `
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +44,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"description": "The token is a labeler's, not an admin's."},
     404: {"description": "There is no such item."},
     413: {"description": "The request body is over 4 MiB (send at most 1000 questions per call)."},
+    415: {"description": "The body was not sent as `Content-Type: application/json`."},
     422: {"description": "A parameter or the body is invalid; the detail names which and why. Nothing was stored."},
     429: {
         "description": "Too many wrong tokens from this address or starting like this one; wait for Retry-After "
@@ -245,17 +249,53 @@ def quality(request: Request, user: Admin) -> QualityOut:
     return QualityOut(labelers=rows, fleiss_kappa=q.fleiss, fleiss_items=q.fleiss_items)
 
 
+class ApiRoute(APIRoute):
+    """An API route that parses its JSON body before FastAPI does (`read_json`). The request keeps the parse, so
+    FastAPI reads that one and the body is parsed once."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+        if self.body_field is None:  # no body to read
+            return handle
+
+        async def checked(request: Request) -> Response:
+            await read_json(request)
+            return await handle(request)
+
+        return checked
+
+
+async def read_json(request: Request) -> None:
+    """Parse the body as JSON, or refuse it in one line naming what is wrong: FastAPI answers a body that is not
+    UTF-8, or nested past Python's recursion limit, with a bare 400 "There was an error parsing the body", and one
+    sent as another Content-Type with a 422 saying the (valid) JSON object is not an object."""
+    kind = request.headers.get("content-type")
+    mime = (kind or "").split(";")[0].strip().lower()
+    if mime != "application/json" and not (mime.startswith("application/") and mime.endswith("+json")):
+        raise HTTPException(415, f"invalid request: Content-Type: {kind or 'none'!r} is not application/json; send "
+                                 "the body as JSON.")  # fmt: skip
+    try:
+        await request.json()
+    except json.JSONDecodeError:
+        pass  # FastAPI refuses it itself, as a 422 with the position (`invalid`)
+    except UnicodeDecodeError as e:
+        raise HTTPException(422, f"invalid request: body: not UTF-8 (byte {e.start}); send JSON in UTF-8.") from None
+    except RecursionError:
+        raise HTTPException(422, "invalid request: body: JSON nested too deeply to read.") from None
+
+
 def install(app: FastAPI) -> None:
-    """Add the API's routes to `app` (on the app itself, so they list among app.routes like the pages)."""
+    """Add the API's routes to `app` (on its router, so they list among app.routes like the pages)."""
     every = (401, 403, 429)  # every call needs an admin's token
     for method, path, endpoint, failures in (
         ("GET", "/api/me", me, every),
-        ("POST", "/api/items", add_items, (*every, 413, 422)),
+        ("POST", "/api/items", add_items, (*every, 413, 415, 422)),
         ("GET", "/api/items/{item_id}", get_item, (*every, 404, 422)),
         ("GET", "/api/labels", labels, (*every, 422)),
         ("GET", "/api/quality", quality, every),
     ):
-        app.add_api_route(path, endpoint, methods=[method], tags=["api"], responses=errors(*sorted(failures)))
+        app.router.add_api_route(path, endpoint, methods=[method], tags=["api"],
+                                 responses=errors(*sorted(failures)), route_class_override=ApiRoute)  # fmt: skip
 
 
 # -- errors: JSON under /api, the HTML error page elsewhere -------------------------------------------------------

@@ -63,6 +63,10 @@ def test_the_schema_names_the_bearer_scheme_and_real_error_bodies_match_it(setup
                                 "json": {"items": [{"query": "q", "samples": ["a"]}]}}, 422),  # fmt: skip
         ("/api/items", "post", {"url": "/api/items", "headers": {**as_("alice"), "content-type": "application/json"},
                                 "content": huge}, 413),  # fmt: skip
+        ("/api/items", "post", {"url": "/api/items", "headers": {**as_("alice"), "content-type": "text/plain"},
+                                "content": b'{"items": []}'}, 415),  # fmt: skip
+        ("/api/items", "post", {"url": "/api/items", "headers": {**as_("alice"), "content-type": "application/json"},
+                                "content": b'{"items": [{"query": "\xff"}]}'}, 422),  # fmt: skip
     ]
     client = TestClient(app)
     responses = [(path, method, client.request(method.upper(), **request), status)

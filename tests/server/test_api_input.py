@@ -86,7 +86,8 @@ def test_a_gold_note_without_gold_is_refused_not_dropped(api, db):
     before = counts(db)
     r = api.post("/api/items", json={"items": [{"query": "q2", "samples": SAMPLES, "gold_note": "2 is kinder"}]})
     assert r.status_code == 422
-    assert detail(r) == "items[0].gold_note: a note explains a gold answer; send gold (the right sample's index) with it."
+    assert detail(r) == ("items[0].gold_note: a note explains a gold answer; send gold (the right sample's index) "
+                         "with it.")  # fmt: skip
     assert counts(db) == before
 
 
@@ -106,3 +107,36 @@ def test_a_bad_gold_answer_is_named_by_its_field_not_by_an_item_that_was_rolled_
     r = api.post("/api/items", json={"items": [{"query": "q2", "samples": SAMPLES}, {"query": "q3", **item}]})
     assert r.status_code == 422 and detail(r) == message
     assert counts(db) == before
+
+
+GOOD = b'{"items": [{"query": "q2", "samples": [" a", " b", " c", " d"]}]}'
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b'{"items": [{"query": "q\xff", "samples": []}]}', "invalid request: body: not UTF-8 (byte 23); send JSON "
+         "in UTF-8."),  # fmt: skip
+        (b'{"items": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "invalid request: body: JSON nested too deeply to "
+         "read."),  # fmt: skip
+    ],
+)
+def test_a_body_that_is_not_utf8_json_is_a_422_naming_the_body_not_a_400(api, db, body, message):
+    # FastAPI answered 400 "There was an error parsing the body": undocumented, and it said nothing of what was wrong
+    before = counts(db)
+    r = api.post("/api/items", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and detail(r) == message
+    assert counts(db) == before
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_sent_as_another_content_type_is_415_naming_the_header(api, db, content_type):
+    # the JSON was read as bytes and refused as "body: Input should be a valid dictionary", a puzzle for a valid body
+    before = counts(db)
+    r = api.post("/api/items", content=GOOD, headers={"content-type": content_type} if content_type else {})
+    assert r.status_code == 415
+    assert detail(r) == (f"invalid request: Content-Type: {content_type or 'none'!r} is not application/json; send "
+                         "the body as JSON.")  # fmt: skip
+    assert counts(db) == before
+    ok = api.post("/api/items", content=GOOD, headers={"content-type": "application/json; charset=utf-8"})
+    assert ok.status_code == 200 and counts(db)["items"] == before["items"] + 1
