@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict
+from functools import cached_property
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
@@ -158,7 +159,23 @@ def api_user(
     return Caller(labeler.id, labeler.name, True)  # no session: the API keeps none
 
 
-Admin = Annotated[Caller, Depends(api_user)]
+def api_call(request: Request, user: Annotated[Caller, Depends(api_user)]) -> Caller:
+    """The admin of `api_user`, once the query holds only the call's own parameters, each once (checked after the
+    token, like the parameters' values). FastAPI ignores an unknown parameter and takes the last of a repeated one:
+    a misspelt since_id would read every label from the start again, without a word."""
+    route = request.scope.get("route")
+    known = route.query_names if isinstance(route, ApiRoute) else []
+    for name in dict.fromkeys(request.query_params.keys()):
+        if name not in known:
+            takes = ", ".join(known) if known else "no parameters"
+            raise HTTPException(422, f"invalid request: query: unknown parameter {name!r:.60}; {request.method} "
+                                     f"{route.path if route else request.url.path} takes {takes}.")  # fmt: skip
+        if (n := len(request.query_params.getlist(name))) > 1:
+            raise HTTPException(422, f"invalid request: query: {name!r} was sent {n} times; send it once.")
+    return user
+
+
+Admin = Annotated[Caller, Depends(api_call)]
 
 
 def me(user: Admin) -> dict:
@@ -250,8 +267,17 @@ def quality(request: Request, user: Admin) -> QualityOut:
 
 
 class ApiRoute(APIRoute):
-    """An API route that parses its JSON body before FastAPI does (`read_json`). The request keeps the parse, so
-    FastAPI reads that one and the body is parsed once."""
+    """An API route that parses its JSON body before FastAPI does (`read_json`; the request keeps the parse, so
+    FastAPI reads that one and the body is parsed once) and knows its query parameters' names (`api_call`)."""
+
+    @cached_property
+    def query_names(self) -> list[str]:
+        """The query parameters of the endpoint and its dependencies, in the order they are declared."""
+
+        def names(dependant) -> list[str]:
+            return [f.alias for f in dependant.query_params] + [n for d in dependant.dependencies for n in names(d)]
+
+        return names(self.dependant)
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handle = super().get_route_handler()

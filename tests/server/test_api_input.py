@@ -140,3 +140,19 @@ def test_a_body_sent_as_another_content_type_is_415_naming_the_header(api, db, c
     assert counts(db) == before
     ok = api.post("/api/items", content=GOOD, headers={"content-type": "application/json; charset=utf-8"})
     assert ok.status_code == 200 and counts(db)["items"] == before["items"] + 1
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("/api/labels?sinceid=5", "unknown parameter 'sinceid'; GET /api/labels takes since_id, limit, label_type."),
+        ("/api/me?verbose=1", "unknown parameter 'verbose'; GET /api/me takes no parameters."),
+        ("/api/items/1?fields=query", "unknown parameter 'fields'; GET /api/items/{item_id} takes no parameters."),
+        ("/api/labels?since_id=5&since_id=0", "'since_id' was sent 2 times; send it once."),
+    ],
+)
+def test_an_unknown_or_repeated_query_parameter_is_refused_not_ignored(api, url, message):
+    # ignored, a misspelt since_id read every label from the start again, and of two since_id the last one won
+    r = api.get(url)
+    assert r.status_code == 422 and detail(r) == f"invalid request: query: {message}"
+    assert TestClient(api.app).get(url).status_code == 401  # the token is checked first, as for other errors
