@@ -15,6 +15,7 @@ clients send the token, and documents each call's errors, whose body is always `
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from functools import cached_property
@@ -24,7 +25,8 @@ from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.quality import quality as quality_of
@@ -32,6 +34,16 @@ from lmprefs.labels.store import Item
 from lmprefs.server.security import Caller, failure_keys, too_many
 
 MAX_ITEMS = 1000  # per POST /api/items; the client sends larger lists in chunks
+
+
+def _plain(value: object) -> object:
+    # pydantic reads "1_0" as 10 and takes "+1", " 1", "01" and "1.0" too: GET /api/items/1_0 answered item 10
+    if isinstance(value, str) and not re.fullmatch(r"-?(0|[1-9][0-9]*)", value):
+        raise PydanticCustomError("int_plain", "Input should be a whole number written plainly, like 12")
+    return value
+
+
+PLAIN = BeforeValidator(_plain)  # a path or query integer, written as the forms' item_id must be (pages.ITEM_ID)
 
 
 class ErrorOut(BaseModel):
@@ -219,7 +231,7 @@ def add_items(request: Request, user: Admin, body: ItemsIn) -> ItemsOut:
     return ItemsOut(ids=ids)
 
 
-def get_item(request: Request, user: Admin, item_id: Annotated[int, Path(ge=1, le=2**62)]) -> Item:
+def get_item(request: Request, user: Admin, item_id: Annotated[int, Path(ge=1, le=2**62), PLAIN]) -> Item:
     """One question as the store holds it (samples in stored order; `gold` indexes them)."""
     item = request.app.state.lmprefs.store.get_item(item_id)
     if item is None:
@@ -230,8 +242,8 @@ def get_item(request: Request, user: Admin, item_id: Annotated[int, Path(ge=1, l
 def labels(
     request: Request,
     user: Admin,
-    since_id: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,  # a label id is a signed 64-bit integer
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    since_id: Annotated[int, Query(ge=0, le=2**63 - 1), PLAIN] = 0,  # a label id is a signed 64-bit integer
+    limit: Annotated[int, Query(ge=1, le=10_000), PLAIN] = 1000,
     label_type: Annotated[str | None, Query(max_length=30)] = None,
 ) -> LabelsOut:
     """Labels, skips and flags with id > since_id, oldest first, at most `limit`."""

@@ -156,3 +156,22 @@ def test_an_unknown_or_repeated_query_parameter_is_refused_not_ignored(api, url,
     r = api.get(url)
     assert r.status_code == 422 and detail(r) == f"invalid request: query: {message}"
     assert TestClient(api.app).get(url).status_code == 401  # the token is checked first, as for other errors
+
+
+@pytest.mark.parametrize(
+    "url, field",
+    [
+        ("/api/items/1_0", "path.item_id"),  # was item 10
+        ("/api/items/01", "path.item_id"),
+        ("/api/items/+1", "path.item_id"),
+        ("/api/items/1.0", "path.item_id"),
+        ("/api/items/%201", "path.item_id"),
+        ("/api/labels?since_id=1_000", "query.since_id"),
+        ("/api/labels?limit=10.0", "query.limit"),
+    ],
+)
+def test_a_number_not_written_plainly_is_refused_like_the_forms_item_id(api, url, field):
+    r = api.get(url)
+    assert r.status_code == 422
+    assert detail(r) == f"invalid request: {field}: Input should be a whole number written plainly, like 12"
+    assert api.get("/api/items/1").status_code == 200 and api.get("/api/labels?since_id=0&limit=10").status_code == 200
