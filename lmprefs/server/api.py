@@ -172,19 +172,30 @@ def api_user(
 
 
 def api_call(request: Request, user: Annotated[Caller, Depends(api_user)]) -> Caller:
-    """The admin of `api_user`, once the query holds only the call's own parameters, each once (checked after the
-    token, like the parameters' values). FastAPI ignores an unknown parameter and takes the last of a repeated one:
-    a misspelt since_id would read every label from the start again, without a word."""
+    """The admin of `api_user`, once the request's query and Content-Type are the call's own (checked after the
+    token, like the parameters' values)."""
     route = request.scope.get("route")
-    known = route.query_names if isinstance(route, ApiRoute) else []
+    if not isinstance(route, ApiRoute):
+        raise TypeError(f"{request.url.path} must be an ApiRoute (api.install adds it so)")
+    check_query(request, route)
+    if route.body_field is not None and not is_json(request.headers.get("content-type")):
+        # FastAPI reads the JSON as bytes then, and refuses it as "body: Input should be a valid dictionary"
+        raise HTTPException(415, f"invalid request: Content-Type: {request.headers.get('content-type') or 'none'!r} "
+                                 "is not application/json; send the body as JSON.")  # fmt: skip
+    return user
+
+
+def check_query(request: Request, route: ApiRoute) -> None:
+    """A 422 for a query parameter the call does not take, or one sent twice. FastAPI ignores the one and takes the
+    last of the other: a misspelt since_id would read every label from the start again, without a word."""
+    known = route.query_names
     for name in dict.fromkeys(request.query_params.keys()):
         if name not in known:
             takes = ", ".join(known) if known else "no parameters"
             raise HTTPException(422, f"invalid request: query: unknown parameter {name!r:.60}; {request.method} "
-                                     f"{route.path if route else request.url.path} takes {takes}.")  # fmt: skip
+                                     f"{route.path} takes {takes}.")  # fmt: skip
         if (n := len(request.query_params.getlist(name))) > 1:
             raise HTTPException(422, f"invalid request: query: {name!r} was sent {n} times; send it once.")
-    return user
 
 
 Admin = Annotated[Caller, Depends(api_call)]
@@ -280,7 +291,7 @@ def quality(request: Request, user: Admin) -> QualityOut:
 
 class ApiRoute(APIRoute):
     """An API route that parses its JSON body before FastAPI does (`read_json`; the request keeps the parse, so
-    FastAPI reads that one and the body is parsed once) and knows its query parameters' names (`api_call`)."""
+    FastAPI reads that one and the body is parsed once) and knows its query parameters' names (`check_query`)."""
 
     @cached_property
     def query_names(self) -> list[str]:
@@ -297,21 +308,23 @@ class ApiRoute(APIRoute):
             return handle
 
         async def checked(request: Request) -> Response:
-            await read_json(request)
+            if is_json(request.headers.get("content-type")):  # else api_call refuses it, once the token is checked
+                await read_json(request)
             return await handle(request)
 
         return checked
 
 
+def is_json(content_type: str | None) -> bool:
+    """Whether FastAPI parses a body of this Content-Type as JSON: application/json or application/...+json."""
+    mime = (content_type or "").split(";")[0].strip().lower()
+    return mime == "application/json" or (mime.startswith("application/") and mime.endswith("+json"))
+
+
 async def read_json(request: Request) -> None:
-    """Parse the body as JSON, or refuse it in one line naming what is wrong: FastAPI answers a body that is not
-    UTF-8, or nested past Python's recursion limit, with a bare 400 "There was an error parsing the body", and one
-    sent as another Content-Type with a 422 saying the (valid) JSON object is not an object."""
-    kind = request.headers.get("content-type")
-    mime = (kind or "").split(";")[0].strip().lower()
-    if mime != "application/json" and not (mime.startswith("application/") and mime.endswith("+json")):
-        raise HTTPException(415, f"invalid request: Content-Type: {kind or 'none'!r} is not application/json; send "
-                                 "the body as JSON.")  # fmt: skip
+    """Parse the JSON body, or refuse it in one line naming what is wrong: FastAPI answers a body that is not UTF-8,
+    or nested past Python's recursion limit, with a bare 400 "There was an error parsing the body". Before the token
+    is checked, like FastAPI's own answer to a body that is not JSON."""
     try:
         await request.json()
     except json.JSONDecodeError:

@@ -138,6 +138,7 @@ def test_a_body_sent_as_another_content_type_is_415_naming_the_header(api, db, c
     assert detail(r) == (f"invalid request: Content-Type: {content_type or 'none'!r} is not application/json; send "
                          "the body as JSON.")  # fmt: skip
     assert counts(db) == before
+    assert TestClient(api.app).post("/api/items", content=GOOD).status_code == 401  # the token is checked first
     ok = api.post("/api/items", content=GOOD, headers={"content-type": "application/json; charset=utf-8"})
     assert ok.status_code == 200 and counts(db)["items"] == before["items"] + 1
 
