@@ -20,8 +20,9 @@ HEAD too):
   POST /admin/drift          labels per drift interval (0: no anchors served)
   GET  /admin/export         ?format=openai|pairs|comparisons[&label_type=...]: download (admins only)
   /api/...                   the JSON API for scripts (api.py; bearer token, documented at /api/openapi.json)
-Every form POST needs the session's CSRF token, and every form field may appear once. The labeler's routes are in
-`labeling`, the admin's in `admin`, what they share in `pages`; this module assembles the app and its error pages.
+Every form POST needs the session's CSRF token, and every form field may appear once, URL-encoded UTF-8 (a multipart
+form is refused). The labeler's routes are in `labeling`, the admin's in `admin`, what they share in `pages`; this
+module assembles the app and its error pages.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from lmprefs.labels.store import LabelStore
 from lmprefs.server import admin, api, drift, labeling, onboarding
 from lmprefs.server.instructions import TASKS
-from lmprefs.server.pages import ITEM_ID, State, render, single_valued
+from lmprefs.server.pages import ITEM_ID, FormRoute, State, render, single_valued
 from lmprefs.server.queue import Queue
 from lmprefs.server.security import CROSS_SITE, NotSignedIn, SecurityMiddleware, Sessions, Throttle, cross_site
 
@@ -136,6 +137,7 @@ def create_app(
     app.add_exception_handler(NotSignedIn, _not_signed_in)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, api.http_error(_http_error))  # ours, and 404/405 from routing
     app.add_exception_handler(RequestValidationError, api.invalid(_invalid))
+    app.router.route_class = FormRoute  # the routes added below, the pages' (the API's are api.ApiRoute)
     html: dict[str, Any] = {"response_class": HTMLResponse, "include_in_schema": False}
     page: dict[str, Any] = {**html, "methods": ["GET", "HEAD"]}  # HEAD: the GET's status and headers, no body
     form: dict[str, Any] = {**html, "dependencies": [Depends(single_valued)]}

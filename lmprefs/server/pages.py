@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote_plus
 
 from fastapi import HTTPException, Request
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
 from lmprefs.labels.store import LabelStore
@@ -40,13 +44,53 @@ def render(request: Request, name: str, status_code: int = 200, **context) -> HT
     return st.templates.TemplateResponse(request, name, context, status_code=status_code)
 
 
+FORM = "application/x-www-form-urlencoded"  # what the pages' forms send (a multipart one is refused: FormRoute)
+
+
 async def single_valued(request: Request) -> None:
     """Every form field at most once: FastAPI would quietly take the last of a repeated `choice`."""
-    if request.headers.get("content-type", "").startswith(("application/x-www-form-urlencoded", "multipart/")):
+    if request.headers.get("content-type", "").startswith(FORM):
         form = await request.form()
         for key in form:
             if (n := len(form.getlist(key))) > 1:
                 raise HTTPException(422, f"The form field {key!r} was sent {n} times; send it once.")
+
+
+class FormRoute(APIRoute):
+    """A page's route: a posted form's bytes are checked (`check_form`) before FastAPI parses them, as it would
+    parse them garbled. The request keeps the body it read, so FastAPI parses the same bytes."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handle = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            if request.method == "POST":
+                check_form(request.headers.get("content-type", ""), await request.body())
+            return await handle(request)
+
+        return checked
+
+
+def check_form(kind: str, body: bytes) -> None:
+    """Refuse a form Starlette would read garbled, with a 303: a multipart form (a part that is not UTF-8 is read as
+    Latin-1; the pages never send one) is a 415, and a URL-encoded one with a field name or value that is not
+    URL-encoded UTF-8 (raw bytes are read as Latin-1, a %XX that is not UTF-8 as U+FFFD) a 422 naming the field."""
+    if kind.startswith("multipart/"):
+        raise HTTPException(415, f"Send the form as {FORM}, as the page does (nothing was saved).")
+    if not kind.startswith(FORM):
+        return
+    for pair in body.split(b"&"):
+        name, _, value = pair.partition(b"=")
+        try:
+            for part in (name, value):
+                unquote_plus(part.decode("ascii"), errors="strict")
+        except UnicodeError:
+            try:
+                shown = unquote_plus(name.decode("ascii"), errors="strict")
+            except UnicodeError:
+                shown = name.decode("latin-1")  # the name itself is what is wrong: as sent
+            raise HTTPException(422, f"The form field {shown!r:.40} is not URL-encoded UTF-8 text; send the form as "
+                                     "the page does (nothing was saved).") from None  # fmt: skip
 
 
 ITEM_ID = re.compile(r"[1-9][0-9]{0,17}")  # a plain positive integer: not "1.0", "+1", "01" or " 1"

@@ -208,6 +208,34 @@ def test_invalid_submissions_are_4xx_and_change_nothing(app, db, tokens, form, s
     assert page(bob)[0] == item  # still the same question
 
 
+@pytest.mark.parametrize(
+    "note, field",
+    [
+        (b"%ff%fe", "note"),  # was stored as two U+FFFD replacement characters
+        (b"caf\xc3\xa9", "note"),  # raw UTF-8, not percent-encoded: was stored as 'cafÃ©'
+        (b"\xff", "note"),  # was stored as 'ÿ'
+        (b"x&%ff=1", "%ff"),  # a field name that is not UTF-8
+    ],
+)
+def test_a_form_that_is_not_url_encoded_utf8_is_422_not_stored_garbled(app, db, tokens, note, field):
+    bob = sign_in(app, tokens["bob"])
+    item, csrf = page(bob)
+    before = counts(db)
+    r = bob.post("/label", content=f"item_id={item}&choice=flag&csrf={csrf}&note=".encode() + note,
+                 headers={"content-type": "application/x-www-form-urlencoded"})  # fmt: skip
+    assert r.status_code == 422
+    assert html_unescape(f"The form field {field!r} is not URL-encoded UTF-8 text") in html_unescape(r.text)
+    assert counts(db) == before and page(bob)[0] == item
+    r = bob.post("/label", files={"item_id": (None, str(item)), "choice": (None, "flag"), "csrf": (None, csrf),
+                                  "note": (None, b"\xff")})  # fmt: skip
+    assert r.status_code == 415 and "application/x-www-form-urlencoded" in r.text
+    assert counts(db) == before
+    r = bob.post("/label", data={"item_id": str(item), "choice": "flag", "note": "café ✓", "csrf": csrf})
+    assert r.status_code == 303
+    with LabelStore(db) as store:
+        assert store.answers_since(0)[0].note == "café ✓"
+
+
 def test_a_replayed_submission_is_409_and_the_first_answer_stands(app, db, tokens):
     bob = sign_in(app, tokens["bob"])
     item, csrf = page(bob)
