@@ -17,7 +17,7 @@ from lmprefs.labels.formats import FORMATS, export_file
 from lmprefs.labels.quality import quality
 from lmprefs.labels.store import ITEM_STATES
 from lmprefs.server import drift, stats
-from lmprefs.server.pages import form_item_id, render, state
+from lmprefs.server.pages import form_count, form_fraction, form_item_id, render, state
 from lmprefs.server.pages import state as _state
 from lmprefs.server.security import User, admin, csrf_checked
 
@@ -133,12 +133,8 @@ def admin_onboarding(
     """The onboarding settings: practice questions per new labeler (0: none) and the accuracy that admits them."""
     if not user.is_admin:
         raise HTTPException(403, "This page is for admins only.")
-    try:
-        n, bar = int(items), float(accuracy)
-        state(request).store.set_onboarding(n, bar)
-    except ValueError:
-        raise HTTPException(422, f"items={items!r} must be a whole number 0..1000 and accuracy={accuracy!r} a "
-                                 "number from 0 to 1 (like 0.8).") from None  # fmt: skip
+    n, bar = form_count(items, "items", 1000), form_fraction(accuracy, "accuracy")
+    state(request).store.set_onboarding(n, bar)
     user.session.flash = f"Onboarding: {n} practice questions, admitted at {bar:.0%}." if n else "Onboarding is off."
     return RedirectResponse("/admin", 303)
 
@@ -169,11 +165,9 @@ def admin_drift(
     """Labels per drift interval: each labeler answers every anchor once per interval (0: no anchors served)."""
     if not user.is_admin:
         raise HTTPException(403, "This page is for admins only.")
-    try:
-        state(request).store.set_anchor_every(int(every))
-    except ValueError:
-        raise HTTPException(422, f"every={every!r} must be a whole number of labels 0..100000 (0: off).") from None
-    user.session.flash = f"Drift anchors every {int(every)} labels." if int(every) else "Drift anchors are off."
+    n = form_count(every, "every", 100_000, "of labels ")
+    state(request).store.set_anchor_every(n)
+    user.session.flash = f"Drift anchors every {n} labels." if n else "Drift anchors are off."
     return RedirectResponse("/admin", 303)
 
 

@@ -100,3 +100,25 @@ def form_item_id(value: str, field: str = "item_id") -> int:
     if not ITEM_ID.fullmatch(value):
         raise HTTPException(422, f"{field}={value!r} must be a positive whole number written plainly (like 12).")
     return int(value)
+
+
+# what an admin types in a setting's field, spaces around it aside: int() and float() would also read "1_0" as 10
+# and any script's digits ("\u0663" as 3); a number is ASCII, as an HTML number input writes it (0.8, .8, 8e-1)
+WHOLE = re.compile(r"0|[1-9][0-9]*")
+DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def form_count(value: str, field: str, top: int, unit: str = "") -> int:
+    """A setting's typed count 0..top (0 turns it off), or a 422 naming the field; `unit` like "of labels "."""
+    text = value.strip()
+    if not WHOLE.fullmatch(text) or int(text) > top:
+        raise HTTPException(422, f"{field}={value!r} must be a whole number {unit}0..{top} (0: off).")
+    return int(text)
+
+
+def form_fraction(value: str, field: str) -> float:
+    """A typed number from 0 to 1, or a 422 naming the field."""
+    text = value.strip()
+    if not DECIMAL.fullmatch(text) or not 0 <= float(text) <= 1:
+        raise HTTPException(422, f"{field}={value!r} must be a number from 0 to 1 (like 0.8).")
+    return float(text)

@@ -3,6 +3,7 @@ answer in one interval is a 409 that stores nothing; the admin page charts self-
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -67,3 +68,15 @@ def test_anchors_come_round_once_per_interval_and_drift_is_charted(db):
     assert r.status_code == 422 and "must be a whole number of labels" in r.text
     assert root.post("/admin/drift", data={"csrf": csrf, "every": "0"}).status_code == 303
     assert page(ann)[0] not in anchors  # off: anchors are no longer served
+
+
+@pytest.mark.parametrize("every", ["1_0", "\u0663", "1e1", "2.0"])
+def test_a_drift_interval_not_written_plainly_is_refused_naming_the_field(db, every):
+    path, _, tokens = db
+    root = sign_in(create_app(path), tokens["root"])
+    csrf = re.search(r'name="csrf" value="([^"]+)"', root.get("/admin").text).group(1)
+    r = root.post("/admin/drift", data={"csrf": csrf, "every": every})
+    assert r.status_code == 422
+    assert f"every={every!r} must be a whole number of labels 0..100000 (0: off)." in html.unescape(r.text)
+    with LabelStore(path) as store:
+        assert store.anchor_every() == 2  # int() read 1_0 as 10 and an Arabic-Indic three as 3, and stored them

@@ -4,6 +4,7 @@ posted by an admitted labeler is a 409 that stores nothing."""
 
 from __future__ import annotations
 
+import html
 import re
 
 import pytest
@@ -76,9 +77,9 @@ def test_a_labeler_under_the_bar_waits_for_an_admin(db):
     csrf = re.search(r'name="csrf" value="([^"]+)"', admin).group(1)
     assert root.post("/admin/labeler", data={"csrf": csrf, "name": "bob", "action": "admit"}).status_code == 303
     assert "Real 0." in bob.get("/label").text
-    for items, accuracy in (("-1", "0.5"), ("3", "1.5"), ("x", "0.5")):
+    for items, accuracy, bad in (("-1", "0.5", "items"), ("3", "1.5", "accuracy"), ("x", "0.5", "items")):
         r = root.post("/admin/onboarding", data={"csrf": csrf, "items": items, "accuracy": accuracy})
-        assert r.status_code == 422 and "must be a whole number" in r.text
+        assert r.status_code == 422 and f"{bad}=&#39;" in r.text and "must be a" in r.text
     assert root.post("/admin/onboarding", data={"csrf": csrf, "items": "0", "accuracy": "0.9"}).status_code == 303
     with LabelStore(path) as store:
         assert store.onboarding_settings() == (0, 0.9)
@@ -107,3 +108,26 @@ def test_serve_that_cannot_listen_leaves_the_stores_settings_as_they_were(db, ca
     assert err.startswith(f"lmprefs serve: error: cannot listen on 127.0.0.1:{port}") and len(err.splitlines()) == 1
     with LabelStore(path) as store:
         assert store.onboarding_settings() == (3, 0.6) and store.anchor_every() == 0
+
+
+@pytest.mark.parametrize(
+    "items, accuracy, message",
+    [
+        ("1_0", "0.8", "items='1_0' must be a whole number 0..1000 (0: off)."),  # int() read it as 10
+        ("\u0663", "0.8", "items='\u0663' must be a whole number 0..1000 (0: off)."),  # an Arabic-Indic three
+        ("3", "\u0660.\u0665", "accuracy='\u0660.\u0665' must be a number from 0 to 1 (like 0.8)."),  # float(): 0.5
+        ("3", "1.5", "accuracy='1.5' must be a number from 0 to 1 (like 0.8)."),  # named alone, not beside items
+    ],
+)
+def test_onboarding_settings_not_written_plainly_are_refused_naming_the_field(db, items, accuracy, message):
+    path, tokens = db
+    root = sign_in(create_app(path), tokens["root"])
+    csrf = re.search(r'name="csrf" value="([^"]+)"', root.get("/admin").text).group(1)
+    r = root.post("/admin/onboarding", data={"csrf": csrf, "items": items, "accuracy": accuracy})
+    assert r.status_code == 422 and message in html.unescape(r.text)
+    with LabelStore(path) as store:
+        assert store.onboarding_settings() == (3, 0.6)
+    r = root.post("/admin/onboarding", data={"csrf": csrf, "items": " 4 ", "accuracy": "8e-1"})  # as typed: fine
+    assert r.status_code == 303
+    with LabelStore(path) as store:
+        assert store.onboarding_settings() == (4, 0.8)
