@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi import HTTPException
 
-from lmprefs.server.pages import State
+from lmprefs.server.pages import WHOLE, State
 from lmprefs.server.queue import display_order
 
 
@@ -48,7 +48,8 @@ def read_answer(choice: str, ranking: str, value_field: str, n: int, iid: int) -
             raise HTTPException(422, f"Item {iid} asks for a ranking: choice={choice!r} must be 'rank' (with the "
                                      "ranking), 'skip' or 'flag'.")  # fmt: skip
         return "label", None, parse_ranking(ranking, n, iid)
-    if not (choice.isascii() and choice.isdigit()) or not 0 <= int(choice) < n:  # "٣".isdigit() is True
+    # as the page writes it: "٣".isdigit() is True, and "01" or "00" would pass as options 1 and 0
+    if not WHOLE.fullmatch(choice) or not int(choice) < n:
         raise HTTPException(422, f"choice={choice!r} must be 0..{n - 1}, 'skip' or 'flag' for item {iid}.")
     return "label", int(choice), None
 

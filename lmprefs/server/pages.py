@@ -102,8 +102,8 @@ def form_item_id(value: str, field: str = "item_id") -> int:
     return int(value)
 
 
-# what an admin types in a setting's field, spaces around it aside: int() and float() would also read "1_0" as 10
-# and any script's digits ("\u0663" as 3); a number is ASCII, as an HTML number input writes it (0.8, .8, 8e-1)
+# a number in a form, in ASCII as the pages and an HTML number input write it (0.8, .8, 8e-1): int() and float()
+# would also read "1_0" as 10 and any script's digits ("\u0663" as 3)
 WHOLE = re.compile(r"0|[1-9][0-9]*")
 DECIMAL = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 

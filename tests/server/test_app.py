@@ -188,6 +188,8 @@ def test_security_headers(app, tokens):
         ({"item_id": "ITEM", "choice": "-1"}, 422),
         ({"item_id": "ITEM", "choice": "1.0"}, 422),
         ({"item_id": "ITEM", "choice": "\u0663"}, 422),  # ARABIC-INDIC DIGIT THREE: isdigit(), but not a choice
+        ({"item_id": "ITEM", "choice": "01"}, 422),  # was option 1: a choice is written as the page writes it
+        ({"item_id": "ITEM", "choice": "00"}, 422),
         ({"item_id": "ITEM", "choice": "best"}, 422),
         ({"item_id": "ITEM", "choice": ""}, 422),
         ({"item_id": "ITEM"}, 422),
