@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, Item
-from lmprefs.server.answers import order_of, read_answer, shown_options
+from lmprefs.server.answers import order_of, read_answer, read_confidence, shown_options
 from lmprefs.server.pages import State, form_item_id, render, state
 from lmprefs.server.security import User, csrf_checked
 
@@ -42,6 +42,7 @@ def submit_anchor(
     item_id: Annotated[str, Form(max_length=20)],
     choice: Annotated[str, Form(min_length=1, max_length=8)],
     ranking: Annotated[str, Form(max_length=40)] = "",
+    confidence: Annotated[str, Form(max_length=8)] = "",
 ) -> Response:
     """An answer to the drift anchor the labeler is shown: once per anchor and interval."""
     st = state(request)
@@ -61,6 +62,9 @@ def submit_anchor(
     kind, position, ranked = read_answer(choice, ranking, value_field, n, iid)
     if kind != "label":
         raise HTTPException(422, "This question cannot be skipped or flagged; please answer it.")
+    # the page sends the confidence buttons' value as on any question: checked like there, though an anchor answer
+    # keeps none (drift compares picks), so a bad value is refused rather than passed without a word
+    read_confidence(confidence, kind)
     order = order_of(st, user.name, iid, n)
     try:
         st.store.add_anchor_answer(iid, user.id, interval, best=order[position] if position is not None else None,

@@ -80,3 +80,19 @@ def test_a_drift_interval_not_written_plainly_is_refused_naming_the_field(db, ev
     assert f"every={every!r} must be a whole number of labels 0..100000 (0: off)." in html.unescape(r.text)
     with LabelStore(path) as store:
         assert store.anchor_every() == 2  # int() read 1_0 as 10 and an Arabic-Indic three as 3, and stored them
+
+
+@pytest.mark.parametrize("confidence", ["9", "0", "sure"])
+def test_an_anchor_answer_with_a_bad_confidence_is_422_as_on_the_labeling_page(db, confidence):
+    # the anchor page shows the confidence buttons, but /anchor did not read the field: any value passed, with a 303
+    path, anchors, tokens = db
+    ann = sign_in(create_app(path, shuffle=False), tokens["ann"])
+    item, csrf = page(ann)
+    assert item == anchors[0]
+    before = counts(path)
+    r = ann.post("/anchor", data={"item_id": str(item), "csrf": csrf, "choice": "1", "confidence": confidence})
+    assert r.status_code == 422
+    assert f"confidence={confidence!r} must be 1 (a guess), 2 or 3 (sure), or left out." in html.unescape(r.text)
+    assert counts(path) == before and page(ann)[0] == item
+    r = ann.post("/anchor", data={"item_id": str(item), "csrf": csrf, "choice": "1", "confidence": "3"})
+    assert r.status_code == 303 and counts(path)["anchor_answers"] == before["anchor_answers"] + 1
