@@ -56,6 +56,8 @@ def test_the_schema_names_the_bearer_scheme_and_real_error_bodies_match_it(setup
         ("/api/quality", "get", {"url": "/api/quality", "headers": as_("bob")}, 403),
         ("/api/items/{item_id}", "get", {"url": "/api/items/99", "headers": as_("alice")}, 404),
         ("/api/items/{item_id}", "get", {"url": "/api/items/0", "headers": as_("alice")}, 422),
+        ("/api/me", "get", {"url": "/api/me?verbose=1", "headers": as_("alice")}, 422),  # a parameter it does not take
+        ("/api/quality", "get", {"url": "/api/quality?since_id=1", "headers": as_("alice")}, 422),
         ("/api/labels", "get", {"url": f"/api/labels?since_id={2**63}", "headers": as_("alice")}, 422),
         ("/api/labels", "get", {"url": "/api/labels?label_type=best_of_x", "headers": as_("alice")}, 422),
         ("/api/items", "post", {"url": "/api/items", "headers": as_("alice"), "json": {"items": [{"query": 1}]}}, 422),
