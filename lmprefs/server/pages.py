@@ -72,9 +72,10 @@ class FormRoute(APIRoute):
 
 
 def check_form(kind: str, body: bytes) -> None:
-    """Refuse a form Starlette would read garbled, with a 303: a multipart form (a part that is not UTF-8 is read as
-    Latin-1; the pages never send one) is a 415, and a URL-encoded one with a field name or value that is not
-    URL-encoded UTF-8 (raw bytes are read as Latin-1, a %XX that is not UTF-8 as U+FFFD) a 422 naming the field."""
+    """Refuse a form that Starlette would read garbled (and the route store so, answering 303): a multipart form (a
+    part that is not UTF-8 is read as Latin-1; the pages never send one) is a 415, and a URL-encoded one with a field
+    name or value that is not URL-encoded UTF-8 (raw bytes are read as Latin-1, a bad %XX as U+FFFD) a 422 naming the
+    field."""
     if kind.startswith("multipart/"):
         raise HTTPException(415, f"Send the form as {FORM}, as the page does (nothing was saved).")
     if not kind.startswith(FORM):
