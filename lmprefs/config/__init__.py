@@ -19,8 +19,8 @@ from lmprefs.config.schema import (
            TaskConfig,
            TrainRewardConfig,
 )
-from lmprefs.config.validate import LABELERS, label_type_shape, validate
+from lmprefs.config.validate import LABELERS, check_label_type, label_type_shape, validate
 
 __all__ = ["LABELERS", "PRESETS", "Config", "DPOConfig", "LabelsConfig", "LoraConfig", "PPOConfig", "R",
-           "RewardsConfig", "RunConfig", "SFTConfig", "TaskConfig", "TrainRewardConfig", "label_type_shape", "preset",
-           "validate"]
+           "RewardsConfig", "RunConfig", "SFTConfig", "TaskConfig", "TrainRewardConfig", "check_label_type",
+           "label_type_shape", "preset", "validate"]

@@ -98,7 +98,7 @@ def _labels(lab) -> list[str]:
     out = _Problems()
     need = out.need
     try:
-        label_type_shape(lab.type)
+        check_label_type(lab.type)
     except ValueError as e:
         out.append(f"labels.type: {e}")
     need(lab.labeler in LABELERS, f"labels.labeler={lab.labeler!r}: choose one of {', '.join(LABELERS)}")
@@ -247,13 +247,23 @@ def label_type_shape(label_type: str) -> tuple[str, int]:
         return "score", 1
     if label_type == "scalar_compare":
         return "difference", 2
-    # ASCII digits without a leading zero: \d would take best_of_04 or an Arabic-Indic four as a second name for
-    # best_of_4, whose items train-reward and the exports (which match the name exactly) would never see
-    m = re.fullmatch(r"best_of_([1-9][0-9]*)", label_type)
+    m = re.fullmatch(r"best_of_(\d+)", label_type)
     if m and int(m.group(1)) >= 2:
         return "best", int(m.group(1))
-    m = re.fullmatch(r"ranking_([0-9])", label_type)
+    m = re.fullmatch(r"ranking_(\d)", label_type)
     if m and 2 <= int(m.group(1)) <= RANKING_MAX:
         return "ranking", int(m.group(1))
     raise ValueError(f"unknown label type {label_type!r}; expected 'best_of_N' (N >= 2), 'ranking_K' (K 2 to "
                      f"{RANKING_MAX}), 'scalar_rating' or 'scalar_compare'")  # fmt: skip
+
+
+def check_label_type(label_type: str) -> tuple[str, int]:
+    """`label_type_shape` of a label type to write with (a config's labels.type, a new item's), spelt only as the
+    name is written (ASCII digits, no leading zero). label_type_shape reads any digits, so that a store holding such
+    a name from before this check still works; a new best_of_04 or best_of_<Arabic-Indic four> would be a second name
+    for best_of_4, whose items train-reward and the exports, which match the name exactly, would never see."""
+    value_field, n = label_type_shape(label_type)
+    name = {"best": f"best_of_{n}", "ranking": f"ranking_{n}"}.get(value_field, label_type)
+    if label_type != name:
+        raise ValueError(f"label type {label_type!r} must be written {name!r}")
+    return value_field, n

@@ -7,7 +7,7 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from lmprefs.config import label_type_shape
+from lmprefs.config import check_label_type
 from lmprefs.labels.store.records import HOLDS, Item, check_label_value, sha, source_split
 from lmprefs.labels.store.schema import TABLES
 
@@ -41,7 +41,7 @@ def add_item(
 ) -> int:
     """Add a question (idempotent: the same query, samples, label type, source and `key` give the same id).
     `key` tells apart deliberate duplicates, e.g. the k-th repeat of a row in an imported file."""
-    _, n = label_type_shape(label_type)
+    _, n = check_label_type(label_type)
     if not isinstance(query, str) or not all(isinstance(s, str) for s in samples) or len(samples) != n:
         raise ValueError(f"{label_type} needs a query string and {n} sample strings, got {len(samples)} samples")
     if (query_tokens is not None or sample_tokens is not None) and not tokenizer:
