@@ -18,10 +18,9 @@ def cmd_train_reward(argv: list[str]) -> int:
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
     from lmprefs.pipeline.labeling import label_source
-    from lmprefs.pipeline.reward_model import train_reward_model, training_labels
+    from lmprefs.pipeline.reward_model import reward_logger, train_reward_model, training_labels
     from lmprefs.pipeline.task import setup_task
     from lmprefs.runtime import distributed as dist
-    from lmprefs.runtime.runlog import open_logger
 
     cfg = resolve_config(a.preset, pairs, a.config)
     run_dir = run_dir_for(a.run_dir, cfg, "train-reward", a.preset)
@@ -35,7 +34,9 @@ def cmd_train_reward(argv: list[str]) -> int:
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
     t = setup_task(cfg)  # a bad model or query dataset is refused before the run directory is made
     labels = training_labels(t, store)  # and so is a store that cannot train
-    log = open_logger(run_dir, cfg)
+    # a run killed before its reward model was published is started again by the same command: the rows and events
+    # the killed attempt logged are dropped first, or the log would hold its steps twice
+    log = reward_logger(run_dir, cfg)
     try:
         _, summary = train_reward_model(t, store, run_dir / "reward_model", log, labels=labels)
     finally:

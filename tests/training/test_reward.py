@@ -1,6 +1,7 @@
 import copy
 import dataclasses
 
+import pytest
 import torch
 
 from lmprefs.cli.dispatch import main
@@ -203,6 +204,49 @@ def test_label_train_reward_and_score_commands(tmp_path, capsys):
     assert main(["score", "--reward-model", str(tmp_path)]) == 2
     assert "not a reward-model directory" in capsys.readouterr().err
     assert main(["train-reward", "tiny", "--db", str(tmp_path / "none.sqlite")]) == 2
+
+
+class Killed(BaseException):
+    pass
+
+
+def test_a_killed_train_reward_started_again_in_its_run_dir_logs_each_step_once(tmp_path, monkeypatch):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from lmprefs.io import atomic
+    from lmprefs.io.jsonl import read_jsonl
+
+    db = tmp_path / "l.sqlite"
+    assert main(["label", "tiny", "--db", str(db), "--n", "40", "--labeler", "vader"]) == 0
+    args = ["train-reward", "tiny", "--db", str(db), "--run.log-interval", "1"]
+    full, d = tmp_path / "full", tmp_path / "killed"
+    assert main(args + ["--run-dir", str(full)]) == 0
+
+    def crash(at: str, hits=[]) -> None:  # noqa: B006 (counts arrivals across calls)
+        if at == "reward:logged":
+            hits.append(at)
+            if len(hits) == 3:
+                raise Killed(at)
+
+    monkeypatch.setattr(atomic, "crash_hook", crash)
+    with pytest.raises(Killed):  # killed while it trains, three steps logged: no reward model yet
+        main(args + ["--run-dir", str(d)])
+    monkeypatch.undo()
+    assert len(read_jsonl(d / "metrics.jsonl")) == 3 and not (d / "reward_model").exists()
+    assert main(args + ["--run-dir", str(d)]) == 0  # the same command again trains it from its start
+
+    def rows(run):
+        return [{k: v for k, v in r.items() if k != "elapsed/time"} for r in read_jsonl(run / "metrics.jsonl")]
+
+    assert rows(d) == rows(full)  # each step once
+
+    def events(run):
+        ea = EventAccumulator(str(run / "logs" / "reward"))
+        ea.Reload()
+        return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]
+                if tag != "elapsed/time"} | {tag: [e.step for e in ea.Tensors(tag)] for tag in ea.Tags()["tensors"]}
+
+    assert events(d) == events(full)
 
 
 def test_a_store_of_another_label_type_is_refused_before_anything_is_written(tmp_path, capsys):
