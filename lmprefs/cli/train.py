@@ -85,11 +85,14 @@ def cmd_train_sft(argv: list[str]) -> int:
     check_first_conversation(examples, cfg.task)
     with run_lock(run_dir):
         step = checkpoint_step(run_dir) if a.resume else None
-        if a.resume and step is None:
-            raise UserError(f"{run_dir} has no SFT checkpoint to resume")
-        log = RunLogger(run_dir, cfg, resume_step=resume_log_step(run_dir) if a.resume else None, resume_phase="sft")
+        if a.resume and step is None:  # killed before its first checkpoint: over in place, as train-policy and DPO
+            print(f"{run_dir} has no checkpoint yet: starting the run over from step 0", flush=True)
+        # the rows a killed attempt logged past its checkpoint (every one, without a checkpoint) are dropped first, by
+        # --resume or the same command again alike, or metrics.jsonl and logs/sft would hold those steps twice
+        again = resume_log_step(run_dir) if step is not None else -1 if (run_dir / "metrics.jsonl").exists() else None
+        log = RunLogger(run_dir, cfg, resume_step=again, resume_phase="sft")
         try:
-            s = train_sft(cfg, run_dir / "sft_model", log, run_dir=run_dir, resume=a.resume)
+            s = train_sft(cfg, run_dir / "sft_model", log, run_dir=run_dir, resume=step is not None)
         finally:
             log.close()
     print(f"SFT model: {run_dir / 'sft_model'}  ({s['sft/pairs']} rows, {s['sft/steps']} steps in "

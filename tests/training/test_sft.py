@@ -231,3 +231,32 @@ def test_a_sft_run_killed_after_logging_past_its_checkpoint_logs_each_step_once(
     assert main(["train-sft", "tiny", "--run-dir", str(run), "--resume"]) == 0
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "sft/loss" in r]
     assert steps == list(range(16))  # steps 10 and 11 logged again by the resumed run, each once
+
+
+@pytest.mark.parametrize("again", ["--resume", "the same command"])
+def test_a_sft_run_killed_before_its_first_checkpoint_starts_over_and_logs_each_step_once(
+    sft_run, tmp_path, monkeypatch, again
+):
+    from safetensors.torch import load_file
+
+    from lmprefs.io import atomic
+
+    def die_at_step_2(at: str, rows=[]) -> None:  # noqa: B006 (counts arrivals across calls)
+        if at == "sft:logged":
+            rows.append(at)
+            if len(rows) == 3:  # steps 0..2 logged; the first checkpoint (step 5) not written yet
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(atomic, "crash_hook", die_at_step_2)
+    run = tmp_path / "run"
+    args = ["train-sft", "tiny", "--sft.data", str(sft_run / "pairs.jsonl"), "--run-dir", str(run), *ARGS]
+    assert main(args) == 130 and not (run / "checkpoint").exists()
+    monkeypatch.setattr(atomic, "crash_hook", None)
+    # docs/tasks.md: after a kill, --resume continues; without a checkpoint it starts over in place, as train-policy
+    # and train-dpo do; the command it was started with does too
+    assert main(["train-sft", "tiny", "--run-dir", str(run), "--resume"] if again == "--resume" else args) == 0
+    steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl") if "sft/loss" in r]
+    assert steps == list(range(16))  # steps 0..2 logged again by the run started over, each once
+    a = load_file(run / "sft_model" / "model.safetensors")
+    b = load_file(sft_run / "run" / "sft_model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
