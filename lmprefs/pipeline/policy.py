@@ -111,7 +111,9 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
         hooks.append(onl.on_update)
         extras["online"] = onl
     else:
-        score_fn, info = reward_for_policy(t, run_dir, reward, store, found is not None, labels)
+        # checkpoints written before they kept a fully fine-tuned reward model resume from reward_model/ as before
+        kept = found is not None and "reward" in found[1].get("extras", ())
+        score_fn, info = reward_for_policy(t, run_dir, reward, store, found is not None, labels, kept)
         if "state" in info:
             extras["reward"] = info.pop("state")
     if true_reward:

@@ -62,16 +62,17 @@ def check_trained_model(cfg: Config, tok) -> None:
     check_same_tokenizer(rm_dir, tok, f"rewards.trained_model={rm_dir}")
 
 
-def reward_source(cfg: Config, reward, resume: bool) -> str:
+def reward_source(cfg: Config, reward, resume: bool, kept: bool = False) -> str:
     """Where reward_for_policy takes the reward from: "function" (`--reward NAME`), "saved" (rewards.trained_model,
-    or this run's reward_model/ when resuming from a checkpoint), "frame" (resuming with LoRA: the checkpoint holds
-    this run's reward adapter) or "train" (a new reward model from the label store)."""
+    or this run's reward_model/ when resuming from a checkpoint written before checkpoints kept a fully fine-tuned
+    reward model), "frame" (resuming with LoRA, or from a checkpoint that `kept` this run's reward model: the
+    checkpoint holds its exact weights) or "train" (a new reward model from the label store)."""
     if reward is not None and reward != "model":
         return "function"
     if cfg.rewards.trained_model:
         return "saved"
     if resume:
-        return "frame" if cfg.lora.rank > 0 else "saved"
+        return "frame" if cfg.lora.rank > 0 or kept else "saved"
     return "train"
 
 
@@ -80,16 +81,18 @@ def trains_reward_model(cfg: Config, reward, resume: bool) -> bool:
     return reward_source(cfg, reward, resume) == "train"
 
 
-def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, labels: TrainingLabels | None = None):
+def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, labels: TrainingLabels | None = None,
+                      kept: bool = False):  # fmt: skip
     """The score function PPO optimizes: a reward function (`--reward vader`, `--reward module:function`, a
     callable), a trained reward model (rewards.trained_model, or this run's reward_model/ when resuming), or a new
     one trained from `store` (a LabelStore, or a path for label_source; `labels`: its training_labels, if checked
-    already). With LoRA a reward model trained in this run is an adapter on the policy's base; info["state"] is its
-    RewardState for the checkpoint, and on resume (from a checkpoint) it is an empty frame the checkpoint fills.
+    already). With LoRA a reward model trained in this run is an adapter on the policy's base. info["state"] is a
+    reward model trained in this run as RewardState, for the checkpoint, and on resume from a checkpoint that kept
+    it (`kept`; always with LoRA) an empty frame the checkpoint fills.
     rewards.trained_model is the caller's to check first (check_trained_model), before it writes anything."""
 
     cfg = t.cfg
-    source = reward_source(cfg, reward, resume)
+    source = reward_source(cfg, reward, resume, kept)
     if source == "function":
         reward, fn = reward_function(reward)
         # normalized like a reward model (mean 0, std 1 on initial-policy samples), so that kl_coef and the KL
@@ -130,7 +133,11 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         log.close()
     rm.freeze()
     info["reward_training"] = summary
-    return rm_score_fn(rm, compiled), info | ({"state": RewardState(rm)} if rm.adapter else {})
+    # in the checkpoint whole, not only a LoRA adapter's: reward_model/ is an export with the gain and constant folded
+    # into the head and final norm (and in the base model's dtype), so a run resumed from it would score otherwise.
+    # FSDP's shards are not: rank 0 alone writes the checkpoint (such a run resumes from reward_model/)
+    kept = rm.adapter is not None or not parallel.is_sharded(rm)
+    return rm_score_fn(rm, compiled), info | ({"state": RewardState(rm)} if kept else {})
 
 
 def normalize_foreign(t: Task, rm, rm_dir: Path, what: str | None = None) -> None:

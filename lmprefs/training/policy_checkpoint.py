@@ -53,7 +53,8 @@ def save_checkpoint(run: PolicyRun, run_dir: Path, cfg: Config | None = None) ->
     bad = nonfinite_parameters(run)
     if bad:
         raise AndonStop(f"refusing to save a checkpoint: {bad}")
-    meta = {"update": run.update, **(config_meta(cfg) if cfg is not None else {})}
+    # which extras state.pt holds, for a resume to know before it loads state.pt (a reward model kept whole or not)
+    meta = {"update": run.update, "extras": sorted(run.extras), **(config_meta(cfg) if cfg is not None else {})}
     ranks = rank_states(run)
     policy: Policy | None
     policy, optimizer = run.policy, None
