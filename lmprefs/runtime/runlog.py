@@ -109,8 +109,13 @@ class RunLogger:
 
             # purge_step: TensorBoard drops the policy events past the checkpoint that an earlier process wrote
             purge = self.resume_step + 1 if self.resume_step is not None and phase == self.resume_phase else None
-            w = SummaryWriter(str(self.run_dir / "logs" / phase), purge_step=purge)
-            if not self.resume:
+            logs = self.run_dir / "logs" / phase
+            # the hyperparameters once per phase: written by the first process to log it, which a resumed run is
+            # when the killed one never got this far (a kill while the reward model trained: logs/policy is empty).
+            # Purges keep text, so where an earlier process wrote them they stay
+            first = not self.resume or not any(logs.glob("events.out.tfevents.*"))
+            w = SummaryWriter(str(logs), purge_step=purge)
+            if first:
                 w.add_text("hyperparameters", "|key|value|\n|-|-|\n" + "\n".join(
                     f"|{s}.{k}|{v}|" for s, sub in to_dict(self.cfg).items() for k, v in sub.items()))  # fmt: skip
             self.writers[phase] = w

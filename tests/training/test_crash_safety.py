@@ -317,6 +317,17 @@ def test_a_run_killed_while_its_reward_model_trains_resumes_and_logs_each_step_o
     assert [r["phase"] for r in read_jsonl(d / "metrics.jsonl")] == ["reward", "reward"]
     assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 0
     assert_same_run(d, full)  # the reward model trained again from its start, its rows logged once
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def events(run, phase):
+        ea = EventAccumulator(str(run / "logs" / phase))
+        ea.Reload()
+        tags = ea.Tags()
+        return {t: [e.step for e in ea.Scalars(t)] for t in tags["scalars"]} | {
+            t: [e.step for e in ea.Tensors(t)] for t in tags["tensors"]}  # the hyperparameters' text
+
+    for phase in ("reward", "policy"):  # logs/policy holds the hyperparameters though the killed run never began it
+        assert events(d, phase) == events(full, phase)
 
 
 def test_a_run_killed_at_its_first_writes_starts_again_and_leaves_no_temporary_files(tmp_path, vader_run):
