@@ -16,6 +16,7 @@ from lmprefs.config import Config
 from lmprefs.data.chat import task_frame, template_lengths
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
+from lmprefs.io.config_file import save_config
 from lmprefs.io.locks import run_lock
 from lmprefs.models.artifacts import save_policy
 from lmprefs.models.loading import load_lm, max_positions
@@ -100,7 +101,9 @@ def run_train_dpo(cfg: Config, run_dir: Path, *, store_path: str | None = None, 
     check_trackers(cfg.run.report_to)  # a tracker's missing package, before the run directory is made
     with run_lock(run_dir):
         done = checkpoint_step(run_dir) if resume else None
-        if not resume:
+        if not resume:  # config.json first, as train-policy writes them: --resume reads it, and a run.json (which
+            # a start without --resume refuses) implies it, so a kill between the two never leaves a run neither starts
+            save_config(cfg, run_dir / "config.json")
             atomic_write_text(run_dir / RUN_FILE, json.dumps({"store": str(Path(source).resolve())}))
         elif done is None:
             print(f"{run_dir} has no checkpoint yet: starting the run over from step 0", flush=True)

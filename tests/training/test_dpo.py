@@ -94,6 +94,33 @@ def test_a_killed_dpo_run_resumes_to_bitwise_the_same_policy(dpo_run, tmp_path, 
     assert dpo_rows(run) == dpo_rows(dpo_run / "run")  # steps 6 and 7 logged again, each once
 
 
+def test_a_dpo_run_killed_at_its_first_writes_is_not_stuck_between_resume_and_start(dpo_run, tmp_path, monkeypatch):
+    from lmprefs.io import atomic
+
+    class Killed(BaseException):
+        pass
+
+    def die_writing_the_config(at: str) -> None:
+        if at == "atomic-write:config.json":
+            raise Killed
+
+    monkeypatch.setattr(atomic, "crash_hook", die_writing_the_config)
+    run = tmp_path / "run"
+    args = ["train-dpo", "tiny", "--db", str(dpo_run / "pairs.sqlite"), "--run-dir", str(run), *PAIRS]
+    with pytest.raises(Killed):
+        main(args)
+    monkeypatch.setattr(atomic, "crash_hook", None)
+    assert not (run / "config.json").exists()
+    # --resume, whichever the kill left, or else the command it was started with, continues it (docs/dpo.md); a
+    # run.json without the config.json --resume reads refused both
+    resumed = main(["train-dpo", "tiny", "--run-dir", str(run), "--resume"]) == 0 or main(args) == 0
+    assert resumed
+    a = load_file(run / "policy" / "model.safetensors")
+    b = load_file(dpo_run / "run" / "policy" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert dpo_rows(run) == dpo_rows(dpo_run / "run")
+
+
 def test_lora_listwise_dpo_on_best_of_4_saves_an_adapter_and_starts_at_its_reference(tmp_path, capsys):
     db = labeled_store(tmp_path / "four.sqlite", 32, "best_of_4")
     run = tmp_path / "run"
