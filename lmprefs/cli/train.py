@@ -199,5 +199,8 @@ def _saved_or_new_config(a, pairs):
     if a.resume:
         if not a.run_dir or pairs:
             raise UserError("--resume needs --run-dir and continues with the run's saved config (no overrides)")
+        # killed before its config was written, the run did no work: what to do, as train-policy --resume says it
+        if not (Path(a.run_dir) / "config.json").is_file():
+            raise UserError(f"--resume: {a.run_dir} holds no run (no config.json); start without --resume")
         return resolve_config(a.preset, [], str(Path(a.run_dir) / "config.json"))
     return resolve_config(a.preset, pairs, a.config)

@@ -260,3 +260,12 @@ def test_a_sft_run_killed_before_its_first_checkpoint_starts_over_and_logs_each_
     a = load_file(run / "sft_model" / "model.safetensors")
     b = load_file(sft_run / "run" / "sft_model" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("command", ["train-sft", "train-dpo"])
+def test_resume_of_a_run_killed_before_its_config_was_written_says_to_start_without_resume(tmp_path, capsys, command):
+    run = tmp_path / "run"
+    run.mkdir()  # what a kill before config.json leaves: the directory, perhaps its lock
+    assert main([command, "tiny", "--resume", "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds no run (no config.json); start without --resume" in err, err
