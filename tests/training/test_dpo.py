@@ -111,10 +111,11 @@ def test_a_dpo_run_killed_at_its_first_writes_is_not_stuck_between_resume_and_st
         main(args)
     monkeypatch.setattr(atomic, "crash_hook", None)
     assert not (run / "config.json").exists()
-    # --resume, whichever the kill left, or else the command it was started with, continues it (docs/dpo.md); a
-    # run.json without the config.json --resume reads refused both
-    resumed = main(["train-dpo", "tiny", "--run-dir", str(run), "--resume"]) == 0 or main(args) == 0
-    assert resumed
+    # config.json comes first, so the kill left no run.json either: --resume says to start without it, and the
+    # command it was started with continues it (a run.json without the config.json --resume reads refused both)
+    assert not (run / "run.json").exists()
+    assert main(["train-dpo", "tiny", "--run-dir", str(run), "--resume"]) == 2
+    assert main(args) == 0
     a = load_file(run / "policy" / "model.safetensors")
     b = load_file(dpo_run / "run" / "policy" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
