@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from crash import Killed, crash_at
 
 from lmprefs.cli.dispatch import main
 
@@ -20,19 +21,10 @@ KEYS = ["ppo-beta0.1", "ppo-separate-beta0.1", "rloo-beta0.1", "dpo-pairwise-bet
 def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys, monkeypatch):
     from lmprefs.io import atomic
 
-    class Killed(BaseException):
-        pass
-
-    seen = []
-
-    def crash(at: str) -> None:  # the second DPO arm (listwise) is killed after its first logged step
-        seen.append(at)
-        if seen.count("dpo:logged") == 2:
-            raise Killed(at)
-
     run_dir = tmp_path / "cmp"
     args = ["experiment", "compare", *SMALL, "--run-dir", str(run_dir)]
-    monkeypatch.setattr(atomic, "crash_hook", crash)
+    # the second DPO arm (listwise) is killed after its first logged step
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("dpo:logged", 2))
     with pytest.raises(Killed):
         main(args + CONFIG)
     monkeypatch.undo()

@@ -10,6 +10,7 @@ import types
 
 import pytest
 import torch
+from crash import Killed, crash_at
 
 from lmprefs.cli.dispatch import main
 from lmprefs.training.frontier import exact_point, frontier, optimal_point
@@ -238,17 +239,10 @@ def test_mock_sentiment_label_count_beyond_the_store_is_refused(tmp_path, capsys
 def test_an_arm_killed_while_its_reward_model_trains_is_resumed_by_rerunning_the_experiment(tmp_path, monkeypatch):
     from lmprefs.io import atomic
 
-    class Killed(BaseException):
-        pass
-
-    def crash(at: str) -> None:
-        if at == "reward:logged":
-            raise Killed(at)
-
     run_dir = tmp_path / "exp"
     args = ["experiment", "mock-sentiment", *TINY, "--labels", "16", "--run-dir", str(run_dir), "--eval-queries", "4",
             "--labels.heldout-fraction", "0.2", "--ppo.total-episodes", "16"]  # fmt: skip
-    monkeypatch.setattr(atomic, "crash_hook", crash)
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("reward:logged"))
     with pytest.raises(Killed):
         main(args)
     monkeypatch.undo()

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from crash import Killed, crash_at
 from score_data import score_rows, write
 
 from lmprefs.cli.dispatch import main
@@ -32,16 +33,6 @@ def test_writing_prompts_pipeline_end_to_end_and_resumed(tmp_path, monkeypatch, 
     rows = write_scores(tmp_path / "scores.jsonl")
     run_dir = tmp_path / "run"
     args = TINY + ["--data", str(tmp_path / "scores.jsonl"), "--run-dir", str(run_dir)]
-
-    class Killed(BaseException):
-        pass
-
-    def crash_at(point: str):
-        def crash(at: str) -> None:
-            if at == point:
-                raise Killed(at)
-
-        return crash
 
     monkeypatch.setattr(atomic, "crash_hook", crash_at("reward:logged"))
     with pytest.raises(Killed):  # killed while the reward model trains: stage 3 starts over on the next run

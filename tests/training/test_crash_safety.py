@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from crash import Killed, crash_at
 
 from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
@@ -27,24 +28,12 @@ def crashed(args: list[str], point: str) -> subprocess.CompletedProcess:
     return r
 
 
-class Killed(BaseException):
-    pass
-
-
 def killed_in_process(monkeypatch, args: list[str], point: str) -> None:
     """Run `lmprefs ARGS` here, stopping it by an exception at the K-th arrival at `point` (POINT[@K])."""
     from lmprefs.io import atomic
 
     name, _, nth = point.partition("@")
-    hits = []
-
-    def hook(at: str) -> None:
-        if at == name:
-            hits.append(at)
-            if len(hits) >= int(nth or 1):
-                raise Killed(at)
-
-    monkeypatch.setattr(atomic, "crash_hook", hook)
+    monkeypatch.setattr(atomic, "crash_hook", crash_at(name, int(nth or 1)))
     with pytest.raises(Killed):
         main(args)
     monkeypatch.setattr(atomic, "crash_hook", None)

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from crash import Killed, crash_at
 from safetensors.torch import load_file
 
 from lmprefs.cli.dispatch import main
@@ -69,16 +70,8 @@ def test_dpo_raises_heldout_preference_accuracy_and_margin(dpo_run, capsys):
 def test_a_killed_dpo_run_resumes_to_bitwise_the_same_policy(dpo_run, tmp_path, monkeypatch):
     from lmprefs.io import atomic
 
-    class Killed(BaseException):  # what no lmprefs code catches, as a kill -9 would end the run
-        pass
-
-    def die_after_step_7(at: str, hits=[]) -> None:  # noqa: B006 (counts arrivals across calls)
-        if at == "dpo:logged":
-            hits.append(at)
-            if len(hits) == 8:  # steps 0..7 logged; the last checkpoint holds 6 steps
-                raise Killed
-
-    monkeypatch.setattr(atomic, "crash_hook", die_after_step_7)
+    # steps 0..7 logged; the last checkpoint holds 6 steps
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("dpo:logged", 8))
     run = tmp_path / "run"
     args = ["train-dpo", "tiny", "--db", str(dpo_run / "pairs.sqlite"), "--run-dir", str(run), *PAIRS]
     with pytest.raises(Killed):
@@ -97,14 +90,7 @@ def test_a_killed_dpo_run_resumes_to_bitwise_the_same_policy(dpo_run, tmp_path, 
 def test_a_dpo_run_killed_at_its_first_writes_is_not_stuck_between_resume_and_start(dpo_run, tmp_path, monkeypatch):
     from lmprefs.io import atomic
 
-    class Killed(BaseException):
-        pass
-
-    def die_writing_the_config(at: str) -> None:
-        if at == "atomic-write:config.json":
-            raise Killed
-
-    monkeypatch.setattr(atomic, "crash_hook", die_writing_the_config)
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("atomic-write:config.json"))
     run = tmp_path / "run"
     args = ["train-dpo", "tiny", "--db", str(dpo_run / "pairs.sqlite"), "--run-dir", str(run), *PAIRS]
     with pytest.raises(Killed):

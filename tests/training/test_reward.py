@@ -3,6 +3,7 @@ import dataclasses
 
 import pytest
 import torch
+from crash import Killed, crash_at
 
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
@@ -206,10 +207,6 @@ def test_label_train_reward_and_score_commands(tmp_path, capsys):
     assert main(["train-reward", "tiny", "--db", str(tmp_path / "none.sqlite")]) == 2
 
 
-class Killed(BaseException):
-    pass
-
-
 def test_a_killed_train_reward_started_again_in_its_run_dir_logs_each_step_once(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -222,13 +219,7 @@ def test_a_killed_train_reward_started_again_in_its_run_dir_logs_each_step_once(
     full, d = tmp_path / "full", tmp_path / "killed"
     assert main(args + ["--run-dir", str(full)]) == 0
 
-    def crash(at: str, hits=[]) -> None:  # noqa: B006 (counts arrivals across calls)
-        if at == "reward:logged":
-            hits.append(at)
-            if len(hits) == 3:
-                raise Killed(at)
-
-    monkeypatch.setattr(atomic, "crash_hook", crash)
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("reward:logged", 3))
     with pytest.raises(Killed):  # killed while it trains, three steps logged: no reward model yet
         main(args + ["--run-dir", str(d)])
     monkeypatch.undo()

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from crash import Killed, crash_at
 
 from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
 
 ARGS = ["train-policy", "tiny", "--reward", "vader", "--ppo.estimator", "rloo", "--ppo.rloo-k", "4",
         "--run.log-interval", "100", "--task.truncate-token", "none", "--ppo.total-episodes", str(16 * 3)]  # fmt: skip
-
-
-class Killed(BaseException):
-    pass
 
 
 def metrics(run_dir):
@@ -40,15 +37,7 @@ def test_rloo_trains_logs_and_resumes_bitwise_without_a_value_head(tmp_path, mon
         assert not any(k.startswith("ppo/val/") or k == "ppo/loss/value" for k in r)
     assert all(not v.any() for v in tensors(full, "value_head.safetensors").values())  # still its zero init
 
-    hits = []
-
-    def hook(at: str) -> None:
-        if at == "train:saved":
-            hits.append(at)
-            if len(hits) == 2:
-                raise Killed(at)
-
-    monkeypatch.setattr(atomic, "crash_hook", hook)
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("train:saved", 2))
     with pytest.raises(Killed):
         main(ARGS + ["--run-dir", str(d)])
     monkeypatch.setattr(atomic, "crash_hook", None)

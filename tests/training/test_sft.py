@@ -6,6 +6,7 @@ from dataclasses import replace as R
 
 import pytest
 import torch
+from crash import crash_at
 
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
@@ -217,13 +218,8 @@ def test_a_killed_sft_run_resumes_to_the_same_model(sft_run, tmp_path, monkeypat
 def test_a_sft_run_killed_after_logging_past_its_checkpoint_logs_each_step_once(sft_run, tmp_path, monkeypatch):
     from lmprefs.io import atomic
 
-    def die_at_step_11(at: str, rows=[]) -> None:  # noqa: B006 (counts arrivals across calls)
-        if at == "sft:logged":
-            rows.append(at)
-            if len(rows) == 12:  # steps 0..11 logged; the last checkpoint holds 10 steps
-                raise KeyboardInterrupt
-
-    monkeypatch.setattr(atomic, "crash_hook", die_at_step_11)
+    # steps 0..11 logged; the last checkpoint holds 10 steps
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("sft:logged", 12, KeyboardInterrupt))
     run = tmp_path / "run"
     args = ["train-sft", "tiny", "--sft.data", str(sft_run / "pairs.jsonl"), "--run-dir", str(run), *ARGS]
     assert main(args + ["--run.log-interval", "1"]) == 130
@@ -241,13 +237,8 @@ def test_a_sft_run_killed_before_its_first_checkpoint_starts_over_and_logs_each_
 
     from lmprefs.io import atomic
 
-    def die_at_step_2(at: str, rows=[]) -> None:  # noqa: B006 (counts arrivals across calls)
-        if at == "sft:logged":
-            rows.append(at)
-            if len(rows) == 3:  # steps 0..2 logged; the first checkpoint (step 5) not written yet
-                raise KeyboardInterrupt
-
-    monkeypatch.setattr(atomic, "crash_hook", die_at_step_2)
+    # steps 0..2 logged; the first checkpoint (step 5) not written yet
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("sft:logged", 3, KeyboardInterrupt))
     run = tmp_path / "run"
     args = ["train-sft", "tiny", "--sft.data", str(sft_run / "pairs.jsonl"), "--run-dir", str(run), *ARGS]
     assert main(args) == 130 and not (run / "checkpoint").exists()

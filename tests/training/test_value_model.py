@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from crash import Killed, crash_at
 from safetensors.torch import load_file
 
 from lmprefs.cli.dispatch import main
@@ -95,16 +96,7 @@ def test_a_separate_value_model_checkpoints_and_resumes_exactly(tmp_path, monkey
     state = torch.load(full / "checkpoint" / "state.pt", weights_only=True)
     assert state["value_optimizer"]["state"]  # the value model's Adam moments are in the checkpoint
 
-    class Killed(BaseException):
-        pass
-
-    def crash(at: str, hits=[]) -> None:  # noqa: B006 (counts arrivals across calls)
-        if at == "train:saved":
-            hits.append(at)
-            if len(hits) == 2:
-                raise Killed(at)
-
-    monkeypatch.setattr(atomic, "crash_hook", crash)
+    monkeypatch.setattr(atomic, "crash_hook", crash_at("train:saved", 2))
     with pytest.raises(Killed):
         main(ARGS + ["--run-dir", str(killed)])
     monkeypatch.undo()

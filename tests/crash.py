@@ -1,0 +1,24 @@
+"""Stopping a run at one of lmprefs' crash points (`lmprefs.io.atomic.crash_hook`), where a kill -9 could stop it: the
+resume tests stop runs at an exact moment this way rather than after a timed delay."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class Killed(BaseException):
+    """Raised at the crash point: a BaseException, so that no `except Exception` of the code under test stops it."""
+
+
+def crash_at(point: str, nth: int = 1, error: type[BaseException] = Killed) -> Callable[[str], None]:
+    """A crash hook that raises `error(point)` at the nth arrival at `point` (counting from 1)."""
+    hits = 0
+
+    def hook(at: str) -> None:
+        nonlocal hits
+        if at == point:
+            hits += 1
+            if hits == nth:
+                raise error(at)
+
+    return hook
