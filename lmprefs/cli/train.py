@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ def cmd_train_reward(argv: list[str]) -> int:
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-reward-PRESET-TIME)")
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
+    from lmprefs.io.locks import run_lock
     from lmprefs.pipeline.labeling import label_source
     from lmprefs.pipeline.reward_model import reward_logger, train_reward_model, training_labels
     from lmprefs.pipeline.task import setup_task
@@ -24,23 +26,21 @@ def cmd_train_reward(argv: list[str]) -> int:
 
     cfg = resolve_config(a.preset, pairs, a.config)
     run_dir = run_dir_for(a.run_dir, cfg, "train-reward", a.preset)
-    # it replaced a reward model there, or another command's config.json, without a word
-    if (run_dir / "reward_model").exists():
-        raise UserError(f"{run_dir} already holds a reward model ({run_dir / 'reward_model'}); choose another "
-                        "--run-dir")  # fmt: skip
-    held = [name for name in ("run.json", "checkpoint", "policy", "sft_model") if (run_dir / name).exists()]
-    if held:
-        raise UserError(f"{run_dir} already holds a run ({held[0]}); choose another --run-dir")
+    _check_reward_run_dir(run_dir)
     store = label_source(a.db or cfg.labels.source or "labels.sqlite")
     t = setup_task(cfg)  # a bad model or query dataset is refused before the run directory is made
     labels = training_labels(t, store)  # and so is a store that cannot train
-    # a run killed before its reward model was published is started again by the same command: the rows and events
-    # the killed attempt logged are dropped first, or the log would hold its steps twice
-    log = reward_logger(run_dir, cfg)
-    try:
-        _, summary = train_reward_model(t, store, run_dir / "reward_model", log, labels=labels)
-    finally:
-        log.close()
+    # one process per run directory, as every other command: two would log into one metrics.jsonl and publish over
+    # each other; the directory is checked again once held, for a run that finished while this one got ready
+    with run_lock(run_dir) if dist.is_main() else contextlib.nullcontext():
+        _check_reward_run_dir(run_dir)
+        # a run killed before its reward model was published is started again by the same command: the rows and
+        # events the killed attempt logged are dropped first, or the log would hold its steps twice
+        log = reward_logger(run_dir, cfg)
+        try:
+            _, summary = train_reward_model(t, store, run_dir / "reward_model", log, labels=labels)
+        finally:
+            log.close()
     if not dist.is_main():
         return 0
     print(f"reward model: {run_dir / 'reward_model'}")
@@ -55,6 +55,17 @@ def cmd_train_reward(argv: list[str]) -> int:
     weighted = cfg.labels.weight_by_gold
     print(f"  labels per labeler (before the held-out split): {describe_labelers(summary['labelers'], weighted)}")
     return 0
+
+
+def _check_reward_run_dir(run_dir: Path) -> None:
+    """Refuse a --run-dir whose reward model was published, or that holds another command's run: train-reward would
+    replace either without a word."""
+    if (run_dir / "reward_model").exists():
+        raise UserError(f"{run_dir} already holds a reward model ({run_dir / 'reward_model'}); choose another "
+                        "--run-dir")  # fmt: skip
+    held = [name for name in ("run.json", "checkpoint", "policy", "sft_model") if (run_dir / name).exists()]
+    if held:
+        raise UserError(f"{run_dir} already holds a run ({held[0]}); choose another --run-dir")
 
 
 def cmd_train_sft(argv: list[str]) -> int:

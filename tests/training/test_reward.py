@@ -254,3 +254,18 @@ def test_a_store_of_another_label_type_is_refused_before_anything_is_written(tmp
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "holds best_of_2 labels, not labels.type=best_of_4" in err, err
         assert "--labels.type best_of_2" in err and not run_dir.exists()
+
+
+def test_train_reward_refuses_a_run_dir_another_process_holds(tmp_path, capsys):
+    """One process per run directory, as for the other commands: a second train-reward into it would log into the
+    same metrics.jsonl and publish over the first one's reward model."""
+    from lmprefs.io.locks import run_lock
+
+    db, run = tmp_path / "l.sqlite", tmp_path / "run"
+    assert main(["label", "tiny", "--db", str(db), "--n", "16", "--labeler", "vader"]) == 0
+    capsys.readouterr()
+    with run_lock(run):  # another holder: flock conflicts between two opens, in one process too
+        assert main(["train-reward", "tiny", "--db", str(db), "--run-dir", str(run)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"{run} is in use by pid " in line and not (run / "metrics.jsonl").exists()
+    assert main(["train-reward", "tiny", "--db", str(db), "--run-dir", str(run)]) == 0  # free again
