@@ -88,6 +88,9 @@ def cmd_train_sft(argv: list[str]) -> int:
                         "prompt and response, TRL's prompt and completion, or messages)")  # fmt: skip
     run_dir = run_dir_for(a.run_dir, cfg, "train-sft", a.preset)
     if (run_dir / "sft_model").exists():
+        if a.resume:  # a finished run resumed, as train-policy's: nothing to train, and not an error
+            print(f"{run_dir} finished already: nothing to train; its SFT model is {run_dir / 'sft_model'}")
+            return 0
         raise UserError(f"{run_dir} already holds an SFT model; choose another --run-dir")
     if not a.resume and (run_dir / "checkpoint").exists():
         raise UserError(f"{run_dir} already holds an SFT run; pass --resume to continue it, or another --run-dir")
@@ -192,6 +195,9 @@ def cmd_train_dpo(argv: list[str]) -> int:
 
     cfg = _saved_or_new_config(a, pairs)
     run_dir = run_dir_for(a.run_dir, cfg, "train-dpo", a.preset)
+    if a.resume and (run_dir / "policy").exists():  # a finished run resumed, as train-policy's: nothing to train
+        print(f"{run_dir} finished already: nothing to train; sample from it: lmprefs sample {run_dir}")
+        return 0
     s = run_train_dpo(cfg, run_dir, store_path=a.db, resume=a.resume)
     nan = float("nan")
     print(f"DPO policy: {run_dir / 'policy'}  ({s['dpo/labels_train']} labels, {s['dpo/steps']} steps in "

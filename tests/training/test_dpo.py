@@ -67,7 +67,7 @@ def test_dpo_raises_heldout_preference_accuracy_and_margin(dpo_run, capsys):
     assert capsys.readouterr().out.count("=" * 80) == 2
 
 
-def test_a_killed_dpo_run_resumes_to_bitwise_the_same_policy(dpo_run, tmp_path, monkeypatch):
+def test_a_killed_dpo_run_resumes_to_bitwise_the_same_policy(dpo_run, tmp_path, monkeypatch, capsys):
     from lmprefs.io import atomic
 
     # steps 0..7 logged; the last checkpoint holds 6 steps
@@ -85,6 +85,11 @@ def test_a_killed_dpo_run_resumes_to_bitwise_the_same_policy(dpo_run, tmp_path, 
     b = load_file(dpo_run / "run" / "policy" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert dpo_rows(run) == dpo_rows(dpo_run / "run")  # steps 6 and 7 logged again, each once
+    # resumed once more, finished: nothing to train and not an error, as train-policy (docs/checkpoints.md)
+    capsys.readouterr()
+    assert main(["train-dpo", "tiny", "--run-dir", str(run), "--resume"]) == 0
+    assert "finished already: nothing to train" in capsys.readouterr().out
+    assert dpo_rows(run) == dpo_rows(dpo_run / "run")
 
 
 def test_a_dpo_run_killed_at_its_first_writes_is_not_stuck_between_resume_and_start(dpo_run, tmp_path, monkeypatch):

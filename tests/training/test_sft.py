@@ -187,7 +187,7 @@ def test_bad_sft_data_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, te
     assert "--sft.data" in capsys.readouterr().err
 
 
-def test_a_killed_sft_run_resumes_to_the_same_model(sft_run, tmp_path, monkeypatch):
+def test_a_killed_sft_run_resumes_to_the_same_model(sft_run, tmp_path, monkeypatch, capsys):
     from safetensors.torch import load_file
 
     from lmprefs.training import sft
@@ -210,6 +210,12 @@ def test_a_killed_sft_run_resumes_to_the_same_model(sft_run, tmp_path, monkeypat
     a = load_file(run / "sft_model" / "model.safetensors")
     b = load_file(sft_run / "run" / "sft_model" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bitwise the uninterrupted run's
+    # resumed once more, finished: nothing to train and not an error, as train-policy (docs/checkpoints.md)
+    rows = (run / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    assert main(["train-sft", "tiny", "--run-dir", str(run), "--resume"]) == 0
+    assert "finished already: nothing to train" in capsys.readouterr().out
+    assert (run / "metrics.jsonl").read_text() == rows
     losses = [(r["step"], r["sft/loss"]) for r in read_jsonl(run / "metrics.jsonl") if "sft/loss" in r]
     full = [(r["step"], r["sft/loss"]) for r in read_jsonl(sft_run / "run" / "metrics.jsonl") if "sft/loss" in r]
     assert losses == full
