@@ -123,6 +123,9 @@ def cmd_train_policy(argv: list[str]) -> int:
     p.add_argument("--reward", default=None,
                    help="model (default: a reward model), or a reward on response texts: vader, descriptiveness, "
                    "or module:function of your own (list[str] -> list[float]; normalized like a reward model)")
+    p.add_argument("--true-reward", default=None,
+                   help="a reward the run is not trained on, logged as objective/true_reward and drawn in curves.png, "
+                   "for ppo.overoptimization_stop to watch: vader, descriptiveness, faithfulness or module:function")
     p.add_argument("--db", default=None, help="label store for training the reward model (default labels.source)")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/train-policy-PRESET-TIME)")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
@@ -151,7 +154,8 @@ def cmd_train_policy(argv: list[str]) -> int:
     run_dir = run_dir_for(a.run_dir, cfg, "train-policy", a.preset)
     try:
         out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume, online=a.online,
-                               labeler=a.labeler, preset=a.preset, changes=changes)  # fmt: skip
+                               labeler=a.labeler, preset=a.preset, changes=changes,
+                               true_reward=a.true_reward)  # fmt: skip
     except AndonStop as e:
         print(f"lmprefs train-policy: {e}", file=sys.stderr)
         return 3

@@ -82,7 +82,8 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     resume without a checkpoint starts the run over in the same directory. changes: with resume, continue a run
     the andon cord stopped from its last good checkpoint with this changed config ('key old -> new' lines)."""
     meta, found, andon = _start(cfg, run_dir, resume, changes, reward=reward, online=online, labeler=labeler,
-                                store=store_path, preset=preset)  # fmt: skip
+                                store=store_path, preset=preset, true_reward=true_reward)  # fmt: skip
+    true_reward = meta.get("true_reward") or true_reward  # a resumed run keeps the one it was started with
     # a callable (the Python API) is recorded by its name and used as given
     reward = reward if callable(reward) else meta["reward"]
     online, labeler, store_path = meta["online"], meta.get("labeler"), meta.get("store")
@@ -155,8 +156,14 @@ def _start(cfg: Config, run_dir: Path, resume: bool, changes: list[str] | None,
     store, reward = given["store"], given["reward"]
     # an unknown reward is refused here, before anything is written; a callable is recorded by its name
     given["reward"] = reward_function(reward)[0] if reward not in (None, "model") else reward
+    if given["true_reward"] is not None:  # an unknown true reward is refused before anything is written too
+        try:
+            reward_function(given["true_reward"])
+        except UserError as e:
+            raise UserError(str(e).replace("--reward", "--true-reward", 1)) from None
     asked = {"reward": given["reward"] or "model", "online": given["online"], "labeler": given["labeler"],
-             "preset": given["preset"], "store": str(Path(store).resolve()) if store else None}  # fmt: skip
+             "preset": given["preset"], "store": str(Path(store).resolve()) if store else None,
+             "true_reward": given["true_reward"]}  # fmt: skip
     if not resume:
         held = [n for n in ("run.json", "metrics.jsonl", "checkpoint") if (run_dir / n).exists()]
         if held:
@@ -179,7 +186,7 @@ def _start(cfg: Config, run_dir: Path, resume: bool, changes: list[str] | None,
     return meta, found, andon
 
 
-def resume_meta(run_dir: Path, *, reward, online, labeler, store, preset) -> dict:
+def resume_meta(run_dir: Path, *, reward, online, labeler, store, preset, true_reward=None) -> dict:
     """run.json of the run to resume, after refusing command-line choices that differ from what it was started
     with (they would change what it computes); says what it ignores."""
     meta = json.loads((run_dir / "run.json").read_text())
@@ -189,13 +196,13 @@ def resume_meta(run_dir: Path, *, reward, online, labeler, store, preset) -> dic
     if online and not meta["online"]:
         raise UserError(f"--resume --online: the run in {run_dir} was not started with --online; start a new "
                         "--run-dir")  # fmt: skip
-    given = {"--reward": reward, "preset": preset}
+    given = {"--reward": reward, "preset": preset, "--true-reward": true_reward}
     if meta["online"]:
         given |= {"--labeler": labeler, "--db": str(Path(store).resolve()) if store else None}
     elif store and str(Path(store).resolve()) != meta.get("store"):
         print(f"--resume: ignoring --db {store} (the run's reward model is reused)", flush=True)
     saved = {"--reward": meta.get("reward"), "preset": meta.get("preset"), "--labeler": meta.get("labeler"),
-             "--db": meta.get("store")}  # fmt: skip
+             "--db": meta.get("store"), "--true-reward": meta.get("true_reward")}  # fmt: skip
     for flag, value in given.items():
         if value is not None and saved[flag] is not None and value != saved[flag]:
             raise UserError(f"--resume: the run in {run_dir} was started with {flag} {saved[flag]}, not {value}; "

@@ -140,3 +140,26 @@ def test_config_help_and_its_mistakes_name_the_config_command(capsys):
     assert main(["config", "tiny", "--bogus"]) == 2
     err = capsys.readouterr().err
     assert err == "lmprefs config: error: unrecognized arguments: --bogus (see lmprefs config --help)\n"
+
+
+def test_train_policy_true_reward_is_tracked_recorded_and_pulls_the_andon_cord(tmp_path, monkeypatch, capsys):
+    """docs/checkpoints.md (the andon cord) and ppo.overoptimization_stop's docstring name `train-policy
+    --true-reward` as a source of objective/true_reward; a resumed run keeps the true reward it was started with."""
+    import json
+
+    # a true reward that falls by 1 at every rollout: its running mean drops 0.2 below its best at update 2
+    (tmp_path / "falling_reward.py").write_text(
+        "calls = [0]\n\ndef score(texts):\n    calls[0] += 1\n    return [-float(calls[0])] * len(texts)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    args = ["train-policy", "tiny", "--reward", "vader", "--run-dir", str(run), "--ppo.total-episodes", "64"]
+    assert main([*args[:-2], "--true-reward", "nope", "--ppo.total-episodes", "64"]) == 2
+    assert "--true-reward 'nope'" in capsys.readouterr().err and not run.exists()
+    assert main([*args, "--true-reward", "falling_reward:score", "--ppo.overoptimization-stop", "0.1"]) == 3
+    assert "over-optimization" in capsys.readouterr().err
+    assert json.loads((run / "run.json").read_text())["true_reward"] == "falling_reward:score"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any("objective/true_reward" in r for r in rows)
+    resume = ["train-policy", "tiny", "--resume", "--continue-after-andon", "--run-dir", str(run)]
+    assert main([*resume, "--true-reward", "vader", "--ppo.overoptimization-stop", "0.5"]) == 2
+    assert "--true-reward falling_reward:score" in capsys.readouterr().err
