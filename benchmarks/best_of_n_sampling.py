@@ -11,7 +11,8 @@ What is measured
 
   Default shapes: the summarization demo's labeling batch (`lmprefs quickstart --preset summarize`): 16 questions x
   4 samples, queries of 76 tokens (a 64-token article lead between its prefix and suffix), 32-token summaries,
-  temperature 0.5, SmolLM2-135M (`lmprefs assets prepare smollm2-135m`); `--model tiny-gpt2` for a quick check.
+  temperature 0.5, SmolLM2-135M (`lmprefs assets prepare smollm2-135m`); `--model tiny-gpt2 --query-len 16` for a
+  quick check (its context is 64 positions).
 
     python benchmarks/best_of_n_sampling.py [--model smollm2-135m] [--questions 16] [--n 4] [--query-len 76]
         [--response-len 32] [--reps 4] [--threads 2] [--dtype float32|bfloat16] [--device cpu|cuda] [--json FILE]
@@ -30,7 +31,8 @@ from pathlib import Path
 import torch
 from _common import ArgumentParser, cpu_name, nonnegative_int, positive_int, run_main, source_fingerprint
 
-from lmprefs.models.loading import load_lm
+from lmprefs.errors import UserError
+from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.models.sampling import sample
 
 # lmprefs internals this script uses, all in this block
@@ -58,6 +60,10 @@ def main(argv=None) -> int:
     device = pick_device(a.device, "--device")  # no CUDA: lmprefs' one-line error
     model, tok = load_lm(a.model, device)
     model.eval()
+    if a.query_len + a.response_len > max_positions(model):
+        raise UserError(f"--query-len {a.query_len} + --response-len {a.response_len} = "
+                        f"{a.query_len + a.response_len} tokens: {a.model} has {max_positions(model)} positions; "
+                        "ask for fewer (e.g. --query-len 16)")  # fmt: skip
     g = torch.Generator().manual_seed(0)
     q = torch.randint(100, min(len(tok), 20000), (a.questions, a.query_len), generator=g).to(device)
     dtype = getattr(torch, a.dtype)

@@ -307,6 +307,8 @@ BAD_FLAGS = [
     ("scaling", ["--batch", "6", "--models", "tiny"], "--batch 6: tiny runs 4 minibatches"),
     ("scaling", ["--no-launcher-threads", "0"], "--no-launcher-threads '0'"),
     pytest.param("scaling", ["--device", "cuda"], "CUDA is not available", marks=NO_CUDA),
+    # docs/benchmarks.md's quick check: the defaults' 76 + 32 tokens pass the tiny GPT-2's 64 positions
+    ("best_of_n_sampling", ["--model", "tiny-gpt2"], "--query-len 76 + --response-len 32 = 108 tokens: tiny-gpt2"),
     ("roofline", ["--full", "--labels", "10"], "--full runs the preset as it is: drop --labels"),
     ("roofline", ["--updates", "0"], "argument --updates: must be at least 1, not 0"),
     ("roofline", ["--eval-queries", "1"], "--eval-queries must be at least 2"),
