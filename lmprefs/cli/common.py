@@ -12,10 +12,12 @@ from lmprefs.io.inputs import output_dir
 
 COMMANDS = {
     "experiment": "mock-sentiment: Figure 2 (reward models from N labels vs direct access, over seeds); kl-frontier: "
-    "Figure 3 (KL vs true reward of PPO runs beside the optimal policy); writing-prompts: SFT, a reward model from "
-    "scores, PPO with a separate value model; resumable",
+    "Figure 3 (KL vs true reward of PPO runs beside the optimal policy); compare: PPO, RLOO, DPO and best-of-n from "
+    "one label store on Figure 3's axes; writing-prompts: SFT, a reward model from scores, PPO with a separate value "
+    "model; resumable",
     "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
-    "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen)",
+    "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen, the news articles, MiniLM, the "
+    "tiny GPT-2s)",
     "sample": "print queries and sampled continuations from the initial model or a trained policy",
     "presets": "list the presets, or print one preset's full config (after --section.key overrides)",
     "config": "print the resolved config of a preset (or --config FILE) with --section.key overrides, as JSON",
@@ -26,7 +28,7 @@ COMMANDS = {
     "train-reward": "train a reward model from the label store (or a label file) and report held-out accuracy",
     "score": "score texts (stdin or a file) with a trained reward model",
     "serve": "run the labeling web app over a label store (127.0.0.1 by default)",
-    "labelers": "manage labelers of a label store: add NAME [--admin] prints a sign-in token; list",
+    "labelers": "manage labelers of a label store: add NAME [--admin] prints a sign-in token; list; revoke NAME",
     "train-sft": "supervised fine-tuning of the initial policy on prompt/response pairs (JSONL) for train-policy "
     "to start from",
     "train-dpo": "train the policy directly on the label store's best-of-N or pairwise labels with DPO (pairwise or "

@@ -163,3 +163,14 @@ def test_train_policy_true_reward_is_tracked_recorded_and_pulls_the_andon_cord(t
     resume = ["train-policy", "tiny", "--resume", "--continue-after-andon", "--run-dir", str(run)]
     assert main([*resume, "--true-reward", "vader", "--ppo.overoptimization-stop", "0.5"]) == 2
     assert "--true-reward falling_reward:score" in capsys.readouterr().err
+
+
+def test_top_level_help_names_every_experiment_and_labelers_subcommand():
+    """`lmprefs --help` is where a user first looks: the README's commands table lists four experiments and
+    `labelers add / list / revoke`."""
+    out = subprocess.run([sys.executable, "-m", "lmprefs", "--help"], capture_output=True, text=True).stdout
+    lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ") and line.split()}
+    for name in ("mock-sentiment", "kl-frontier", "compare", "writing-prompts"):
+        assert f"{name}:" in lines["experiment"], name
+    for sub in ("add", "list", "revoke"):
+        assert sub in lines["labelers"], sub
