@@ -155,8 +155,9 @@ class OnlineRewards:
         stats |= self.agreement(u)  # before a retrain takes these labels in
         if u in retrain_points(cfg.ppo.num_updates, cfg.labels.online_retrains):
             row = self.retrain(u)
+            acc = row["heldout_accuracy"]  # None without held-out labels, as online.md's table shows it
             print(f"reward model retrained at update {u} on {row['labels_train']} labels "
-                  f"(held-out accuracy {row['heldout_accuracy']})", flush=True)  # fmt: skip
+                  f"(held-out accuracy {'-' if acc is None else f'{acc:.3f}'})", flush=True)  # fmt: skip
         stats["online/labels"] = self.labels_until(u)
         stats["online/pending"] = self.store.pending_count()
 
