@@ -138,7 +138,6 @@ def run_writing_prompts(cfg: Config, run_dir: Path, *, data: str | None = None, 
     t = _ppo_stage(stages, ppo_cfg, ppo_dir, n_eval, true_name)
     if stages.todo("evaluate"):
         s = time.time()
-        print(f"[5/5] evaluating the SFT and the PPO policy on {n_eval} held-out prompts", flush=True)
         ev = evaluate_both(ppo_cfg, ppo_dir, t, n_eval, eval_samples, true_fn)
         atomic_write_text(run_dir / "samples.json", json.dumps(ev.pop("samples"), indent=1, ensure_ascii=False))
         stages.done("evaluate", ev, s)
@@ -232,7 +231,8 @@ def evaluate_both(cfg: Config, ppo_dir: Path, t, n_eval: int, samples: int, true
     prompts with the same seed; the first sample of each prompt for the report."""
 
     t = t or setup_task(cfg, n_eval)
-    heldout = t.heldout_queries[:n_eval]
+    heldout = t.heldout_queries[:n_eval]  # the task may set aside fewer than n_eval
+    print(f"[5/5] evaluating the SFT and the PPO policy on {len(heldout)} held-out prompts", flush=True)
     fn = true_fn or (lambda texts: [0.0] * len(texts))
     sft = evaluate_policy(t, heldout, fn, None, samples, cfg.run.seed + 5, desc="SFT policy")
     policy = load_policy(ppo_dir / "policy", t.device)

@@ -50,6 +50,7 @@ def test_writing_prompts_pipeline_end_to_end_and_resumed(tmp_path, monkeypatch, 
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "resuming" in out and "[1/5]" not in out and "[2/5]" not in out and "[3/5]" not in out and "[4/5]" in out
+    assert "[5/5] evaluating the SFT and the PPO policy on 8 held-out prompts" in out  # the count it evaluates
     # the stages done before were not done again
     assert (run_dir / "sft" / "sft_model").resolve() == sft_version
     assert (run_dir / "reward_model").resolve() == rm_version
