@@ -279,6 +279,9 @@ def _writing_prompts(argv: list[str]) -> int:
            "eval_queries": a.eval_queries, "eval_samples": a.eval_samples, "demo_prompts": a.demo_prompts,
            "demo_per_prompt": a.demo_per_prompt}  # fmt: skip
     cfg, own, on_start = experiment_setup(run_dir, a.preset, pairs, own, given_flags(p, argv), fixed=True)
+    if cfg.labels.type != "scalar_rating":  # else stage 3 refused the store, after the data and SFT stages
+        raise UserError(f"labels.type={cfg.labels.type}: writing-prompts stores its per-response scores as "
+                        "scalar_rating labels; set --labels.type scalar_rating (the writing-prompts preset does)")
     on_start()
     out = run_writing_prompts(cfg, run_dir, data=own["data"], true_reward=own["true_reward"],
                               n_eval=own["eval_queries"], eval_samples=own["eval_samples"],

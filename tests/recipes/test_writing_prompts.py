@@ -101,3 +101,10 @@ def test_a_bad_score_is_one_line_and_no_run_directory(tmp_path, capsys):
     assert main(TINY + ["--data", str(tmp_path / "scores.jsonl"), "--true-reward", "nope", "--run-dir",
                         str(run_dir)]) == 2  # fmt: skip
     assert not run_dir.exists()
+    capsys.readouterr()
+    # a label type the scores cannot train: refused before any stage, where stage 3 refused it after SFT
+    assert main(TINY + ["--data", str(tmp_path / "scores.jsonl"), "--labels.type", "best_of_4", "--labels.scores-as",
+                        "rating", "--run-dir", str(run_dir)]) == 2  # fmt: skip
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "labels.type=best_of_4: writing-prompts stores its per-response scores as scalar_rating labels" in line
+    assert not run_dir.exists()
