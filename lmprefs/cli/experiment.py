@@ -273,7 +273,7 @@ def _writing_prompts(argv: list[str]) -> int:
     if a.data is not None:
         _check_scores_file(a.data)
     if a.true_reward is not None:
-        reward_function(a.true_reward)  # an unknown name is refused before any work
+        reward_function(a.true_reward, "--true-reward")  # an unknown name is refused before any work
     run_dir = run_dir_for(a.run_dir, resolve_config(a.preset, []), "experiment", "writing-prompts")
     own = {"data": str(Path(a.data).resolve()) if a.data else None, "true_reward": a.true_reward,
            "eval_queries": a.eval_queries, "eval_samples": a.eval_samples, "demo_prompts": a.demo_prompts,

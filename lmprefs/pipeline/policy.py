@@ -157,10 +157,7 @@ def _start(cfg: Config, run_dir: Path, resume: bool, changes: list[str] | None,
     # an unknown reward is refused here, before anything is written; a callable is recorded by its name
     given["reward"] = reward_function(reward)[0] if reward not in (None, "model") else reward
     if given["true_reward"] is not None:  # an unknown true reward is refused before anything is written too
-        try:
-            reward_function(given["true_reward"])
-        except UserError as e:
-            raise UserError(str(e).replace("--reward", "--true-reward", 1)) from None
+        reward_function(given["true_reward"], "--true-reward")
     asked = {"reward": given["reward"] or "model", "online": given["online"], "labeler": given["labeler"],
              "preset": given["preset"], "store": str(Path(store).resolve()) if store else None,
              "true_reward": given["true_reward"]}  # fmt: skip

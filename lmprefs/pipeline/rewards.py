@@ -25,9 +25,10 @@ from lmprefs.training.reward import normalization_samples, rm_rewards
 from lmprefs.training.rollout import rm_score_fn, text_score_fn
 
 
-def reward_function(reward) -> tuple[str, object]:
+def reward_function(reward, flag: str = "--reward") -> tuple[str, object]:
     """(name, fn) for a reward on response texts, fn(list[str]) -> list[float]: a callable (the Python API), a
-    built-in name (vader, descriptiveness), or `module:function` naming one of the user's own."""
+    built-in name (vader, descriptiveness), or `module:function` naming one of the user's own. A bad one is a
+    UserError naming `flag`, the option that gave it."""
     import importlib
 
     if callable(reward):
@@ -36,17 +37,17 @@ def reward_function(reward) -> tuple[str, object]:
     if reward in SCORE_FNS:
         return reward, score_fn(reward)
     if ":" not in reward:
-        raise UserError(f"--reward {reward!r}: choose model, {', '.join(sorted(SCORE_FNS))}, or module:function "
+        raise UserError(f"{flag} {reward!r}: choose model, {', '.join(sorted(SCORE_FNS))}, or module:function "
                         "(a function of a list of response texts returning a list of floats)")  # fmt: skip
     mod_name, _, fn_name = reward.partition(":")
     try:
         fn = getattr(importlib.import_module(mod_name), fn_name)
     except ImportError as e:
-        raise UserError(f"--reward {reward}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
+        raise UserError(f"{flag} {reward}: cannot import {mod_name!r} ({e}); is it on PYTHONPATH?") from None
     except AttributeError:
-        raise UserError(f"--reward {reward}: module {mod_name!r} has no {fn_name!r}") from None
+        raise UserError(f"{flag} {reward}: module {mod_name!r} has no {fn_name!r}") from None
     if not callable(fn):
-        raise UserError(f"--reward {reward}: {fn_name!r} is not a function")
+        raise UserError(f"{flag} {reward}: {fn_name!r} is not a function")
     return reward, fn
 
 

@@ -57,11 +57,7 @@ class Results:
 
 def true_reward_fn(name: str):
     """The true reward by name (vader, descriptiveness or module:function), or one line naming the bad value."""
-
-    try:
-        return reward_function(name)[1]
-    except UserError as e:
-        raise UserError(str(e).replace("--reward", "--true-reward", 1)) from None
+    return reward_function(name, "--true-reward")[1]
 
 
 def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, samples: int, true_name: str, *,

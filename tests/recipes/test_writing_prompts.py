@@ -98,10 +98,11 @@ def test_a_bad_score_is_one_line_and_no_run_directory(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "bad.jsonl line 6: field 'score' = 'lots' is not a number" in err, err
     assert not run_dir.exists()
     assert main(TINY + ["--data", str(tmp_path / "none.jsonl"), "--run-dir", str(run_dir)]) == 2
+    capsys.readouterr()
     assert main(TINY + ["--data", str(tmp_path / "scores.jsonl"), "--true-reward", "nope", "--run-dir",
                         str(run_dir)]) == 2  # fmt: skip
+    assert "--true-reward 'nope'" in capsys.readouterr().err  # the flag that gave it (it said --reward)
     assert not run_dir.exists()
-    capsys.readouterr()
     # a label type the scores cannot train: refused before any stage, where stage 3 refused it after SFT
     assert main(TINY + ["--data", str(tmp_path / "scores.jsonl"), "--labels.type", "best_of_4", "--labels.scores-as",
                         "rating", "--run-dir", str(run_dir)]) == 2  # fmt: skip
