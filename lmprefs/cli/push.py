@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lmprefs.cli.common import command_parser
 from lmprefs.errors import UserError
-from lmprefs.io.inputs import input_dir
+from lmprefs.io.inputs import file_in_the_way, input_dir
 
 USAGE = "lmprefs push RUN --repo NAME [--private] [--what policy|reward-model|all] [--hub-dir DIR]"
 
@@ -45,8 +45,7 @@ def cmd_push(argv: list[str]) -> int:
 def _check_hub_dir(hub: Path, named: str) -> None:
     """The stand-in folder must be one, or be makeable: a file at it or above it is refused before anything is
     staged (mkdir would raise NotADirectoryError deep in the copy)."""
-    if hub.exists() and not hub.is_dir():
+    if (f := file_in_the_way(hub)) == hub:
         raise UserError(f"{named}: is a file, expected the folder standing in for the hub")
-    above = next(d for d in hub.parents if d.exists())  # "." or "/" at the latest
-    if not hub.exists() and not above.is_dir():
-        raise UserError(f"{named}: {above} is a file, not a folder")
+    if f is not None:
+        raise UserError(f"{named}: {f} is a file, not a folder")

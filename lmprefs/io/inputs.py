@@ -50,14 +50,19 @@ def decode_text(data: bytes, where: str) -> str:
     return text.removeprefix("\ufeff")  # editors on Windows start UTF-8 files with a byte-order mark
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The file that keeps a directory from being made at `path`: the path itself, or the nearest existing path
+    above it when that is a file (mkdir would end in NotADirectoryError); None where none is."""
+    if path.exists():
+        return None if path.is_dir() else path
+    above = next(d for d in path.parents if d.exists())  # "." or "/" at the latest
+    return None if above.is_dir() else above
+
+
 def output_dir(path: str | Path, what: str) -> Path:
     """`path` as a Path for a directory a command makes (or reuses), or a UserError naming `what` (e.g. "--run-dir")
-    where a file stands in the way: at the path, or at any folder above it (mkdir would end in NotADirectoryError
-    after the model had loaded)."""
+    where a file stands in the way (`file_in_the_way`), before the model has loaded."""
     p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise UserError(f"{what} {path}: is a file, not a directory")
-    above = next(d for d in p.parents if d.exists())  # "." or "/" at the latest
-    if not p.exists() and not above.is_dir():
-        raise UserError(f"{what} {path}: {above} is a file, not a directory")
+    if (f := file_in_the_way(p)) is not None:
+        raise UserError(f"{what} {path}: " + ("is a file" if f == p else f"{f} is a file") + ", not a directory")
     return p
