@@ -36,6 +36,13 @@ def _positive(text: str, flag: str, what: str, kind=float) -> tuple:
     return tuple(xs)
 
 
+def check_min_ess(value: float) -> None:
+    """--min-ess of kl-frontier and compare: a finite number of at least 1 (nan passed `< 1` and trusted no frontier
+    point)."""
+    if not 1 <= value < float("inf"):
+        raise UserError(f"--min-ess {value:g}: must be a number of at least 1")
+
+
 def plan_from_args(a: argparse.Namespace):
     """The Plan of the command line, or one line naming the bad value."""
     from lmprefs.recipes.compare import ARMS, Plan
@@ -58,8 +65,7 @@ def plan_from_args(a: argparse.Namespace):
     for flag, v in (("--eval-queries", a.eval_queries), ("--samples", a.samples)):
         if v is not None and v < 2:
             raise UserError(f"{flag} {v}: must be at least 2 (a standard error needs two)")
-    if not 1 <= a.min_ess < float("inf"):  # nan passed `< 1` and trusted no frontier point
-        raise UserError(f"--min-ess {a.min_ess:g}: must be a number of at least 1")
+    check_min_ess(a.min_ess)
     return Plan(arms=tuple(dict.fromkeys(arms)), seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
                 kl_coefs=_positive(a.kl_coefs or DEFAULT_BETAS, "--kl-coefs", "KL coefficient"),
                 dpo_betas=_positive(a.dpo_betas or DEFAULT_BETAS, "--dpo-betas", "beta"), labels=labels,

@@ -191,8 +191,7 @@ def _kl_frontier(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
     for flag, text, xs in (("--kl-targets", a.kl_targets, targets), ("--kl-coefs", a.kl_coefs, coefs)):
         if any(not 0 < x < float("inf") for x in xs):
             raise UserError(f"{flag} {text!r}: every value must be a positive number")
-    if not 1 <= a.min_ess < float("inf"):  # nan passed `< 1` and trusted no frontier point
-        raise UserError(f"--min-ess {a.min_ess:g}: must be a number of at least 1")
+    compare.check_min_ess(a.min_ess)
     if a.seeds < 1:
         raise UserError(f"--seeds {a.seeds}: must be at least 1")
     if a.fit_cut is not None and not 0 < a.fit_cut < float("inf"):
