@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 
 class Killed(BaseException):
     """Raised at the crash point: a BaseException, so that no `except Exception` of the code under test stops it."""
@@ -22,3 +24,15 @@ def crash_at(point: str, nth: int = 1, error: type[BaseException] = Killed) -> C
                 raise error(at)
 
     return hook
+
+
+def killed(monkeypatch, args: list[str], point: str, nth: int = 1) -> None:
+    """`lmprefs ARGS` run in this process and stopped by Killed at the nth arrival at `point`; the hook is off
+    again afterwards."""
+    from lmprefs.cli.dispatch import main
+    from lmprefs.io import atomic
+
+    monkeypatch.setattr(atomic, "crash_hook", crash_at(point, nth))
+    with pytest.raises(Killed):
+        main(args)
+    monkeypatch.setattr(atomic, "crash_hook", None)

@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from crash import Killed, crash_at
+from crash import killed
 
 from lmprefs.cli.dispatch import main
 
@@ -19,15 +19,9 @@ KEYS = ["ppo-beta0.1", "ppo-separate-beta0.1", "rloo-beta0.1", "dpo-pairwise-bet
 
 
 def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys, monkeypatch):
-    from lmprefs.io import atomic
-
     run_dir = tmp_path / "cmp"
     args = ["experiment", "compare", *SMALL, "--run-dir", str(run_dir)]
-    # the second DPO arm (listwise) is killed after its first logged step
-    monkeypatch.setattr(atomic, "crash_hook", crash_at("dpo:logged", 2))
-    with pytest.raises(Killed):
-        main(args + CONFIG)
-    monkeypatch.undo()
+    killed(monkeypatch, args + CONFIG, "dpo:logged", 2)  # the second DPO arm (listwise), after its first logged step
     assert (run_dir / "dpo-listwise-beta0.1" / "run.json").is_file()
     assert "dpo-listwise-beta0.1" not in json.loads((run_dir / "results.json").read_text())
     capsys.readouterr()

@@ -10,7 +10,7 @@ import types
 
 import pytest
 import torch
-from crash import Killed, crash_at
+from crash import killed
 
 from lmprefs.cli.dispatch import main
 from lmprefs.training.frontier import exact_point, frontier, optimal_point
@@ -237,15 +237,10 @@ def test_mock_sentiment_label_count_beyond_the_store_is_refused(tmp_path, capsys
 
 
 def test_an_arm_killed_while_its_reward_model_trains_is_resumed_by_rerunning_the_experiment(tmp_path, monkeypatch):
-    from lmprefs.io import atomic
-
     run_dir = tmp_path / "exp"
     args = ["experiment", "mock-sentiment", *TINY, "--labels", "16", "--run-dir", str(run_dir), "--eval-queries", "4",
             "--labels.heldout-fraction", "0.2", "--ppo.total-episodes", "16"]  # fmt: skip
-    monkeypatch.setattr(atomic, "crash_hook", crash_at("reward:logged"))
-    with pytest.raises(Killed):
-        main(args)
-    monkeypatch.undo()
+    killed(monkeypatch, args, "reward:logged")
     assert (run_dir / "rm-16" / "run.json").is_file() and not (run_dir / "rm-16" / "reward_model").exists()
     assert main(args) == 0
     assert {"rm-16", "direct"} <= set(json.loads((run_dir / "results.json").read_text()))

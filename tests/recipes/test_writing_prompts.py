@@ -4,9 +4,8 @@ one command that resumes where it stopped."""
 
 import json
 
-import pytest
 import torch
-from crash import Killed, crash_at
+from crash import killed
 from score_data import score_rows, write
 
 from lmprefs.cli.dispatch import main
@@ -28,19 +27,12 @@ def write_scores(path, n_prompts=24):
 def test_writing_prompts_pipeline_end_to_end_and_resumed(tmp_path, monkeypatch, capsys):
     from transformers import AutoModelForCausalLM
 
-    from lmprefs.io import atomic
-
     rows = write_scores(tmp_path / "scores.jsonl")
     run_dir = tmp_path / "run"
     args = TINY + ["--data", str(tmp_path / "scores.jsonl"), "--run-dir", str(run_dir)]
 
-    monkeypatch.setattr(atomic, "crash_hook", crash_at("reward:logged"))
-    with pytest.raises(Killed):  # killed while the reward model trains: stage 3 starts over on the next run
-        main(args)
-    monkeypatch.setattr(atomic, "crash_hook", crash_at("writing:reward"))
-    with pytest.raises(Killed):  # killed once the reward model is done
-        main(args)
-    monkeypatch.undo()
+    killed(monkeypatch, args, "reward:logged")  # while the reward model trains: stage 3 starts over on the next run
+    killed(monkeypatch, args, "writing:reward")  # once the reward model is done
     steps = [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "train_reward/minibatch/loss" in r]
     assert steps and len(steps) == len(set(steps))  # the retrained reward model's rows, each step once
     results = json.loads((run_dir / "results.json").read_text())

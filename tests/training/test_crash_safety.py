@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from crash import Killed, crash_at
+from crash import killed
 
 from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
@@ -30,13 +30,8 @@ def crashed(args: list[str], point: str) -> subprocess.CompletedProcess:
 
 def killed_in_process(monkeypatch, args: list[str], point: str) -> None:
     """Run `lmprefs ARGS` here, stopping it by an exception at the K-th arrival at `point` (POINT[@K])."""
-    from lmprefs.io import atomic
-
     name, _, nth = point.partition("@")
-    monkeypatch.setattr(atomic, "crash_hook", crash_at(name, int(nth or 1)))
-    with pytest.raises(Killed):
-        main(args)
-    monkeypatch.setattr(atomic, "crash_hook", None)
+    killed(monkeypatch, args, name, int(nth or 1))
 
 
 def metrics(run_dir):

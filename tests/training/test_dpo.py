@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from crash import Killed, crash_at
+from crash import killed
 from safetensors.torch import load_file
 
 from lmprefs.cli.dispatch import main
@@ -68,15 +68,9 @@ def test_dpo_raises_heldout_preference_accuracy_and_margin(dpo_run, capsys):
 
 
 def test_a_killed_dpo_run_resumes_to_bitwise_the_same_policy(dpo_run, tmp_path, monkeypatch, capsys):
-    from lmprefs.io import atomic
-
-    # steps 0..7 logged; the last checkpoint holds 6 steps
-    monkeypatch.setattr(atomic, "crash_hook", crash_at("dpo:logged", 8))
     run = tmp_path / "run"
     args = ["train-dpo", "tiny", "--db", str(dpo_run / "pairs.sqlite"), "--run-dir", str(run), *PAIRS]
-    with pytest.raises(Killed):
-        main(args)
-    monkeypatch.setattr(atomic, "crash_hook", None)
+    killed(monkeypatch, args, "dpo:logged", 8)  # steps 0..7 logged; the last checkpoint holds 6 steps
     assert not (run / "policy").exists()
     assert main(args) == 2  # a second start would train over the checkpoint from scratch
     assert main(["train-dpo", "tiny", "--run-dir", str(run), "--db", str(tmp_path / "other.sqlite"), "--resume"]) == 2
@@ -93,14 +87,9 @@ def test_a_killed_dpo_run_resumes_to_bitwise_the_same_policy(dpo_run, tmp_path, 
 
 
 def test_a_dpo_run_killed_at_its_first_writes_is_not_stuck_between_resume_and_start(dpo_run, tmp_path, monkeypatch):
-    from lmprefs.io import atomic
-
-    monkeypatch.setattr(atomic, "crash_hook", crash_at("atomic-write:config.json"))
     run = tmp_path / "run"
     args = ["train-dpo", "tiny", "--db", str(dpo_run / "pairs.sqlite"), "--run-dir", str(run), *PAIRS]
-    with pytest.raises(Killed):
-        main(args)
-    monkeypatch.setattr(atomic, "crash_hook", None)
+    killed(monkeypatch, args, "atomic-write:config.json")
     assert not (run / "config.json").exists()
     # config.json comes first, so the kill left no run.json either: --resume says to start without it, and the
     # command it was started with continues it (a run.json without the config.json --resume reads refused both)

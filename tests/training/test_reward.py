@@ -1,9 +1,8 @@
 import copy
 import dataclasses
 
-import pytest
 import torch
-from crash import Killed, crash_at
+from crash import killed
 
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
@@ -210,7 +209,6 @@ def test_label_train_reward_and_score_commands(tmp_path, capsys):
 def test_a_killed_train_reward_started_again_in_its_run_dir_logs_each_step_once(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from lmprefs.io import atomic
     from lmprefs.io.jsonl import read_jsonl
 
     db = tmp_path / "l.sqlite"
@@ -219,10 +217,7 @@ def test_a_killed_train_reward_started_again_in_its_run_dir_logs_each_step_once(
     full, d = tmp_path / "full", tmp_path / "killed"
     assert main(args + ["--run-dir", str(full)]) == 0
 
-    monkeypatch.setattr(atomic, "crash_hook", crash_at("reward:logged", 3))
-    with pytest.raises(Killed):  # killed while it trains, three steps logged: no reward model yet
-        main(args + ["--run-dir", str(d)])
-    monkeypatch.undo()
+    killed(monkeypatch, args + ["--run-dir", str(d)], "reward:logged", 3)  # while it trains: no reward model yet
     assert len(read_jsonl(d / "metrics.jsonl")) == 3 and not (d / "reward_model").exists()
     assert main(args + ["--run-dir", str(d)]) == 0  # the same command again trains it from its start
 

@@ -3,9 +3,8 @@ value head trained, and a run killed after a checkpoint resumes bitwise, as PPO'
 
 from __future__ import annotations
 
-import pytest
 import torch
-from crash import Killed, crash_at
+from crash import killed
 
 from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
@@ -26,8 +25,6 @@ def tensors(run_dir, name):
 
 
 def test_rloo_trains_logs_and_resumes_bitwise_without_a_value_head(tmp_path, monkeypatch):
-    from lmprefs.io import atomic
-
     full, d = tmp_path / "full", tmp_path / "killed"
     assert main(ARGS + ["--run-dir", str(full)]) == 0
     rows = metrics(full)
@@ -37,10 +34,7 @@ def test_rloo_trains_logs_and_resumes_bitwise_without_a_value_head(tmp_path, mon
         assert not any(k.startswith("ppo/val/") or k == "ppo/loss/value" for k in r)
     assert all(not v.any() for v in tensors(full, "value_head.safetensors").values())  # still its zero init
 
-    monkeypatch.setattr(atomic, "crash_hook", crash_at("train:saved", 2))
-    with pytest.raises(Killed):
-        main(ARGS + ["--run-dir", str(d)])
-    monkeypatch.setattr(atomic, "crash_hook", None)
+    killed(monkeypatch, ARGS + ["--run-dir", str(d)], "train:saved", 2)
     assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 0
     assert metrics(d) == rows
     a, b = tensors(full, "model.safetensors"), tensors(d, "model.safetensors")

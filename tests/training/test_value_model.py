@@ -4,9 +4,9 @@ trunk (or LoRA adapter) and head, its own optimizer (ppo.vf_lr), checkpointed an
 import copy
 import dataclasses
 
+import crash
 import pytest
 import torch
-from crash import Killed, crash_at
 from safetensors.torch import load_file
 
 from lmprefs.cli.dispatch import main
@@ -87,8 +87,6 @@ def metrics(run_dir):
 
 
 def test_a_separate_value_model_checkpoints_and_resumes_exactly(tmp_path, monkeypatch, tiny_task):
-    from lmprefs.io import atomic
-
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert main(ARGS + ["--run-dir", str(full)]) == 0
     rows = read_jsonl(full / "metrics.jsonl")
@@ -96,10 +94,7 @@ def test_a_separate_value_model_checkpoints_and_resumes_exactly(tmp_path, monkey
     state = torch.load(full / "checkpoint" / "state.pt", weights_only=True)
     assert state["value_optimizer"]["state"]  # the value model's Adam moments are in the checkpoint
 
-    monkeypatch.setattr(atomic, "crash_hook", crash_at("train:saved", 2))
-    with pytest.raises(Killed):
-        main(ARGS + ["--run-dir", str(killed)])
-    monkeypatch.undo()
+    crash.killed(monkeypatch, ARGS + ["--run-dir", str(killed)], "train:saved", 2)
     assert len(read_jsonl(killed / "metrics.jsonl")) == 2
     assert main(["train-policy", "tiny", "--resume", "--run-dir", str(killed)]) == 0
     assert metrics(killed) == metrics(full)
