@@ -15,7 +15,6 @@ clients send the token, and documents each call's errors, whose body is always `
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from functools import cached_property
@@ -31,19 +30,21 @@ from pydantic_core import PydanticCustomError
 from lmprefs.config import label_type_shape
 from lmprefs.labels.quality import quality as quality_of
 from lmprefs.labels.store import Item
+from lmprefs.server.pages import WHOLE
 from lmprefs.server.security import Caller, failure_keys, too_many
 
 MAX_ITEMS = 1000  # per POST /api/items; the client sends larger lists in chunks
 
 
 def _plain(value: object) -> object:
-    # pydantic reads "1_0" as 10 and takes "+1", " 1", "01" and "1.0" too: GET /api/items/1_0 answered item 10
-    if isinstance(value, str) and not re.fullmatch(r"-?(0|[1-9][0-9]*)", value):
+    # pydantic reads "1_0" as 10 and takes "+1", " 1", "01" and "1.0" too: GET /api/items/1_0 answered item 10. A
+    # minus passes, so that the bounds name a negative number
+    if isinstance(value, str) and not WHOLE.fullmatch(value.removeprefix("-")):
         raise PydanticCustomError("int_plain", "Input should be a whole number written plainly, like 12")
     return value
 
 
-PLAIN = BeforeValidator(_plain)  # a path or query integer, written as the forms' item_id must be (pages.ITEM_ID)
+PLAIN = BeforeValidator(_plain)  # a path or query integer, written as the forms' numbers must be (pages.WHOLE)
 
 
 class ErrorOut(BaseModel):
