@@ -8,6 +8,7 @@ import json
 import math
 import types
 
+import numpy as np
 import pytest
 import torch
 from crash import killed
@@ -307,10 +308,25 @@ def test_kl_frontier_draws_best_of_n_and_fits_gaos_forms(tmp_path, capsys):
     assert "--fit-cut 5: beyond every best-of-n point" in capsys.readouterr().err and not (tmp_path / "g").exists()
 
 
+def test_the_95_percent_interval_is_students_t_at_every_seed_count():
+    from lmprefs.recipes.experiment import ci95, t975
+
+    # published 97.5% quantiles: 12 and 40 seeds stay wider than the normal's 1.96
+    assert ci95(1.0, 12) == pytest.approx(2.201, abs=1e-3) and ci95(1.0, 40) == pytest.approx(2.023, abs=1e-3)
+    assert ci95(1.0, 2) == pytest.approx(12.706, abs=1e-3) and ci95(2.0, 25) == pytest.approx(2 * 2.064, abs=1e-3)
+    # NumPy parity: the t density integrated from -t975 to t975 holds 95% of the mass
+    for df in (1, 4, 11, 39, 200):
+        x = np.linspace(-t975(df), t975(df), 400_001)
+        density = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2)) * (1 + x**2 / df) ** (
+            -(df + 1) / 2)
+        assert np.trapezoid(density, x) == pytest.approx(0.95, abs=1e-8)
+    assert all(t975(d) > t975(d + 1) > 1.96 for d in range(1, 300))
+
+
 def test_the_finding_is_read_from_95_percent_intervals():
     from lmprefs.recipes.experiment import ci95, finding
 
-    assert ci95(1.0, 3) == pytest.approx(4.303) and ci95(1.0, 0) == 1.96 and ci95(1.0, 40) == 1.96
+    assert ci95(1.0, 3) == pytest.approx(4.303, abs=1e-3) and ci95(1.0, 0) == 1.96
 
     def arm(mean, half):
         return {"mean": mean, "ci95": half}
