@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.config import Config
-from lmprefs.data.chat import uses_chat_template
+from lmprefs.data.chat import saved_task
 from lmprefs.errors import UserError
 from lmprefs.labels.quality import describe_labelers as describe
 from lmprefs.labels.quality import select_labelers
@@ -173,9 +173,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
         # the wall-clock seconds under PPO's name for them (elapsed/time), which comparisons of runs leave out
         row = {("elapsed/time" if k == "seconds" else k): v for k, v in summary.items() if isinstance(v, float)}
         log.scalars(row, len(train) * cfg.train_reward.epochs, phase="reward")
-    task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
-    # `lmprefs score` frames texts as training did: with the chat template or without (resolved, not auto)
-    task["chat_template"] = uses_chat_template(cfg.task, t.tok)
+    task = saved_task(cfg.task, t.tok)  # `lmprefs score` and the card frame texts as training did
     whole = rm
     if parallel.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
         state = parallel.full_state_dict(rm)
