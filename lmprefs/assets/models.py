@@ -83,9 +83,6 @@ def _build_tiny_gpt2_austen(out: Path) -> None:
 
     import torch
     from transformers import GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     src = tiny_gpt2_dir()
     tok = gpt2_tokenizer()
     eos = tok.eos_token_id
