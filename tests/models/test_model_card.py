@@ -188,3 +188,22 @@ def test_the_reward_cards_snippet_scores_as_lmprefs_score(tmp_path, capsys, chat
     with torch.no_grad():
         bare = [seq(**tk(q + r, return_tensors="pt")).logits[0, 0].item() for q, r in pairs]
     assert bare != pytest.approx(scored, abs=1e-2)
+
+
+def test_score_prints_its_scores_and_nothing_of_transformers(tmp_path):
+    """`lmprefs score` in a process of its own (transformers' bars are switched off per process): stdout one score
+    per text, stderr empty, where transformers' loading bar came first."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    lm, tok = load_lm("tiny-gpt2-austen")
+    save_reward_model(RewardModel(lm, tok, seed=0).eval(), tmp_path / "rm")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "lmprefs", "score", "--reward-model", str(tmp_path / "rm")],
+                       input="It was a fine morning.\nShe said nothing.\n", capture_output=True, text=True, env=env,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    assert [line.split("\t")[1] for line in r.stdout.splitlines()] == ["It was a fine morning.", "She said nothing."]
