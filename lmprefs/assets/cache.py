@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lmprefs.errors import UserError
+from lmprefs.io.atomic import as_created
 from lmprefs.runtime.quiet import quiet_transformers
 
 AUSTEN_DEB = "r-cran-janeaustenr"
@@ -113,6 +114,7 @@ def _build_dir_atomically(target: Path, build: Callable[[Path], None]) -> Path:
         quiet_transformers()  # its "Writing model shards" bars are not the command's output
         build(tmp)
         _mark_complete(tmp)
+        as_created(tmp)  # a shared cache is read by others: not mkdtemp's 0700 nor safetensors' 0600
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
