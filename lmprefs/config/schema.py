@@ -220,10 +220,15 @@ class PPOConfig:
     estimator: Literal["ppo", "rloo"] = "ppo"
     """ppo: the original's value head, GAE and clipped value loss. rloo: REINFORCE leave-one-out (Ahmadian et al.
     2024): ppo.rloo_k samples per query, each one's advantage its return (score - beta * summed KL) minus the mean of
-    the query's other samples' returns; PPO's clipped ratio with that advantage on every token, no value loss (the
+    the query's other samples' returns; PPO's clipped ratio with that advantage (ppo.rloo_ratio), no value loss (the
     value head is left untrained), no reward whitening or GAE."""
     rloo_k: int = 2
     """With ppo.estimator=rloo: samples per query (at least 2, dividing ppo.batch_size, which counts samples)."""
+    rloo_ratio: Literal["token", "sequence"] = "token"
+    """With ppo.estimator=rloo, which importance ratio is clipped. token: each token's, with its sequence's advantage
+    on every token, averaged over tokens (PPO's loss; lmprefs' default). sequence: the whole response's,
+    exp(sum_t log-ratio), one clipped term per sequence averaged over sequences, as TRL's RLOOTrainer; on-policy its
+    gradient is the published RLOO's REINFORCE estimator with the response as one action."""
 
     @property
     def num_updates(self) -> int:

@@ -170,6 +170,7 @@ def _ppo(p) -> list[str]:
     need(p.overoptimization_stop is None or p.overoptimization_stop > 0,
          f"ppo.overoptimization_stop={p.overoptimization_stop} must be positive or None")
     need(p.estimator in ("ppo", "rloo"), f"ppo.estimator={p.estimator!r}: choose ppo or rloo")
+    need(p.rloo_ratio in ("token", "sequence"), f"ppo.rloo_ratio={p.rloo_ratio!r}: choose token or sequence")
     need(p.rloo_k >= 2, f"ppo.rloo_k={p.rloo_k} must be at least 2 (the baseline is the other samples' mean)")
     if p.estimator == "rloo":
         need(p.rloo_k < 2 or p.batch_size % p.rloo_k == 0,

@@ -290,7 +290,7 @@ def _minibatch_loss(mb: Rollout, logprobs: Tensor, vpred: Tensor, cfg: PPOConfig
     """The loss of one minibatch: RLOO's when the rollout carries its advantages, else PPO's. mask [b, T]: the real
     tokens of rows that stopped early (None: all of them)."""
     if mb.advantages is not None:
-        return rloo_losses(logprobs, mb.logprobs, vpred, mb.advantages, cfg.cliprange, mask)
+        return rloo_losses(logprobs, mb.logprobs, vpred, mb.advantages, cfg.cliprange, mask, cfg.rloo_ratio)
     # The original whitens rewards and advantages per minibatch, inside loss() (#L324-L339)
     with torch.no_grad():
         rewards = whiten(mb.rewards, shift_mean=False, mask=mask) if cfg.whiten_rewards else mb.rewards  # [b, T]
