@@ -75,10 +75,13 @@ def plan_from_args(a: argparse.Namespace):
 
 
 def compare(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
-    from lmprefs.recipes.compare import run_compare, table
+    from lmprefs.recipes.compare import run_compare, table, unmoved
 
     plan = plan_from_args(a)
     out = run_compare(cfg, run_dir, plan, on_start)
     print("\n".join(table(out["results"], plan)))
+    still = unmoved(out["results"], plan, cfg)
+    if still:
+        print(f"arms that {still}")
     print(f"report: {out['report']}")
     return out
