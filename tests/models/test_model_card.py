@@ -157,8 +157,9 @@ def test_the_reward_cards_snippet_scores_as_lmprefs_score(tmp_path, capsys, chat
     shutil.copytree(tiny_gpt2_austen_dir(), model)
     if chat:  # SmolLM2-Instruct's template without its system turn; no new tokens, so the embeddings stay
         tok = copy.deepcopy(load_tokenizer(model))
-        tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                             "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+        tok.chat_template = (
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
         tok.save_pretrained(model)
     lm, tok = load_lm(str(model))
     task = dataclasses.replace(preset("tiny").task, initial_model=str(model), query_prefix="Story: ",
