@@ -13,7 +13,8 @@ from lmprefs.cli.dispatch import main
 SMALL = ["--preset", "tiny", "--eval-samples", "1", "--labels", "16", "--eval-queries", "4", "--samples", "8",
          "--kl-coefs", "0.1", "--dpo-betas", "0.1", "--best-of", "4", "--betas", "0.1,1",
          "--min-ess", "2"]  # fmt: skip
-CONFIG = ["--ppo.total-episodes", "16", "--labels.heldout-fraction", "0.2", "--dpo.lr", "2e-3"]
+# one DPO step per arm (16 labels), so the second logged DPO step is the listwise arm's
+CONFIG = ["--ppo.total-episodes", "16", "--labels.heldout-fraction", "0.2", "--dpo.batch-size", "16"]
 KEYS = ["ppo-beta0.1", "ppo-separate-beta0.1", "rloo-beta0.1", "dpo-pairwise-beta0.1", "dpo-listwise-beta0.1",
         "best-of-4"]  # fmt: skip
 
