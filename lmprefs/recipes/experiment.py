@@ -236,9 +236,14 @@ def t975(df: int) -> float:
 
 
 def ci95(stderr: float, n: int) -> float:
-    """Half-width of a 95% interval for a mean of n >= 2 values with this standard error (t with n - 1 degrees of
-    freedom, at every n); n = 0: an s.e. over many queries, the normal's 1.96."""
+    """Half-width of a 95% interval for a mean of n >= 2 values (seeds, or one seed's queries) with this standard
+    error: t with n - 1 degrees of freedom at every n; n unknown (0): the normal's 1.96."""
     return stderr * (t975(n - 1) if n >= 2 else 1.96)
+
+
+def interval_count(d: dict) -> int:
+    """The n of an arm's interval: its seeds, or with one seed its queries (its s.e. is over them); 0 unknown."""
+    return d["seeds"] if d.get("seeds", 1) > 1 else d.get("n_queries", 0)
 
 
 def finding(summary: dict, names: list[str]) -> str | None:
@@ -274,8 +279,9 @@ def summarize_seeds(data: dict, names: list[str], seeds: int) -> dict:
         (m, se), (k, kse) = mean_se([r["mean"] for r in runs]), mean_se(kls)
         if len(runs) == 1:
             se, kse = runs[0]["stderr"], runs[0].get("kl_stderr", math.nan)
-        out[name] = {"mean": m, "stderr": se, "ci95": ci95(se, len(runs) if len(runs) > 1 else 0), "kl": k,
-                     "kl_stderr": kse, "seeds": len(runs), "n_queries": runs[0]["n_queries"],
+        n = len(runs) if len(runs) > 1 else runs[0]["n_queries"]  # one seed: its s.e. is over its queries
+        out[name] = {"mean": m, "stderr": se, "ci95": ci95(se, n), "kl": k, "kl_stderr": kse, "seeds": len(runs),
+                     "n_queries": runs[0]["n_queries"],
                      "labels": runs[0].get("labels")}  # fmt: skip
     return out
 
@@ -321,7 +327,7 @@ def plot_figure2(run_dir: Path, names: list[str], seeds: int, data: dict, batch_
     summary = {"initial": data["initial"], **summarize_seeds(data, names, seeds)} if "initial" in data else {}
     bars = [n for n in ["initial", *names] if n in summary]
     # the initial policy is one policy: its interval is over queries; the arms' are across seeds when there are some
-    errs = [summary[n].get("ci95", ci95(summary[n]["stderr"], 0)) for n in bars]
+    errs = [summary[n].get("ci95", ci95(summary[n]["stderr"], interval_count(summary[n]))) for n in bars]
     bx.bar(bars, [summary[n]["mean"] for n in bars], yerr=errs, capsize=4)
     bx.set_title("true reward on held-out queries, mean and 95% interval\n" + (
         "arms: across seeds (t); initial: over queries" if seeds > 1 else "over queries"), fontsize=10)  # fmt: skip
