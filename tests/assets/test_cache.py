@@ -59,3 +59,18 @@ def test_a_damaged_asset_is_listed_damaged_and_built_again_where_used(tmp_path, 
     assert " ready " in status()
     (asset / "model.safetensors").unlink()
     assert "damaged (no model.safetensors" in status()
+
+
+def test_a_model_directory_without_weights_is_one_line(tmp_path, capsys):
+    """A model folder of the user's with its config but no weights (a copy cut short) is named in one line, exit 2,
+    where transformers ended the command in a traceback."""
+    import shutil
+
+    from lmprefs.assets.models import tiny_gpt2_austen_dir
+
+    model = tmp_path / "my-model"
+    shutil.copytree(tiny_gpt2_austen_dir(), model, ignore=shutil.ignore_patterns("*.safetensors"))
+    assert main(["sample", "--preset", "tiny", "--task.initial-model", str(model), "--n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"lmprefs sample: error: model directory {model} has a config.json but no weights "
+                   "(model.safetensors or pytorch_model.bin); copy or save the model into it again\n")  # fmt: skip
