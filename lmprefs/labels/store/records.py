@@ -83,6 +83,7 @@ class Answer:
     seconds: float | None  # time on task
     ranking: list[int] | None = None  # ranking_K: the stored samples' order, best first
     confidence: int | None = None  # 1 (a guess) to 3 (sure)
+    position: int = 0  # in the feed of answers: taken anew when an undo changes the answer (the id stays)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,11 @@ Version 7 adds drift anchors: `items.anchor` (1: a fixed item re-served to every
 answers, never through the queue and never for training) and `anchor_answers`, one row per (anchor, labeler,
 interval); the interval length lives in `meta` (`anchor_every`).
 
+Version 8 adds `labels.seq`, a label's position in the feed of answers (`GET /api/labels`): an answer takes the next
+position when it is given and again when an undo changes it, so a reader paging by position sees the change (the row
+id stays the item's and labeler's); and `labelers.held` (when an admin held the labeler back from real work: they are
+not admitted again by their practice score, only by an admin).
+
 A store from newer code (a larger version) is refused, never written.
 """
 
@@ -40,7 +45,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -105,6 +110,12 @@ MIGRATIONS = {
         " labeler_id INTEGER NOT NULL REFERENCES labelers(id), interval INTEGER NOT NULL CHECK (interval >= 0),"
         " best INTEGER NOT NULL, ranking TEXT, seconds REAL, created REAL NOT NULL,"
         " UNIQUE (item_id, labeler_id, interval))",
+    ],
+    8: [
+        "ALTER TABLE labels ADD COLUMN seq INTEGER",
+        "UPDATE labels SET seq = id",
+        "CREATE UNIQUE INDEX labels_seq ON labels (seq)",
+        "ALTER TABLE labelers ADD COLUMN held REAL",
     ],
 }
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
