@@ -36,6 +36,9 @@ from lmprefs.server.security import (
     too_many,
 )
 
+NOT_SHOWN = ("Item {} is not the question you were shown (it was not saved). Open the labeling page for your current "
+             "question.")  # fmt: skip
+
 
 def login_page(
     request: Request, status: int = 200, error: str | None = None, resume: int | None = None
@@ -149,12 +152,13 @@ def submit_label(
                                  "rankings only.")  # fmt: skip
     kind, position, ranked = read_answer(choice, ranking, value_field, n, iid)
     sure = read_confidence(confidence, kind)
+    if practice(st, user) is not None:  # practising or held back: a lease from before takes no answer
+        raise HTTPException(409, NOT_SHOWN.format(iid))
     lease = st.queue.claim(user.name, iid)  # first come, first served: a raced second post gets None
     if lease is None:
         if st.queue.answered(iid, user.name):
             raise HTTPException(409, f"You already answered item {iid}; that answer stands.")
-        raise HTTPException(409, f"Item {iid} is not the question you were shown (it was not saved). "
-                                 "Open the labeling page for your current question.")  # fmt: skip
+        raise HTTPException(409, NOT_SHOWN.format(iid))
     order = order_of(st, user.name, iid, n)
     best = order[position] if position is not None else None  # displayed position -> stored sample
     stored_ranking = [order[p] for p in ranked] if ranked is not None else None

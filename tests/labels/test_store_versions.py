@@ -76,7 +76,7 @@ def test_a_version_7_store_gives_its_labels_feed_positions_in_id_order(tmp_path)
     conn.close()
     with LabelStore(path) as store:
         assert [(a.id, a.position) for a in store.answers_since(0)] == [(1, 1)]
-        assert store.is_admitted(1)
+        assert store.is_admitted(1) and not store.is_held(1)
         store.add_label(1, "new", best=3)
         store.add_label(1, "old", best=0, replace=True)  # an undo: the same row, at the feed's end
         assert [(a.id, a.labeler, a.position) for a in store.answers_since(0)] == [(2, "new", 2), (1, "old", 3)]

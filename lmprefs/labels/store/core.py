@@ -67,6 +67,7 @@ class LabelStore(StoreBase):
     practice_answers = _onboarding.practice_answers
     set_admitted = _onboarding.set_admitted
     is_admitted = _onboarding.is_admitted
+    is_held = _onboarding.is_held
     practice_summary = _onboarding.practice_summary
 
     # -- drift anchors (drift.py) ------------------------------------------------------------------------------

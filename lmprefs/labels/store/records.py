@@ -94,6 +94,7 @@ class Labeler:
     created: float
     has_token: bool  # can sign in
     admitted: float | None = None  # when they passed onboarding (None: not yet)
+    held: float | None = None  # when an admin held them back from real work (None: not held)
 
 
 @dataclass(frozen=True)
