@@ -96,3 +96,22 @@ def test_an_anchor_answer_with_a_bad_confidence_is_422_as_on_the_labeling_page(d
     assert counts(path) == before and page(ann)[0] == item
     r = ann.post("/anchor", data={"item_id": str(item), "csrf": csrf, "choice": "1", "confidence": "3"})
     assert r.status_code == 303 and counts(path)["anchor_answers"] == before["anchor_answers"] + 1
+
+
+def test_drift_gold_accuracy_counts_a_gold_answers_first_answer_as_gold_accuracy_does(tmp_path):
+    # the drift chart counted the answer an undo made, where gold accuracy counts the first one
+    with LabelStore(tmp_path / "labels.sqlite") as store:
+        anchor = store.add_item("Anchor.", [" a", " b"], source="t", label_type="best_of_2")
+        store.set_anchor(anchor)
+        gold = store.add_item("Gold.", [" wrong", " right"], source="t", label_type="best_of_2")
+        store.set_gold(gold, 1)
+        skipped = store.add_item("Gold 2.", [" wrong", " right"], source="t", label_type="best_of_2")
+        store.set_gold(skipped, 1)
+        store.add_labeler("ann")
+        store.add_anchor_answer(anchor, store.labelers()[0].id, 0, best=0)
+        store.add_label(gold, "ann", best=0, source="web")
+        store.add_label(gold, "ann", best=1, source="web", replace=True)  # undone, and now right
+        store.add_label(skipped, "ann", best=1, source="web")
+        store.add_label(skipped, "ann", kind="skip", source="web", replace=True)  # right, then skipped
+        assert store.gold_accuracy() == {"ann": (1, 2)}
+        assert store.drift(10) == {"ann": [(0, None, 0.5)]}

@@ -121,6 +121,9 @@ MIGRATIONS = {
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read
 CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
+# a labeler's first answer to an item, labels `l` (an undo may have replaced it since): what gold accuracy counts
+FIRST_KIND = "COALESCE(l.first_kind, l.kind)"
+FIRST_BEST = "(CASE WHEN l.first_kind IS NULL THEN l.best ELSE l.first_best END)"
 TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels",
           "anchor_answers")  # fmt: skip
 
