@@ -184,3 +184,21 @@ def test_a_labeler_held_back_stays_held_until_an_admin_admits_them(db):
     assert "Real work is paused" in ann.get("/label").text
     assert root.post("/admin/labeler", data={"csrf": csrf, "name": "ann", "action": "admit"}).status_code == 303
     assert "Real 0." in ann.get("/label").text
+
+
+def test_practice_answers_are_not_counted_as_labels_anywhere(db, capsys):
+    # they were: in the admin page's table and tiles, `labelers list` and the labeler's own counter
+    path, tokens = db
+    app = create_app(path, shuffle=False)
+    ann = sign_in(app, tokens["ann"])
+    for _ in range(3):
+        answer(ann, "/onboarding", "1")
+    html = ann.get("/label").text
+    assert "Welcome aboard" in html and '<b id="done-count">0</b> labeled' in html
+    assert answer(ann, "/label", "0")[0].status_code == 303
+    assert '<b id="done-count">1</b> labeled' in ann.get("/label").text
+    admin = sign_in(app, tokens["root"]).get("/admin").text
+    assert '<div class="big" id="labels-total">1</div>' in admin
+    assert main(["labelers", "list", "--db", str(path)]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ann "))
+    assert row.split()[-3:] == ["1", "0", "0"]

@@ -258,8 +258,8 @@ def has_answered(store: StoreBase, item_id: int, labeler: str) -> bool:
 
 
 def answer_counts(store: StoreBase, labeler_id: int) -> dict[str, int]:
-    """{kind: n} of labeler `labeler_id`'s answers, for the kinds they gave at least once."""
-    sql = "SELECT kind, COUNT(*) FROM labels WHERE labeler_id = ? GROUP BY kind"
+    """{kind: n} of labeler `labeler_id`'s answers (not practice answers), for the kinds they gave at least once."""
+    sql = "SELECT kind, COUNT(*) FROM labels WHERE labeler_id = ? AND practice = 0 GROUP BY kind"
     return dict(store.connection().execute(sql, (labeler_id,)))
 
 

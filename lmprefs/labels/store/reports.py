@@ -18,10 +18,12 @@ if TYPE_CHECKING:
 
 
 def counts_by_labeler(store: StoreBase) -> dict[str, dict[str, int]]:
-    """{labeler: {"label": n, "skip": n, "flag": n}} for every labeler with at least one answer."""
+    """{labeler: {"label": n, "skip": n, "flag": n}} for every labeler with at least one answer (practice answers
+    from onboarding are no labels)."""
     out: dict[str, dict[str, int]] = {}
     for name, kind, n in store.connection().execute(
-        "SELECT b.name, l.kind, COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id GROUP BY 1, 2"
+        "SELECT b.name, l.kind, COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.practice = 0"
+        " GROUP BY 1, 2"
     ):
         out.setdefault(name, dict.fromkeys(KINDS, 0))[kind] = n
     return out
@@ -51,12 +53,12 @@ def agreement(store: StoreBase) -> Agreement:
 
 
 def labeler_activity(store: StoreBase) -> list[tuple[Labeler, list[tuple[str, float]]]]:
-    """Every registered labeler by name, with their answers as (kind, time), oldest first; one snapshot, so totals
-    over the labelers add up."""
+    """Every registered labeler by name, with their answers as (kind, time), oldest first (not practice answers);
+    one snapshot, so totals over the labelers add up."""
     with store.snapshot() as c:
         labelers = read_labelers(c)
         answers: dict[int, list[tuple[str, float]]] = defaultdict(list)
-        for labeler_id, kind, created in c.execute("SELECT labeler_id, kind, created FROM labels ORDER BY created"):
+        for labeler_id, kind, created in c.execute("SELECT labeler_id, kind, created FROM labels WHERE practice = 0 ORDER BY created"):
             answers[labeler_id].append((kind, created))
     return [(b, answers.get(b.id, [])) for b in labelers]
 
