@@ -202,3 +202,15 @@ def test_practice_answers_are_not_counted_as_labels_anywhere(db, capsys):
     assert main(["labelers", "list", "--db", str(path)]) == 0
     row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ann "))
     assert row.split()[-3:] == ["1", "0", "0"]
+
+
+def test_a_practice_page_offers_no_skip_and_never_prints_a_gold_questions_id(db):
+    # `s` on a practice page sent a skip, answered with a bare 422 page; the feedback printed "practice item N"
+    path, tokens = db
+    ann = sign_in(create_app(path, shuffle=False), tokens["ann"])
+    for _ in range(3):
+        text = ann.get("/label").text
+        visible = re.sub(r"<[^>]*>", " ", text)  # the page's text, not its form's hidden fields
+        assert 'id="skip"' not in text and 'id="flag"' not in text and "cannot be skipped or flagged" in visible
+        assert not re.search(r"item\s+\d", visible), visible
+        answer(ann, "/onboarding", "1")

@@ -77,6 +77,8 @@ class LabelStore(StoreBase):
     set_anchor = _drift.set_anchor
     labeler_interval = _drift.labeler_interval
     due_anchors = _drift.due_anchors
+    anchor_count = _drift.anchor_count
+    last_anchor_answer = _drift.last_anchor_answer
     add_anchor_answer = _drift.add_anchor_answer
     drift = _drift.drift
 

@@ -53,14 +53,29 @@ def labeler_interval(store: StoreBase, labeler_id: int, every: int) -> int:
     return store.connection().execute(sql, (labeler_id,)).fetchone()[0] // every
 
 
+# the anchors served: not held (a flag holds an anchor as it holds any item, until an admin serves it again)
+_SERVED = f"i.anchor = 1 AND {CHOICE_ITEM} AND i.hold IS NULL"
+
+
 def due_anchors(store: StoreBase, labeler_id: int, interval: int) -> list[int]:
-    """The anchors (not retired) labeler `labeler_id` has not answered in `interval`, by id."""
+    """The anchors (not held) labeler `labeler_id` has not answered in `interval`, by id."""
     sql = (
-        f"SELECT i.id FROM items i WHERE i.anchor = 1 AND {CHOICE_ITEM} AND i.hold IS NOT 'retired' AND NOT EXISTS"
+        f"SELECT i.id FROM items i WHERE {_SERVED} AND NOT EXISTS"
         " (SELECT 1 FROM anchor_answers a WHERE a.item_id = i.id AND a.labeler_id = ? AND a.interval = ?)"
         " ORDER BY i.id"
     )
     return [i for (i,) in store.connection().execute(sql, (labeler_id, interval))]
+
+
+def anchor_count(store: StoreBase) -> int:
+    """How many anchors are served in each interval."""
+    return store.connection().execute(f"SELECT COUNT(*) FROM items i WHERE {_SERVED}").fetchone()[0]
+
+
+def last_anchor_answer(store: StoreBase, labeler_id: int) -> tuple[int, int, float] | None:
+    """(answer id, item id, time) of labeler `labeler_id`'s latest anchor answer."""
+    sql = "SELECT id, item_id, created FROM anchor_answers WHERE labeler_id = ? ORDER BY created DESC, id DESC LIMIT 1"
+    return store.connection().execute(sql, (labeler_id,)).fetchone()
 
 
 def add_anchor_answer(store: StoreBase, item_id: int, labeler_id: int, interval: int, *, best: int | None = None,

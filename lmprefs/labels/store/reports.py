@@ -58,7 +58,8 @@ def labeler_activity(store: StoreBase) -> list[tuple[Labeler, list[tuple[str, fl
     with store.snapshot() as c:
         labelers = read_labelers(c)
         answers: dict[int, list[tuple[str, float]]] = defaultdict(list)
-        for labeler_id, kind, created in c.execute("SELECT labeler_id, kind, created FROM labels WHERE practice = 0 ORDER BY created"):
+        sql = "SELECT labeler_id, kind, created FROM labels WHERE practice = 0 ORDER BY created"
+        for labeler_id, kind, created in c.execute(sql):
             answers[labeler_id].append((kind, created))
     return [(b, answers.get(b.id, [])) for b in labelers]
 
