@@ -6,7 +6,8 @@ their gold accuracy per interval (`charts`).
 Unannounced means an anchor looks and answers like any question: the same page and form (`POST /label`), the same
 "N left" count (`Queue.progress` counts the anchors), flash, undo and refusals. A skip or a flag passes the anchor
 for this interval (a flag also holds it, as it holds any item, until an admin serves it again); an undo serves it
-again, but drift counts the first answer, as gold accuracy does, so the changed answer is not kept."""
+again, but drift counts the first answer, as gold accuracy does, so a changed answer is not kept (an undone skip or
+flag is no answer: the one given instead is kept)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ def due_anchor(st: State, user: User) -> Due | None:
 
 
 def anchors_left(st: State, user: User) -> int:
-    """The anchors `user` still answers in this interval (for the "N left" count)."""
+    """The anchors `user` still answers in this interval (for the "N left" count): not one they undid, which counted
+    as answered, as an undone queue item does."""
     due = due_anchor(st, user)
-    return due.left if due is not None else 0
+    return due.left - (due.redo and due.item.id in st.store.due_anchors(user.id, due.interval)) if due else 0
 
 
 def answered_anchor(st: State, user: User, item_id: int) -> bool:
@@ -65,10 +67,12 @@ def answer_anchor(st: State, user: User, due: Due, kind: str, position: int | No
     n = len(due.item.samples)
     iid = due.item.id
     if due.redo:
-        st.queue.redo_anchor(user.name, None)  # drift counts the first answer: the change is not kept
-        return
+        st.queue.redo_anchor(user.name, None)
+        if iid not in st.store.due_anchors(user.id, due.interval):
+            return  # drift counts the first answer: the change is not kept
+        # an undone skip or flag: this is the first answer
     if kind != "label":
-        st.queue.pass_anchor(user.name, iid, due.interval)
+        st.queue.pass_anchor(user.name, iid, due.interval, kind)
         if kind == "flag":
             st.store.set_hold(iid, "flagged")
         return

@@ -107,6 +107,7 @@ def _last_answer(st: State, user: User) -> tuple[int, int, float, bool] | None:
     or anchor answer, if still undoable."""
     rows = [(*r, False) for r in [st.store.last_answer(user.id, source="web")] if r]
     rows += [(*r, True) for r in [st.store.last_anchor_answer(user.id)] if r]
+    rows += [(0, *r, True) for r in [st.queue.last_passed_anchor(user.name)] if r]  # a skip or flag, kept in memory
     if not rows:
         return None
     row = max(rows, key=lambda r: r[2])
@@ -201,7 +202,11 @@ def undo(request: Request, user: Annotated[User, Depends(csrf_checked)]) -> Resp
         raise HTTPException(409, f"There is no answer of yours from the last {st.undo_seconds:.0f} s to undo.")
     if last[3]:  # a drift anchor's answer: served again, as any question is
         item = st.store.get_item(last[1])
-        if item is None or not item.anchor or item.hold is not None:
+        if item is None or not item.anchor or item.hold == "retired":
+            raise HTTPException(409, f"Item {last[1]} was retired by an admin; its answer cannot be changed.")
+        if st.queue.unpass_anchor(user.name, item.id) == "flag" and item.hold == "flagged":
+            st.store.set_hold(item.id, None)  # an undone flag releases the item, as on a queue item
+        elif item.hold is not None:
             raise HTTPException(409, f"Item {last[1]} was retired by an admin; its answer cannot be changed.")
         st.queue.redo_anchor(user.name, last[1])
     elif not st.queue.redo(user.name, last[1]):

@@ -84,7 +84,8 @@ class Queue:
         self._current: dict[str, Lease] = {}  # labeler -> their one item
         self._answering: set[str] = set()  # labelers whose answer is being written (see claim)
         self._overlap_seen = 0  # items up to this id already have their overlap applied
-        self._anchors_passed: set[tuple[str, int, int]] = set()  # (labeler, anchor, interval) skipped or flagged
+        # (labeler, anchor, interval) -> (skip or flag, when): an anchor skipped or flagged in an interval
+        self._anchors_passed: dict[tuple[str, int, int], tuple[str, float]] = {}
         self._anchor_redo: dict[str, int] = {}  # labeler -> the anchor whose answer they undid
         self._lock = threading.Lock()  # one labeler picks at a time, so two never take the same free item
 
@@ -176,14 +177,27 @@ class Queue:
             self._current[labeler] = Lease(item_id, now + self.lease_seconds, now, redo=True)
         return True
 
-    def pass_anchor(self, labeler: str, item_id: int, interval: int) -> None:
-        """`labeler` skipped or flagged anchor `item_id`: it is not served to them again in `interval`."""
+    def pass_anchor(self, labeler: str, item_id: int, interval: int, kind: str) -> None:
+        """`labeler` skipped or flagged (`kind`) anchor `item_id`: it is not served to them again in `interval`."""
         with self._lock:
-            self._anchors_passed.add((labeler, item_id, interval))
+            self._anchors_passed[(labeler, item_id, interval)] = (kind, time.time())
 
     def passed_anchors(self, labeler: str, interval: int) -> set[int]:
         with self._lock:
             return {i for name, i, k in self._anchors_passed if name == labeler and k == interval}
+
+    def last_passed_anchor(self, labeler: str) -> tuple[int, float] | None:
+        """(anchor, when) of `labeler`'s latest skip or flag of an anchor."""
+        with self._lock:
+            mine = [(i, when) for (name, i, _), (_, when) in self._anchors_passed.items() if name == labeler]
+        return max(mine, key=lambda m: m[1]) if mine else None
+
+    def unpass_anchor(self, labeler: str, item_id: int) -> str | None:
+        """Take back `labeler`'s skip or flag of anchor `item_id` (an undo); returns which it was, or None."""
+        with self._lock:
+            keys = [key for key in self._anchors_passed if key[:2] == (labeler, item_id)]
+            taken = [self._anchors_passed.pop(key) for key in keys]  # (kind, when)
+        return max(taken, key=lambda t: t[1])[0] if taken else None
 
     def redo_anchor(self, labeler: str, item_id: int | None) -> None:
         """After an undo of anchor `item_id`'s answer: serve it to `labeler` again (None: that is done)."""

@@ -139,9 +139,9 @@ def test_an_anchor_cannot_be_told_from_a_queue_item(db):
         assert 'action="/label"' in text and 'id="skip"' in text and 'id="flag"' in text
         left, flash, undo = status(text)
         lefts.append(left)
-        if seen:  # the same flash and undo link after an anchor's answer as after a queue item's
+        if seen:  # the same flash and undo link after an anchor's answer (or skip) as after a queue item's
             assert flash == f"Saved: item {seen[-1]} {'skipped' if step == 2 else 'picked option 2'}."
-            assert undo == str(seen[-2] if step == 2 else seen[-1])  # (a skipped anchor stores nothing to undo)
+            assert undo == str(seen[-1])
         seen.append(item)
         choice = "skip" if step == 1 else "1"
         assert ann.post("/label", data={"item_id": str(item), "csrf": csrf, "choice": choice}).status_code == 303
@@ -164,6 +164,27 @@ def test_an_anchor_answer_can_be_changed_as_any_answer_but_drift_keeps_the_first
     assert status(ann.get("/label").text)[1] == f"Changed: item {anchors[0]} picked option 1."
     with LabelStore(path) as store:
         assert store.drift(2) == {"ann": [(0, None, 1.0)]}
+
+
+def test_an_anchor_skipped_or_flagged_and_undone_is_answered_again_and_that_answer_kept(db):
+    path, anchors, tokens = db
+    ann = sign_in(create_app(path, shuffle=False), tokens["ann"])
+    left = status(ann.get("/label").text)[0]
+    assert post(ann, "/label", "skip").status_code == 303
+    assert page(ann)[0] == anchors[1] and status(ann.get("/label").text)[0] == left - 1
+    assert ann.post("/undo", data={"csrf": page(ann)[1]}).status_code == 303
+    html = ann.get("/label").text
+    assert page(ann)[0] == anchors[0] and 'id="redo"' in html and status(html)[0] == left - 1
+    assert post(ann, "/label", "1").status_code == 303  # the first answer after all: kept
+    assert page(ann)[0] == anchors[1] and status(ann.get("/label").text)[0] == left - 1  # as after a changed answer
+    assert post(ann, "/label", "flag").status_code == 303
+    with LabelStore(path) as store:
+        assert store.get_item(anchors[1]).hold == "flagged"  # a flag holds an anchor as any item
+        assert store.drift(2) == {"ann": [(0, None, 1.0)]}
+    assert ann.post("/undo", data={"csrf": page(ann)[1]}).status_code == 303
+    assert page(ann)[0] == anchors[1]
+    with LabelStore(path) as store:
+        assert store.get_item(anchors[1]).hold is None  # the undone flag no longer holds it
 
 
 def test_a_labeler_not_admitted_cannot_answer_an_anchor(db):
