@@ -176,6 +176,40 @@ def test_the_pages_fit_a_phone_and_a_desktop_without_scrolling_sideways(browser,
             page.close()
 
 
+def test_s_on_a_practice_page_does_nothing_and_on_an_anchor_skips(browser, tmp_path):
+    # `s` sent a skip from both, which the server refused with a bare 422 page
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        gold = store.add_item(f"{PASSAGE} (gold)", ENDINGS, source="t")
+        store.set_gold(gold, 2, note="the calm one")
+        anchor = store.add_item(f"{PASSAGE} (anchor)", ENDINGS, source="t")
+        store.set_anchor(anchor)
+        store.add_item(PASSAGE, ENDINGS, source="t")
+        store.set_onboarding(1, 0.0)
+        store.set_anchor_every(10)
+        token = store.add_labeler("newcomer")
+    problems: list[str] = []
+    with running(create_app(path)) as url:
+        page = browser.new_page()
+        try:
+            page.set_default_timeout(10_000)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            sign_in(page, url, token)
+            assert "Practice question 1 of 1" in page.inner_text("#practice")
+            page.keyboard.press("s")
+            page.keyboard.press("f")
+            page.wait_for_timeout(300)
+            assert page.url == url + "/label" and "Practice question 1 of 1" in page.inner_text("#practice")
+            page.keyboard.press("1")
+            page.wait_for_selector("#feedback")  # admitted at 0%: the anchor comes next, unannounced
+            assert page.get_attribute("#label-form", "data-item") == str(anchor)
+            page.keyboard.press("s")
+            page.wait_for_selector(f'.flash:has-text("Saved: item {anchor} skipped.")')
+        finally:
+            page.close()
+    assert not problems, problems
+
+
 def test_a_ranking_can_be_submitted_on_a_phone_without_scrolling(browser, tmp_path):
     # four long options put the Submit button three screens down on a 375 px phone
     path = tmp_path / "labels.sqlite"
