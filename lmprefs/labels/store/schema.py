@@ -30,6 +30,11 @@ Version 7 adds drift anchors: `items.anchor` (1: a fixed item re-served to every
 answers, never through the queue and never for training) and `anchor_answers`, one row per (anchor, labeler,
 interval); the interval length lives in `meta` (`anchor_every`).
 
+Version 8 adds `labels.seq`, a label's position in the feed of answers (`GET /api/labels`): an answer takes the next
+position when it is given and again when an undo changes it, so a reader paging by position sees the change (the row
+id stays the item's and labeler's); and `labelers.held` (when an admin held the labeler back from real work: they are
+not admitted again by their practice score, only by an admin).
+
 A store from newer code (a larger version) is refused, never written.
 """
 
@@ -40,7 +45,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -106,10 +111,19 @@ MIGRATIONS = {
         " best INTEGER NOT NULL, ranking TEXT, seconds REAL, created REAL NOT NULL,"
         " UNIQUE (item_id, labeler_id, interval))",
     ],
+    8: [
+        "ALTER TABLE labels ADD COLUMN seq INTEGER",
+        "UPDATE labels SET seq = id",
+        "CREATE UNIQUE INDEX labels_seq ON labels (seq)",
+        "ALTER TABLE labelers ADD COLUMN held REAL",
+    ],
 }
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read
 CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
+# a labeler's first answer to an item, labels `l` (an undo may have replaced it since): what gold accuracy counts
+FIRST_KIND = "COALESCE(l.first_kind, l.kind)"
+FIRST_BEST = "(CASE WHEN l.first_kind IS NULL THEN l.best ELSE l.first_best END)"
 TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels",
           "anchor_answers")  # fmt: skip
 
