@@ -49,7 +49,11 @@ from lmprefs.training.scaling_laws import bon_kl
 # the PPO-family arms: what each changes in the ppo section
 PPO_FAMILY = {"ppo": {"value_model": "shared", "estimator": "ppo"},
               "ppo-separate": {"value_model": "separate", "estimator": "ppo"},
-              "rloo": {"value_model": "shared", "estimator": "rloo"}}  # fmt: skip
+              "rloo": {"value_model": "shared", "estimator": "rloo"},
+              "grpo": {"value_model": "shared", "estimator": "grpo", "kl_in": "loss"},
+              "grpo-kl-reward": {"value_model": "shared", "estimator": "grpo", "kl_in": "reward"},
+              "dr-grpo": {"value_model": "shared", "estimator": "dr_grpo"},
+              "reinforce-pp-baseline": {"value_model": "shared", "estimator": "reinforce_pp_baseline"}}  # fmt: skip
 ARMS = (*PPO_FAMILY, "dpo-pairwise", "dpo-listwise", "best-of-n")
 NEEDS_RM = {*PPO_FAMILY, "best-of-n"}
 DEFAULT_EVAL_QUERIES = 64
@@ -232,7 +236,8 @@ def best_of_n_policy(t: Task, rm, queries: torch.Tensor, true_fn, n: int, sample
 
 
 COLORS = {"ppo": "tab:blue", "ppo-separate": "tab:cyan", "rloo": "tab:green", "dpo-pairwise": "tab:red",
-          "dpo-listwise": "tab:orange", "best-of-n": "tab:purple"}  # fmt: skip
+          "dpo-listwise": "tab:orange", "best-of-n": "tab:purple", "grpo": "tab:olive", "grpo-kl-reward": "tab:brown",
+          "dr-grpo": "tab:pink", "reinforce-pp-baseline": "tab:gray"}  # fmt: skip
 
 
 def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
