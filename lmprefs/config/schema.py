@@ -293,8 +293,9 @@ class SFTConfig:
 @dataclass(frozen=True)
 class DPOConfig:
     """Direct preference optimization of the policy on the label store's judgments (`lmprefs train-dpo`; Rafailov
-    et al. 2023): no reward model and no sampling; the reference is the initial policy (with LoRA, the base with its
-    adapters off). The labels, their held-out share and LoRA are those of the labels and lora sections."""
+    et al. 2023): no reward model and no sampling; or online (`train-dpo --online`) on the current policy's samples
+    judged by a reward. The reference is the initial policy (with LoRA, the base with its adapters off). The labels,
+    their held-out share and LoRA are those of the labels and lora sections."""
 
     loss: Literal["pairwise", "listwise"] = "pairwise"
     """pairwise: the paper's eq. 7, -log sigmoid(h_chosen - h_other) with the implicit reward h = beta * log(pi /
@@ -314,6 +315,11 @@ class DPOConfig:
     peak memory, not the result."""
     epochs: int = 1
     """Passes over the training labels."""
+    online_samples: int = 2
+    """train-dpo --online: responses sampled from the current policy for each query, judged by the reward (the
+    highest scored is the chosen one): 2 gives the online DPO paper's pairs, more a best-of-N choice."""
+    online_steps: int = 32
+    """train-dpo --online: optimizer steps, each on dpo.batch_size fresh queries of the task."""
 
 
 @dataclass(frozen=True)
