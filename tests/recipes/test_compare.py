@@ -35,6 +35,7 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     assert "[dpo-listwise-beta0.1] resuming" in out and "[best-of-4] sampling" in out
     assert "[labels]" not in out and "[frontier]" not in out and "[reward model]" not in out
     assert "| rloo | kl_coef 0.1 |" in out
+    assert "Matched KL: no comparison (matched KL needs two or more arm kinds" in out  # one setting per kind
     res = json.loads((run_dir / "results.json").read_text())
     assert {"labels", "initial", "frontier", "reward_model", "summary", *KEYS, *GRPO_KEYS} <= set(res)
     grpo = json.loads((run_dir / "grpo-beta0.1" / "config.json").read_text())["ppo"]
@@ -67,6 +68,10 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     (["--db", "missing.sqlite"], "missing.sqlite"),
     (["--db", "scores.jsonl"], "the label store holds no best-of-N or pairwise labels"),
     (["--fit-cut", "1"], "--fit-cut is not an option of `experiment compare`"),
+    (["--match-kl", "1", "--kl-coefs", "0.1", "--dpo-betas", "0.1", "--best-of", "4"],
+     "--match-kl 1: matched KL needs two or more arm kinds with two or more KL settings"),
+    (["--match-kl", "0.3,9", "--best-of", "2,16"], "best-of-n reaches KL 0.19-1.84 nats only (--best-of 2,16), not 9"),
+    (["--match-kl", "nan"], "--match-kl 'nan': every KL value must be a positive number"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, argv, needle):
     monkeypatch.chdir(tmp_path)
