@@ -192,16 +192,30 @@ def cmd_train_dpo(argv: list[str]) -> int:
     p.add_argument("--run-dir", "--out", dest="run_dir", default=None,
                    help="output directory (default runs/train-dpo-PRESET-TIME)")  # fmt: skip
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
-    p.usage = "lmprefs train-dpo PRESET --db labels.sqlite [--run-dir D] [--resume] [--section.key V ...]"
+    p.add_argument("--online", action="store_true",
+                   help="online DPO: judge the current policy's own samples (dpo.online_samples per query, "
+                        "dpo.online_steps steps) with --reward or rewards.trained_model instead of the store's labels")
+    p.add_argument("--reward", default=None,
+                   help="with --online: what judges the samples, vader, descriptiveness or module:function "
+                        "(default: the reward model of --rewards.trained-model)")  # fmt: skip
+    p.usage = ("lmprefs train-dpo PRESET --db labels.sqlite [--run-dir D] [--resume] [--section.key V ...]\n"
+               "       lmprefs train-dpo PRESET --online (--reward NAME | --rewards.trained-model DIR) [--run-dir D]")
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
-    from lmprefs.pipeline.dpo import run_train_dpo
-
+    if a.online and a.db is not None:
+        raise UserError(f"--db {a.db}: train-dpo --online learns from its own judged samples, not a label store; "
+                        "drop --db")  # fmt: skip
+    if a.reward is not None and not a.online:
+        raise UserError(f"--reward {a.reward}: judges the samples of --online; add --online, or drop --reward")
     cfg = _saved_or_new_config(a, pairs)
     run_dir = run_dir_for(a.run_dir, cfg, "train-dpo", a.preset)
     if a.resume and (run_dir / "policy").exists():  # a finished run resumed, as train-policy's: nothing to train
         print(f"{run_dir} finished already: nothing to train; sample from it: lmprefs sample {run_dir}")
         return 0
+    if a.online:
+        return _train_online_dpo(a, cfg, run_dir)
+    from lmprefs.pipeline.dpo import run_train_dpo
+
     s = run_train_dpo(cfg, run_dir, store_path=a.db, resume=a.resume)
     nan = float("nan")
     print(f"DPO policy: {run_dir / 'policy'}  ({s['dpo/labels_train']} labels, {s['dpo/steps']} steps in "
@@ -210,6 +224,17 @@ def cmd_train_dpo(argv: list[str]) -> int:
           f"{s.get('initial_heldout/accuracy', nan):.3f} -> {s.get('heldout/accuracy', nan):.3f}, margin "
           f"{s.get('initial_heldout/margin', nan):+.3f} -> {s.get('heldout/margin', nan):+.3f}")  # fmt: skip
     print(f"  sample from it: lmprefs sample {run_dir}")
+    return 0
+
+
+def _train_online_dpo(a, cfg, run_dir: Path) -> int:
+    from lmprefs.pipeline.online_dpo import run_online_dpo
+
+    s = run_online_dpo(cfg, run_dir, reward=a.reward, resume=a.resume)
+    print(f"online DPO policy: {run_dir / 'policy'}  ({s['dpo/steps']} steps, {s['dpo/episodes']} judged samples "
+          f"by {s['judge']} in {s['elapsed/time']:.0f}s, dpo.loss={cfg.dpo.loss}, beta {cfg.dpo.beta})")
+    print(f"  last step: score {s.get('final/objective/score', float('nan')):+.3f}, KL "
+          f"{s.get('final/objective/kl', float('nan')):.2f} nats; sample from it: lmprefs sample {run_dir}")
     return 0
 
 

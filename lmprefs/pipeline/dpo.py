@@ -127,7 +127,10 @@ def _resumed_store(run_dir: Path, given: str | None) -> str:
     """The store the run started on (its run.json); another --db is refused."""
     if not (run_dir / RUN_FILE).is_file():
         raise UserError(f"--resume: {run_dir} holds no train-dpo run (no {RUN_FILE}); start it without --resume")
-    started = json.loads((run_dir / RUN_FILE).read_text())["store"]
+    meta = json.loads((run_dir / RUN_FILE).read_text())
+    if meta.get("online"):
+        raise UserError(f"--resume: the run in {run_dir} is an online DPO run; resume it with --online")
+    started = meta["store"]
     if given is not None and str(Path(given).resolve()) != started:
         raise UserError(f"--resume: the run in {run_dir} trains on --db {started}, not {given}; resuming cannot "
                         "change what it computes (start a new --run-dir)")  # fmt: skip
