@@ -59,14 +59,15 @@ def run_train_policy(cfg: Config, run_dir: Path, owner: str = "train-policy", **
     import contextlib
 
     run_dir = Path(run_dir)
-    fresh = not run_dir.exists()
+    # the outermost folder this start makes (runs/ itself for the default runs/train-policy-PRESET-TIME), or None
+    made = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     try:
         # rank 0 holds the lock for all ranks of a launch (they are one run)
         with run_lock(run_dir, owner) if dist.is_main() else contextlib.nullcontext():
             return _train_policy_locked(cfg, run_dir, **kw)
-    except UserError:
-        if fresh and dist.is_main() and run_dir.is_dir() and _before_any_work(run_dir):
-            shutil.rmtree(run_dir)  # a start refused before any training leaves no directory behind
+    except Exception:
+        if made is not None and dist.is_main() and run_dir.is_dir() and _before_any_work(run_dir):
+            shutil.rmtree(made)  # a start refused (or failed) before any training leaves no directory behind
         raise
 
 

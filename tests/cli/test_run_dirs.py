@@ -146,3 +146,56 @@ def test_a_quickstart_begun_with_other_settings_is_not_continued_with_them(tmp_p
     assert "begun with another config: ppo.lr" in capsys.readouterr().err
     assert main([*QS[:-4], "--eval-queries", "8", "--run.save-interval", "1", "--run-dir", str(run)]) == 2
     assert "begun with --eval-queries 16, not 8" in capsys.readouterr().err
+
+
+# --- what a refused or failed command leaves behind, and what it says ---------------------------------------------
+
+
+def test_a_refused_start_leaves_no_runs_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train-policy", "tiny", "--reward", "nope"]) == 2
+    assert "--reward 'nope'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # not even an empty runs/
+
+
+@pytest.mark.parametrize("argv", [["label", "tiny", "--n", "2"], ["train-reward", "tiny", "--run-dir", "out"],
+                                  ["import-labels", "pairs.jsonl"]])  # fmt: skip
+def test_an_empty_file_is_not_turned_into_a_label_store(tmp_path, monkeypatch, capsys, argv):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.sqlite").touch()
+    (tmp_path / "pairs.jsonl").write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "b"}) + "\n")
+    assert main([*argv, "--db", "empty.sqlite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("--db empty.sqlite: an empty file (0 bytes), not a label store; delete it, or give another "
+                        "path (a store is made where none exists)"), err  # fmt: skip
+    assert (tmp_path / "empty.sqlite").stat().st_size == 0 and not (tmp_path / "out").exists()
+
+
+def test_push_says_what_a_directory_is_when_it_holds_no_policy_to_push(runs, tmp_path, capsys):
+    sft = tmp_path / "sft"
+    (sft / "sft_model").mkdir(parents=True)
+    shutil.copy(runs / "qs" / "config.json", sft / "config.json")
+    (sft / "command.json").write_text(json.dumps({"command": "train-sft"}))
+    for argv, said in (([str(sft)], f"RUN {sft}: a run of `lmprefs train-sft`, which trains no policy that push "
+                                    "uploads (the policy of a train-policy, train-dpo or quickstart run)"),
+                       ([str(runs / "qs" / "policy")], f"RUN {runs / 'qs' / 'policy'}: a model inside the run "
+                        f"{runs / 'qs'}; push the run directory: lmprefs push {runs / 'qs'} --repo m")):  # fmt: skip
+        assert main(["push", *argv, "--repo", "m", "--hub-dir", str(tmp_path / "hub")]) == 2
+        assert capsys.readouterr().err.strip().endswith(said)
+
+
+def test_a_store_locked_by_another_process_says_so(tmp_path):
+    import sqlite3
+
+    from lmprefs.errors import UserError
+    from lmprefs.labels.store import LabelStore
+
+    LabelStore(tmp_path / "labels.sqlite").close()
+    holder = sqlite3.connect(tmp_path / "labels.sqlite", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(UserError, match="in use by another process that holds it locked"):
+            LabelStore(tmp_path / "labels.sqlite", busy_timeout=0.2)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
