@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from crash import killed
+
 from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
 
@@ -151,11 +151,16 @@ def test_a_quickstart_begun_with_other_settings_is_not_continued_with_them(tmp_p
 # --- what a refused or failed command leaves behind, and what it says ---------------------------------------------
 
 
-def test_a_refused_start_leaves_no_runs_folder(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("argv,said", [
+    (["train-policy", "tiny", "--reward", "nope"], "--reward 'nope'"),
+    (["quickstart", "--preset", "tiny", "--task.query-dataset", "nope.txt"], "task.query_dataset='nope.txt'"),
+    (["quickstart", "--preset", "tiny", "--task.query-dataset", "nope.txt", "--run-dir", "qs"], "nope.txt"),
+])  # fmt: skip
+def test_a_refused_start_leaves_no_folder(tmp_path, monkeypatch, capsys, argv, said):
     monkeypatch.chdir(tmp_path)
-    assert main(["train-policy", "tiny", "--reward", "nope"]) == 2
-    assert "--reward 'nope'" in capsys.readouterr().err
-    assert list(tmp_path.iterdir()) == []  # not even an empty runs/
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []  # not the run directory, not an empty runs/
 
 
 @pytest.mark.parametrize("argv", [["label", "tiny", "--n", "2"], ["train-reward", "tiny", "--run-dir", "out"],
