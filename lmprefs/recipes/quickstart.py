@@ -159,7 +159,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
         res = _State(run_dir, state)
         if dist.is_main():
             save_config(cfg, run_dir / "config.json")
-            res.save("eval", eval_flags)
+        res.save("eval", eval_flags)  # every rank's copy; rank 0 writes it
         if state:
             say(f"resuming {run_dir}", flush=True)
         res.data.setdefault("stages", {})["assets and model"] = setup_seconds
@@ -248,6 +248,7 @@ def _reward_and_run(cfg: Config, run_dir: Path, t: Task, res: _State, store, pre
     it kept; otherwise the reward model is trained (again, after a kill: the rows an earlier attempt logged are
     dropped first) and PPO starts at update 0."""
     found = find_checkpoint(run_dir)
+    kept = found is not None and "reward" in found[1].get("extras", ())  # the checkpoint holds the reward model
     s = time.time()
     if found is None:
         if dist.is_main():  # what a killed attempt logged from its reward model on: this one logs it again
@@ -264,18 +265,19 @@ def _reward_and_run(cfg: Config, run_dir: Path, t: Task, res: _State, store, pre
         res.timed("train reward model", s)
         say(f"      held-out accuracy {res.data['reward_model']['rm_accuracy']:.3f} "
             f"({summary['labels_heldout']} labels; chance {chance(cfg):.2f})", flush=True)  # fmt: skip
-    elif "reward" in found[1].get("extras", ()):
+    elif kept:
         rm = reward_frame(t)  # filled from the checkpoint: the very model the killed run scored with
     else:  # sharded under FSDP (or an earlier lmprefs') the reward model is not in the checkpoint: its export scores
         # the same up to rounding
         rm = load_reward_model(run_dir / "reward_model", t.device)
         if cfg.run.parallel == "fsdp":
-            rm = parallel.wrap(rm, "fsdp", t.dtype)
+            parallel.wrap(rm, "fsdp", t.dtype)  # sharded in place
     rm.freeze()
     release_freed_memory()
     policy = policy_for(t)
     run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
-    if rm.adapter is not None or not parallel.is_sharded(rm):  # as train-policy keeps a reward model trained in it
+    # kept in the checkpoint as train-policy keeps a reward model trained in its run
+    if (found is None or kept) and (rm.adapter is not None or not parallel.is_sharded(rm)):
         run.extras["reward"] = RewardState(rm)
     if found is None:
         return rm, run, log
