@@ -21,7 +21,6 @@ from lmprefs.config.diff import flat_config, math_changes
 from lmprefs.data.queries import QueryStream
 from lmprefs.data.tasks import decode, show, stop_tokens
 from lmprefs.errors import UserError
-from lmprefs.io.atomic import atomic_write_text
 from lmprefs.io.config_file import load_config, save_config
 from lmprefs.io.locks import run_lock
 from lmprefs.io.run_owner import owner
@@ -34,6 +33,7 @@ from lmprefs.pipeline.policy import policy_for
 from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
 from lmprefs.pipeline.task import Task, setup_task
+from lmprefs.recipes.experiment import Results
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import compiles_forwards
 from lmprefs.runtime.memory import release_freed_memory
@@ -111,9 +111,6 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 # what a run leaves in its directory: a quickstart starts only where none is, unless the quickstart made it
 RUN_FILES = ("config.json", "run.json", "metrics.jsonl", "checkpoint", "policy", "reward_model", "labels.sqlite",
              "report.md")  # fmt: skip
-STATE = "results.json"  # each finished stage's result: a killed quickstart continues where it stopped
-
-
 def _check_resume(cfg: Config, run_dir: Path, eval_flags: dict) -> dict:
     """results.json of the quickstart in run_dir ({} for a new one), after refusing a finished one and a command
     line that would change what a begun one computes."""
@@ -124,7 +121,7 @@ def _check_resume(cfg: Config, run_dir: Path, eval_flags: dict) -> dict:
         return {}
     if (run_dir / "report.md").exists():
         raise UserError(f"{run_dir} holds a finished quickstart (report.md); choose another --run-dir")
-    state = json.loads((run_dir / STATE).read_text()) if (run_dir / STATE).is_file() else {}
+    state = Results(run_dir).data
     if (run_dir / "config.json").is_file():
         diff = math_changes(flat_config(load_config(run_dir / "config.json")), flat_config(cfg))
         if diff:
@@ -156,7 +153,8 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
     # shares of each global batch, the held-out queries are evaluated in shares and gathered; rank 0 writes
     with run_lock(run_dir, "quickstart") if dist.is_main() else contextlib.nullcontext():
-        res = _State(run_dir, state)
+        res = _State(run_dir)
+        res.data = state
         if dist.is_main():
             save_config(cfg, run_dir / "config.json")
         res.save("eval", eval_flags)  # every rank's copy; rank 0 writes it
@@ -166,16 +164,14 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
         return _stages(cfg, run_dir, t, res, true_fn, say)
 
 
-class _State:
-    """results.json of a quickstart, rewritten atomically (rank 0) after every stage."""
-
-    def __init__(self, run_dir: Path, data: dict):
-        self.path, self.data = run_dir / STATE, data
+class _State(Results):
+    """results.json of a quickstart, as an experiment's, written by rank 0 alone."""
 
     def save(self, key: str, value) -> None:
-        self.data[key] = value
         if dist.is_main():
-            atomic_write_text(self.path, json.dumps(self.data, indent=1))
+            super().save(key, value)
+        else:
+            self.data[key] = value
 
     def timed(self, stage: str, start: float) -> None:
         self.save("stages", {**self.data.get("stages", {}), stage: time.time() - start})
