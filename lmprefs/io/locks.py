@@ -11,8 +11,6 @@ from pathlib import Path
 from lmprefs.errors import UserError
 from lmprefs.io.run_owner import claim, refuse_other
 
-_held: set[Path] = set()  # the run directories this process holds
-
 
 @contextlib.contextmanager
 def run_lock(run_dir: Path, command: str | None = None):
@@ -25,10 +23,6 @@ def run_lock(run_dir: Path, command: str | None = None):
     if command is not None:
         refuse_other(run_dir, command, "--run-dir")  # before the lock file is made in another command's directory
     run_dir.mkdir(parents=True, exist_ok=True)
-    key = run_dir.resolve()
-    if key in _held:  # held by this process already (quickstart holds its directory around its PPO stage's lock)
-        yield
-        return
     path = run_dir / ".lock"
     f = open(path, "a+")
     try:
@@ -44,8 +38,6 @@ def run_lock(run_dir: Path, command: str | None = None):
         f.flush()
         if command is not None:  # checked again once held: another process may have claimed it meanwhile
             claim(run_dir, command)
-        _held.add(key)
         yield
     finally:
-        _held.discard(key)
         f.close()

@@ -52,10 +52,10 @@ def policy_for(t: Task):
     return Policy(copy.deepcopy(t.model), t.tok, cfg.task.temperature, value_lm=value_lm).to(t.device)
 
 
-def run_train_policy(cfg: Config, run_dir: Path, owner: str = "train-policy", **kw) -> dict:
+def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
     """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint. The run
-    directory is locked for the duration (one process per run) and belongs to the command `owner` (quickstart runs
-    its PPO stage here in its own directory). Other arguments: _train_policy_locked."""
+    directory is locked for the duration (one process per run) and is train-policy's (an experiment's arms are
+    train-policy runs). Arguments: _train_policy_locked."""
     import contextlib
 
     run_dir = Path(run_dir)
@@ -63,7 +63,7 @@ def run_train_policy(cfg: Config, run_dir: Path, owner: str = "train-policy", **
     made = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     try:
         # rank 0 holds the lock for all ranks of a launch (they are one run)
-        with run_lock(run_dir, owner) if dist.is_main() else contextlib.nullcontext():
+        with run_lock(run_dir, "train-policy") if dist.is_main() else contextlib.nullcontext():
             return _train_policy_locked(cfg, run_dir, **kw)
     except Exception:
         if made is not None and dist.is_main() and run_dir.is_dir() and _before_any_work(run_dir):
