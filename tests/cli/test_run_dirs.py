@@ -125,6 +125,23 @@ def test_a_quickstart_killed_in_ppo_continues_from_its_command_line_as_if_never_
         (runs / "qs" / "report.md").read_text().split("| stage |")[0]  # fmt: skip
 
 
+def test_a_quickstart_killed_before_it_recorded_its_labels_asks_no_question_twice(runs, tmp_path, monkeypatch):
+    """Killed between the labeling pass and results.json's record of it: the rerun samples the same questions, which
+    the store already holds (keyed), and labels none twice; the run ends as an uninterrupted one."""
+    from lmprefs.labels.store import LabelStore
+
+    run = tmp_path / "qs"
+    # the 4th write of results.json: after the flags, the initial evaluation and its time, the labels' record
+    killed(monkeypatch, [*QS, "--run-dir", str(run)], "atomic-write:results.json", 4)
+    assert "labels" not in json.loads((run / "results.json").read_text())
+    held = LabelStore(run / "labels.sqlite").table_counts()
+    assert main([*QS, "--run-dir", str(run)]) == 0
+    counts = [LabelStore(d / "labels.sqlite").table_counts() for d in (run, runs / "qs")]
+    assert counts == [held, held]
+    done, whole = json.loads((run / "report.json").read_text()), json.loads((runs / "qs" / "report.json").read_text())
+    assert {k: v for k, v in done.items() if k != "stages"} == {k: v for k, v in whole.items() if k != "stages"}
+
+
 def test_a_quickstart_killed_while_training_its_reward_model_finishes(runs, tmp_path, monkeypatch):
     run = tmp_path / "qs"
     killed(monkeypatch, [*QS, "--run-dir", str(run)], "reward:logged")
