@@ -32,7 +32,7 @@ def cmd_train_reward(argv: list[str]) -> int:
     labels = training_labels(t, store)  # and so is a store that cannot train
     # one process per run directory, as every other command: two would log into one metrics.jsonl and publish over
     # each other; the directory is checked again once held, for a run that finished while this one got ready
-    with run_lock(run_dir) if dist.is_main() else contextlib.nullcontext():
+    with run_lock(run_dir, "train-reward") if dist.is_main() else contextlib.nullcontext():
         _check_reward_run_dir(run_dir)
         # a run killed before its reward model was published is started again by the same command: the rows and
         # events the killed attempt logged are dropped first, or the log would hold its steps twice
@@ -97,7 +97,7 @@ def cmd_train_sft(argv: list[str]) -> int:
     examples = read_sft_data(cfg.sft.data)  # bad data fails here, before a run directory is made
     check_chat_template(cfg.task)  # chat_template=true for a model without one, too
     check_first_conversation(examples, cfg.task)
-    with run_lock(run_dir):
+    with run_lock(run_dir, "train-sft"):
         step = checkpoint_step(run_dir) if a.resume else None
         if a.resume and step is None:  # killed before its first checkpoint: over in place, as train-policy and DPO
             print(f"{run_dir} has no checkpoint yet: starting the run over from step 0", flush=True)

@@ -99,7 +99,7 @@ def run_train_dpo(cfg: Config, run_dir: Path, *, store_path: str | None = None, 
     labels = dpo_labels(t, store, f"--db {source}")
     policy, ref_lm = dpo_policy(t)
     check_trackers(cfg.run.report_to)  # a tracker's missing package, before the run directory is made
-    with run_lock(run_dir):
+    with run_lock(run_dir, "train-dpo"):
         done = checkpoint_step(run_dir) if resume else None
         if not resume:  # config.json first, as train-policy writes them: --resume reads it, and a run.json (which
             # a start without --resume refuses) implies it, so a kill between the two never leaves a run neither starts

@@ -163,7 +163,7 @@ def upgrade(c: sqlite3.Connection, path: Path) -> str:
 def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") -> Path:
     """The label-store path a command was given, or a UserError naming what is wrong with it: a directory, a
     missing folder, a missing store (when `must_exist`), or a file that is not SQLite (opening one would fail deep
-    inside sqlite3, or, for an empty file, turn it into a store)."""
+    inside sqlite3) or empty (opening it would turn it into a store)."""
 
     p = Path(path)
     if p.is_dir():
@@ -177,6 +177,9 @@ def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") 
         return p
     with open(p, "rb") as f:
         head = f.read(16)
+    if not head and not Path(f"{p}-wal").exists():  # an SQLite store has its header from the moment it is made
+        raise UserError(f"{flag} {p}: an empty file (0 bytes), not a label store; delete it, or give another path "
+                        "(a store is made where none exists)")  # fmt: skip
     if head and head != b"SQLite format 3\x00":
         raise UserError(f"{flag} {p}: not a label store (not an SQLite file)")
     return p
