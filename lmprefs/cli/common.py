@@ -10,6 +10,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import output_dir
+from lmprefs.io.run_owner import claim
 
 COMMANDS = {
     "experiment": "mock-sentiment: Figure 2 (reward models from N labels vs direct access, over seeds); kl-frontier: "
@@ -54,14 +55,14 @@ def command_parser(cmd: str, usage: str | None = None) -> ArgumentParser:
     return ArgumentParser(prog=f"lmprefs {cmd}", description=COMMANDS[cmd], usage=usage)
 
 
-def run_dir_for(given: str | None, cfg, command: str, preset: str) -> Path:
+def run_dir_for(given: str | None, cfg, command: str, preset: str, owner: str | None = None) -> Path:
     """The run directory from --run-dir, run.save_dir or a fresh default; refused when it, or a folder above it,
-    is a file."""
+    is a file, and when a command other than `owner` (default: `command`) made it."""
     from lmprefs.data.chat import check_chat_template
     from lmprefs.runtime.runlog import default_run_dir
 
     check_chat_template(cfg.task)
-    return output_dir(given or cfg.run.save_dir or default_run_dir(command, preset), "--run-dir")
+    return output_dir(given or cfg.run.save_dir or default_run_dir(command, preset), "--run-dir", owner or command)
 
 
 def help_with_config(parser: argparse.ArgumentParser, argv: list[str], default_preset: str, pairs=()) -> None:
@@ -155,12 +156,14 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
             if any(x == opt or x.startswith(opt + "=") for x in argv)}  # fmt: skip
 
 
-def experiment_setup(run_dir: Path, preset_name: str, pairs, flags: dict, given: set[str], fixed: bool = False):
-    """(config, flags, on_start) of an experiment in run_dir. A new one runs with the preset, the overrides and its
-    flags as given; on_start writes them (experiment-config.json, experiment-args.json) once every input has been
-    checked. An existing one resumes: its command line may be given again (overrides that leave its math as it is,
-    as `train-policy --resume` allows), flags not given keep their saved values, and flags given anew replace them
-    unless `fixed` (then a flag given with another value is refused)."""
+def experiment_setup(run_dir: Path, owner: str, preset_name: str, pairs, flags: dict, given: set[str],
+                     fixed: bool = False):  # fmt: skip
+    """(config, flags, on_start) of an experiment in run_dir (`owner`: "experiment NAME", recorded as the command
+    that made it). A new one runs with the preset, the overrides and its flags as given; on_start writes them
+    (experiment-config.json, experiment-args.json) once every input has been checked. An existing one resumes: its
+    command line may be given again (overrides that leave its math as it is, as `train-policy --resume` allows),
+    flags not given keep their saved values, and flags given anew replace them unless `fixed` (then a flag given
+    with another value is refused)."""
     import json
 
     from lmprefs.config.diff import flat_config, math_changes
@@ -174,7 +177,7 @@ def experiment_setup(run_dir: Path, preset_name: str, pairs, flags: dict, given:
         cfg = resolve_config(preset_name, pairs)
 
         def on_start() -> None:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            claim(run_dir, owner)
             save_config(cfg, cfg_file)
             atomic_write_text(args_file, json.dumps(flags))
 
@@ -196,4 +199,4 @@ def experiment_setup(run_dir: Path, preset_name: str, pairs, flags: dict, given:
                         f"{flags[k]}; rerun it with its own command line, or choose another --run-dir")  # fmt: skip
     flags = {k: flags[k] if k in given or k not in saved else saved[k] for k in flags}
     print(f"resuming {run_dir}", flush=True)
-    return cfg, flags, lambda: None
+    return cfg, flags, lambda: claim(run_dir, owner)

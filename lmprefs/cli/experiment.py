@@ -100,9 +100,10 @@ def cmd_experiment(argv: list[str]) -> int:
         return _plan(a, resolve_config(preset_name, pairs))
     if a.name == "compare" and a.db:  # saved with the run: a rerun from elsewhere reads the same store
         a.db = str(Path(a.db).resolve())
-    run_dir = run_dir_for(a.run_dir, resolve_config(preset_name, []), "experiment", a.name)
-    cfg, flags, on_start = experiment_setup(run_dir, preset_name, pairs, {k: getattr(a, k) for k in FLAGS[a.name]},
-                                            given)  # fmt: skip
+    owner = f"experiment {a.name}"
+    run_dir = run_dir_for(a.run_dir, resolve_config(preset_name, []), "experiment", a.name, owner)
+    cfg, flags, on_start = experiment_setup(run_dir, owner, preset_name, pairs,
+                                            {k: getattr(a, k) for k in FLAGS[a.name]}, given)  # fmt: skip
     a = argparse.Namespace(**{**vars(a), **flags})
     if a.eval_samples < 1:
         raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
@@ -273,11 +274,12 @@ def _writing_prompts(argv: list[str]) -> int:
         _check_scores_file(a.data)
     if a.true_reward is not None:
         reward_function(a.true_reward, "--true-reward")  # an unknown name is refused before any work
-    run_dir = run_dir_for(a.run_dir, resolve_config(a.preset, []), "experiment", "writing-prompts")
+    owner = "experiment writing-prompts"
+    run_dir = run_dir_for(a.run_dir, resolve_config(a.preset, []), "experiment", "writing-prompts", owner)
     own = {"data": str(Path(a.data).resolve()) if a.data else None, "true_reward": a.true_reward,
            "eval_queries": a.eval_queries, "eval_samples": a.eval_samples, "demo_prompts": a.demo_prompts,
            "demo_per_prompt": a.demo_per_prompt}  # fmt: skip
-    cfg, own, on_start = experiment_setup(run_dir, a.preset, pairs, own, given_flags(p, argv), fixed=True)
+    cfg, own, on_start = experiment_setup(run_dir, owner, a.preset, pairs, own, given_flags(p, argv), fixed=True)
     if cfg.labels.type != "scalar_rating":  # else stage 3 refused the store, after the data and SFT stages
         raise UserError(f"labels.type={cfg.labels.type}: writing-prompts stores its per-response scores as "
                         "scalar_rating labels; set --labels.type scalar_rating (the writing-prompts preset does)")

@@ -169,14 +169,19 @@ def _ppo(p) -> list[str]:
          f"ppo.score_drop_stop={p.score_drop_stop} must be positive or None")
     need(p.overoptimization_stop is None or p.overoptimization_stop > 0,
          f"ppo.overoptimization_stop={p.overoptimization_stop} must be positive or None")
-    need(p.estimator in ("ppo", "rloo"), f"ppo.estimator={p.estimator!r}: choose ppo or rloo")
+    group = ("rloo", "grpo", "dr_grpo", "reinforce_pp_baseline")
+    need(p.estimator in ("ppo",) + group, f"ppo.estimator={p.estimator!r}: choose ppo, {', '.join(group)}")
     need(p.rloo_ratio in ("token", "sequence"), f"ppo.rloo_ratio={p.rloo_ratio!r}: choose token or sequence")
     need(p.rloo_k >= 2, f"ppo.rloo_k={p.rloo_k} must be at least 2 (the baseline is the other samples' mean)")
-    if p.estimator == "rloo":
+    need(p.kl_in in (None, "reward", "loss"), f"ppo.kl_in={p.kl_in!r}: choose reward or loss")
+    need(p.kl_in is None or p.estimator in ("grpo", "dr_grpo"),
+         f"ppo.kl_in={p.kl_in!r} applies to ppo.estimator grpo or dr_grpo; {p.estimator} takes its KL in the reward "
+         "only")  # fmt: skip
+    if p.estimator in group:
         need(p.rloo_k < 2 or p.batch_size % p.rloo_k == 0,
              f"ppo.rloo_k={p.rloo_k} must divide ppo.batch_size={p.batch_size} (samples per query)")
-        need(p.value_model == "shared", "ppo.estimator=rloo trains no value model; ppo.value_model=separate does not "
-             "apply")  # fmt: skip
+        need(p.value_model == "shared", f"ppo.estimator={p.estimator} trains no value model; ppo.value_model=separate "
+             "does not apply")  # fmt: skip
     return out
 
 
@@ -235,6 +240,8 @@ def _dpo(d) -> list[str]:
     need(d.batch_size > 0, f"dpo.batch_size={d.batch_size} must be positive")
     need(d.microbatch >= 0, f"dpo.microbatch={d.microbatch} must be >= 0 (0: the whole batch)")
     need(d.epochs > 0, f"dpo.epochs={d.epochs} must be positive")
+    need(d.online_samples >= 2, f"dpo.online_samples={d.online_samples} must be at least 2 (a choice needs two)")
+    need(d.online_steps > 0, f"dpo.online_steps={d.online_steps} must be positive")
     return out
 
 

@@ -27,6 +27,8 @@ METHOD_KEYS = {
             "rewards.kl_target", "rewards.trained_model"),
     "rloo": ("ppo.total_episodes", "ppo.batch_size", "ppo.lr", "ppo.rloo_k", "ppo.rloo_ratio", "rewards.kl_coef",
              "rewards.kl_target", "rewards.trained_model"),
+    "grpo": ("ppo.total_episodes", "ppo.batch_size", "ppo.lr", "ppo.rloo_k", "ppo.kl_in", "rewards.kl_coef",
+             "rewards.kl_target", "rewards.trained_model"),
     "dpo": ("labels.type", "dpo.loss", "dpo.beta", "dpo.lr", "dpo.batch_size", "dpo.epochs"),
     "reward-model": ("labels.type", "labels.labeler", "labels.num_train", "labels.heldout_fraction",
                      "train_reward.lr", "train_reward.batch_size", "train_reward.epochs"),
@@ -37,7 +39,13 @@ METHOD_TEXT = {
     "reward-model": "A reward model trained on preference labels (a scalar score of query + response)",
     "rlhf": "A policy fine-tuned from preferences",
     "rloo": "A policy fine-tuned with RLOO against a reward model learned from preferences, with a KL penalty",
+    "grpo": "A policy fine-tuned with GRPO against a reward model learned from preferences, with a KL term",
+    "dr_grpo": "A policy fine-tuned with Dr. GRPO against a reward model learned from preferences, with a KL term",
+    "reinforce_pp_baseline": "A policy fine-tuned with REINFORCE++-baseline against a reward model learned from "
+                             "preferences, with a KL penalty",
 }
+METHOD_KEYS["dr_grpo"] = METHOD_KEYS["grpo"]
+METHOD_KEYS["reinforce_pp_baseline"] = METHOD_KEYS["rloo"]
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from lmprefs.recipes.experiment import (
     true_reward_fn,
 )
 from lmprefs.recipes.kl_frontier import frontier_scores, plot_frontier, save_frontier
+from lmprefs.recipes.matched import matched_kl, matched_table, verdicts
 from lmprefs.runtime.runlog import read_metrics
 from lmprefs.training.frontier import DEFAULT_BETAS
 from lmprefs.training.rollout import rm_score_fn
@@ -49,7 +50,11 @@ from lmprefs.training.scaling_laws import bon_kl
 # the PPO-family arms: what each changes in the ppo section
 PPO_FAMILY = {"ppo": {"value_model": "shared", "estimator": "ppo"},
               "ppo-separate": {"value_model": "separate", "estimator": "ppo"},
-              "rloo": {"value_model": "shared", "estimator": "rloo"}}  # fmt: skip
+              "rloo": {"value_model": "shared", "estimator": "rloo"},
+              "grpo": {"value_model": "shared", "estimator": "grpo", "kl_in": "loss"},
+              "grpo-kl-reward": {"value_model": "shared", "estimator": "grpo", "kl_in": "reward"},
+              "dr-grpo": {"value_model": "shared", "estimator": "dr_grpo"},
+              "reinforce-pp-baseline": {"value_model": "shared", "estimator": "reinforce_pp_baseline"}}  # fmt: skip
 ARMS = (*PPO_FAMILY, "dpo-pairwise", "dpo-listwise", "best-of-n")
 NEEDS_RM = {*PPO_FAMILY, "best-of-n"}
 DEFAULT_EVAL_QUERIES = 64
@@ -73,6 +78,7 @@ class Plan:
     betas: tuple[float, ...] = DEFAULT_BETAS
     min_ess: float = 10.0
     db: Path | None = None
+    match_kl: tuple[float, ...] = ()
 
 
 def arm_list(plan: Plan) -> list[tuple[str, str, str, float]]:
@@ -148,6 +154,7 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
                                 "episodes_per_s": episodes / wall})  # fmt: skip
     names = [a[0] for a in arm_list(plan)]
     res.save("summary", summarize_seeds(res.data, names, plan.seeds))
+    res.save("matched_kl", matched_kl(res.data, arm_list(plan), plan.arms, plan.seeds, plan.match_kl))
     fig = plot_compare(run_dir, res.data, plan)
     report = write_report(run_dir, res.data, plan, cfg)
     return {"results": res.data, "figure": fig, "report": report}
@@ -232,7 +239,8 @@ def best_of_n_policy(t: Task, rm, queries: torch.Tensor, true_fn, n: int, sample
 
 
 COLORS = {"ppo": "tab:blue", "ppo-separate": "tab:cyan", "rloo": "tab:green", "dpo-pairwise": "tab:red",
-          "dpo-listwise": "tab:orange", "best-of-n": "tab:purple"}  # fmt: skip
+          "dpo-listwise": "tab:orange", "best-of-n": "tab:purple", "grpo": "tab:olive", "grpo-kl-reward": "tab:brown",
+          "dr-grpo": "tab:pink", "reinforce-pp-baseline": "tab:gray"}  # fmt: skip
 
 
 def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
@@ -255,6 +263,8 @@ def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
         ax.errorbar([d["kl"] for d in pts], [d["mean"] for d in pts], xerr=[d["kl_stderr"] for d in pts],
                     yerr=[d["stderr"] for d in pts], fmt="-o" if kind == "best-of-n" else "o", capsize=3, lw=0.8,
                     color=COLORS[kind], label=f"{kind} ({what})")  # fmt: skip
+    for kl in data.get("matched_kl", {}).get("kls", []):  # where the kinds are compared
+        ax.axvline(kl, color="0.6", ls=":", lw=0.8)
     ax.set_xlabel("KL(pi, rho), nats")
     ax.set_ylabel("true reward on held-out queries")
     ax.set_title(f"one label store, one reward model: {plan.seeds} seed{'s' if plan.seeds > 1 else ''}, "
@@ -317,6 +327,12 @@ def write_report(run_dir: Path, data: dict, plan: Plan, cfg: Config | None = Non
              *([f"**Arms that {still}.**", ""] if (still := unmoved(data, plan, cfg)) else []),
              f"Optimal frontier from {fr['queries']} queries x {fr['samples_per_query']} samples of rho (trusted up "
              f"to mean ESS {fr['min_ess']:g}).", "", "![KL vs true reward](compare.png)", ""]  # fmt: skip
+    m = data.get("matched_kl", {"kls": [], "note": "not computed"})
+    lines += ["## At matched KL", "",
+              "Each kind's true reward interpolated on its own curve over its KL settings, per seed, at KL values "
+              f"every kind reached in every seed ({m.get('ranges', '')}); mean across seeds +/- the 95% interval's "
+              "half-width (Student's t), seeds in brackets; the frontier at that KL where trusted (dotted lines in "
+              "the figure).", "", *matched_table(m), "", *verdicts(m, plan.seeds), ""]  # fmt: skip
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

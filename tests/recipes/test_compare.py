@@ -17,11 +17,14 @@ SMALL = ["--preset", "tiny", "--eval-samples", "1", "--labels", "16", "--eval-qu
 CONFIG = ["--ppo.total-episodes", "16", "--labels.heldout-fraction", "0.2", "--dpo.batch-size", "16"]
 KEYS = ["ppo-beta0.1", "ppo-separate-beta0.1", "rloo-beta0.1", "dpo-pairwise-beta0.1", "dpo-listwise-beta0.1",
         "best-of-4"]  # fmt: skip
+GRPO_KEYS = ["grpo-beta0.1", "grpo-kl-reward-beta0.1", "dr-grpo-beta0.1", "reinforce-pp-baseline-beta0.1"]
 
 
 def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "cmp"
-    args = ["experiment", "compare", *SMALL, "--run-dir", str(run_dir)]
+    arms = "ppo,ppo-separate,rloo,grpo,grpo-kl-reward,dr-grpo,reinforce-pp-baseline,dpo-pairwise,dpo-listwise," \
+           "best-of-n"
+    args = ["experiment", "compare", *SMALL, "--arms", arms, "--run-dir", str(run_dir)]
     killed(monkeypatch, args + CONFIG, "dpo:logged", 2)  # the second DPO arm (listwise), after its first logged step
     assert (run_dir / "dpo-listwise-beta0.1" / "run.json").is_file()
     assert "dpo-listwise-beta0.1" not in json.loads((run_dir / "results.json").read_text())
@@ -29,13 +32,16 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     # rerunning the command: the finished arms are skipped, the killed one resumes, the rest run
     assert main(args + CONFIG) == 0
     out = capsys.readouterr().out
-    assert all(f"[{k}] done" in out for k in KEYS[:4]), out
+    assert all(f"[{k}] done" in out for k in KEYS[:4] + GRPO_KEYS), out
     assert "[dpo-listwise-beta0.1] resuming" in out and "[best-of-4] sampling" in out
     assert "[labels]" not in out and "[frontier]" not in out and "[reward model]" not in out
     assert "| rloo | kl_coef 0.1 |" in out
+    assert "Matched KL: no comparison (matched KL needs two or more arm kinds" in out  # one setting per kind
     res = json.loads((run_dir / "results.json").read_text())
-    assert {"labels", "initial", "frontier", "reward_model", "summary", *KEYS} <= set(res)
-    for key in KEYS:
+    assert {"labels", "initial", "frontier", "reward_model", "summary", *KEYS, *GRPO_KEYS} <= set(res)
+    grpo = json.loads((run_dir / "grpo-beta0.1" / "config.json").read_text())["ppo"]
+    assert (grpo["estimator"], grpo["kl_in"]) == ("grpo", "loss")
+    for key in KEYS + GRPO_KEYS:
         d = res[key]
         assert d["n_queries"] == 4 and d["seconds"] > 0 and d["episodes"] > 0, (key, d)
         assert all(math.isfinite(d[k]) for k in ("mean", "stderr", "kl", "kl_stderr", "episodes_per_s")), (key, d)
@@ -63,6 +69,10 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     (["--db", "missing.sqlite"], "missing.sqlite"),
     (["--db", "scores.jsonl"], "the label store holds no best-of-N or pairwise labels"),
     (["--fit-cut", "1"], "--fit-cut is not an option of `experiment compare`"),
+    (["--match-kl", "1", "--kl-coefs", "0.1", "--dpo-betas", "0.1", "--best-of", "4"],
+     "--match-kl 1: matched KL needs two or more arm kinds with two or more KL settings"),
+    (["--match-kl", "0.3,9", "--best-of", "2,16"], "best-of-n reaches KL 0.19-1.84 nats only (--best-of 2,16), not 9"),
+    (["--match-kl", "nan"], "--match-kl 'nan': every KL value must be a positive number"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, argv, needle):
     monkeypatch.chdir(tmp_path)

@@ -30,6 +30,11 @@ Version 7 adds drift anchors: `items.anchor` (1: a fixed item re-served to every
 answers, never through the queue and never for training) and `anchor_answers`, one row per (anchor, labeler,
 interval); the interval length lives in `meta` (`anchor_every`).
 
+Version 8 adds `labels.seq`, a label's position in the feed of answers (`GET /api/labels`): an answer takes the next
+position when it is given and again when an undo changes it, so a reader paging by position sees the change (the row
+id stays the item's and labeler's); and `labelers.held` (when an admin held the labeler back from real work: they are
+not admitted again by their practice score, only by an admin).
+
 A store from newer code (a larger version) is refused, never written.
 """
 
@@ -40,7 +45,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -106,10 +111,19 @@ MIGRATIONS = {
         " best INTEGER NOT NULL, ranking TEXT, seconds REAL, created REAL NOT NULL,"
         " UNIQUE (item_id, labeler_id, interval))",
     ],
+    8: [
+        "ALTER TABLE labels ADD COLUMN seq INTEGER",
+        "UPDATE labels SET seq = id",
+        "CREATE UNIQUE INDEX labels_seq ON labels (seq)",
+        "ALTER TABLE labelers ADD COLUMN held REAL",
+    ],
 }
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read
 CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
+# a labeler's first answer to an item, labels `l` (an undo may have replaced it since): what gold accuracy counts
+FIRST_KIND = "COALESCE(l.first_kind, l.kind)"
+FIRST_BEST = "(CASE WHEN l.first_kind IS NULL THEN l.best ELSE l.first_best END)"
 TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels",
           "anchor_answers")  # fmt: skip
 
@@ -149,7 +163,7 @@ def upgrade(c: sqlite3.Connection, path: Path) -> str:
 def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") -> Path:
     """The label-store path a command was given, or a UserError naming what is wrong with it: a directory, a
     missing folder, a missing store (when `must_exist`), or a file that is not SQLite (opening one would fail deep
-    inside sqlite3, or, for an empty file, turn it into a store)."""
+    inside sqlite3) or empty (opening it would turn it into a store)."""
 
     p = Path(path)
     if p.is_dir():
@@ -163,6 +177,9 @@ def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") 
         return p
     with open(p, "rb") as f:
         head = f.read(16)
+    if not head and not Path(f"{p}-wal").exists():  # an SQLite store has its header from the moment it is made
+        raise UserError(f"{flag} {p}: an empty file (0 bytes), not a label store; delete it, or give another path "
+                        "(a store is made where none exists)")  # fmt: skip
     if head and head != b"SQLite format 3\x00":
         raise UserError(f"{flag} {p}: not a label store (not an SQLite file)")
     return p
