@@ -30,6 +30,10 @@ Version 7 adds drift anchors: `items.anchor` (1: a fixed item re-served to every
 answers, never through the queue and never for training) and `anchor_answers`, one row per (anchor, labeler,
 interval); the interval length lives in `meta` (`anchor_every`).
 
+Version 8 adds query selection: `items.acquisition` (how much an answer to a pending item would teach a reward-model
+ensemble, as `lmprefs rank-queue` scored it: larger first; NULL: never scored) and, in `meta`, what scored them
+(`acquisition`). The queue serves scored items first, by score, then the rest oldest first.
+
 A store from newer code (a larger version) is refused, never written.
 """
 
@@ -40,7 +44,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -106,7 +110,13 @@ MIGRATIONS = {
         " best INTEGER NOT NULL, ranking TEXT, seconds REAL, created REAL NOT NULL,"
         " UNIQUE (item_id, labeler_id, interval))",
     ],
+    8: [
+        "ALTER TABLE items ADD COLUMN acquisition REAL",
+        "CREATE INDEX items_acquired ON items (status, priority DESC, acquisition IS NULL, acquisition DESC, id)",
+    ],
 }
+# the queue's order: an admin's priority first, then the acquisition score (scored items before unscored), then age
+QUEUE_ORDER = "i.priority DESC, i.acquisition IS NULL, i.acquisition DESC, i.id"
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read
 CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
