@@ -171,6 +171,13 @@ class TrainRewardConfig:
     """Normalize rewards of initial-policy samples to mean 0, std 1 before training."""
     normalize_after: bool = True
     """Normalize again after training, so the KL coefficient always has the same meaning."""
+    ensemble: int = 1
+    """Reward models trained together as an ensemble (1: one reward model). Members differ by their initialization
+    seed (derived from run.seed and the member's index; member 0 takes run.seed) and, with `bootstrap`, by their
+    labels; with LoRA they share the frozen base and its frozen prefix. Scored by the mean of the members."""
+    bootstrap: bool = False
+    """Train each ensemble member on its own bootstrap resample of the training labels (drawn with replacement,
+    as many as there are)."""
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,7 @@ def _train_reward(tr) -> list[str]:
     need(tr.epochs > 0, f"train_reward.epochs={tr.epochs} must be positive")
     need(tr.microbatch >= 0, f"train_reward.microbatch={tr.microbatch} must be >= 0 (0: the whole batch)")
     need(tr.rollout_batch_size > 0, f"train_reward.rollout_batch_size={tr.rollout_batch_size} must be positive")
+    need(tr.ensemble >= 1, f"train_reward.ensemble={tr.ensemble} must be >= 1 (1: one reward model)")
     need(tr.normalize_samples > 1, f"train_reward.normalize_samples={tr.normalize_samples} must be >= 2")
     return out
 

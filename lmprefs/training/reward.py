@@ -228,14 +228,23 @@ def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskCon
 
 
 def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen, *,
-              target: tuple[float, float] = (0.0, 1.0)) -> dict:  # fmt: skip
+              target: tuple[float, float] = (0.0, 1.0), memo: dict | None = None) -> dict:  # fmt: skip
     """Set gain and bias so rewards of initial-policy samples have mean and std `target`: (0, 1), or before training
     the scale of the labels when the label type has one (train_reward.py:normalize and target_mean_std;
     rewards.py:set_reward_norm). The samples are untruncated, as the original's normalization samples are. A
-    reward model on the sampled model's own base scores them from the sampling pass's frozen prefix."""
+    reward model on the sampled model's own base scores them from the sampling pass's frozen prefix.
+    `memo`: a dict the caller keeps across reward models on one initial policy (an ensemble's members): samples
+    drawn from a generator state found there are taken from it, and `gen` is left where drawing them left it."""
     shared = getattr(rm, "lm", None) is model and cfg.run.parallel != "fsdp"  # a sharded trunk scores the tokens
     depth = frozen_depth(model) if shared else 0
-    q, responses, prefixes = normalization_samples(model, tok, queries, cfg, ctx, gen, prefix_depth=depth)
+    key = (bytes(gen.get_state().cpu().numpy()), depth) if memo is not None else None
+    if memo is not None and key in memo:
+        q, responses, prefixes, after = memo[key]
+        gen.set_state(after)
+    else:
+        q, responses, prefixes = normalization_samples(model, tok, queries, cfg, ctx, gen, prefix_depth=depth)
+        if memo is not None:
+            memo[key] = (q, responses, prefixes, gen.get_state())
     # the moments of every rank's samples together (the original averages them over MPI ranks)
     r = dist.gather_rows(rm_rewards(rm, q, responses, ctx, prefixes=prefixes).double())
     mean, std = r.mean().item(), r.std(unbiased=False).item()  # np.mean / np.std of the original
@@ -327,12 +336,12 @@ def prefix_bytes(lm, data: Comparisons, ctx: TaskContext) -> int:
 
 
 def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx: TaskContext, *, log=None, bar=None,
-                cache: QuestionPrefixes | None = None) -> dict:  # fmt: skip
+                cache: QuestionPrefixes | None = None, seed: int | None = None) -> dict:  # fmt: skip
     """train_reward.epochs passes over `data`, each in a fresh random permutation, the LR decaying linearly to 0
     over all of them (train_reward.py:train l.241-249, which makes one pass). A minibatch of train_reward.batch_size
     questions runs as forwards of train_reward.microbatch questions whose gradients add up (the same step, less
     memory). `cache`: the frozen prefixes of data's rows (`label_prefixes`), so the frozen bottom blocks are not run
-    again.
+    again. `seed`: of the permutations (default run.seed; an ensemble member's own).
     Under several ranks every rank draws the same permutation and takes a strided share of each global batch; DDP
     averages the gradients, with each rank's loss weighted so that the average is the global batch's mean."""
 
@@ -342,7 +351,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx
     model = parallel.wrap(rm, cfg.run.parallel, ctx.dtype)  # under FSDP sharded in place, before the optimizer sees it
     opt = TFAdam(rm.trainable_parameters(), lr=cfg.train_reward.lr)
     W = dist.world()
-    g = torch.Generator().manual_seed(cfg.run.seed)
+    g = torch.Generator().manual_seed(cfg.run.seed if seed is None else seed)
     n, bs, S = len(data), cfg.train_reward.batch_size, data.samples.shape[1]
     micro = cfg.train_reward.microbatch or bs
     # a question's S samples share one pass of its query (RewardModel.forward), except under FSDP, whose sharded

@@ -1,0 +1,169 @@
+"""Reward-model ensembles: K reward models scored together.
+
+Interface (for query selection and anything else that needs the members' disagreement):
+
+- `RewardEnsemble(members)`: an nn.Module over K `RewardModel`s. `member_scores(queries, responses, prefix=None,
+  repeats=1) -> Tensor [K, B]` takes what `RewardModel.forward` takes (formatted queries [B / k, Q] with the task's
+  prefix and suffix, `TaskContext.format`, and token responses [B, T], PAD right; `repeats` = k responses per
+  query) and gives each member's normalized reward. `forward(...)` is their mean [B], so an ensemble scores
+  wherever a reward model does (`rm_rewards`, `evaluate`, `rm_score_fn`). `mean(scores)` / `spread(scores)` [B]:
+  the mean and the standard deviation over members (population, over K). Members that are LoRA adapters on one
+  base share its frozen prefix: the blocks below the adapters run once per batch for all K.
+- `load_reward(path, device)`: a reward-model directory -> RewardModel, an ensemble directory -> RewardEnsemble.
+  `is_ensemble_dir(path)`: whether `path` holds an ensemble.
+- On disk an ensemble is one published directory: `member-0/` .. `member-{K-1}/`, each a reward-model directory as
+  `save_reward_model` writes it (transformers/peft load each as they load a single one), and `ensemble.json`
+  (`ENSEMBLE_FILE`): {"kind": "reward_ensemble", "members": [dir names], "seeds": [...], "bootstrap": bool,
+  "normalization": [{"gain", "bias", "norm_before", "norm_after"} per member], "summary": {...}}.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from lmprefs.errors import UserError
+from lmprefs.models.artifacts import atomic_dir, is_reward_model_dir, load_reward_model, verified, write_reward_model
+from lmprefs.models.model_card import CardInfo
+from lmprefs.models.reward_model import RewardModel
+from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix_shared
+
+ENSEMBLE_FILE = "ensemble.json"
+"""The manifest of an ensemble directory: its members, their seeds and normalization."""
+
+
+def member_seed(seed: int, k: int) -> int:
+    """The initialization seed of member k of an ensemble trained with run.seed `seed`: member 0 takes `seed` itself
+    (an ensemble's first member is the reward model a single run trains), the others seeds far from it and from
+    each other's neighbours (run.seed + 1 is another run's seed)."""
+    return seed if k == 0 else (seed + 1_000_003 * k) % 2**63
+
+
+def member_name(k: int) -> str:
+    """The directory of member k inside an ensemble directory."""
+    return f"member-{k}"
+
+
+class RewardEnsemble(nn.Module):
+    """K reward models; rewards are their mean (`forward`), each member's are `member_scores` [K, B]."""
+
+    def __init__(self, members: list[RewardModel]):
+        super().__init__()
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        self.members = nn.ModuleList(members)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    @property
+    def tokenizer(self):
+        return self.members[0].tokenizer
+
+    @property
+    def lm(self):
+        """The first member's trunk (the shared base when the members are adapters on one)."""
+        return self.members[0].lm
+
+    @property
+    def adapter(self) -> str | None:
+        return self.members[0].adapter
+
+    def shares_base(self) -> bool:
+        """Whether every member is an adapter on one base with frozen blocks below the adapters."""
+        lm = self.lm
+        return all(m.lm is lm and m.adapter is not None for m in self.members) and frozen_depth(lm) > 0
+
+    def member_scores(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
+                      repeats: int = 1) -> Tensor:  # fmt: skip
+        """Rewards [K, B] of every member for queries [B / k, Q] (formatted) and responses [B, T] (k = repeats).
+        Members on one base take the frozen prefix given, or one computed here once for all of them."""
+        if prefix is None and len(self.members) > 1 and self.shares_base():
+            prefix = frozen_prefix_shared(self.lm, queries, responses, repeats)
+        return torch.stack([m(queries, responses, prefix, repeats) for m in self.members])  # [K, B]
+
+    def forward(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
+                repeats: int = 1) -> Tensor:  # fmt: skip
+        """The members' mean reward [B]."""
+        return self.member_scores(queries, responses, prefix, repeats).mean(0)
+
+    @staticmethod
+    def mean(scores: Tensor) -> Tensor:
+        """scores [K, B] -> [B]: the ensemble's reward."""
+        return scores.mean(0)
+
+    @staticmethod
+    def spread(scores: Tensor) -> Tensor:
+        """scores [K, B] -> [B]: the standard deviation over members (population: divided by K; 0 for K = 1)."""
+        return scores.std(0, unbiased=False)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for m in self.members for p in m.trainable_parameters()]
+
+    def freeze(self) -> RewardEnsemble:
+        for m in self.members:
+            m.freeze()
+        return self
+
+
+def is_ensemble_dir(path: Path) -> bool:
+    """Whether `path` is an ensemble directory (it holds ENSEMBLE_FILE)."""
+    return (Path(path) / ENSEMBLE_FILE).is_file()
+
+
+def read_manifest(path: Path) -> dict:
+    """The ensemble manifest of `path`, checked: a UserError naming the file when it is unreadable or names no
+    members."""
+    f = Path(path) / ENSEMBLE_FILE
+    try:
+        manifest = json.loads(f.read_text())
+        names = manifest["members"]
+        assert isinstance(names, list) and names and all(isinstance(n, str) for n in names)
+    except (OSError, ValueError, KeyError, TypeError, AssertionError):
+        raise UserError(f"{f}: not an ensemble manifest (a JSON object listing its members)") from None
+    return manifest
+
+
+def load_reward_ensemble(path: Path, device: torch.device | str = "cpu") -> RewardEnsemble:
+    """An ensemble directory's members, each loaded as load_reward_model loads a reward model."""
+    path = verified(Path(path))
+    members = []
+    for name in read_manifest(path)["members"]:
+        d = path / name
+        if not is_reward_model_dir(d):
+            raise UserError(f"{path}: its member {name} is not a reward-model directory")
+        members.append(load_reward_model(d, device))
+    return RewardEnsemble(members).to(device)
+
+
+def load_reward(path: Path, device: torch.device | str = "cpu") -> RewardModel | RewardEnsemble:
+    """A reward model or, from an ensemble directory, a RewardEnsemble."""
+    if is_ensemble_dir(path):
+        return load_reward_ensemble(path, device)
+    return load_reward_model(path, device)
+
+
+def is_reward_dir(path: Path) -> bool:
+    """A reward-model directory or an ensemble directory."""
+    return is_ensemble_dir(path) or is_reward_model_dir(path)
+
+
+def save_reward_ensemble(members: list[RewardModel], out: Path, extras: list[dict], manifest: dict,
+                         merged: bool = True, cards: list[CardInfo] | None = None) -> None:  # fmt: skip
+    """An ensemble directory, published at once (atomic_dir): each member as save_reward_model writes a reward model
+    (with `extras[k]` in its lmprefs.json and cards[k] as its README.md) under member_name(k), and ENSEMBLE_FILE,
+    `manifest` plus the member list and each member's gain and bias."""
+    names = [member_name(k) for k in range(len(members))]
+    gains = [{"gain": float(m.gain), "bias": float(m.bias)} for m in members]
+    norms = manifest.get("normalization") or [{} for _ in members]
+    body = {"kind": "reward_ensemble", **manifest, "members": names,
+            "normalization": [g | n for g, n in zip(gains, norms, strict=True)]}  # fmt: skip
+    with atomic_dir(out) as tmp:
+        for k, (m, extra) in enumerate(zip(members, extras, strict=True)):
+            d = tmp / names[k]
+            d.mkdir()
+            write_reward_model(m, d, extra, merged, cards[k] if cards else None)
+        (tmp / ENSEMBLE_FILE).write_text(json.dumps(body, indent=1))
