@@ -20,9 +20,11 @@ def cmd_label(argv: list[str]) -> int:
     p.add_argument("--labeler", default=None, choices=list(LABELERS),
                    help="simulated labeler (default labels.labeler); none only queues the questions for people")
     p.add_argument("--seed", type=int, default=None, help="seed for the queries and samples (default run.seed)")
+    p.add_argument("--run-dir", default=None, help="with labels.select bald or spread: where each round's ensemble "
+                   "and rounds.jsonl go (default runs/label-PRESET-TIME; give the same one to resume)")
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
-    from lmprefs.labels.store import check_store_path
+    from lmprefs.labels.store import LabelStore, check_store_path
     from lmprefs.pipeline.labeling import collect_labels, open_store
     from lmprefs.pipeline.task import setup_task
 
@@ -31,14 +33,39 @@ def cmd_label(argv: list[str]) -> int:
     from lmprefs.runtime import distributed as dist
 
     cfg = resolve_config(a.preset, pairs, a.config)
-    check_store_path(a.db, must_exist=False)
-    if (a.labeler or cfg.labels.labeler) != "none":
+    labeler = a.labeler or cfg.labels.labeler
+    db = check_store_path(a.db, must_exist=False)
+    if labeler != "none":
         from lmprefs.labels.labelers import score_fn
 
-        score_fn(a.labeler or cfg.labels.labeler)  # the judge's assets are there before the store is created
+        score_fn(labeler)  # the judge's assets are there before the store is created
+    directed = cfg.labels.select != "random"
+    if directed:
+        from lmprefs.cli.common import run_dir_for
+        from lmprefs.pipeline.label_rounds import check_first_round
+
+        if db.exists():
+            with LabelStore(db) as existing:
+                check_first_round(existing, cfg, labeler, a.db)
+        else:
+            check_first_round(None, cfg, labeler, a.db)
+        run_dir = run_dir_for(a.run_dir, cfg, "label", a.preset)
     task = setup_task(cfg)
     # created only now (a bad value above leaves no file behind), and by rank 0, which writes every rank's questions
+    if directed and dist.world() > 1:
+        raise UserError(f"labels.select={cfg.labels.select}: directed selection runs in one process, not "
+                        f"{dist.world()}; start it without a launcher")  # fmt: skip
     store = open_store(a.db) if dist.is_main() else None
+    if directed:
+        from lmprefs.pipeline.label_rounds import label_in_rounds
+
+        seed = cfg.run.seed if a.seed is None else a.seed
+        rows = label_in_rounds(task, store, a.n, labeler=labeler, seed=seed, run_dir=run_dir)
+        if dist.is_main():
+            assert store is not None  # rank 0 opened it
+            print(f"{sum(r['questions'] for r in rows)} questions in {len(rows)} rounds ({cfg.labels.select}, "
+                  f"{run_dir / 'rounds.jsonl'}); {a.db} now: {store.table_counts()}")  # fmt: skip
+        return 0
     out = collect_labels(task, store, a.n, labeler=a.labeler, seed=a.seed)
     if not dist.is_main():
         return 0

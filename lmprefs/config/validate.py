@@ -132,7 +132,7 @@ def _selection(cfg) -> list[str]:
     sel = cfg.labels.select
     if sel == "random":
         return out
-    members = getattr(cfg.train_reward, "ensemble", 1)
+    members = cfg.train_reward.ensemble
     out.need(members >= 2, f"labels.select={sel} ranks questions by a reward-model ensemble's disagreement; "
              f"train_reward.ensemble={members} has none: set it to 2 or more")  # fmt: skip
     out.need(re.fullmatch(r"best_of_\d+", cfg.labels.type) is not None,

@@ -128,13 +128,14 @@ def _pad(ids: list[int], n: int) -> list[int]:
     return ids + [PAD] * (n - len(ids))
 
 
-def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
-    """Store examples -> tensors in `tok`'s ids: the stored ids when they exist for this tokenizer, else the texts
-    re-encoded (the original's files are GPT-2 ids; any other model re-tokenizes the decoded text). Examples are of
-    one label type: best_of_N (-> `best`), ranking_K (-> `ranking` and its top as `best`) or scalar_rating (->
-    `score` and the prompt of each, `groups`)."""
-    qs, ss, labels, items = [], [], [], []
-    for e in examples:
+def question_tensors(questions, tok, task: TaskConfig) -> tuple[Tensor, Tensor]:
+    """Questions (anything with query, samples, query_tokens and sample_tokens: store examples, pending items) ->
+    queries [N, Q] and samples [N, S, T] in `tok`'s ids, PAD right: the stored ids when they exist for this
+    tokenizer, else the texts re-encoded (the original's files are GPT-2 ids; any other model re-tokenizes the
+    decoded text); samples cut as the task cuts them (a no-op on samples the task sampled; stored ones from before a
+    truncation setting, or re-encoded texts, then reach the reward model as the judge and the rollouts see them)."""
+    qs, ss = [], []
+    for e in questions:
         if e.query_tokens is not None and e.sample_tokens is not None:
             q, s = e.query_tokens, e.sample_tokens
         else:
@@ -142,15 +143,21 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
             s = [tok(x, add_special_tokens=False).input_ids for x in e.samples]
         qs.append(_pad(q, task.query_length))
         ss.append([_pad(x, task.response_length) for x in s])
-        labels.append(e.best if e.best is not None else e.score)
-        items.append(e.item_id)
-    # samples cut as the task cuts them (a no-op on samples the task sampled; stored ones from before a truncation
-    # setting, or re-encoded texts, then reach the reward model as the judge and the rollouts see them)
     samples = torch.tensor(ss)
     if len(ss):
         cut = truncate_responses(samples.flatten(0, 1), task.truncate_token, task.truncate_after)
         samples = cut.view(samples.shape)
-    out = Comparisons(torch.tensor(qs), samples, None, torch.tensor(items))
+    return torch.tensor(qs), samples
+
+
+def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
+    """Store examples -> tensors in `tok`'s ids (`question_tensors`). Examples are of one label type: best_of_N (->
+    `best`), ranking_K (-> `ranking` and its top as `best`) or scalar_rating (-> `score` and the prompt of each,
+    `groups`)."""
+    queries, samples = question_tensors(examples, tok, task)
+    labels = [e.best if e.best is not None else e.score for e in examples]
+    items = [e.item_id for e in examples]
+    out = Comparisons(queries, samples, None, torch.tensor(items))
     if examples and examples[0].ranking is not None:
         out.ranking = torch.tensor([e.ranking for e in examples], dtype=torch.long)
     if examples and examples[0].best is None:  # scalar_rating: scores, grouped by prompt
