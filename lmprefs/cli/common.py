@@ -25,6 +25,8 @@ COMMANDS = {
     "import-labels": "import a label file (the original's JSON, TRL pairwise JSONL, text JSONL, "
     "summarize-from-feedback comparisons, per-response scores) into a label store",
     "export-labels": "export a label store to a label file",
+    "rank-queue": "score a label store's pending questions with a reward-model ensemble's disagreement (BALD or "
+    "spread), so the labeling app serves the most informative first",
     "train-reward": "train a reward model from the label store (or a label file) and report held-out accuracy",
     "score": "score texts (stdin or a file) with a trained reward model",
     "serve": "run the labeling web app over a label store (127.0.0.1 by default)",

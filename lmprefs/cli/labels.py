@@ -163,3 +163,50 @@ def cmd_export_labels(argv: list[str]) -> int:
     else:
         print(f"exported {n} rows ({fmt}) from {a.db} to {out}")
     return 0
+
+
+def cmd_rank_queue(argv: list[str]) -> int:
+    p = command_parser("rank-queue")
+    p.add_argument("--db", default="labels.sqlite", help="label store whose pending items to rank (must exist)")
+    p.add_argument("--run-dir", required=True,
+                   help="a train-reward run whose reward model is an ensemble (train_reward.ensemble >= 2): its "
+                   "config.json frames the texts as its training did")  # fmt: skip
+    p.add_argument("--select", default=None, choices=["bald", "spread"],
+                   help="acquisition (default the run's labels.select, bald when that is random)")
+    p.add_argument("--device", default=None, help="device to score on (default the run's run.device)")
+    a = p.parse_args(argv)
+    from lmprefs.config.overrides import set_value
+    from lmprefs.io.config_file import load_config
+    from lmprefs.labels.store import LabelStore, check_store_path
+    from lmprefs.models.ensemble import is_ensemble_dir
+
+    run = Path(a.run_dir)
+    model_dir = run / "reward_model"
+    if not (run / "config.json").is_file():
+        raise UserError(f"--run-dir {run}: holds no run (no config.json); give a train-reward run directory")
+    if not is_ensemble_dir(model_dir):
+        what = "one reward model" if model_dir.is_dir() else "no reward model"
+        raise UserError(f"--run-dir {run}: holds {what}, not an ensemble; train one with `lmprefs train-reward "
+                        "--train-reward.ensemble K` (K >= 2)")  # fmt: skip
+    db = check_store_path(a.db, must_exist=True)
+    cfg = load_config(run / "config.json")
+    select = a.select or (cfg.labels.select if cfg.labels.select != "random" else "bald")
+    cfg = set_value(cfg, "labels.select", select, "--select")
+    if a.device:
+        cfg = set_value(cfg, "run.device", a.device, "--device")
+    from lmprefs.models.ensemble import load_reward_ensemble
+    from lmprefs.pipeline.selection import Chooser, ensemble_scores, rank_queue
+    from lmprefs.pipeline.task import setup_task
+
+    t = setup_task(cfg)
+    ens = load_reward_ensemble(model_dir, t.device).eval()
+    chooser = Chooser(cfg.labels, ensemble_scores(ens, t.ctx), f"{select} of the {len(ens)}-member ensemble "
+                      f"{model_dir}")  # fmt: skip
+    with LabelStore(db) as store:
+        out = rank_queue(store, chooser, t.tok, cfg.task)
+    if not out["items"]:
+        print(f"{a.db}: no pending {cfg.labels.type} items to rank")
+        return 0
+    print(f"ranked {out['items']} pending {cfg.labels.type} items in {a.db} by {select} (largest "
+          f"{out['max']:.4f}, median {out['median']:.4f}); the web app serves them largest first")  # fmt: skip
+    return 0
