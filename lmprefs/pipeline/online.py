@@ -18,6 +18,7 @@ from lmprefs.errors import UserError
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
 from lmprefs.labels.types import get as get_label_type
+from lmprefs.models.ensemble import RewardEnsemble
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
@@ -43,7 +44,7 @@ class OnlineRewards:
         self.cfg = t.cfg
         self.history_path = self.run_dir / "online.jsonl"
         self._score: ScoreFn | None = None
-        self.rm: RewardModel | None = None  # the reward model scoring now
+        self.rm: RewardModel | RewardEnsemble | None = None  # the reward model (or ensemble) scoring now
         self.retrains: list[list[int]] = []  # [update, labels] of each reward model so far
         self.measured: list[int] = [-1, 0]  # [reward model's update, labels] the last agreement was measured on
 
