@@ -85,8 +85,8 @@ def sample(source, n: int = 4, *, temperature: float | None = None, seed: int | 
 
 def score(reward_model: str | Path, texts: list, *, device: str = "auto", truncate: bool = False) -> list[float]:
     """Rewards of texts (a response, or a (query, response) pair) under a saved reward model directory (lmprefs'
-    or any scalar sequence classifier, e.g. TRL's)."""
-    from lmprefs.models.artifacts import load_reward_model
+    or any scalar sequence classifier, e.g. TRL's), or an ensemble directory: the members' mean."""
+    from lmprefs.models.ensemble import load_reward
     from lmprefs.recipes.score import reward_model_task, score_texts
     from lmprefs.runtime.device import pick_device
 
@@ -94,7 +94,7 @@ def score(reward_model: str | Path, texts: list, *, device: str = "auto", trunca
     task = reward_model_task(path)
     pairs = [tuple(t) if isinstance(t, tuple | list) else ("", t) for t in texts]
     dev = pick_device(device)
-    return score_texts(load_reward_model(path, dev).eval(), task, pairs, dev, truncate=truncate)[0]
+    return score_texts(load_reward(path, dev).eval(), task, pairs, dev, truncate=truncate)[0]
 
 
 def optimal_frontier(rewards, betas, min_ess: float = 10.0) -> list[dict]:

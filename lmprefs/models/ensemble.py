@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -59,23 +60,27 @@ class RewardEnsemble(nn.Module):
     def __len__(self) -> int:
         return len(self.members)
 
+    def models(self) -> list[RewardModel]:
+        """The members, in order."""
+        return cast("list[RewardModel]", list(self.members))
+
     @property
     def tokenizer(self):
-        return self.members[0].tokenizer
+        return self.models()[0].tokenizer
 
     @property
     def lm(self):
         """The first member's trunk (the shared base when the members are adapters on one)."""
-        return self.members[0].lm
+        return self.models()[0].lm
 
     @property
     def adapter(self) -> str | None:
-        return self.members[0].adapter
+        return self.models()[0].adapter
 
     def shares_base(self) -> bool:
         """Whether every member is an adapter on one base with frozen blocks below the adapters."""
         lm = self.lm
-        return all(m.lm is lm and m.adapter is not None for m in self.members) and frozen_depth(lm) > 0
+        return all(m.lm is lm and m.adapter is not None for m in self.models()) and frozen_depth(lm) > 0
 
     def member_scores(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
                       repeats: int = 1) -> Tensor:  # fmt: skip
@@ -83,7 +88,7 @@ class RewardEnsemble(nn.Module):
         Members on one base take the frozen prefix given, or one computed here once for all of them."""
         if prefix is None and len(self.members) > 1 and self.shares_base():
             prefix = frozen_prefix_shared(self.lm, queries, responses, repeats)
-        return torch.stack([m(queries, responses, prefix, repeats) for m in self.members])  # [K, B]
+        return torch.stack([m(queries, responses, prefix, repeats) for m in self.models()])  # [K, B]
 
     def forward(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
                 repeats: int = 1) -> Tensor:  # fmt: skip
@@ -101,10 +106,10 @@ class RewardEnsemble(nn.Module):
         return scores.std(0, unbiased=False)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for m in self.members for p in m.trainable_parameters()]
+        return [p for m in self.models() for p in m.trainable_parameters()]
 
     def freeze(self) -> RewardEnsemble:
-        for m in self.members:
+        for m in self.models():
             m.freeze()
         return self
 

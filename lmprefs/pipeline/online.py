@@ -50,7 +50,7 @@ class OnlineRewards:
         self.cfg = t.cfg
         self.history_path = self.run_dir / "online.jsonl"
         self._score: ScoreFn | None = None
-        self.rm: RewardModel | RewardEnsemble | None = None  # the reward model scoring now
+        self.rm: RewardModel | RewardEnsemble | None = None  # the reward model (or ensemble) scoring now
         self.retrains: list[list[int]] = []  # [update, labels] of each reward model so far
         self.measured: list[int] = [-1, 0]  # [reward model's update, labels] the last agreement was measured on
 

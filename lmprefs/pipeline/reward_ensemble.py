@@ -39,13 +39,15 @@ def bootstrap_rows(n: int, seed: int, member: int) -> torch.Tensor:
 
 class _MemberLog:
     """A run logger seen by member k: its steps (labels seen) follow the earlier members' (offset), so that the
-    reward phase's steps stay distinct, and each row says which member wrote it."""
+    reward phase's steps stay distinct; its training curves keep their names (train_reward/...) with the member's
+    index beside them, its summary figures are named memberK/... (the ensemble's own go under the plain names)."""
 
     def __init__(self, log, member: int, offset: int):
         self.log, self.member, self.offset = log, member, offset
 
     def scalars(self, stats: dict[str, float], step: int, phase: str = "policy") -> None:
-        self.log.scalars(stats | {"train_reward/member": float(self.member)}, step + self.offset, phase)
+        row = {(k if k.startswith("train_reward/") else f"member{self.member}/{k}"): v for k, v in stats.items()}
+        self.log.scalars(row | {"train_reward/member": float(self.member)}, step + self.offset, phase)
 
 
 def ensemble_prefixes(t: Task, labels: TrainingLabels) -> SharedPrefixes | None:
@@ -105,8 +107,6 @@ def train_ensemble(t: Task, labels: TrainingLabels, out_dir: Path, log=None) -> 
     if log is not None:
         row = {("elapsed/time" if k == "seconds" else k): float(v) for k, v in summary.items()
                if isinstance(v, float | int) and not isinstance(v, bool)}  # fmt: skip
-        row |= {f"member{k}/{n}": v for k, s in enumerate(summaries) for n, v in s.items()
-                if n.startswith("heldout/") and isinstance(v, float)}  # fmt: skip
         log.scalars(row, K * total, phase="reward")
     seeds = [member_seed(cfg.run.seed, k) for k in range(K)]
     norms = [{n: s[n] for n in ("norm_before", "norm_after") if n in s} for s in summaries]

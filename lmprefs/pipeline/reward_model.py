@@ -136,7 +136,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
 
         return train_ensemble(t, labels, out_dir, log)
     rm, summary = train_member(t, labels, log)
-    whole = rm
+    whole: RewardModel | None = rm
     if parallel.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
         state = parallel.full_state_dict(rm)
         if dist.is_main():
@@ -145,6 +145,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
         else:
             whole = None
     if dist.is_main():
+        assert whole is not None  # rank 0's (plain, or gathered above)
         save_reward_model(whole, out_dir, extra=member_meta(t, summary), merged=t.cfg.lora.merged_reward_model,
                           card=reward_model_card(t.cfg, summary))  # fmt: skip
     dist.barrier()  # every rank may read it once this returns
@@ -341,11 +342,11 @@ class RewardState:
     def members(self) -> list[tuple[str, RewardModel]]:
         """(key prefix, reward model): one unprefixed, or an ensemble's members as "members.K."."""
         if isinstance(self.rm, RewardEnsemble):
-            return [(f"members.{k}.", m) for k, m in enumerate(self.rm.members)]
+            return [(f"members.{k}.", m) for k, m in enumerate(self.rm.models())]
         return [("", self.rm)]
 
     def state_dict(self) -> dict:
-        own = {}
+        own: dict[str, torch.Tensor] = {}
         for pre, rm in self.members():
             own |= {f"{pre}head.{k}": v for k, v in rm.head.state_dict().items()}
             own |= {f"{pre}gain": rm.gain, f"{pre}bias": rm.bias}

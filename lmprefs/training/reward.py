@@ -16,6 +16,7 @@ from lmprefs.config import Config, TaskConfig
 from lmprefs.data.tasks import PAD, TaskContext, stop_tokens, truncate_responses
 from lmprefs.io.atomic import crash_point
 from lmprefs.models import parallel
+from lmprefs.models.ensemble import RewardEnsemble
 from lmprefs.models.loading import hidden_size
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.sampling import sample, sampler_options
@@ -196,8 +197,9 @@ def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, ctx: TaskC
     return torch.cat(out), hidden
 
 
-def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, ctx: TaskContext, batch_size: int = 64,
-               repeats: int = 1, prefixes: QuestionPrefixes | None = None) -> Tensor:  # fmt: skip
+def rm_rewards(rm: RewardModel | RewardEnsemble, queries: Tensor, responses: Tensor, ctx: TaskContext,
+               batch_size: int = 64, repeats: int = 1,
+               prefixes: QuestionPrefixes | None = None) -> Tensor:  # fmt: skip
     """Rewards [B * k] of queries [B, Q] each answered by k = repeats consecutive responses [B * k, T], in batches
     of about `batch_size` rows, without gradients. `prefixes`: the frozen prefixes of these B questions' rows (only
     the blocks above them then run)."""
@@ -259,7 +261,7 @@ def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: Ta
     return {"mean_before": mean, "std_before": std, "queries": q, "responses": responses}
 
 
-def evaluate(rm: RewardModel, data: Comparisons, label_type, ctx: TaskContext, batch_size=32,
+def evaluate(rm: RewardModel | RewardEnsemble, data: Comparisons, label_type, ctx: TaskContext, batch_size=32,
              min_gap: float = 0.0, prefixes: QuestionPrefixes | None = None) -> dict:  # fmt: skip
     """Held-out loss and accuracy of the reward model on labeled questions. Accuracy: how often the chosen sample gets
     the highest reward; for scalar ratings, how often the reward orders two responses to one prompt as their scores
