@@ -263,6 +263,48 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
     return rows
 
 
+def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budgets: list[int], directed: int,
+                          seeds: int, n_eval: int, samples: int, pool: int, held: int, members: int, *,
+                          rates: dict[str, float] | None = None, load_s: float = MODEL_LOAD_S) -> list[dict]:  # fmt: skip
+    """[{stage, runs, gflop, seconds}] of `experiment label-efficiency` (lmprefs/recipes/label_efficiency.py) with
+    `directed` acquisitions beside random: per seed one pool of `pool` candidates and `held` held-out questions
+    sampled and labeled; per seed and acquisition the rounds' ensembles (`members` reward models each, trained on
+    the labels so far, counted as separate models: an upper bound) and their scoring of the candidates left; per arm
+    a reward model, a PPO run and its final evaluation (a directed budget of one round takes random's)."""
+    rates = rates or MEASURED_GFLOPS
+    rnd = cfg.labels.select_round
+
+    def stages(n_labels: int, questions: int = pool + held) -> dict[str, dict[str, int]]:
+        n = Counts(shape.q_len, shape.train_queries, n_eval, samples, questions, n_labels, held, cfg.ppo.num_updates,
+                   shape.shared_queries, labeling_prefixes=False)  # fmt: skip
+        return stage_flops(cfg, facts, n)
+
+    def row(stage: str, runs: int, flops: float, rate: str | None) -> dict:
+        return {"stage": stage, "runs": runs, "gflop": flops / 1e9,
+                "seconds": flops / 1e9 / rates[rate] if rate else runs * load_s}  # fmt: skip
+
+    arms = [b for b in budgets] + [b for b in budgets if b > rnd] * directed
+    top = stages(max(budgets))
+    rm = {b: sum(stages(b)["train reward model"].values()) for b in budgets}
+    per_question = top["train reward model"].get("held-out evaluation", 0) / (2 * max(held, 1))  # one forward
+    asked = list(range(rnd, max(budgets), rnd))  # labels before each directed round after the first
+    ens = sum(members * sum(stages(n)["train reward model"].values()) for n in asked)
+    score = sum(members * per_question * (pool - n) for n in asked)
+    return [row("model loads", 1 + seeds * len(arms), 0, None),
+            row(f"label {pool} + {held} questions per seed", seeds, seeds * sum(top["sample and label"].values()),
+                "sample and label"),
+            row("evaluate the initial policy", 1, sum(top["evaluate initial"].values()), "evaluate initial"),
+            row(f"directed rounds: {members}-member ensembles", seeds * directed * len(asked),
+                seeds * directed * ens, "train reward model"),
+            row(f"directed rounds: score the candidates left", seeds * directed * len(asked),
+                seeds * directed * score, "train reward model"),
+            row("reward model per arm", seeds * len(arms), seeds * sum(rm[b] for b in arms), "train reward model"),
+            row(f"PPO, {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", seeds * len(arms),
+                seeds * len(arms) * sum(top["PPO"].values()), "PPO"),
+            row(f"final evaluation, {n_eval} x {samples}", seeds * len(arms),
+                seeds * len(arms) * sum(top["evaluate final"].values()), "evaluate final")]  # fmt: skip
+
+
 def prefix_cache_bytes() -> int:
     from lmprefs.training.reward import PREFIX_CACHE_BYTES  # torch: only when a plan is made
 
