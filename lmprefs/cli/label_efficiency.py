@@ -85,7 +85,8 @@ def plan(a: argparse.Namespace, cfg, minutes: float) -> int:
           f"questions per seed, rounds of {cfg.labels.select_round} chosen by {members} members, {n_eval} held-out "
           f"queries x {p.eval_samples} samples, {cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}, "
           f"{cfg.task.initial_model}")  # fmt: skip
-    rows = plan_label_efficiency(cfg, facts, shape, list(p.budgets), len(p.acquisitions), p.seeds, n_eval,
-                                 p.eval_samples, pool, held, members)  # fmt: skip
+    rows = plan_label_efficiency(cfg, facts, shape, list(p.budgets), directed=len(p.acquisitions), seeds=p.seeds,
+                                 n_eval=n_eval, samples=p.eval_samples, pool=pool, held=held,
+                                 members=members)  # fmt: skip
     print(format_plan(rows, minutes * 60))
     return 0

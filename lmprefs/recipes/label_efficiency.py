@@ -49,6 +49,7 @@ from lmprefs.pipeline.reward_model import TrainingLabels, load_examples, train_r
 from lmprefs.pipeline.selection import Chooser, ensemble_scores, pool_size
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.recipes.experiment import Results, check_heldout, seed_key, train_arm, true_reward_fn
+from lmprefs.training.reward import Comparisons
 
 R = dataclasses.replace
 DEFAULT_BUDGETS = (64, 128, 256, 512)
@@ -153,7 +154,7 @@ class SeedPool:
     """A seed's shared questions: every labeled question of its store as tensors (`data`, one row per item), the
     row of each item id, the pool's item ids in the random arm's order, and the held-out questions' rows."""
 
-    data: object
+    data: Comparisons
     row: dict[int, int]
     random_order: list[int]
     held_rows: torch.Tensor
@@ -177,7 +178,8 @@ def seed_pool(t: Task, run_dir: Path, s: int, sizes: dict, res: Results) -> Seed
         P, H = sizes["candidates"], sizes["heldout"]
         print(f"[{key}] sampling and labeling {P} candidate and {H} held-out questions with {t.cfg.labels.labeler}",
               flush=True)  # fmt: skip
-        a = collect_labels(t, store, P, source="experiment", batch="pool", seed=seed, queries=t.train_queries[perm[:P]])
+        a = collect_labels(t, store, P, source="experiment", batch="pool", seed=seed,
+                           queries=t.train_queries[perm[:P]])  # fmt: skip
         b = collect_labels(t, store, H, source="experiment", batch="heldout", seed=seed + 104729,
                            queries=t.train_queries[perm[P : P + H]])  # fmt: skip
         res.save(key, {"candidates": P, "heldout": H, "seconds": a["seconds"] + b["seconds"]})

@@ -145,9 +145,11 @@ def write_report(run_dir: Path, data: dict, plan, cfg: Config) -> Path:
     lines += ["", f"Per seed one pool of {pool['candidates']} candidate best-of-{n} questions and {pool['heldout']} "
               f"held-out questions, answered by {cfg.labels.labeler}; directed rounds of {cfg.labels.select_round}. "
               f"Reward models: one per arm (single model), accuracy on the seed's held-out questions (chance "
-              f"{1 / n:.2f}). Policies: {cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}, evaluated on "
-              f"{plan.n_eval} held-out queries x {plan.eval_samples} samples. Mean and 95% interval across seeds.",
-              "", "| queries | labels | seeds | held-out accuracy | true reward | KL (nats) |", "|---|---|---|---|---|---|"]
+              f"{1 / n:.2f}). Policies: {cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}, evaluated "
+              f"on {plan.n_eval} held-out queries x {plan.eval_samples} samples. Mean and 95% interval across "
+              "seeds.",
+              "", "| queries | labels | seeds | held-out accuracy | true reward | KL (nats) |",
+              "|---|---|---|---|---|---|"]
     for name, d in summary["arms"].items():
         acc = f"{d['accuracy']:.3f}" + (f" +/- {d['accuracy_ci95']:.3f}" if d["accuracy_ci95"] is not None else "")
         lines.append(f"| {name.rsplit('-', 1)[0]} | {d['labels']} | {d['seeds']} | {acc} | {d['mean']:+.4f} +/- "

@@ -263,9 +263,10 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
     return rows
 
 
-def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budgets: list[int], directed: int,
-                          seeds: int, n_eval: int, samples: int, pool: int, held: int, members: int, *,
-                          rates: dict[str, float] | None = None, load_s: float = MODEL_LOAD_S) -> list[dict]:  # fmt: skip
+def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budgets: list[int], *, directed: int,
+                          seeds: int, n_eval: int, samples: int, pool: int, held: int, members: int,
+                          rates: dict[str, float] | None = None,
+                          load_s: float = MODEL_LOAD_S) -> list[dict]:  # fmt: skip
     """[{stage, runs, gflop, seconds}] of `experiment label-efficiency` (lmprefs/recipes/label_efficiency.py) with
     `directed` acquisitions beside random: per seed one pool of `pool` candidates and `held` held-out questions
     sampled and labeled; per seed and acquisition the rounds' ensembles (`members` reward models each, trained on
@@ -283,7 +284,7 @@ def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budget
         return {"stage": stage, "runs": runs, "gflop": flops / 1e9,
                 "seconds": flops / 1e9 / rates[rate] if rate else runs * load_s}  # fmt: skip
 
-    arms = [b for b in budgets] + [b for b in budgets if b > rnd] * directed
+    arms = list(budgets) + [b for b in budgets if b > rnd] * directed
     top = stages(max(budgets))
     rm = {b: sum(stages(b)["train reward model"].values()) for b in budgets}
     per_question = top["train reward model"].get("held-out evaluation", 0) / (2 * max(held, 1))  # one forward
@@ -296,7 +297,7 @@ def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budget
             row("evaluate the initial policy", 1, sum(top["evaluate initial"].values()), "evaluate initial"),
             row(f"directed rounds: {members}-member ensembles", seeds * directed * len(asked),
                 seeds * directed * ens, "train reward model"),
-            row(f"directed rounds: score the candidates left", seeds * directed * len(asked),
+            row("directed rounds: score the candidates left", seeds * directed * len(asked),
                 seeds * directed * score, "train reward model"),
             row("reward model per arm", seeds * len(arms), seeds * sum(rm[b] for b in arms), "train reward model"),
             row(f"PPO, {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", seeds * len(arms),
