@@ -22,7 +22,7 @@ from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
-from lmprefs.models.ensemble import read_manifest
+from lmprefs.models.ensemble import RewardEnsemble, read_manifest
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import train_reward_model
 from lmprefs.pipeline.selection import Chooser, ensemble_scores
@@ -78,10 +78,7 @@ def label_in_rounds(t: Task, store, n: int, *, labeler: str, seed: int, run_dir:
             chooser = None
             if directed:
                 crash_point("select:round")
-                ens, summary = train_reward_model(t, store, run_dir / "ensemble")
-                chooser = Chooser(cfg.labels, ensemble_scores(ens.eval(), t.ctx),
-                                  f"{cfg.labels.select} of a {len(ens)}-member ensemble trained on "
-                                  f"{summary['labels_train']} labels ({run_dir / 'ensemble'})")  # fmt: skip
+                chooser = trained_chooser(t, store, run_dir / "ensemble")
             collect_labels(t, store, size, labeler=labeler, seed=round_seed(seed, r), batch=batches[r],
                            choose=chooser)  # fmt: skip
         elif labeler != "none":  # asked by a killed run: the answers it had no time to add
@@ -98,6 +95,14 @@ def label_in_rounds(t: Task, store, n: int, *, labeler: str, seed: int, run_dir:
               + (f" (mean acquisition {row['acquisition_asked']:.4f})" if directed else "")
               + f"; {row['labels_after']} labels in the store", flush=True)  # fmt: skip
     return rows
+
+
+def trained_chooser(t: Task, store, out_dir: Path) -> Chooser:
+    """An ensemble trained on every label of labels.type in the store (saved to out_dir), choosing by labels.select."""
+    ens, summary = train_reward_model(t, store, out_dir)
+    assert isinstance(ens, RewardEnsemble)  # directed selection is validated to come with train_reward.ensemble >= 2
+    return Chooser(t.cfg.labels, ensemble_scores(ens.eval(), t.ctx), f"{t.cfg.labels.select} of a {len(ens)}-member "
+                   f"ensemble trained on {summary['labels_train']} labels ({out_dir})")  # fmt: skip
 
 
 def round_row(store, cfg, r: int, batches: list[str], directed: bool, run_dir: Path) -> dict:
