@@ -22,6 +22,7 @@ from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
+from lmprefs.labels.store import LabelStore
 from lmprefs.models.ensemble import RewardEnsemble, read_manifest
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import train_reward_model
@@ -44,14 +45,18 @@ def labels_of_type(store, label_type: str, exclude: AbstractSet[int] = frozenset
     return sum(e.item_id not in exclude for e in store.labeled_examples(label_type))
 
 
-def check_first_round(store, cfg, labeler: str, db: str) -> None:
+def check_first_round(db: Path, cfg, labeler: str, shown: str) -> None:
     """Refuse directed selection that has nothing to train its first ensemble on: people answer (labeler none), so
-    no random round can come first, and the store holds fewer labels than labels.select_round."""
+    no random round can come first, and the store at `db` (`shown` as the user gave it; it may not exist yet) holds
+    fewer labels than labels.select_round. Opens an existing store only to count; creates none."""
     if cfg.labels.select == "random" or labeler != "none":
         return
-    have = 0 if store is None else labels_of_type(store, cfg.labels.type)
+    have = 0
+    if Path(db).exists():
+        with LabelStore(db) as store:
+            have = labels_of_type(store, cfg.labels.type)
     if have < cfg.labels.select_round:
-        raise UserError(f"--db {db}: holds {have} {cfg.labels.type} labels, fewer than labels.select_round="
+        raise UserError(f"--db {shown}: holds {have} {cfg.labels.type} labels, fewer than labels.select_round="
                         f"{cfg.labels.select_round} that labels.select={cfg.labels.select} trains its first ensemble "
                         "on; label a first round (a simulated --labeler, the web app, or import-labels), or lower "
                         "labels.select_round")  # fmt: skip
