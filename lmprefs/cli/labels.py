@@ -24,7 +24,7 @@ def cmd_label(argv: list[str]) -> int:
                    "and rounds.jsonl go (default runs/label-PRESET-TIME; give the same one to resume)")
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
-    from lmprefs.labels.store import LabelStore, check_store_path
+    from lmprefs.labels.store import check_store_path
     from lmprefs.pipeline.labeling import collect_labels, open_store
     from lmprefs.pipeline.task import setup_task
 
@@ -44,11 +44,7 @@ def cmd_label(argv: list[str]) -> int:
         from lmprefs.cli.common import run_dir_for
         from lmprefs.pipeline.label_rounds import check_first_round
 
-        if db.exists():
-            with LabelStore(db) as existing:
-                check_first_round(existing, cfg, labeler, a.db)
-        else:
-            check_first_round(None, cfg, labeler, a.db)
+        check_first_round(db, cfg, labeler, a.db)
         run_dir = run_dir_for(a.run_dir, cfg, "label", a.preset)
     task = setup_task(cfg)
     # created only now (a bad value above leaves no file behind), and by rank 0, which writes every rank's questions

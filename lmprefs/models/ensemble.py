@@ -9,6 +9,10 @@ Interface (for query selection and anything else that needs the members' disagre
   wherever a reward model does (`rm_rewards`, `evaluate`, `rm_score_fn`). `mean(scores)` / `spread(scores)` [B]:
   the mean and the standard deviation over members (population, over K). Members that are LoRA adapters on one
   base share its frozen prefix: the blocks below the adapters run once per batch for all K.
+- `lmprefs.training.reward.member_rewards(rm, queries, responses, ctx, batch_size, repeats)` -> [K, B * k]: the
+  same in batches, from unformatted queries [B, Q] (PAD right) as the label store and the samplers hold them.
+- `train_reward_model(t, store, out_dir)` (lmprefs.pipeline.reward_model) returns a RewardEnsemble when
+  train_reward.ensemble > 1 (a RewardModel otherwise), its members sharing t.model's base under LoRA.
 - `load_reward(path, device)`: a reward-model directory -> RewardModel, an ensemble directory -> RewardEnsemble.
   `is_ensemble_dir(path)`: whether `path` holds an ensemble.
 - On disk an ensemble is one published directory: `member-0/` .. `member-{K-1}/`, each a reward-model directory as

@@ -22,7 +22,8 @@ from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
-from lmprefs.models.ensemble import read_manifest
+from lmprefs.labels.store import LabelStore
+from lmprefs.models.ensemble import RewardEnsemble, read_manifest
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import train_reward_model
 from lmprefs.pipeline.selection import Chooser, ensemble_scores
@@ -44,14 +45,18 @@ def labels_of_type(store, label_type: str, exclude: AbstractSet[int] = frozenset
     return sum(e.item_id not in exclude for e in store.labeled_examples(label_type))
 
 
-def check_first_round(store, cfg, labeler: str, db: str) -> None:
+def check_first_round(db: Path, cfg, labeler: str, shown: str) -> None:
     """Refuse directed selection that has nothing to train its first ensemble on: people answer (labeler none), so
-    no random round can come first, and the store holds fewer labels than labels.select_round."""
+    no random round can come first, and the store at `db` (`shown` as the user gave it; it may not exist yet) holds
+    fewer labels than labels.select_round. Opens an existing store only to count; creates none."""
     if cfg.labels.select == "random" or labeler != "none":
         return
-    have = 0 if store is None else labels_of_type(store, cfg.labels.type)
+    have = 0
+    if Path(db).exists():
+        with LabelStore(db) as store:
+            have = labels_of_type(store, cfg.labels.type)
     if have < cfg.labels.select_round:
-        raise UserError(f"--db {db}: holds {have} {cfg.labels.type} labels, fewer than labels.select_round="
+        raise UserError(f"--db {shown}: holds {have} {cfg.labels.type} labels, fewer than labels.select_round="
                         f"{cfg.labels.select_round} that labels.select={cfg.labels.select} trains its first ensemble "
                         "on; label a first round (a simulated --labeler, the web app, or import-labels), or lower "
                         "labels.select_round")  # fmt: skip
@@ -78,10 +83,7 @@ def label_in_rounds(t: Task, store, n: int, *, labeler: str, seed: int, run_dir:
             chooser = None
             if directed:
                 crash_point("select:round")
-                ens, summary = train_reward_model(t, store, run_dir / "ensemble")
-                chooser = Chooser(cfg.labels, ensemble_scores(ens.eval(), t.ctx),
-                                  f"{cfg.labels.select} of a {len(ens)}-member ensemble trained on "
-                                  f"{summary['labels_train']} labels ({run_dir / 'ensemble'})")  # fmt: skip
+                chooser = trained_chooser(t, store, run_dir / "ensemble")
             collect_labels(t, store, size, labeler=labeler, seed=round_seed(seed, r), batch=batches[r],
                            choose=chooser)  # fmt: skip
         elif labeler != "none":  # asked by a killed run: the answers it had no time to add
@@ -98,6 +100,14 @@ def label_in_rounds(t: Task, store, n: int, *, labeler: str, seed: int, run_dir:
               + (f" (mean acquisition {row['acquisition_asked']:.4f})" if directed else "")
               + f"; {row['labels_after']} labels in the store", flush=True)  # fmt: skip
     return rows
+
+
+def trained_chooser(t: Task, store, out_dir: Path) -> Chooser:
+    """An ensemble trained on every label of labels.type in the store (saved to out_dir), choosing by labels.select."""
+    ens, summary = train_reward_model(t, store, out_dir)
+    assert isinstance(ens, RewardEnsemble)  # directed selection is validated to come with train_reward.ensemble >= 2
+    return Chooser(t.cfg.labels, ensemble_scores(ens.eval(), t.ctx), f"{t.cfg.labels.select} of a {len(ens)}-member "
+                   f"ensemble trained on {summary['labels_train']} labels ({out_dir})")  # fmt: skip
 
 
 def round_row(store, cfg, r: int, batches: list[str], directed: bool, run_dir: Path) -> dict:

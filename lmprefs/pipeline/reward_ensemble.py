@@ -46,7 +46,9 @@ class _MemberLog:
         self.log, self.member, self.offset = log, member, offset
 
     def scalars(self, stats: dict[str, float], step: int, phase: str = "policy") -> None:
-        row = {(k if k.startswith("train_reward/") else f"member{self.member}/{k}"): v for k, v in stats.items()}
+        # a member's wall-clock seconds are left out: the ensemble's row has the whole (elapsed/time)
+        row = {(k if k.startswith("train_reward/") else f"member{self.member}/{k}"): v for k, v in stats.items()
+               if k != "elapsed/time"}  # fmt: skip
         self.log.scalars(row | {"train_reward/member": float(self.member)}, step + self.offset, phase)
 
 

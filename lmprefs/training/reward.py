@@ -202,7 +202,24 @@ def rm_rewards(rm: RewardModel | RewardEnsemble, queries: Tensor, responses: Ten
                prefixes: QuestionPrefixes | None = None) -> Tensor:  # fmt: skip
     """Rewards [B * k] of queries [B, Q] each answered by k = repeats consecutive responses [B * k, T], in batches
     of about `batch_size` rows, without gradients. `prefixes`: the frozen prefixes of these B questions' rows (only
-    the blocks above them then run)."""
+    the blocks above them then run). An ensemble's: its members' mean."""
+    return _in_batches(rm, queries, responses, ctx, batch_size, repeats, prefixes)
+
+
+def member_rewards(rm: RewardModel | RewardEnsemble, queries: Tensor, responses: Tensor, ctx: TaskContext,
+                   batch_size: int = 64, repeats: int = 1,
+                   prefixes: QuestionPrefixes | None = None) -> Tensor:  # fmt: skip
+    """rm_rewards of each member of an ensemble, [K, B * k] (a reward model: [1, B * k]); the frozen prefix of each
+    batch is computed once for members on one base (RewardEnsemble.member_scores)."""
+    if isinstance(rm, RewardEnsemble):
+        return _in_batches(rm.member_scores, queries, responses, ctx, batch_size, repeats, prefixes)
+    return rm_rewards(rm, queries, responses, ctx, batch_size, repeats, prefixes)[None]
+
+
+def _in_batches(call, queries: Tensor, responses: Tensor, ctx: TaskContext, batch_size: int, repeats: int,
+                prefixes: QuestionPrefixes | None) -> Tensor:  # fmt: skip
+    """call(formatted queries, responses, prefix, repeats) -> [..., b] over batches of about batch_size rows, without
+    gradients, joined along the last dimension."""
     out, per = [], max(1, batch_size // repeats)
     with torch.no_grad():
         for i in range(0, len(queries), per):
@@ -210,8 +227,8 @@ def rm_rewards(rm: RewardModel | RewardEnsemble, queries: Tensor, responses: Ten
             pre = prefixes.rows(torch.arange(i, i + len(q))) if prefixes is not None else None
             with ctx.autocast():
                 r = responses[i * repeats : (i + per) * repeats].to(ctx.device)
-                out.append(rm(q, r, pre, repeats).float().cpu())
-    return torch.cat(out)
+                out.append(call(q, r, pre, repeats).float().cpu())
+    return torch.cat(out, dim=-1)
 
 
 def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen, *,

@@ -90,3 +90,16 @@ def test_people_get_one_round_queued_in_acquisition_order(uninterrupted, tmp_pat
         assert len(pending) == 6 and all(it.acquisition is not None for it in pending)
         assert queued.acquisition == max(it.acquisition for it in pending)
         assert "2-member ensemble trained on" in store.acquisition_by()
+
+
+def test_the_python_api_labels_in_rounds_into_a_run_dir(tmp_path):
+    import lmprefs
+    from lmprefs.errors import UserError
+
+    cfg = lmprefs.make_config("tiny", {"train_reward.ensemble": 2, "labels.select": "spread",
+                                       "labels.select_round": 6})  # fmt: skip
+    with pytest.raises(UserError, match="needs run_dir="):
+        lmprefs.label(cfg, tmp_path / "a.sqlite", 12)
+    assert not (tmp_path / "a.sqlite").exists()
+    out = lmprefs.label(cfg, tmp_path / "a.sqlite", 12, run_dir=tmp_path / "r")
+    assert [(r["select"], r["questions"]) for r in out["rounds"]] == [("random", 6), ("spread", 6)]

@@ -26,6 +26,7 @@ from lmprefs.pipeline.reward_model import RewardState, train_reward_model
 from lmprefs.pipeline.task import setup_task
 from lmprefs.training import prefix_share
 from lmprefs.training import reward as reward_mod
+from lmprefs.training.reward import member_rewards, rm_rewards
 
 R = dataclasses.replace
 
@@ -117,6 +118,12 @@ def test_a_saved_ensemble_loads_as_its_members_and_scores_by_their_mean(store, t
         tokens = torch.cat([q, r], dim=1)[:1]
         assert torch.allclose(seq(tokens).logits[0, 0], saved[1, 0], atol=2e-3 * (1 + saved[1, 0].abs()))
     assert summary["ensemble"] == 3 and len(summary["members"]) == 3 and "heldout/accuracy" in summary
+    # in batches from the store's unformatted queries: each member as it scores alone, the frozen blocks run once
+    queries, responses = t.train_queries[:5], t.train_queries[5:15, :6]  # best-of-2 rows
+    each = member_rewards(ens, queries, responses, t.ctx, batch_size=4, repeats=2)  # [3, 10]
+    alone = torch.stack([rm_rewards(m, queries, responses, t.ctx, batch_size=4, repeats=2) for m in ens.models()])
+    assert each.shape == (3, 10) and torch.allclose(each, alone, atol=1e-5)
+    assert torch.allclose(rm_rewards(ens, queries, responses, t.ctx, batch_size=4, repeats=2), alone.mean(0))
 
 
 def test_bootstrap_resamples_differ_by_member_and_repeat_by_seed():
