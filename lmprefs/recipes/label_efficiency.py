@@ -173,19 +173,19 @@ def seed_pool(t: Task, run_dir: Path, s: int, sizes: dict, res: Results) -> Seed
     if key not in res.data:
         shutil.rmtree(store_dir, ignore_errors=True)  # a killed run's part-made store: made again, the same
         store_dir.mkdir(parents=True)
-        store = open_store(store_dir / "labels.sqlite")
         perm = torch.randperm(len(t.train_queries), generator=torch.Generator().manual_seed(seed + 31))
         P, H = sizes["candidates"], sizes["heldout"]
         print(f"[{key}] sampling and labeling {P} candidate and {H} held-out questions with {t.cfg.labels.labeler}",
               flush=True)  # fmt: skip
-        a = collect_labels(t, store, P, source="experiment", batch="pool", seed=seed,
-                           queries=t.train_queries[perm[:P]])  # fmt: skip
-        b = collect_labels(t, store, H, source="experiment", batch="heldout", seed=seed + 104729,
-                           queries=t.train_queries[perm[P : P + H]])  # fmt: skip
+        with open_store(store_dir / "labels.sqlite") as store:
+            a = collect_labels(t, store, P, source="experiment", batch="pool", seed=seed,
+                               queries=t.train_queries[perm[:P]])  # fmt: skip
+            b = collect_labels(t, store, H, source="experiment", batch="heldout", seed=seed + 104729,
+                               queries=t.train_queries[perm[P : P + H]])  # fmt: skip
         res.save(key, {"candidates": P, "heldout": H, "seconds": a["seconds"] + b["seconds"]})
-    store = open_store(store_dir / "labels.sqlite")
-    data = load_examples(t.cfg, store, t.tok)
-    batch = store.item_batches("")
+    with open_store(store_dir / "labels.sqlite") as store:
+        data = load_examples(t.cfg, store, t.tok)
+        batch = store.item_batches("")
     row = {int(i): r for r, i in enumerate(data.items.tolist())}
     pool_items = sorted(i for i, bt in batch.items() if bt == "pool")
     held_rows = torch.tensor([row[i] for i in sorted(i for i, bt in batch.items() if bt == "heldout")])

@@ -1,6 +1,7 @@
 """What a run costs before it runs: the matmul FLOPs of each stage of a quickstart-shaped run (`stage_flops`, which
 `benchmarks/roofline.py` divides by measured seconds) and, from them and the GFLOP/s each stage reached when it was
-measured, the seconds of each stage of `experiment mock-sentiment` (`plan_mock_sentiment`, behind its `--plan`).
+measured, the seconds of each stage of `experiment mock-sentiment` (`plan_mock_sentiment`, behind its `--plan`) and of
+`experiment label-efficiency` (`plan_label_efficiency`).
 
 The rates are those the roofline measured for the SmolLM2 quickstart on a 2-core AMD EPYC in bf16 (docs/results.md,
 "The quickstart today, against its floor"); on another machine or model they are a guess, and every figure the
@@ -270,8 +271,9 @@ def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budget
     """[{stage, runs, gflop, seconds}] of `experiment label-efficiency` (lmprefs/recipes/label_efficiency.py) with
     `directed` acquisitions beside random: per seed one pool of `pool` candidates and `held` held-out questions
     sampled and labeled; per seed and acquisition the rounds' ensembles (`members` reward models each, trained on
-    the labels so far, counted as separate models: an upper bound) and their scoring of the candidates left; per arm
-    a reward model, a PPO run and its final evaluation (a directed budget of one round takes random's)."""
+    the labels so far, sharing the normalization samples and frozen prefix) and their scoring of the candidates
+    left (the frozen prefix once, the adapted blocks per member); per arm a reward model, a PPO run and its final
+    evaluation (a directed budget of one round takes random's)."""
     rates = rates or MEASURED_GFLOPS
     rnd = cfg.labels.select_round
 
@@ -287,10 +289,21 @@ def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budget
     arms = list(budgets) + [b for b in budgets if b > rnd] * directed
     top = stages(max(budgets))
     rm = {b: sum(stages(b)["train reward model"].values()) for b in budgets}
-    per_question = top["train reward model"].get("held-out evaluation", 0) / (2 * max(held, 1))  # one forward
+    ad = F.Adapters.from_lora(facts, cfg.lora)
+    start, S, T = ad.start if ad else 0, label_type_shape(cfg.labels.type)[1], cfg.task.response_length
+
+    def ensemble(n: int) -> float:  # the members share the normalization samples and, on one base, the prefix
+        parts = stages(n)["train reward model"]
+        once = parts.get("normalize: sample", 0) + parts.get("frozen prefix, once", 0)
+        return once + members * (sum(parts.values()) - once)
+
+    def score(q: int) -> float:  # every member scores q candidates, the frozen prefix run once for all
+        segs = F.query_response_segments(q, shape.q_len, T, S, shared=shape.shared_queries)
+        return (F.trunk_flops(facts, segs, 0, start) + members * (F.scalar_head_flops(facts, q * S) + F.trunk_flops(
+            facts, segs, start, None, ad, (q * S, shape.q_len + T, 1))))  # fmt: skip
+
     asked = list(range(rnd, max(budgets), rnd))  # labels before each directed round after the first
-    ens = sum(members * sum(stages(n)["train reward model"].values()) for n in asked)
-    score = sum(members * per_question * (pool - n) for n in asked)
+    ens, scored = sum(ensemble(n) for n in asked), sum(score(pool - n) for n in asked)
     return [row("model loads", 1 + seeds * len(arms), 0, None),
             row(f"label {pool} + {held} questions per seed", seeds, seeds * sum(top["sample and label"].values()),
                 "sample and label"),
@@ -298,7 +311,7 @@ def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budget
             row(f"directed rounds: {members}-member ensembles", seeds * directed * len(asked),
                 seeds * directed * ens, "train reward model"),
             row("directed rounds: score the candidates left", seeds * directed * len(asked),
-                seeds * directed * score, "train reward model"),
+                seeds * directed * scored, "train reward model"),
             row("reward model per arm", seeds * len(arms), seeds * sum(rm[b] for b in arms), "train reward model"),
             row(f"PPO, {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", seeds * len(arms),
                 seeds * len(arms) * sum(top["PPO"].values()), "PPO"),
