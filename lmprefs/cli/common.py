@@ -135,6 +135,16 @@ def parse_numbers(text: str, flag: str, kind=float) -> list:
     except ValueError:
         raise UserError(f"{flag} {text!r}: expected comma-separated numbers like 1,2,4") from None
 
+def check_seeds_and_eval(a: argparse.Namespace) -> None:
+    """An experiment's --seeds, --eval-queries and --eval-samples, each refused in one line when out of range."""
+    if a.seeds < 1:
+        raise UserError(f"--seeds {a.seeds}: must be at least 1")
+    if a.eval_queries is not None and a.eval_queries < 2:
+        raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2")
+    if a.eval_samples < 1:
+        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
+
+
 def main_rank() -> bool:
     """Whether this process prints the summary: rank 0 of a launch, or the only process."""
     return os.environ.get("RANK", "0") == "0"

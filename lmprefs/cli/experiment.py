@@ -11,6 +11,7 @@ from lmprefs.cli import compare
 from lmprefs.cli import label_efficiency as label_eff
 from lmprefs.cli.common import (
     ArgumentParser,
+    check_seeds_and_eval,
     command_parser,
     experiment_setup,
     given_flags,
@@ -126,12 +127,7 @@ def _mock_sentiment_args(a: argparse.Namespace) -> list[int] | None:
     counts = sorted(set(parse_numbers(a.labels, "--labels", int))) if a.labels is not None else None
     if counts is not None and (not counts or counts[0] <= 0):
         raise UserError(f"--labels {a.labels!r}: label counts must be positive")
-    if a.seeds < 1:
-        raise UserError(f"--seeds {a.seeds}: must be at least 1")
-    if a.eval_queries is not None and a.eval_queries < 2:
-        raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2")
-    if a.eval_samples < 1:
-        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
+    check_seeds_and_eval(a)
     return counts
 
 

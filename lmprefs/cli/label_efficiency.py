@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmprefs.cli.common import parse_numbers
+from lmprefs.cli.common import check_seeds_and_eval, parse_numbers
 from lmprefs.errors import UserError
 
 DEFAULT_ACQUISITIONS = "bald"
@@ -39,12 +39,7 @@ def plan_from_args(a: argparse.Namespace):
         if not xs or min(xs) <= 0:
             raise UserError(f"--labels {a.labels!r}: label budgets must be positive")
         budgets = tuple(sorted(set(xs)))
-    if a.seeds < 1:
-        raise UserError(f"--seeds {a.seeds}: must be at least 1")
-    if a.eval_queries is not None and a.eval_queries < 2:
-        raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2")
-    if a.eval_samples < 1:
-        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
+    check_seeds_and_eval(a)
     return Plan(budgets=budgets, acquisitions=tuple(dict.fromkeys(acqs)), seeds=a.seeds, n_eval=a.eval_queries,
                 eval_samples=a.eval_samples)  # fmt: skip
 
