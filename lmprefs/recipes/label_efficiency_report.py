@@ -111,18 +111,21 @@ def plot(run_dir: Path, data: dict, plan) -> Path:
 
     arms = data.get("summary", {}).get("arms", {})
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
-    for acq in plan.arms():
+    for i, acq in enumerate(plan.arms()):
         pts = [arms[f"{acq}-{b}"] for b in plan.budgets if f"{acq}-{b}" in arms]
-        xs = [d["labels"] for d in pts]
+        xs = [d["labels"] * 1.03**i for d in pts]  # side by side: the intervals of equal budgets apart
         for ax, key, half in ((axes[0], "accuracy", "accuracy_ci95"), (axes[1], "mean", "ci95")):
             err = [d[half] if d.get(half) is not None else 0.0 for d in pts]
             ax.errorbar(xs, [d[key] for d in pts], yerr=err, fmt="-o", capsize=3, label=acq)
     if "initial" in data:
         axes[1].axhline(data["initial"]["mean"], color="gray", ls="--", lw=0.8, label="initial policy")
+    axes[0].set_ylim(0, 1)
     axes[0].set_ylabel("reward model: held-out best-of-N accuracy")
     axes[1].set_ylabel("PPO policy: held-out true reward")
     for ax in axes:
         ax.set_xscale("log")
+        ax.set_xticks(list(plan.budgets), [str(b) for b in plan.budgets])
+        ax.minorticks_off()
         ax.set_xlabel("labels")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
