@@ -236,7 +236,8 @@ def directed_order(t: Task, pool: SeedPool, acq: str, plan: Plan, res: Results, 
 def run_arm(t: Task, pool: SeedPool, items: list[int], arm_dir: Path, key: str, acq: str, plan: Plan) -> dict:
     """One arm: a single reward model on `items`' labels (kept in arm_dir once trained), its held-out accuracy on
     the seed's held-out questions, and a PPO run against it (train_arm: resumed from its checkpoint)."""
-    cfg = R(t.cfg, train_reward=R(t.cfg.train_reward, ensemble=1))
+    # one reward model, and no selection in its PPO run: the arm's questions are asked already
+    cfg = R(t.cfg, train_reward=R(t.cfg.train_reward, ensemble=1), labels=R(t.cfg.labels, select="random"))
     rm_dir, done = arm_dir / "reward_model", arm_dir / "reward_model.json"
     if done.is_file():
         summary = json.loads(done.read_text())
