@@ -94,9 +94,10 @@ def verdict(acq: str, rows: list[dict], seeds: int) -> str:
         return f"{acq}: no budget above one round, no k"
     last = rows[-1]
     what = outcome(last, seeds)
-    head = {"helped": f"{acq} queries helped: random queries need {fmt_k(last['k'], last['bound'])}x the labels for "
-            "the same true reward", "did not beat random": f"{acq} queries did not beat random",
-            "did worse than random": f"{acq} queries did worse than random"}.get(what, f"{acq} queries: one seed, no interval (run --seeds 2 or more for a verdict)")
+    heads = {"helped": f"{acq} queries helped: random queries need {fmt_k(last['k'], last['bound'])}x the labels "
+             "for the same true reward", "did not beat random": f"{acq} queries did not beat random",
+             "did worse than random": f"{acq} queries did worse than random"}  # fmt: skip
+    head = heads.get(what, f"{acq} queries: one seed, no interval (run --seeds 2 or more for a verdict)")
     others = "; ".join(f"{describe(r, seeds)}: {outcome(r, seeds)}" for r in rows[:-1])
     return f"{head}; {describe(last, seeds)}" + (f"; {others}" if others else "")
 
