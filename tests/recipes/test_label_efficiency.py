@@ -92,3 +92,46 @@ def test_plan_prints_an_estimate_and_writes_nothing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "random and bald,spread, 3 seed(s)" in out and "directed rounds: 2-member ensembles" in out
     assert "total (estimate)" in out and "against 60 min" in out and not run_dir.exists()
+
+
+def row(k, low, high, low_bound="=", high_bound="=", labels=256):
+    return {"labels": labels, "k": k, "bound": "=", "low": low, "low_bound": low_bound, "high": high,
+            "high_bound": high_bound}  # fmt: skip
+
+
+def test_the_verdict_reads_k_and_its_interval():
+    from lmprefs.recipes.label_efficiency_report import outcome, verdict
+
+    assert outcome(row(2.0, 1.3, 3.0), 3) == "helped"
+    assert outcome(row(1.5, 0.8, 3.0), 3) == "did not beat random"  # the interval includes 1
+    assert outcome(row(0.5, 0.3, 0.9), 3) == "did worse than random"
+    assert outcome(row(2.0, 1.0, 1.0, ">=", ">="), 3) == "helped"  # beyond random's largest budget in every draw
+    assert outcome(row(0.5, 0.5, 1.0, "<="), 3) == "did not beat random"
+    assert outcome(row(2.0, 1.3, 3.0), 1) == "one seed, no interval"
+    line = verdict("bald", [row(1.2, 0.7, 2.0, labels=128), row(2.0, 1.3, 3.0)], 3)
+    assert line.startswith("bald queries helped: random queries need 2.00x the labels")
+    assert "k = 2.00 at 256 labels (95% bootstrap interval 1.30 to 3.00 over 3 seeds)" in line
+    assert "k = 1.20 at 128 labels (95% bootstrap interval 0.70 to 2.00 over 3 seeds): did not beat random" in line
+
+
+def test_the_summary_reads_k_off_randoms_curve_across_seeds():
+    from lmprefs.config import preset
+    from lmprefs.recipes.label_efficiency import Plan
+    from lmprefs.recipes.label_efficiency_report import summarize
+
+    cfg = preset("tiny")  # rounds of 64: k at 128 and 256
+    plan = Plan(budgets=(64, 128, 256), seeds=3)
+    data = {}
+    for s, shift in enumerate((-0.1, 0.0, 0.1)):
+        for acq, rewards in (("random", (0.0, 1.0, 2.0)), ("bald", (0.0, 1.5, 2.5))):
+            for b, r in zip(plan.budgets, rewards, strict=True):
+                key = f"{acq}-{b}" + (f"-seed{s}" if s else "")
+                data[key] = {"mean": r + shift, "stderr": 0.1, "kl": 1.0, "n_queries": 4, "labels": b, "accuracy": 0.5}
+    k = summarize(data, plan, cfg)["k"]["bald"]
+    assert [r["labels"] for r in k] == [128, 256]
+    # 1.5 lies halfway between random's 128 and 256 in log(labels): 181 labels, k = 1.41; the same shift in every
+    # seed leaves every resample's k there
+    assert k[0]["k"] == pytest.approx(2**0.5) and k[0]["bound"] == "="
+    assert (k[0]["low"], k[0]["high"]) == pytest.approx((2**0.5, 2**0.5))
+    # 2.5 lies above random's whole curve: random needs more than 256, k >= 1
+    assert (k[1]["k"], k[1]["bound"], k[1]["low_bound"]) == (1.0, ">=", ">=")
