@@ -43,7 +43,7 @@ from lmprefs.models.loading import _trunk_names, load_lm
 from lmprefs.models.lora import load_peft_adapter
 from lmprefs.models.model_card import CardInfo
 from lmprefs.models.reward_model import RewardModel
-from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix_shared
+from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix, frozen_prefix_shared
 
 ENSEMBLE_FILE = "ensemble.json"
 """The manifest of an ensemble directory: its members, their seeds and normalization."""
@@ -100,7 +100,10 @@ class RewardEnsemble(nn.Module):
         """Rewards [K, B] of every member for queries [B / k, Q] (formatted) and responses [B, T] (k = repeats).
         Members on one base take the frozen prefix given, or one computed here once for all of them."""
         if prefix is None and len(self.members) > 1 and self.shares_base():
-            prefix = frozen_prefix_shared(self.lm, queries, responses, repeats)
+            if repeats > 1 and queries.shape[1] > 0:  # each query once for its k responses, as the members would
+                prefix = frozen_prefix_shared(self.lm, queries, responses, repeats)
+            else:
+                prefix = frozen_prefix(self.lm, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1))
         return torch.stack([m(queries, responses, prefix, repeats) for m in self.models()])  # [K, B]
 
     def forward(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
