@@ -199,3 +199,11 @@ def experiment_setup(run_dir: Path, preset_name: str, pairs, flags: dict, given:
     flags = {k: flags[k] if k in given or k not in saved else saved[k] for k in flags}
     print(f"resuming {run_dir}", flush=True)
     return cfg, flags, lambda: None
+
+
+def random_questions_only(cfg, command: str) -> None:
+    """Refuse labels.select other than random in a command that labels with random questions only, rather than
+    ask random ones under a setting that says otherwise."""
+    if cfg.labels.select != "random":
+        raise UserError(f"labels.select={cfg.labels.select}: {command} asks random questions; directed selection "
+                        "runs in `lmprefs label`, `train-policy --online` and `lmprefs rank-queue`")  # fmt: skip

@@ -17,6 +17,7 @@ from lmprefs.cli.common import (
     given_flags,
     help_with_config,
     parse_numbers,
+    random_questions_only,
     run_dir_for,
 )
 from lmprefs.errors import UserError
@@ -108,6 +109,8 @@ def cmd_experiment(argv: list[str]) -> int:
         return _plan(a, resolve_config(preset_name, pairs))
     if a.name == "compare" and a.db:  # saved with the run: a rerun from elsewhere reads the same store
         a.db = str(Path(a.db).resolve())
+    if a.name in ("mock-sentiment", "compare"):  # they label: with random questions
+        random_questions_only(resolve_config(preset_name, pairs), f"experiment {a.name}")
     run_dir = run_dir_for(a.run_dir, resolve_config(preset_name, []), "experiment", a.name)
     cfg, flags, on_start = experiment_setup(run_dir, preset_name, pairs, {k: getattr(a, k) for k in FLAGS[a.name]},
                                             given)  # fmt: skip

@@ -31,10 +31,19 @@ import torch
 from torch import Tensor, nn
 
 from lmprefs.errors import UserError
-from lmprefs.models.artifacts import atomic_dir, is_reward_model_dir, load_reward_model, verified, write_reward_model
+from lmprefs.models.artifacts import (
+    adapter_base,
+    atomic_dir,
+    is_reward_model_dir,
+    load_reward_model,
+    verified,
+    write_reward_model,
+)
+from lmprefs.models.loading import _trunk_names, load_lm
+from lmprefs.models.lora import load_peft_adapter
 from lmprefs.models.model_card import CardInfo
 from lmprefs.models.reward_model import RewardModel
-from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix_shared
+from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix, frozen_prefix_shared
 
 ENSEMBLE_FILE = "ensemble.json"
 """The manifest of an ensemble directory: its members, their seeds and normalization."""
@@ -91,7 +100,10 @@ class RewardEnsemble(nn.Module):
         """Rewards [K, B] of every member for queries [B / k, Q] (formatted) and responses [B, T] (k = repeats).
         Members on one base take the frozen prefix given, or one computed here once for all of them."""
         if prefix is None and len(self.members) > 1 and self.shares_base():
-            prefix = frozen_prefix_shared(self.lm, queries, responses, repeats)
+            if repeats > 1 and queries.shape[1] > 0:  # each query once for its k responses, as the members would
+                prefix = frozen_prefix_shared(self.lm, queries, responses, repeats)
+            else:
+                prefix = frozen_prefix(self.lm, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1))
         return torch.stack([m(queries, responses, prefix, repeats) for m in self.models()])  # [K, B]
 
     def forward(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
@@ -137,15 +149,53 @@ def read_manifest(path: Path) -> dict:
 
 
 def load_reward_ensemble(path: Path, device: torch.device | str = "cpu") -> RewardEnsemble:
-    """An ensemble directory's members, each loaded as load_reward_model loads a reward model."""
+    """An ensemble directory's members: LoRA adapters (lora.merged_reward_model false) on one base model loaded
+    once, the members sharing it and its frozen prefix as in training; otherwise each member loaded as
+    load_reward_model loads a reward model."""
     path = verified(Path(path))
-    members = []
-    for name in read_manifest(path)["members"]:
-        d = path / name
+    dirs = [path / name for name in read_manifest(path)["members"]]
+    for d in dirs:
         if not is_reward_model_dir(d):
-            raise UserError(f"{path}: its member {name} is not a reward-model directory")
-        members.append(load_reward_model(d, device))
-    return RewardEnsemble(members).to(device)
+            raise UserError(f"{path}: its member {d.name} is not a reward-model directory")
+    shared = _adapters_on_one_base(dirs, device)
+    return (shared or RewardEnsemble([load_reward_model(d, device) for d in dirs])).to(device)
+
+
+def _adapters_on_one_base(dirs: list[Path], device) -> RewardEnsemble | None:
+    """The members as adapters on one copy of their base (`load_peft_adapter`), each with its saved head: score =
+    w . h + c, where c is the constant save_reward_model folded into the final norm's bias along w (recovered as
+    w . (saved bias - base bias)) or kept in lmprefs.json as score_bias. None unless every member is lmprefs' LoRA
+    adapter on the same base with the base's final-norm weight (then they load one by one)."""
+    metas = []
+    for d in dirs:
+        if not (d / "adapter_config.json").is_file() or not (d / "lmprefs.json").is_file():
+            return None
+        metas.append(json.loads((d / "lmprefs.json").read_text()))
+    bases = {adapter_base(d, d) for d in dirs}
+    if len(bases) != 1:
+        return None
+    lm, tok = load_lm(bases.pop(), device)
+    prefix, norm_name = lm.base_model_prefix, _trunk_names(lm)[1]
+    norm = getattr(lm.base_model, norm_name)
+    members = []
+    for k, (d, meta) in enumerate(zip(dirs, metas, strict=True)):
+        name = "reward" if k == 0 else f"reward_{k}"
+        whole = load_peft_adapter(lm, name, d)
+        w = whole.get("score.weight")  # [1, d]
+        if w is None:
+            return None
+        c = float(meta.get("score_bias", 0.0))
+        if getattr(norm, "bias", None) is not None:
+            nw, nb = whole.get(f"{prefix}.{norm_name}.weight"), whole.get(f"{prefix}.{norm_name}.bias")
+            if nw is None or nb is None or not torch.equal(nw.to(norm.weight.device), norm.weight.detach()):
+                return None
+            c += float(w[0].float() @ (nb.float() - norm.bias.detach().float().cpu()))
+        rm = RewardModel(lm, tok, adapter=name)
+        with torch.no_grad():
+            rm.head.linear.weight.copy_(w)
+            rm.head.linear.bias.fill_(c)
+        members.append(rm.to(device))
+    return RewardEnsemble(members)
 
 
 def load_reward(path: Path, device: torch.device | str = "cpu") -> RewardModel | RewardEnsemble:

@@ -110,21 +110,9 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
         crash_point("select:sampled")
         rows, acq = choose(q, samples, wanted)
         q, samples, n = q[rows], samples[rows], len(rows)
-    tok_name = tokenizer_id(t.tok)
-    q_text = decode(t.tok, q)
-    stop = stop_tokens(cfg.task, t.tok)
-    item_ids = []
-    with store.transaction():
-        for i in range(n):
-            ids = [[x for x in s if x >= 0] for s in samples[i].tolist()]
-            item_ids.append(store.add_item(
-                q_text[i], decode(t.tok, samples[i], stop), source=source, label_type=lt.name,
-                query_tokens=[x for x in q[i].tolist() if x >= 0], sample_tokens=ids, tokenizer=tok_name,
-                batch=batch, key=f"{seed}:{int(rows[i])}",
-            ))  # fmt: skip
-        if choose is not None and acq is not None:
-            store.set_acquisition({item: float(acq[r]) for item, r in zip(item_ids, rows.tolist(), strict=True)},
-                                  by=choose.describe)  # fmt: skip
+    item_ids = store_questions(t, store, q, samples, [f"{seed}:{r}" for r in rows.tolist()], source=source,
+                               batch=batch, scores=None if acq is None else acq[rows].tolist(),
+                               by=choose.describe if choose is not None else "")  # fmt: skip
     crash_point("labeling:stored")
     added = 0
     if name != "none":
@@ -141,3 +129,25 @@ def collect_labels(t: Task, store, n: int, *, labeler: str | None = None, source
         out |= {"candidates": len(acq), "acquisition_asked": float(acq[rows].mean()) if len(rows) else 0.0,
                 "acquisition_pool": float(acq.mean())}  # fmt: skip
     return out
+
+
+def store_questions(t: Task, store, q: torch.Tensor, samples: torch.Tensor, keys: list[str], *, source: str,
+                    batch: str | None, scores: list[float] | None = None, by: str = "") -> list[int]:  # fmt: skip
+    """Questions queries [n, Q] and samples [n, S, T] into the store in one transaction, with their token ids, each
+    under its `keys` entry (a question stored again is the same item), and with `scores` their acquisition scores
+    (`by`: what computed them). -> the item ids."""
+    cfg = t.cfg
+    tok_name, stop = tokenizer_id(t.tok), stop_tokens(cfg.task, t.tok)
+    q_text = decode(t.tok, q)
+    item_ids = []
+    with store.transaction():
+        for i in range(len(q)):
+            ids = [[x for x in s if x >= 0] for s in samples[i].tolist()]
+            item_ids.append(store.add_item(
+                q_text[i], decode(t.tok, samples[i], stop), source=source, label_type=cfg.labels.type,
+                query_tokens=[x for x in q[i].tolist() if x >= 0], sample_tokens=ids, tokenizer=tok_name,
+                batch=batch, key=keys[i],
+            ))  # fmt: skip
+        if scores is not None:
+            store.set_acquisition(dict(zip(item_ids, scores, strict=True)), by=by)
+    return item_ids

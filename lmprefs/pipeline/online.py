@@ -26,7 +26,7 @@ from lmprefs.labels.types import get as get_label_type
 from lmprefs.models.ensemble import RewardEnsemble
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.labeling import collect_labels
-from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
+from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model, training_labels
 from lmprefs.pipeline.selection import Chooser, ensemble_scores
 from lmprefs.runtime.device import compiles_forwards
 from lmprefs.training.policy_run import ScoreFn
@@ -135,8 +135,12 @@ class OnlineRewards:
             have = self.labels_so_far()
 
     def retrain(self, update: int) -> dict:
-        rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log,
-                                         self.items_after(update))  # fmt: skip
+        # all labels so far, as the paper's online runs: labels.num_train sizes an offline reward model's data, and
+        # taking its first labels in store order trained every later retrain on the same early batches
+        exclude = self.items_after(update)
+        labels = training_labels(self.t, self.store, exclude, every_label=True)
+        rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log, exclude,
+                                         labels)  # fmt: skip
         self.rm = rm.freeze()
         self._score = rm_score_fn(rm, compiles_forwards(self.cfg.run.compile, self.t.device))
         row = {"update": update, "labels": summary["labels_train"] + summary["labels_heldout"],

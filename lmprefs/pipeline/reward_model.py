@@ -104,12 +104,14 @@ class TrainingLabels:
     by_labeler: dict
 
 
-def training_labels(t: Task, store, exclude_items: Set[int] = frozenset()) -> TrainingLabels:
+def training_labels(t: Task, store, exclude_items: Set[int] = frozenset(), *, every_label: bool = False
+                    ) -> TrainingLabels:  # fmt: skip
     """The store's labels split for training. Held out (`heldout_labels`): by labels.heldout_by, the items of an
     imported split other than `train`, and the items (per-response scores: the prompts) whose hash of (run.seed, item
     id or prompt) falls under labels.heldout_fraction. Every refusal of a store that cannot train a reward model is
     raised here, so a command can call it before it writes anything.
-    `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches')."""
+    `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches').
+    `every_label`: every label not held out trains (an online retrain: all labels so far), not labels.num_train."""
     cfg = t.cfg
     by_labeler: dict = {}
     data = load_examples(cfg, store, t.tok, by_labeler, exclude_items)
@@ -117,7 +119,8 @@ def training_labels(t: Task, store, exclude_items: Set[int] = frozenset()) -> Tr
     held, train = data[is_held], data[~is_held]
     if cfg.labels.subset_seed is not None:  # a random subset: seeds of one experiment train on different labels
         train = train[torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.labels.subset_seed))]
-    train = train[: cfg.labels.num_train]
+    if not every_label:
+        train = train[: cfg.labels.num_train]
     if len(train) == 0:
         raise UserError(f"no labels left for training: all {len(data)} are held out ({measured}; labels.heldout_by="
                         f"{cfg.labels.heldout_by}, heldout_fraction {cfg.labels.heldout_fraction})")  # fmt: skip

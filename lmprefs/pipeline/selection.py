@@ -18,7 +18,7 @@ from torch import Tensor
 
 from lmprefs.config import LabelsConfig
 from lmprefs.labels.acquisition import acquisition_scores, select
-from lmprefs.training.reward import question_tensors, tokenizer_id
+from lmprefs.training.reward import member_rewards, question_tensors, tokenizer_id
 
 MemberScores = Callable[[Tensor, Tensor], Tensor]
 """(queries [Q, Lq] unformatted, PAD right; samples [Q, N, T]) -> each member's score of each response [K, Q, N]."""
@@ -26,18 +26,13 @@ MemberScores = Callable[[Tensor, Tensor], Tensor]
 
 def ensemble_scores(ens, ctx, batch_size: int = 64) -> MemberScores:
     """The member scores of a RewardEnsemble (models/ensemble.py), in batches of about `batch_size` rows, without
-    gradients, under the task's autocast."""
+    gradients, under the task's autocast (training.reward.member_rewards)."""
 
     def scores(queries: Tensor, samples: Tensor) -> Tensor:
         Q, N = samples.shape[:2]
-        per, out = max(1, batch_size // N), []
-        with torch.no_grad():
-            for i in range(0, Q, per):
-                q = ctx.format(queries[i : i + per])
-                r = samples[i : i + per].flatten(0, 1).to(ctx.device)  # [b * N, T]: a question's N in a row
-                with ctx.autocast():
-                    out.append(ens.member_scores(q, r, None, N).float().cpu())  # [K, b * N]
-        return torch.cat(out, 1).view(-1, Q, N)
+        # a question's N responses in a row, its query formatted and run once for them
+        flat = member_rewards(ens, queries, samples.flatten(0, 1), ctx, batch_size, repeats=N)  # [K, Q * N]
+        return flat.view(-1, Q, N)
 
     return scores
 

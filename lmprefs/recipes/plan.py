@@ -112,33 +112,40 @@ class _Passes:
 
 
 def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
+    """A reward model's stages, or an ensemble's (train_reward.ensemble K): K members scoring, evaluating and
+    training, the normalization samples drawn once, and with LoRA one frozen prefix for all of them over the
+    training and held-out rows, and the held-out evaluation of their mean."""
     cfg, facts, n, ad, S, L, start = p.cfg, p.facts, p.n, p.ad, p.S, p.L, p.start
     tr = cfg.train_reward
+    K = tr.ensemble
     rm: dict[str, int] = {}
     norms = int(tr.normalize_before) + int(tr.normalize_after)
     n_norm = min(tr.normalize_samples, n.train_queries)
     if norms:  # the reward model scores them from the sampling pass's frozen prefix (normalize)
         keep = p.kept and cfg.run.parallel != "fsdp"
         rm["normalize: sample"] = norms * p.sample(n_norm, 1, keep=keep)
-        rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), start if keep else 0,
-                                                        None, ad, p.reward(n_norm))
-                                          + F.scalar_head_flops(facts, n_norm))  # fmt: skip
+        rm["normalize: score"] = K * norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L),
+                                                            start if keep else 0, None, ad, p.reward(n_norm))
+                                              + F.scalar_head_flops(facts, n_norm))  # fmt: skip
     labeled = n.labeling_prefixes and p.kept  # the labeling pass kept every labeled row's frozen prefix
+    rows = n.labels_train + (n.labels_heldout if K > 1 else 0)  # an ensemble's prefix covers the held-out rows too
+    fits = start > 0 and rows * S * L * facts.d * 4 <= cache_bytes
+    cached = labeled or ((tr.epochs > 1 or K > 1) and fits)
     if n.labels_heldout:
-        rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, p.qr(n.labels_heldout, S), start if labeled else 0,
-                                                       None, ad, p.reward(n.labels_heldout * S))
-                                         + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
-    cached = labeled or (tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= cache_bytes)
+        held = start if labeled or (K > 1 and cached) else 0
+        rm["held-out evaluation"] = (2 * K + (K if K > 1 else 0)) * (
+            F.trunk_flops(facts, p.qr(n.labels_heldout, S), held, None, ad, p.reward(n.labels_heldout * S))
+            + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
     if cached and not labeled:
-        rm["frozen prefix, once"] = F.trunk_flops(facts, p.qr(n.labels_train, S), 0, start)
+        rm["frozen prefix, once"] = F.trunk_flops(facts, p.qr(rows, S), 0, start)
     # under FSDP a question's samples are repeated rows (reward.train_epoch); in one process the quickstart shares
     train_segments = (p.qr(n.labels_train, S) if cfg.run.parallel != "fsdp"
                       else F.plain_segments(n.labels_train * S, L))  # fmt: skip
     head = F.scalar_head_flops(facts, n.labels_train * S)
-    rm["training"] = tr.epochs * (p.fwd_bwd(train_segments, start if cached else 0, ad, p.reward(n.labels_train * S))
-                                  + head + F.head_backward(head, True))  # fmt: skip
+    rm["training"] = K * tr.epochs * (p.fwd_bwd(train_segments, start if cached else 0, ad,
+                                                p.reward(n.labels_train * S)) + head + F.head_backward(head, True))
     if ad and cfg.lora.merged_reward_model:
-        rm["export: merge adapter"] = F.merge_flops(facts, ad)
+        rm["export: merge adapter"] = K * F.merge_flops(facts, ad)
     return rm
 
 

@@ -155,7 +155,7 @@ def admin_labeler(
         raise HTTPException(404, f"There is no labeler {name!r}.")
     if action not in ("admit", "hold"):
         raise HTTPException(422, f"action={action!r} must be admit or hold.")
-    st.store.set_admitted(labeler.id, action == "admit")
+    st.store.set_admitted(labeler.id, action == "admit", by_admin=True)
     user.session.flash = f"{name} {'is admitted' if action == 'admit' else 'is held back from real work'}."
     return RedirectResponse("/admin", 303)
 

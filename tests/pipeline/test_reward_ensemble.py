@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lmprefs.config import preset
-from lmprefs.models.artifacts import is_reward_model_dir
+from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
 from lmprefs.models.ensemble import (
     ENSEMBLE_FILE,
     RewardEnsemble,
@@ -101,6 +101,8 @@ def test_a_saved_ensemble_loads_as_its_members_and_scores_by_their_mean(store, t
     assert all("norm_before" in n and "norm_after" in n for n in manifest["normalization"])
     loaded = load_reward(d)
     assert isinstance(loaded, RewardEnsemble) and len(loaded) == 3
+    assert loaded.shares_base()  # adapters on one base, as in training: its frozen blocks run once for all three
+    one_by_one = RewardEnsemble([load_reward_model(d / f"member-{k}") for k in range(3)])
     g = torch.Generator().manual_seed(0)
     q = t.ctx.format(torch.randint(100, 1000, (4, 6), generator=g))  # no PAD: transformers reads the rows as they are
     r = torch.randint(100, 1000, (4, 5), generator=g)
@@ -108,6 +110,7 @@ def test_a_saved_ensemble_loads_as_its_members_and_scores_by_their_mean(store, t
         trained, saved = ens.member_scores(q, r), loaded.member_scores(q, r)  # [3, 4]
         assert trained.shape == (3, 4)
         assert torch.allclose(trained, saved, atol=2e-3 * (1 + trained.abs().max()))
+        assert torch.allclose(one_by_one.member_scores(q, r), saved, atol=1e-4 * (1 + saved.abs().max()))
         assert torch.allclose(loaded(q, r), saved.mean(0)) and torch.allclose(RewardEnsemble.spread(saved),
                                                                               saved.std(0, unbiased=False))
         # each member a reward model as a single one is saved: its adapter in peft's format on the named base

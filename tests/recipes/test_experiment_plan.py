@@ -45,6 +45,20 @@ def test_the_rates_reproduce_the_measured_quickstart_stages():
         assert gflop / MEASURED_GFLOPS[stage] == pytest.approx(seconds, rel=0.01), stage
 
 
+def test_an_ensembles_members_share_sampling_and_the_frozen_prefix_in_the_count():
+    """K members: K times the training, scoring and evaluation above the adapters; the normalization samples once;
+    the frozen blocks once (here computed by the ensemble over the training and held-out rows, not the labeling
+    pass's)."""
+    facts = ModelFacts.from_config(SMOLLM2)
+    n = Counts(32, 3627, 256, 2, 889, 784, 105, 20, labeling_prefixes=False)
+    one, four = (stage_flops(R(preset("quickstart"), train_reward=R(preset("quickstart").train_reward, ensemble=k)),
+                             facts, n)["train reward model"] for k in (1, 4))  # fmt: skip
+    assert four["normalize: sample"] == one["normalize: sample"]
+    assert four["training"] == 4 * one["training"] and four["normalize: score"] == 4 * one["normalize: score"]
+    assert one["frozen prefix, once"] < four["frozen prefix, once"] < 2 * one["frozen prefix, once"]
+    assert sum(one.values()) < sum(four.values()) < 4 * sum(one.values())
+
+
 def test_one_arm_reproduces_the_measured_quickstart_stages():
     """One arm of 800 labels is the quickstart (its reward model's frozen prefixes kept by the labeling pass), plus
     the direct arm's PPO run and final evaluation."""

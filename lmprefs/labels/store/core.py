@@ -69,6 +69,7 @@ class LabelStore(StoreBase):
     practice_answers = _onboarding.practice_answers
     set_admitted = _onboarding.set_admitted
     is_admitted = _onboarding.is_admitted
+    is_held = _onboarding.is_held
     practice_summary = _onboarding.practice_summary
 
     # -- drift anchors (drift.py) ------------------------------------------------------------------------------
@@ -78,6 +79,8 @@ class LabelStore(StoreBase):
     set_anchor = _drift.set_anchor
     labeler_interval = _drift.labeler_interval
     due_anchors = _drift.due_anchors
+    anchor_count = _drift.anchor_count
+    last_anchor_answer = _drift.last_anchor_answer
     add_anchor_answer = _drift.add_anchor_answer
     drift = _drift.drift
 

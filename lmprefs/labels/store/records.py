@@ -84,6 +84,7 @@ class Answer:
     seconds: float | None  # time on task
     ranking: list[int] | None = None  # ranking_K: the stored samples' order, best first
     confidence: int | None = None  # 1 (a guess) to 3 (sure)
+    position: int = 0  # in the feed of answers: taken anew when an undo changes the answer (the id stays)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class Labeler:
     created: float
     has_token: bool  # can sign in
     admitted: float | None = None  # when they passed onboarding (None: not yet)
+    held: float | None = None  # when an admin held them back from real work (None: not held)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,12 @@ Version 7 adds drift anchors: `items.anchor` (1: a fixed item re-served to every
 answers, never through the queue and never for training) and `anchor_answers`, one row per (anchor, labeler,
 interval); the interval length lives in `meta` (`anchor_every`).
 
-Version 8 adds query selection: `items.acquisition` (how much an answer to a pending item would teach a reward-model
+Version 8 adds `labels.seq`, a label's position in the feed of answers (`GET /api/labels`): an answer takes the next
+position when it is given and again when an undo changes it, so a reader paging by position sees the change (the row
+id stays the item's and labeler's); and `labelers.held` (when an admin held the labeler back from real work: they are
+not admitted again by their practice score, only by an admin).
+
+Version 9 adds query selection: `items.acquisition` (how much an answer to a pending item would teach a reward-model
 ensemble, as `lmprefs rank-queue` scored it: larger first; NULL: never scored) and, in `meta`, what scored them
 (`acquisition`). The queue serves scored items first, by score, then the rest oldest first.
 
@@ -44,7 +49,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -111,6 +116,12 @@ MIGRATIONS = {
         " UNIQUE (item_id, labeler_id, interval))",
     ],
     8: [
+        "ALTER TABLE labels ADD COLUMN seq INTEGER",
+        "UPDATE labels SET seq = id",
+        "CREATE UNIQUE INDEX labels_seq ON labels (seq)",
+        "ALTER TABLE labelers ADD COLUMN held REAL",
+    ],
+    9: [
         "ALTER TABLE items ADD COLUMN acquisition REAL",
         "CREATE INDEX items_acquired ON items (status, priority DESC, acquisition IS NULL, acquisition DESC, id)",
     ],
@@ -120,6 +131,9 @@ QUEUE_ORDER = "i.priority DESC, i.acquisition IS NULL, i.acquisition DESC, i.id"
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read
 CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
+# a labeler's first answer to an item, labels `l` (an undo may have replaced it since): what gold accuracy counts
+FIRST_KIND = "COALESCE(l.first_kind, l.kind)"
+FIRST_BEST = "(CASE WHEN l.first_kind IS NULL THEN l.best ELSE l.first_best END)"
 TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels",
           "anchor_answers")  # fmt: skip
 
