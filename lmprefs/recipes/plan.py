@@ -11,6 +11,7 @@ reward model's cache bound); the plan itself is arithmetic on a config and a mod
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -284,10 +285,11 @@ def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budget
     rates = rates or MEASURED_GFLOPS
     rnd = cfg.labels.select_round
 
-    def stages(n_labels: int, questions: int = pool + held) -> dict[str, dict[str, int]]:
-        n = Counts(shape.q_len, shape.train_queries, n_eval, samples, questions, n_labels, held, cfg.ppo.num_updates,
-                   shape.shared_queries, labeling_prefixes=False)  # fmt: skip
-        return stage_flops(cfg, facts, n)
+    def stages(n_labels: int, members: int = 1) -> dict[str, dict[str, int]]:
+        n = Counts(shape.q_len, shape.train_queries, n_eval, samples, pool + held, n_labels, held,
+                   cfg.ppo.num_updates, shape.shared_queries, labeling_prefixes=False)  # fmt: skip
+        return stage_flops(dataclasses.replace(cfg, train_reward=dataclasses.replace(cfg.train_reward,
+                                                                                     ensemble=members)), facts, n)
 
     def row(stage: str, runs: int, flops: float, rate: str | None) -> dict:
         return {"stage": stage, "runs": runs, "gflop": flops / 1e9,
@@ -299,18 +301,14 @@ def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budget
     ad = F.Adapters.from_lora(facts, cfg.lora)
     start, S, T = ad.start if ad else 0, label_type_shape(cfg.labels.type)[1], cfg.task.response_length
 
-    def ensemble(n: int) -> float:  # the members share the normalization samples and, on one base, the prefix
-        parts = stages(n)["train reward model"]
-        once = parts.get("normalize: sample", 0) + parts.get("frozen prefix, once", 0)
-        return once + members * (sum(parts.values()) - once)
-
     def score(q: int) -> float:  # every member scores q candidates, the frozen prefix run once for all
         segs = F.query_response_segments(q, shape.q_len, T, S, shared=shape.shared_queries)
         return (F.trunk_flops(facts, segs, 0, start) + members * (F.scalar_head_flops(facts, q * S) + F.trunk_flops(
             facts, segs, start, None, ad, (q * S, shape.q_len + T, 1))))  # fmt: skip
 
     asked = list(range(rnd, max(budgets), rnd))  # labels before each directed round after the first
-    ens, scored = sum(ensemble(n) for n in asked), sum(score(pool - n) for n in asked)
+    ens = sum(sum(stages(n, members)["train reward model"].values()) for n in asked)
+    scored = sum(score(pool - n) for n in asked)
     return [row("model loads", 1 + seeds * len(arms), 0, None),
             row(f"label {pool} + {held} questions per seed", seeds, seeds * sum(top["sample and label"].values()),
                 "sample and label"),
