@@ -44,9 +44,17 @@ def plan_from_args(a: argparse.Namespace):
                 eval_samples=a.eval_samples)  # fmt: skip
 
 
+def check_select(cfg) -> None:
+    """labels.select stays random: the experiment runs the random control and each --acquisitions arm itself."""
+    if cfg.labels.select != "random":
+        raise UserError(f"labels.select={cfg.labels.select}: experiment label-efficiency runs the random control and "
+                        f"each directed arm itself; name them with --acquisitions {cfg.labels.select}")  # fmt: skip
+
+
 def label_efficiency(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
     from lmprefs.recipes.label_efficiency import run_label_efficiency
 
+    check_select(cfg)
     out = run_label_efficiency(cfg, run_dir, plan_from_args(a), on_start)
     for name, d in out["results"]["summary"]["arms"].items():
         acc = f"{d['accuracy']:.3f}" + (f" +/- {d['accuracy_ci95']:.3f}" if d["accuracy_ci95"] is not None else "")
@@ -66,6 +74,7 @@ def plan(a: argparse.Namespace, cfg, minutes: float) -> int:
     from lmprefs.recipes.label_efficiency import DEFAULT_EVAL_QUERIES, check_grid, chooser_config
     from lmprefs.recipes.plan import Shape, format_plan, plan_label_efficiency
 
+    check_select(cfg)
     p = plan_from_args(a)
     t = setup_task(cfg, p.n_eval or DEFAULT_EVAL_QUERIES)
     pool, held, n_eval = check_grid(t, p)

@@ -77,6 +77,7 @@ def test_a_killed_experiment_resumes_to_the_uninterrupted_result(tmp_path, monke
     (["--seeds", "0"], "--seeds 0: must be at least 1"),
     (["--eval-queries", "100000"], "--eval-queries 100000"),
     (["--betas", "1"], "--betas is not an option of `experiment label-efficiency`"),
+    (["--labels.select", "bald"], "labels.select=bald: experiment label-efficiency runs the random control"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, extra, needle):
     run_dir = tmp_path / "le"
