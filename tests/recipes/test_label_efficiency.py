@@ -54,7 +54,10 @@ def test_the_experiment_runs_both_arms_from_one_pool_and_reports_k(tmp_path, cap
 def test_a_killed_experiment_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main(args(full)) == 0
-    # killed after the directed sequence's first round, then in the directed arm's PPO run
+    # killed while the pool is labeled (made again from the start), after the directed sequence's first round,
+    # then in the directed arm's PPO run
+    killed(monkeypatch, args(cut), "labeling:stored")
+    assert "questions" not in json.loads((cut / "results.json").read_text())
     killed(monkeypatch, args(cut), "label-efficiency:round")
     assert [r["round"] for r in json.loads((cut / "results.json").read_text())["order-bald"]["rounds"]] == [0]
     killed(monkeypatch, args(cut), "train:saved")
