@@ -23,7 +23,7 @@ from lmprefs.io.atomic import crash_point
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
 from lmprefs.labels.store import LabelStore
-from lmprefs.models.ensemble import RewardEnsemble, read_manifest
+from lmprefs.models.ensemble import RewardEnsemble, is_ensemble_dir, read_manifest
 from lmprefs.pipeline.labeling import collect_labels
 from lmprefs.pipeline.reward_model import train_reward_model
 from lmprefs.pipeline.selection import Chooser, ensemble_scores
@@ -122,6 +122,8 @@ def round_row(store, cfg, r: int, batches: list[str], directed: bool, run_dir: P
     if directed:
         scores = [store.get_item(i).acquisition for i in mine]
         row["acquisition_asked"] = sum(scores) / len(scores) if scores else 0.0
-        summary = read_manifest(run_dir / "ensemble").get("summary", {})
+        # the round's ensemble is the one in run_dir, unless this run_dir is not the one the round was asked from
+        have = is_ensemble_dir(run_dir / "ensemble")
+        summary = read_manifest(run_dir / "ensemble").get("summary", {}) if have else {}
         row["ensemble_heldout_accuracy"] = summary.get("heldout/accuracy")
     return row

@@ -68,6 +68,17 @@ def test_a_killed_run_resumes_bitwise_and_logs_each_round_once(uninterrupted, tm
     assert rounds(tmp_path, "run") == rows
 
 
+def test_a_rerun_into_another_run_dir_goes_on_from_the_store(uninterrupted, tmp_path, monkeypatch):
+    _, store, rows = uninterrupted
+    killed(monkeypatch, label(tmp_path, "run"), "select:round", 2)
+    args = label(tmp_path, "run")
+    args[args.index("--run-dir") + 1] = str(tmp_path / "elsewhere")
+    assert main(args) == 0
+    assert dump(tmp_path / "run.sqlite") == store
+    assert [r["round"] for r in rounds(tmp_path, "elsewhere")] == [0, 1, 2]  # round 1's ensemble is not here
+    assert rounds(tmp_path, "elsewhere")[1]["ensemble_heldout_accuracy"] is None
+
+
 def test_random_selection_is_todays_labeling(tmp_path):
     base = ["label", "tiny", "--n", "12"]
     assert main([*base, "--db", str(tmp_path / "a.sqlite")]) == 0
