@@ -212,6 +212,17 @@ def test_reward_accuracy_runs_on_the_tiny_preset(tmp_path):
     assert not list(out.glob("rm-*")), "a reward model was left in --out-dir without --keep-models"
 
 
+def test_reward_ensemble_cost_runs_on_the_tiny_preset(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_script("reward_ensemble_cost.py", "--preset", "tiny", "--labels", "16", "--members", "2", "--reps", "1",
+                   "--threads", "1", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["members"] == 2 and len(res["seconds"]["1"]) == len(res["seconds"]["2"]) == 1
+    assert res["ratio"] == pytest.approx(res["median_2"] / res["median_1"]) and res["cpu"]
+    assert "K=2 vs K=1" in r.stdout
+
+
 def test_scaling_runs_without_a_launcher_and_under_torchrun_with_two_processes(tmp_path):
     out = tmp_path / "r.json"
     r = run_script("scaling.py", "--models", "tiny", "--parallel", "ddp", "--no-launcher-threads", "1", "--batch", "8",
@@ -324,6 +335,8 @@ BAD_FLAGS = [
     ("reward_accuracy", ["--labeler", "faithfulness"], "argument --labeler: invalid choice: 'faithfulness'"),
     ("reward_accuracy", ["--store", "{tmp}/labels.sqlite"], "no such file"),
     ("reward_accuracy", ["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
+    ("reward_ensemble_cost", ["--members", "1"], "argument --members: must be at least 2, not 1"),
+    ("reward_ensemble_cost", ["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
     ("scaling", ["--updates", "1"], "argument --updates: must be at least 2, not 1"),
     ("scaling", ["--models", "tiny,huge"], "--models: unknown model 'huge'"),
     ("scaling", ["--parallel", "zero"], "--parallel: unknown value 'zero'"),

@@ -15,8 +15,9 @@ from lmprefs.io.run_owner import claim
 COMMANDS = {
     "experiment": "mock-sentiment: Figure 2 (reward models from N labels vs direct access, over seeds); kl-frontier: "
     "Figure 3 (KL vs true reward of PPO runs beside the optimal policy); compare: PPO, RLOO, DPO and best-of-n from "
-    "one label store on Figure 3's axes; writing-prompts: SFT, a reward model from scores, PPO with a separate value "
-    "model; resumable",
+    "one label store on Figure 3's axes; label-efficiency: random against uncertainty-directed queries at several "
+    "label budgets, and how many labels the directed ones save; writing-prompts: SFT, a reward model from scores, PPO "
+    "with a separate value model; resumable",
     "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
     "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen, the news articles, MiniLM, the "
     "tiny GPT-2s)",
@@ -27,6 +28,8 @@ COMMANDS = {
     "import-labels": "import a label file (the original's JSON, TRL pairwise JSONL, text JSONL, "
     "summarize-from-feedback comparisons, per-response scores) into a label store",
     "export-labels": "export a label store to a label file",
+    "rank-queue": "score a label store's pending questions with a reward-model ensemble's disagreement (BALD or "
+    "spread), so the labeling app serves the most informative first",
     "train-reward": "train a reward model from the label store (or a label file) and report held-out accuracy",
     "score": "score texts (stdin or a file) with a trained reward model",
     "serve": "run the labeling web app over a label store (127.0.0.1 by default)",
@@ -145,6 +148,16 @@ def parse_numbers(text: str, flag: str, kind=float) -> list:
     except ValueError:
         raise UserError(f"{flag} {text!r}: expected comma-separated numbers like 1,2,4") from None
 
+def check_seeds_and_eval(a: argparse.Namespace) -> None:
+    """An experiment's --seeds, --eval-queries and --eval-samples, each refused in one line when out of range."""
+    if a.seeds < 1:
+        raise UserError(f"--seeds {a.seeds}: must be at least 1")
+    if a.eval_queries is not None and a.eval_queries < 2:
+        raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2")
+    if a.eval_samples < 1:
+        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
+
+
 def main_rank() -> bool:
     """Whether this process prints the summary: rank 0 of a launch, or the only process."""
     return os.environ.get("RANK", "0") == "0"
@@ -200,3 +213,11 @@ def experiment_setup(run_dir: Path, owner: str, preset_name: str, pairs, flags: 
     flags = {k: flags[k] if k in given or k not in saved else saved[k] for k in flags}
     print(f"resuming {run_dir}", flush=True)
     return cfg, flags, lambda: claim(run_dir, owner)
+
+
+def random_questions_only(cfg, command: str) -> None:
+    """Refuse labels.select other than random in a command that labels with random questions only, rather than
+    ask random ones under a setting that says otherwise."""
+    if cfg.labels.select != "random":
+        raise UserError(f"labels.select={cfg.labels.select}: {command} asks random questions; directed selection "
+                        "runs in `lmprefs label`, `train-policy --online` and `lmprefs rank-queue`")  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from lmprefs.cli.common import command_parser, help_with_config, main_rank, run_dir_for
+from lmprefs.cli.common import command_parser, help_with_config, main_rank, random_questions_only, run_dir_for
 from lmprefs.errors import UserError
 
 
@@ -26,6 +26,7 @@ def cmd_quickstart(argv: list[str]) -> int:
     if a.eval_queries < 2 or a.eval_samples < 1:
         raise UserError("--eval-queries must be >= 2 and --eval-samples >= 1")
     cfg = resolve_config(a.preset, pairs)
+    random_questions_only(cfg, "quickstart")
     run_dir = run_dir_for(a.run_dir, cfg, "quickstart", a.preset)
     try:
         out = run_quickstart(cfg, run_dir, a.eval_queries, a.eval_samples)

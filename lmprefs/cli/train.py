@@ -43,7 +43,9 @@ def cmd_train_reward(argv: list[str]) -> int:
             log.close()
     if not dist.is_main():
         return 0
-    print(f"reward model: {run_dir / 'reward_model'}")
+    K = summary.get("ensemble", 1)
+    print(f"reward model: {run_dir / 'reward_model'}" + (f" (an ensemble of {K}, scored by their mean; "
+          f"held-out accuracy of each: {', '.join(_acc(s) for s in summary['members'])})" if K > 1 else ""))
     print(f"  trained on {summary['labels_train']} labels in {summary['seconds']:.0f}s; held-out "
           f"({summary['labels_heldout']} labels, {summary['heldout/split'] or 'none'}): "
           f"accuracy {summary.get('heldout/accuracy', float('nan')):.3f} "
@@ -55,6 +57,10 @@ def cmd_train_reward(argv: list[str]) -> int:
     weighted = cfg.labels.weight_by_gold
     print(f"  labels per labeler (before the held-out split): {describe_labelers(summary['labelers'], weighted)}")
     return 0
+
+
+def _acc(summary: dict) -> str:
+    return f"{summary.get('heldout/accuracy', float('nan')):.3f}"
 
 
 def _check_reward_run_dir(run_dir: Path) -> None:

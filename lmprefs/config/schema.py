@@ -129,6 +129,24 @@ class LabelsConfig:
     """Online mode: PPO updates between two requests for judgments."""
     online_retrains: int = 19
     """Online mode: reward-model retrains at evenly spaced updates after the first (the paper retrained 19 times)."""
+    select: Literal["random", "bald", "spread"] = "random"
+    """Which questions are asked (labels/acquisition.py): random, as sampled (the original); bald or spread, the top
+    questions of a pool of labels.pool_factor times as many, ranked by a reward-model ensemble
+    (train_reward.ensemble >= 2) trained on the labels so far: bald, the mutual information between the best-of-N
+    choice and the member (Houlsby et al. 2011); spread, the members' std of each response's score relative to its
+    question's mean, averaged over the responses. Applies to `lmprefs label` (in rounds of labels.select_round
+    questions, the ensemble retrained after each), train-policy --online (each request picks among the current
+    policy's candidates) and `lmprefs rank-queue` (the labeling app's pending items)."""
+    pool_factor: float = 4.0
+    """Directed selection (labels.select bald or spread): candidate questions sampled per question asked (>= 1; 1
+    asks what random would)."""
+    select_round: int = 64
+    """`lmprefs label` with directed selection: questions asked per round, the ensemble retrained on every label so
+    far before the next round is chosen. A store with fewer labels than this starts with a round of random ones."""
+    select_diversity: float = 0.0
+    """Directed selection: each question already chosen on the same query multiplies a candidate's acquisition by
+    (1 - select_diversity), so that one query's questions do not take the whole round (0: the top ones; 1: a query
+    again only when every other query is taken)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +171,13 @@ class TrainRewardConfig:
     """Normalize rewards of initial-policy samples to mean 0, std 1 before training."""
     normalize_after: bool = True
     """Normalize again after training, so the KL coefficient always has the same meaning."""
+    ensemble: int = 1
+    """Reward models trained together as an ensemble (1: one reward model). Members differ by their initialization
+    seed (derived from run.seed and the member's index; member 0 takes run.seed) and, with `bootstrap`, by their
+    labels; with LoRA they share the frozen base and its frozen prefix. Scored by the mean of the members."""
+    bootstrap: bool = False
+    """Train each ensemble member on its own bootstrap resample of the training labels (drawn with replacement,
+    as many as there are)."""
 
 
 @dataclass(frozen=True)

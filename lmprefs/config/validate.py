@@ -34,7 +34,7 @@ def validate(cfg) -> list[str]:
             if isinstance(v, float) and not math.isfinite(v):
                 out.append(f"{sec.name}.{f.name}={v} must be a finite number")
     return [*out, *_task(cfg.task), *_labels(cfg.labels), *_train_reward(cfg.train_reward), *_rewards(cfg.rewards),
-            *_ppo(cfg.ppo), *_lora(cfg.lora), *_run(cfg), *_sft(cfg), *_dpo(cfg.dpo)]
+            *_ppo(cfg.ppo), *_lora(cfg.lora), *_run(cfg), *_sft(cfg), *_dpo(cfg.dpo), *_selection(cfg)]
 
 
 def _type_problems(obj, prefix: str) -> list[str]:
@@ -120,6 +120,23 @@ def _labels(lab) -> list[str]:
     need(lab.online_questions > 0, f"labels.online_questions={lab.online_questions} must be positive")
     need(lab.online_interval > 0, f"labels.online_interval={lab.online_interval} must be positive")
     need(lab.online_retrains >= 0, f"labels.online_retrains={lab.online_retrains} must be >= 0")
+    need(lab.pool_factor >= 1, f"labels.pool_factor={lab.pool_factor} must be >= 1 (candidates per question asked)")
+    need(lab.select_round > 0, f"labels.select_round={lab.select_round} must be positive")
+    need(0 <= lab.select_diversity <= 1, f"labels.select_diversity={lab.select_diversity} must be in [0, 1]")
+    return out
+
+
+def _selection(cfg) -> list[str]:
+    """Directed query selection: what its acquisition is computed from."""
+    out = _Problems()
+    sel = cfg.labels.select
+    if sel == "random":
+        return out
+    members = cfg.train_reward.ensemble
+    out.need(members >= 2, f"labels.select={sel} ranks questions by a reward-model ensemble's disagreement; "
+             f"train_reward.ensemble={members} has none: set it to 2 or more")  # fmt: skip
+    out.need(re.fullmatch(r"best_of_\d+", cfg.labels.type) is not None,
+             f"labels.select={sel} chooses among best_of_N questions, not labels.type={cfg.labels.type}")
     return out
 
 
@@ -132,6 +149,7 @@ def _train_reward(tr) -> list[str]:
     need(tr.epochs > 0, f"train_reward.epochs={tr.epochs} must be positive")
     need(tr.microbatch >= 0, f"train_reward.microbatch={tr.microbatch} must be >= 0 (0: the whole batch)")
     need(tr.rollout_batch_size > 0, f"train_reward.rollout_batch_size={tr.rollout_batch_size} must be positive")
+    need(tr.ensemble >= 1, f"train_reward.ensemble={tr.ensemble} must be >= 1 (1: one reward model)")
     need(tr.normalize_samples > 1, f"train_reward.normalize_samples={tr.normalize_samples} must be >= 2")
     return out
 

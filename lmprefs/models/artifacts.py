@@ -171,8 +171,15 @@ def save_reward_model(rm: RewardModel, out: Path, extra: dict | None = None, mer
                       card: CardInfo | None = None) -> None:  # fmt: skip
     """A reward-model directory (_save_reward_model) with its model card (README.md), published at once."""
     with atomic_dir(out) as tmp:
-        _save_reward_model(rm, tmp, extra, merged)
-        write_card(tmp, rm.lm, card or CardInfo("reward-model"))
+        write_reward_model(rm, tmp, extra, merged, card)
+
+
+def write_reward_model(rm: RewardModel, out: Path, extra: dict | None = None, merged: bool = True,
+                       card: CardInfo | None = None) -> None:  # fmt: skip
+    """save_reward_model's files written into the existing directory `out` (a directory being published: a reward
+    model's own, or an ensemble's member)."""
+    _save_reward_model(rm, out, extra, merged)
+    write_card(out, rm.lm, card or CardInfo("reward-model"))
 
 
 def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None, merged: bool = True) -> None:

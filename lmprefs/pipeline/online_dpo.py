@@ -48,7 +48,7 @@ def run_online_dpo(cfg: Config, run_dir: Path, *, reward=None, resume: bool = Fa
     t = setup_task(cfg)
     check_trained_model(cfg, t.tok)
     check_trackers(cfg.run.report_to)
-    with run_lock(run_dir):
+    with run_lock(run_dir, "train-dpo"):
         done = checkpoint_step(run_dir) if resume else None
         if not resume:  # config.json first: --resume reads it, and run.json implies it
             save_config(cfg, run_dir / "config.json")

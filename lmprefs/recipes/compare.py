@@ -24,7 +24,8 @@ from lmprefs.config import Config
 from lmprefs.data.tasks import apply_penalty, decode, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
 from lmprefs.labels.labelers import score_texts
-from lmprefs.models.artifacts import load_policy, load_reward_model
+from lmprefs.models.artifacts import load_policy
+from lmprefs.models.ensemble import load_reward
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.pipeline.dpo import dpo_labels, run_train_dpo
 from lmprefs.pipeline.labeling import collect_labels, label_source, open_store
@@ -205,7 +206,7 @@ def _best_of_n_arm(cfg: Config, rm_dir: Path, key: str, n: int, plan: Plan, true
     """Best-of-n against the reward model on the held-out queries; episodes: the samples it drew."""
     print(f"[{key}] sampling {n} x {plan.eval_samples} responses per held-out query", flush=True)
     t = setup_task(cfg, plan.n_eval)
-    rm = load_reward_model(rm_dir, t.device).eval().requires_grad_(False)
+    rm = load_reward(rm_dir, t.device).eval().requires_grad_(False)
     ev = best_of_n_policy(t, rm, t.heldout_queries[: plan.n_eval], true_fn, n, plan.eval_samples, cfg.run.seed + 5)
     print(f"[{key}] true reward {ev['mean']:+.4f} +/- {ev['stderr']:.4f}, KL {ev['kl']:.2f} (analytic)", flush=True)
     return ev, n * plan.eval_samples * ev["n_queries"]

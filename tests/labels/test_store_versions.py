@@ -42,6 +42,7 @@ def test_a_version_2_store_is_upgraded_in_place_and_keeps_its_labels(tmp_path):
         assert [(e.item_id, e.best, e.labeler) for e in store.labeled_examples()] == [(1, 2, "old")]
         assert store.gold_accuracy() == {"old": (1, 1)}  # an answer never replaced counts as it is
         assert store.is_admitted(1)  # labelers from before onboarding need none
+        assert store.get_item(1).acquisition is None and store.acquisition_by() is None  # no queue score yet
         store.add_label(1, "old", best=0, replace=True)  # an undo after the upgrade keeps the first answer
         assert store.gold_accuracy() == {"old": (1, 1)} and store.labeled_examples()[0].best == 0
     with LabelStore(path) as store:  # a second open changes nothing

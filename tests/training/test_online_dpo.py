@@ -83,7 +83,8 @@ def test_resume_keeps_the_judge_and_the_kind_of_run(online_run, capsys):
     killed_dir = online_run.parent / "partial"
     killed_dir.mkdir()
     (killed_dir / "config.json").write_text((online_run / "config.json").read_text())
-    (killed_dir / "run.json").write_text((online_run / "run.json").read_text())
+    for name in ("run.json", "command.json"):  # what a run killed before its first checkpoint holds
+        (killed_dir / name).write_text((online_run / name).read_text())
     assert main(["train-dpo", "tiny", "--resume", "--run-dir", str(killed_dir)]) == 2
     assert "is an online DPO run; resume it with --online" in capsys.readouterr().err
     assert main(["train-dpo", "tiny", "--online", "--reward", "descriptiveness", "--resume", "--run-dir",

@@ -44,6 +44,7 @@ class Item:
     hold: str | None = None  # "flagged" or "retired": not served
     gold_note: str | None = None  # the researcher's note on the gold answer
     anchor: bool = False  # a drift anchor: re-served to every labeler once per interval
+    acquisition: float | None = None  # the queue's score from `lmprefs rank-queue` (admins only), None: unscored
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,17 @@ def check_label_value(label_type: str, best, score, difference, where: str, rank
             raise ValueError(f"{where} is {label_type}: best={v!r} is out of range 0..{n - 1}")
     elif isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise ValueError(f"{where} is {label_type}: {value_field}={v!r} is not a finite number")
+
+
+class Question(NamedTuple):
+    """A pending item a reward-model ensemble may score for the queue: its texts and, when stored for the tokenizer
+    asked about, their token ids."""
+
+    item_id: int
+    query: str
+    samples: list[str]
+    query_tokens: list[int] | None
+    sample_tokens: list[list[int]] | None
 
 
 class Candidate(NamedTuple):

@@ -35,6 +35,10 @@ position when it is given and again when an undo changes it, so a reader paging 
 id stays the item's and labeler's); and `labelers.held` (when an admin held the labeler back from real work: they are
 not admitted again by their practice score, only by an admin).
 
+Version 9 adds query selection: `items.acquisition` (how much an answer to a pending item would teach a reward-model
+ensemble, as `lmprefs rank-queue` scored it: larger first; NULL: never scored) and, in `meta`, what scored them
+(`acquisition`). The queue serves scored items first, by score, then the rest oldest first.
+
 A store from newer code (a larger version) is refused, never written.
 """
 
@@ -45,7 +49,7 @@ from pathlib import Path
 
 from lmprefs.errors import UserError
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -117,7 +121,13 @@ MIGRATIONS = {
         "CREATE UNIQUE INDEX labels_seq ON labels (seq)",
         "ALTER TABLE labelers ADD COLUMN held REAL",
     ],
+    9: [
+        "ALTER TABLE items ADD COLUMN acquisition REAL",
+        "CREATE INDEX items_acquired ON items (status, priority DESC, acquisition IS NULL, acquisition DESC, id)",
+    ],
 }
+# the queue's order: an admin's priority first, then the acquisition score (scored items before unscored), then age
+QUEUE_ORDER = "i.priority DESC, i.acquisition IS NULL, i.acquisition DESC, i.id"
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read
 CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
