@@ -4,6 +4,7 @@ the run directory, `--help` with the preset's config, and the rank that prints."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
@@ -68,24 +69,34 @@ def run_dir_for(given: str | None, cfg, command: str, preset: str, owner: str | 
 
 
 def help_with_config(parser: argparse.ArgumentParser, argv: list[str], default_preset: str, pairs=()) -> None:
-    """--help: the command's flags, then every config key with its value in the preset this command line names
-    (`--preset NAME`, the positional preset or `--config FILE`) after its overrides."""
+    """--help: the command's flags, then the config keys by section (names only); --help-config [SECTION]: every
+    config key (or one section's) with its value in the preset this command line names (`--preset NAME`, the
+    positional preset or `--config FILE`) after its overrides, and its docstring."""
+    from lmprefs.config.overrides import config_help, config_keys
+    from lmprefs.config.schema import Config
     from lmprefs.runtime.resolve import resolve_config
 
-    if "-h" not in argv and "--help" not in argv:
+    full = "--help-config" in argv
+    if not full and "-h" not in argv and "--help" not in argv:
         return
-    rest = [x for x in argv if x not in ("-h", "--help")]
+    rest = [x for x in argv if x not in ("-h", "--help", "--help-config")]
+    sections = [f.name for f in dataclasses.fields(Config)]
+    after = argv[argv.index("--help-config") + 1 :] if full else []
+    section = after[0] if after and after[0] in sections else None
+    if section is not None:
+        rest.remove(section)
     try:
         ns = parser.parse_known_args(rest)[0]
     except UserError:  # e.g. the positional preset is missing: show the default's values
         ns = argparse.Namespace()
     name = getattr(ns, "preset", None) or default_preset
-    from lmprefs.config.overrides import config_help
-
-    cfg = resolve_config(name, list(pairs), getattr(ns, "config", None))
-    parser.print_help()
     source = f"config file {ns.config}" if getattr(ns, "config", None) else f"preset {name}"
-    print("\n" + config_help(cfg, source + (" with the overrides given" if pairs else "")))
+    source += " with the overrides given" if pairs else ""
+    if full:
+        print(config_help(resolve_config(name, list(pairs), getattr(ns, "config", None)), source, section))
+    else:
+        parser.print_help()
+        print("\n" + config_keys(parser.prog.removeprefix("lmprefs "), source))
     raise SystemExit(0)
 
 

@@ -100,12 +100,15 @@ def _check_match_kl(text: str, arms: tuple, kl_coefs: tuple, dpo_betas: tuple, b
 
 
 def compare(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
-    from lmprefs.recipes.compare import run_compare, table
+    from lmprefs.recipes.compare import run_compare, table, unmoved
     from lmprefs.recipes.matched import verdicts
 
     plan = plan_from_args(a)
     out = run_compare(cfg, run_dir, plan, on_start)
     print("\n".join(table(out["results"], plan)))
     print("\n".join(verdicts(out["results"]["matched_kl"], plan.seeds)))
+    still = unmoved(out["results"], plan, cfg)
+    if still:
+        print(f"arms that {still}")
     print(f"report: {out['report']}")
     return out

@@ -171,12 +171,12 @@ def _plan(a: argparse.Namespace, cfg) -> int:
 
 
 def _mock_sentiment(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
-    from lmprefs.recipes.experiment import run_mock_sentiment
+    from lmprefs.recipes.experiment import ci95, interval_count, run_mock_sentiment
 
     counts = _mock_sentiment_args(a)
     out = run_mock_sentiment(cfg, run_dir, counts, a.eval_queries, a.eval_samples, a.seeds, on_start)
     for k, v in {"initial": out["results"]["initial"], **out["results"]["summary"]}.items():
-        half = v.get("ci95", 1.96 * v["stderr"])
+        half = v.get("ci95", ci95(v["stderr"], interval_count(v)))  # the initial policy's: over its queries
         print(f"  {k:12s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f} (95% interval {v['mean'] - half:+.4f} "
               f"to {v['mean'] + half:+.4f}), KL {v['kl']:.2f} +/- {v['kl_stderr']:.2f}"
               + (f" ({v['seeds']} seeds)" if v.get("seeds", 1) > 1 else ""))  # fmt: skip

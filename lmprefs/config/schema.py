@@ -244,9 +244,10 @@ class PPOConfig:
     policy's fresh samples that it was not trained on (online/rm_agreement, a fraction of questions)."""
     estimator: Literal["ppo", "rloo", "grpo", "dr_grpo", "reinforce_pp_baseline"] = "ppo"
     """ppo: the original's value head, GAE and clipped value loss. The group estimators answer each query with
-    ppo.rloo_k samples, train no value model (the value head is left untrained) and use PPO's clipped ratio per
-    token with no reward whitening or GAE. rloo: REINFORCE leave-one-out (Ahmadian et al. 2024), each sample's
-    advantage its return (score - beta * summed KL) minus the mean of its query's other samples' returns. grpo
+    ppo.rloo_k samples, train no value model (the value head is left untrained) and use PPO's clipped ratio (per
+    token; rloo: per ppo.rloo_ratio) with no reward whitening or GAE. rloo: REINFORCE leave-one-out (Ahmadian et al.
+    2024), each sample's advantage its return (score - beta * summed KL) minus the mean of its query's other
+    samples' returns. grpo
     (DeepSeekMath): the group-normalized advantage (r - mean) / (std + eps), each sequence's loss averaged over its own
     tokens, the KL per ppo.kl_in. dr_grpo (Dr. GRPO): r - mean without the std, each sequence's token sum divided by
     the constant response length. reinforce_pp_baseline (REINFORCE++-baseline): the score minus its group's mean, the
@@ -254,6 +255,11 @@ class PPOConfig:
     rloo_k: int = 2
     """With a group estimator (rloo, grpo, dr_grpo, reinforce_pp_baseline): samples per query (at least 2, dividing
     ppo.batch_size, which counts samples)."""
+    rloo_ratio: Literal["token", "sequence"] = "token"
+    """With ppo.estimator=rloo, which importance ratio is clipped. token: each token's, with its sequence's advantage
+    on every token, averaged over tokens (PPO's loss; lmprefs' default). sequence: the whole response's,
+    exp(sum_t log-ratio), one clipped term per sequence averaged over sequences, as TRL's RLOOTrainer; on-policy its
+    gradient is the published RLOO's REINFORCE estimator with the response as one action."""
     kl_in: Literal["reward", "loss"] | None = None
     """Where grpo and dr_grpo put the KL to the reference: reward, lmprefs' k1 penalty beta * log(pi/pi_ref) taken
     from the return (as ppo and rloo do: an unbiased gradient of the KL-regularized objective); loss, the k3

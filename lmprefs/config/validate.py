@@ -189,6 +189,7 @@ def _ppo(p) -> list[str]:
          f"ppo.overoptimization_stop={p.overoptimization_stop} must be positive or None")
     group = ("rloo", "grpo", "dr_grpo", "reinforce_pp_baseline")
     need(p.estimator in ("ppo",) + group, f"ppo.estimator={p.estimator!r}: choose ppo, {', '.join(group)}")
+    need(p.rloo_ratio in ("token", "sequence"), f"ppo.rloo_ratio={p.rloo_ratio!r}: choose token or sequence")
     need(p.rloo_k >= 2, f"ppo.rloo_k={p.rloo_k} must be at least 2 (the baseline is the other samples' mean)")
     need(p.kl_in in (None, "reward", "loss"), f"ppo.kl_in={p.kl_in!r}: choose reward or loss")
     need(p.kl_in is None or p.estimator in ("grpo", "dr_grpo"),

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.config import Config
-from lmprefs.data.chat import uses_chat_template
+from lmprefs.data.chat import saved_task
 from lmprefs.errors import UserError
 from lmprefs.labels.quality import describe_labelers as describe
 from lmprefs.labels.quality import select_labelers
@@ -215,9 +215,7 @@ def member_meta(t: Task, summary: dict) -> dict:
     """What a reward model's lmprefs.json records beside its kind and base: its training summary, label type, and
     the task it frames texts with."""
     cfg = t.cfg
-    task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
-    # `lmprefs score` frames texts as training did: with the chat template or without (resolved, not auto)
-    task["chat_template"] = uses_chat_template(cfg.task, t.tok)
+    task = saved_task(cfg.task, t.tok)  # `lmprefs score` and the card frame texts as training did
     extra = {"summary": summary, "label_type": training_label_type(cfg).name, "task": task}
     if cfg.labels.type == "scalar_rating":
         extra["scores_as"] = cfg.labels.scores_as

@@ -157,7 +157,7 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
     res.save("summary", summarize_seeds(res.data, names, plan.seeds))
     res.save("matched_kl", matched_kl(res.data, arm_list(plan), plan.arms, plan.seeds, plan.match_kl))
     fig = plot_compare(run_dir, res.data, plan)
-    report = write_report(run_dir, res.data, plan)
+    report = write_report(run_dir, res.data, plan, cfg)
     return {"results": res.data, "figure": fig, "report": report}
 
 
@@ -296,7 +296,25 @@ def table(data: dict, plan: Plan) -> list[str]:
     return lines
 
 
-def write_report(run_dir: Path, data: dict, plan: Plan) -> Path:
+# an arm whose held-out KL from the initial policy stays under this many nats did not move it: its figures are the
+# initial policy's, whatever its setting promised (DPO at the paper's lr 1e-6 on a small model moves ~1e-5 nats)
+STILL_KL = 0.01
+
+
+def unmoved(data: dict, plan: Plan, cfg: Config | None = None) -> str | None:
+    """One line naming the finished arms that did not move the policy (KL under STILL_KL nats) and what moves one,
+    or None when every arm moved."""
+    still = [seed_key(name, s) for s in range(plan.seeds) for name, kind, _, _ in arm_list(plan)
+             if kind != "best-of-n" and seed_key(name, s) in data and data[seed_key(name, s)]["kl"] < STILL_KL]
+    if not still:
+        return None
+    dpo = f" (now {cfg.dpo.lr:g})" if cfg is not None else ""
+    return (f"did not move the policy (KL from it under {STILL_KL:g} nats, so their figures are the initial "
+            f"policy's): {', '.join(still)}; a larger --dpo.lr{dpo} or --dpo.epochs moves DPO, a larger --ppo.lr or "
+            "--ppo.total-episodes PPO and RLOO")
+
+
+def write_report(run_dir: Path, data: dict, plan: Plan, cfg: Config | None = None) -> Path:
     fr = data["frontier"]
     rm = data.get("reward_model", {})
     acc = f", held-out accuracy {rm['heldout/accuracy']:.3f}" if "heldout/accuracy" in rm else ""
@@ -307,6 +325,7 @@ def write_report(run_dir: Path, data: dict, plan: Plan) -> Path:
              "samples (best-of-n: the analytic log n - (n-1)/n). Wall time: the arm's training and evaluation in the "
              "run that finished it; episodes: rollouts (PPO, RLOO), labels x epochs (DPO), samples drawn "
              "(best-of-n).", "", *table(data, plan), "",
+             *([f"**Arms that {still}.**", ""] if (still := unmoved(data, plan, cfg)) else []),
              f"Optimal frontier from {fr['queries']} queries x {fr['samples_per_query']} samples of rho (trusted up "
              f"to mean ESS {fr['min_ess']:g}).", "", "![KL vs true reward](compare.png)", ""]  # fmt: skip
     m = data.get("matched_kl", {"kls": [], "note": "not computed"})

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lmprefs.errors import UserError, first_line
+from lmprefs.io.atomic import as_created
 from lmprefs.io.run_owner import owner
 from lmprefs.models.model_card import HERE
 
@@ -143,6 +144,7 @@ def _copy_to_stand_in(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     shutil.copytree(src, tmp, dirs_exist_ok=True)
+    as_created(tmp)  # not mkdtemp's 0700
     old = dest.with_name(f".{dest.name}.old") if dest.exists() else None
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from lmprefs.data.chat import chat_frame
+from lmprefs.data.chat import scoring_pieces
 from lmprefs.data.tasks import PAD, encode_fixed, format_queries
 from lmprefs.errors import UserError
 from lmprefs.models.ensemble import RewardEnsemble, is_ensemble_dir, read_manifest
@@ -32,10 +32,9 @@ def member_scores_texts(rm, task: dict, pairs: list[tuple[str, str]], device, ba
     were cut)."""
 
     tok = rm.tokenizer
-    prefix, suffix = encode_fixed(tok, task["query_prefix"]), encode_fixed(tok, task["query_suffix"])
-    if task.get("chat_template"):  # the reward model was trained on queries framed as a chat turn
-        before, after = chat_frame(tok)
-        prefix, suffix = encode_fixed(tok, before) + prefix, suffix + encode_fixed(tok, after)
+    before, after = scoring_pieces(task, tok)  # the frame it was trained with: a chat turn, prefix and suffix
+    prefix = [i for p in before for i in encode_fixed(tok, p)]
+    suffix = [i for p in after for i in encode_fixed(tok, p)]
     Q, T = task["query_length"], task["response_length"]
     context = max_positions(rm.lm) - len(prefix) - len(suffix)
     counts = {"longer": 0, "cut": 0}

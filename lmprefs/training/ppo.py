@@ -296,7 +296,7 @@ def _minibatch_loss(mb: Rollout, logprobs: Tensor, vpred: Tensor, cfg: PPOConfig
         return group_losses(logprobs, mb.logprobs, mb.ref_logprobs, vpred, mb.advantages, cfg.cliprange,
                             normalizer=NORMALIZERS[cfg.estimator], kl_coef=kl_coef, mask=mask)  # fmt: skip
     if mb.advantages is not None:
-        return rloo_losses(logprobs, mb.logprobs, vpred, mb.advantages, cfg.cliprange, mask)
+        return rloo_losses(logprobs, mb.logprobs, vpred, mb.advantages, cfg.cliprange, mask, cfg.rloo_ratio)
     # The original whitens rewards and advantages per minibatch, inside loss() (#L324-L339)
     with torch.no_grad():
         rewards = whiten(mb.rewards, shift_mean=False, mask=mask) if cfg.whiten_rewards else mb.rewards  # [b, T]

@@ -13,7 +13,8 @@ from lmprefs.cli.dispatch import main
 SMALL = ["--preset", "tiny", "--eval-samples", "1", "--labels", "16", "--eval-queries", "4", "--samples", "8",
          "--kl-coefs", "0.1", "--dpo-betas", "0.1", "--best-of", "4", "--betas", "0.1,1",
          "--min-ess", "2"]  # fmt: skip
-CONFIG = ["--ppo.total-episodes", "16", "--labels.heldout-fraction", "0.2", "--dpo.lr", "2e-3"]
+# one DPO step per arm (16 labels), so the second logged DPO step is the listwise arm's
+CONFIG = ["--ppo.total-episodes", "16", "--labels.heldout-fraction", "0.2", "--dpo.batch-size", "16"]
 KEYS = ["ppo-beta0.1", "ppo-separate-beta0.1", "rloo-beta0.1", "dpo-pairwise-beta0.1", "dpo-listwise-beta0.1",
         "best-of-4"]  # fmt: skip
 GRPO_KEYS = ["grpo-beta0.1", "grpo-kl-reward-beta0.1", "dr-grpo-beta0.1", "reinforce-pp-baseline-beta0.1"]
@@ -81,3 +82,25 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch,
     assert needle in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "cmp").exists()
 
+
+def test_an_arm_that_did_not_move_the_policy_is_named_in_the_report(tmp_path):
+    """A DPO arm at the paper's lr 1e-6 on a small model ends at KL -4e-6 nats: its figures are the initial
+    policy's, and the report says so in one line, with what moves it; arms that moved, and best-of-n, are not named."""
+    from lmprefs.config import preset
+    from lmprefs.recipes.compare import Plan, unmoved, write_report
+
+    plan = Plan(arms=("ppo", "dpo-pairwise", "best-of-n"), kl_coefs=(0.1,), dpo_betas=(0.1, 0.3), best_of=(4,),
+                n_eval=4, eval_samples=1)  # fmt: skip
+    arm = {"mean": 0.1, "stderr": 0.01, "kl_stderr": 0.0, "seed": 1, "seconds": 1.0, "episodes_per_s": 1.0}
+    data = {"initial": {"mean": 0.1, "stderr": 0.01}, "labels": {"store": "s", "num_train": 8},
+            "frontier": {"queries": 4, "samples_per_query": 8, "min_ess": 2},
+            "ppo-beta0.1": arm | {"kl": 0.8}, "dpo-pairwise-beta0.1": arm | {"kl": -4e-6},
+            "dpo-pairwise-beta0.3": arm | {"kl": 0.002}, "best-of-4": arm | {"kl": 0.0, "kl_analytic": True}}
+    cfg = preset("quickstart")
+    line = unmoved(data, plan, cfg)
+    assert line.startswith("did not move the policy") and "dpo-pairwise-beta0.1, dpo-pairwise-beta0.3;" in line
+    assert "ppo-beta0.1" not in line and "best-of-4" not in line and "--dpo.lr (now 1e-06)" in line
+    report = write_report(tmp_path, data, plan, cfg).read_text()
+    assert f"**Arms that {line}.**" in report
+    assert unmoved({**data, "dpo-pairwise-beta0.1": arm | {"kl": 0.4}, "dpo-pairwise-beta0.3": arm | {"kl": 0.3}},
+                   plan, cfg) is None  # fmt: skip
