@@ -77,6 +77,7 @@ def main(argv=None) -> int:
     a = parse(argv)
     cfg = config(a)
     times: dict[int, list[float]] = {1: [], a.members: []}
+    cpu: dict[int, list[float]] = {1: [], a.members: []}  # CPU seconds: less moved by other jobs than wall time
     busy0, own0 = busy_cpu_seconds(), time.process_time()
     with tempfile.TemporaryDirectory(prefix="ensemble-cost-") as tmp:
         store = open_store(Path(tmp) / "labels.sqlite")
@@ -86,21 +87,25 @@ def main(argv=None) -> int:
         for rep in range(a.reps):
             for K in times:
                 t = setup_task(R(cfg, train_reward=R(cfg.train_reward, ensemble=K)))
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 _, summary = train_reward_model(t, store, Path(tmp) / f"rm-{K}-{rep}")
                 times[K].append(time.perf_counter() - t0)
-                print(f"ensemble {K}: {times[K][-1]:.2f}s (held-out accuracy "
+                cpu[K].append(time.process_time() - c0)
+                print(f"ensemble {K}: {times[K][-1]:.2f}s, {cpu[K][-1]:.1f} CPU-s of this process (held-out accuracy "
                       f"{summary.get('heldout/accuracy', float('nan')):.3f})", flush=True)  # fmt: skip
         store.close()
     one, many = statistics.median(times[1]), statistics.median(times[a.members])
     out = {"preset": a.preset, "labels_train": summary["labels_train"], "members": a.members,
            "lora": dataclasses.asdict(cfg.lora), "epochs": cfg.train_reward.epochs,
-           "seconds": {str(k): v for k, v in times.items()}, "median_1": one, f"median_{a.members}": many,
+           "seconds": {str(k): v for k, v in times.items()}, "cpu_seconds": {str(k): v for k, v in cpu.items()},
+           "cpu_ratio": statistics.median(cpu[a.members]) / statistics.median(cpu[1]),
+           "median_1": one, f"median_{a.members}": many,
            "ratio": many / one, "ratio_per_member": many / one / a.members, "cpu": cpu_name(),
            "other_cpu_seconds": busy_cpu_seconds() - busy0 - (time.process_time() - own0),
            "source": source_fingerprint()}  # fmt: skip
     print(f"K={a.members} vs K=1: {many:.2f}s / {one:.2f}s = {many / one:.2f}x ({a.members} separate reward "
-          f"models: {a.members}x; the ensemble costs {many / one / a.members:.0%} of that)")  # fmt: skip
+          f"models: {a.members}x; the ensemble costs {many / one / a.members:.0%} of that); CPU seconds "
+          f"{out['cpu_ratio']:.2f}x")  # fmt: skip
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
     return 0
