@@ -66,3 +66,39 @@ def output_dir(path: str | Path, what: str) -> Path:
     if (f := file_in_the_way(p)) is not None:
         raise UserError(f"{what} {path}: " + ("is a file" if f == p else f"{f} is a file") + ", not a directory")
     return p
+
+
+LM_DIRS_OF_A_RUN = ("policy", "sft_model")  # where a run keeps the language model it trained
+
+
+def lm_dir_problem(path: Path) -> str | None:
+    """What keeps the directory `path` from being a language model to start from or sample: a run directory (its
+    config.json is lmprefs' config of the run, not a model's) or a reward model (lmprefs.json says so, or its
+    config.json is a sequence classifier's); None where neither is the case."""
+    import json
+
+    def read(name: str) -> dict:
+        try:
+            d = json.loads((path / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return d if isinstance(d, dict) else {}
+
+    config = read("config.json")
+    if "task" in config and "model_type" not in config:
+        inside = [path / d for d in LM_DIRS_OF_A_RUN if (path / d).is_dir()]
+        return (f"is a run directory, not a model; give the model it trained, {inside[0]}" if inside else
+                f"is a run directory, not a model, and holds no {' or '.join(LM_DIRS_OF_A_RUN)}/")  # fmt: skip
+    archs = config.get("architectures") or []
+    if read("lmprefs.json").get("kind") == "reward_model" or (
+            archs and all(str(a).endswith("ForSequenceClassification") for a in archs)):  # fmt: skip
+        return "is a reward model (a sequence classifier that scores texts), not a language model that writes them"
+    return None
+
+
+def lm_dir(value: str, what: str) -> None:
+    """A UserError naming `what` (e.g. "task.initial_model=") and `value` where `value` is a directory that is not
+    a language model (lm_dir_problem); names of assets or hub models, and anything else, pass."""
+    p = Path(value).expanduser()
+    if p.is_dir() and (problem := lm_dir_problem(p)) is not None:
+        raise UserError(f"{what}{value}: {problem}")

@@ -8,6 +8,7 @@ from typing import Any
 
 from lmprefs.config import PRESETS, Config, preset
 from lmprefs.config.overrides import ConfigError, all_keys, apply_overrides, set_value
+from lmprefs.io.inputs import lm_dir
 from lmprefs.io.config_file import load_config
 from lmprefs.runtime.device import pick_device
 from lmprefs.runtime.runlog import check_trackers
@@ -40,9 +41,11 @@ def resolve_config(preset_name: str, pairs=(), config_file: str | Path | None = 
 
 
 def check_runnable(cfg: Config) -> None:
-    """A UserError when this machine cannot run cfg: a tracker of run.report_to not installed, or a CUDA device
-    asked for where there is none (checked before any work, so an hour of training never ends in it)."""
+    """A UserError when this machine cannot run cfg: a tracker of run.report_to not installed, a CUDA device asked
+    for where there is none, or a task.initial_model directory that holds no language model (a run, a reward
+    model); checked before any work, so an hour of training never ends in it."""
 
     check_trackers(cfg.run.report_to)
+    lm_dir(cfg.task.initial_model, "task.initial_model=")  # a run or a reward model loads as no language model
     if cfg.run.device.startswith("cuda"):
         pick_device(cfg.run.device, "run.device")
