@@ -133,6 +133,20 @@ def parse_numbers(text: str, flag: str, kind=float) -> list:
     except ValueError:
         raise UserError(f"{flag} {text!r}: expected comma-separated numbers like 1,2,4") from None
 
+def seed_arg(text: str) -> int:
+    """argparse type of a --seed flag: an integer in run.seed's range (torch takes no seed past 64 bits, and reads a
+    negative one as another seed without a word)."""
+    from lmprefs.config.validate import SEED_MAX
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text}: must be 0 to {SEED_MAX}")
+    return v
+
+
 def main_rank() -> bool:
     """Whether this process prints the summary: rank 0 of a launch, or the only process."""
     return os.environ.get("RANK", "0") == "0"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmprefs.cli.common import command_parser, help_with_config, preset_parser
+from lmprefs.cli.common import command_parser, help_with_config, preset_parser, seed_arg
 from lmprefs.errors import UserError
 
 
@@ -19,7 +19,7 @@ def cmd_label(argv: list[str]) -> int:
                    help="questions to sample and label (under torchrun spell it --questions)")
     p.add_argument("--labeler", default=None, choices=list(LABELERS),
                    help="simulated labeler (default labels.labeler); none only queues the questions for people")
-    p.add_argument("--seed", type=int, default=None, help="seed for the queries and samples (default run.seed)")
+    p.add_argument("--seed", type=seed_arg, default=None, help="seed for the queries and samples (default run.seed)")
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
     from lmprefs.labels.store import check_store_path

@@ -64,14 +64,21 @@ def parse_value(text: str, t: Any, key: str) -> Any:
             return False
         raise ConfigError(f"--{key.replace('_', '-')} {text!r}: expected true or false")
     if t in (int, float):
-        try:
-            v = float(text) if t is float else int(float(text)) if float(text).is_integer() else None
-        except ValueError:
+        try:  # an int as written (float() rounds past 2**53), else one in float notation: 1e6
+            v = float(text) if t is float else _int(text)
+        except (ValueError, OverflowError):
             v = None
         if v is None:
             raise ConfigError(f"--{key.replace('_', '-')} {text!r}: expected {t.__name__}")
         return v
     return _unescape(text, key) if "\\" in text else text
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return int(float(text)) if float(text).is_integer() else None
 
 
 # Python's backslash escapes; a backslash before anything else is kept as typed

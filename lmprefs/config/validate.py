@@ -15,6 +15,9 @@ from typing import Literal
 LABELERS = ("vader", "descriptiveness", "faithfulness", "none")
 # run.device, and the device flags of the commands that take one
 DEVICES = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+# the largest seed (run.seed, labels.subset_seed, --seed): numpy's range, and far enough below torch's 64 bits that
+# the seeds derived from it (seed + arm, seed + rank * 100003, seed * 1_000_003 + epoch) fit too
+SEED_MAX = 2**32 - 1
 
 
 class _Problems(list):
@@ -105,7 +108,8 @@ def _labels(lab) -> list[str]:
     need(lab.num_train > 0, f"labels.num_train={lab.num_train} must be positive")
     need(lab.labeler_temperature >= 0, f"labels.labeler_temperature={lab.labeler_temperature} must be >= 0")
     need(0 <= lab.labeler_random_rate <= 1, f"labels.labeler_random_rate={lab.labeler_random_rate} must be in [0, 1]")
-    need(lab.subset_seed is None or lab.subset_seed >= 0, f"labels.subset_seed={lab.subset_seed} must be >= 0")
+    need(lab.subset_seed is None or 0 <= lab.subset_seed <= SEED_MAX,
+         f"labels.subset_seed={lab.subset_seed} must be 0 to {SEED_MAX}")
     need(0 <= lab.heldout_fraction < 1, f"labels.heldout_fraction={lab.heldout_fraction} must be in [0, 1)")
     need(0 <= lab.min_gold_accuracy <= 1, f"labels.min_gold_accuracy={lab.min_gold_accuracy} must be in [0, 1]")
     need(lab.scores_as == "rating" or lab.type == "scalar_rating",
@@ -195,7 +199,7 @@ def _run(cfg) -> list[str]:
     out = _Problems()
     run, lo, p = cfg.run, cfg.lora, cfg.ppo
     need = out.need
-    need(run.seed >= 0, f"run.seed={run.seed} must be >= 0")
+    need(0 <= run.seed <= SEED_MAX, f"run.seed={run.seed} must be 0 to {SEED_MAX}")
     need(run.log_interval > 0, f"run.log_interval={run.log_interval} must be positive")
     need(run.save_interval > 0, f"run.save_interval={run.save_interval} must be positive")
     need(run.threads >= 0, f"run.threads={run.threads} must be >= 0 (0: torch's default)")
