@@ -128,10 +128,19 @@ def resume_config(a, pairs):
 
 
 def parse_numbers(text: str, flag: str, kind=float) -> list:
+    """The numbers of a comma-separated flag: at least one, no empty item, none twice (split_items)."""
+    from lmprefs.config.overrides import split_items
+
     try:
-        return [kind(x) for x in text.split(",") if x.strip()]
+        xs = [kind(x) for x in split_items(text, flag)]
     except ValueError:
-        raise UserError(f"{flag} {text!r}: expected comma-separated numbers like 1,2,4") from None
+        xs = []
+    if not xs:
+        raise UserError(f"{flag} {text!r}: expected comma-separated numbers like 1,2,4")
+    twice = next((x for i, x in enumerate(xs) if x in xs[:i]), None)
+    if twice is not None:
+        raise UserError(f"{flag} {text!r}: {twice:g} is given twice")
+    return xs
 
 def seed_arg(text: str) -> int:
     """argparse type of a --seed flag: an integer in run.seed's range (torch takes no seed past 64 bits, and reads a

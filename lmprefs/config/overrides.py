@@ -52,10 +52,9 @@ def parse_value(text: str, t: Any, key: str) -> Any:
         if text not in args:
             raise ConfigError(f"--{key.replace('_', '-')} {text!r}: choose one of {', '.join(map(str, args))}")
         return text
-    if origin is tuple:  # comma-separated
-        if args[0] is int:
-            return tuple(parse_value(s.strip(), int, key) for s in text.split(",") if s.strip())
-        return tuple(s for s in text.split(",") if s)
+    if origin is tuple:  # comma-separated; "" is the empty tuple
+        items = split_items(text, f"--{key.replace('_', '-')}")
+        return tuple(parse_value(s, int, key) for s in items) if args[0] is int else tuple(items)
     if t is bool:
         low = text.lower()
         if low in ("true", "1", "yes", "on"):
@@ -72,6 +71,22 @@ def parse_value(text: str, t: Any, key: str) -> Any:
             raise ConfigError(f"--{key.replace('_', '-')} {text!r}: expected {t.__name__}")
         return v
     return _unescape(text, key) if "\\" in text else text
+
+
+def split_items(text: str, flag: str) -> list[str]:
+    """The items of a comma-separated value (`--arms ppo,rloo`, `--lora.targets c_attn,c_proj`), stripped; "" has
+    none. An empty item (`1,,2`, a trailing comma) or one given twice is a ConfigError naming `flag` and the value:
+    dropped or merged without a word, it ran another list than the one typed."""
+    if not text.strip():
+        return []
+    items = [s.strip() for s in text.split(",")]
+    if "" in items:
+        raise ConfigError(f"{flag} {text!r}: item {items.index('') + 1} is empty; separate the items with single "
+                          "commas")  # fmt: skip
+    twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{flag} {text!r}: {twice} is given twice")
+    return items
 
 
 def _int(text: str) -> int | None:
