@@ -10,6 +10,7 @@ from lmprefs.errors import UserError
 
 def cmd_quickstart(argv: list[str]) -> int:
     from lmprefs.config.overrides import split_overrides
+    from lmprefs.config.validate import inert_overrides
     from lmprefs.runtime.resolve import resolve_config
 
     argv, pairs = split_overrides(argv)
@@ -26,6 +27,8 @@ def cmd_quickstart(argv: list[str]) -> int:
     if a.eval_queries < 2 or a.eval_samples < 1:
         raise UserError("--eval-queries must be >= 2 and --eval-samples >= 1")
     cfg = resolve_config(a.preset, pairs)
+    if inert := inert_overrides(cfg, pairs):
+        raise UserError(inert[0])
     run_dir = run_dir_for(a.run_dir, cfg, "quickstart", a.preset)
     try:
         out = run_quickstart(cfg, run_dir, a.eval_queries, a.eval_samples)

@@ -271,3 +271,26 @@ def check_label_type(label_type: str) -> tuple[str, int]:
     if label_type != name:
         raise ValueError(f"label type {label_type!r} must be written {name!r}")
     return value_field, n
+
+
+# keys that act only under another setting: key -> (whether the config lets it act, that setting, as a user sets it)
+ACTS_ONLY_UNDER = {
+    "ppo.rloo_k": (lambda c: c.ppo.estimator == "rloo", "ppo.estimator=rloo"),
+    "rewards.kl_horizon": (lambda c: c.rewards.kl_target is not None, "a rewards.kl_target (the adaptive KL)"),
+    "lora.alpha": (lambda c: c.lora.rank > 0, "lora.rank > 0"),
+    "lora.targets": (lambda c: c.lora.rank > 0, "lora.rank > 0"),
+    "lora.layers": (lambda c: c.lora.rank > 0, "lora.rank > 0"),
+}
+
+
+def inert_overrides(cfg, pairs) -> list[str]:
+    """The overrides (dotted key, text) that cfg runs without a word, each as one line: a command that runs cfg as
+    it is (train-policy, quickstart; not an experiment whose arms change the setting) refuses them."""
+    out = []
+    for raw, text in pairs:
+        key = raw.replace("-", "_")
+        acts, needs = ACTS_ONLY_UNDER.get(key, (None, ""))
+        if acts is not None and not acts(cfg):
+            out.append(f"--{raw} {text}: acts only with {needs}, which this config does not set; set it, or drop "
+                       f"--{raw}")  # fmt: skip
+    return out
