@@ -17,7 +17,7 @@ from lmprefs.models.artifacts import is_reward_model_dir, load_policy, load_rewa
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.pipeline.rewards import check_same_tokenizer, checked_scores, reward_function
-from lmprefs.pipeline.task import HELDOUT_QUERIES
+from lmprefs.pipeline.task import HELDOUT_QUERIES, note_chat_template
 from lmprefs.runtime.device import autocast, setup_torch
 
 
@@ -34,6 +34,7 @@ def _setup(cfg, n: int, policy_dir: Path | None, temperature: float | None, seed
     else:
         model, tok = load_lm(cfg.task.initial_model, device)
     train, heldout, prefix, suffix = task_queries(cfg.task, tok, max_positions(model), HELDOUT_QUERIES)
+    note_chat_template(cfg, tok)
     pool = heldout if split == "heldout" else train
     if n > len(pool):  # randperm(...)[:n] would print fewer than asked, without a word
         raise UserError(f"--n {n}: the {split} split of task.query_dataset={cfg.task.query_dataset!r} has only "

@@ -8,8 +8,8 @@ from typing import Any
 
 from lmprefs.config import PRESETS, Config, preset
 from lmprefs.config.overrides import ConfigError, all_keys, apply_overrides, set_value
-from lmprefs.io.inputs import lm_dir
 from lmprefs.io.config_file import load_config
+from lmprefs.io.inputs import lm_dir
 from lmprefs.runtime.device import pick_device
 from lmprefs.runtime.runlog import check_trackers
 
