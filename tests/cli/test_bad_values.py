@@ -1,0 +1,141 @@
+"""Bad values, as a fuzzing pass over every command and flag found them: empty, huge, duplicated and NaN values, a
+model of the wrong kind where a language model belongs, a user's reward function that fails, data that cannot be
+trained on. Each row: exit code 2, one line naming the value, nothing written (tests/refusals.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from refusals import assert_refused
+
+from lmprefs.assets.models import tiny_gpt2_austen_dir
+
+BAD_REWARDS = '''
+def boom(texts):
+    raise RuntimeError("kaboom")
+
+
+def nan(texts):
+    return [float("nan")] * len(texts)
+
+
+def short(texts):
+    return [1.0]
+
+
+def words(texts):
+    return ["high"] * len(texts)
+'''
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """Files the rows point at: a run of train-policy and one of train-sft as far as their directories show, a
+    reward model, empty save_to_disk datasets, label and SFT files that cannot be used, and reward functions."""
+    import datasets
+
+    from lmprefs.config import preset
+    from lmprefs.io.config_file import save_config
+
+    d = tmp_path_factory.mktemp("bad-values")
+    for run, model in (("run", "policy"), ("sftrun", "sft_model")):
+        (d / run / model).mkdir(parents=True)
+        save_config(preset("tiny"), d / run / "config.json")
+        (d / run / model / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_layer": 2}))
+    (d / "run" / "policy" / "lmprefs.json").write_text(json.dumps({"kind": "policy", "temperature": 0.7}))
+    # a policy whose weights went missing after it was published
+    (d / "run" / "policy" / "manifest.json").write_text(json.dumps({"files": {"model.safetensors": "0" * 64}}))
+    rm = d / "rm"
+    rm.mkdir()
+    (rm / "lmprefs.json").write_text(json.dumps({"kind": "reward_model", "task": {}}))
+    classifier = {"model_type": "gpt2", "architectures": ["GPT2ForSequenceClassification"], "num_labels": 1}
+    (rm / "config.json").write_text(json.dumps(classifier))
+    datasets.Dataset.from_dict({"text": []}).save_to_disk(str(d / "empty_texts"))
+    datasets.Dataset.from_dict({"prompt": [], "chosen": [], "rejected": []}).save_to_disk(str(d / "empty_pairs"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": []}),
+                          "test": datasets.Dataset.from_dict({"text": ["a happy ending"]})}).save_to_disk(
+        str(d / "empty_split"))  # fmt: skip
+    (d / "no_common.jsonl").write_text(json.dumps({"chosen": "Yes, gladly.", "rejected": "No."}) + "\n")
+    nul = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a\0b"}]}
+    (d / "nul_messages.jsonl").write_text(json.dumps(nul) + "\n")
+    (d / "nul_pair.jsonl").write_text(json.dumps({"prompt": "q\0", "response": "a"}) + "\n")
+    (d / "bad_rewards.py").write_text(BAD_REWARDS)
+    return d
+
+
+MODEL = str(tiny_gpt2_austen_dir())  # a saved model evaluated with a preset's config: no training needed
+EVAL = ["--preset", "tiny", "--eval-queries", "2", "--eval-samples", "1", "--out", "ev"]
+ROWS = [
+    # save_to_disk datasets with no rows (an IndexError inside datasets)
+    (["evaluate", "run", "--reward", "vader", "--queries", "empty_texts"], "--queries empty_texts yields no queries "
+                                                                          "(it holds no texts)"),
+    (["evaluate", "run", "--reward", "vader", "--queries", "empty_split:train"], "yields no queries"),
+    (["import-labels", "empty_pairs", "--db", "new.sqlite"], "empty_pairs: holds no rows to import"),
+    # a directory that holds no language model, where one is read
+    (["train-policy", "tiny", "--reward", "vader", "--task.initial-model", "sftrun", "--run-dir", "out"],
+     "task.initial_model=sftrun: is a run directory, not a model; give the model it trained, sftrun/sft_model"),
+    (["train-dpo", "tiny", "--task.initial-model", "rm", "--run-dir", "out"],
+     "task.initial_model=rm: is a reward model (a sequence classifier that scores texts), not a language model"),
+    (["sample", "--preset", "tiny", "--task.initial-model", "rm"], "task.initial_model=rm: is a reward model"),
+    (["evaluate", "rm", "--reward", "vader"], "RUN_OR_MODEL rm: is a reward model"),
+    (["evaluate", "run", "--reward", "vader", "--reference", "./rm"], "--reference ./rm: is a reward model"),
+    (["evaluate", "run", "--reward", "vader", "--reference", "sftrun"], "--reference sftrun: is a run directory"),
+    # seeds past torch's 64 bits (a traceback), and negative ones (another seed without a word)
+    (["sample", "--preset", "tiny", "--seed", "99999999999999999999"], "--seed: 99999999999999999999: must be 0 to"),
+    (["sample", "--preset", "tiny", "--seed", "-1"], "argument --seed: -1: must be 0 to 4294967295"),
+    (["label", "tiny", "--seed", "-1", "--db", "new.sqlite"], "argument --seed: -1: must be 0 to"),
+    (["sample", "--preset", "tiny", "--run.seed", "99999999999999999999"], "run.seed=99999999999999999999 must be"),
+    (["sample", "--preset", "tiny", "--run.seed", "12345678901234567891"], "run.seed=12345678901234567891 must be"),
+    (["train-reward", "tiny", "--labels.subset-seed", "-1"], "labels.subset_seed=-1 must be 0 to"),
+    # a user's reward function that fails
+    (["evaluate", MODEL, "--reward", "bad_rewards:boom", *EVAL], "--reward bad_rewards:boom: raised RuntimeError: "
+                                                                 "kaboom"),
+    (["evaluate", MODEL, "--reward", "bad_rewards:nan", *EVAL], "--reward bad_rewards:nan: returned nan for text 0"),
+    (["evaluate", MODEL, "--reward", "bad_rewards:short", *EVAL], "returned 1 values for 2 texts"),
+    (["evaluate", MODEL, "--reward", "bad_rewards:words", *EVAL], "must return a list of floats, one per text"),
+    (["train-policy", "tiny", "--reward", "bad_rewards:nan", "--run-dir", "out"], "returned nan for text 0"),
+    # a published model whose files are not all there
+    (["push", "run", "--repo", "me/x", "--hub-dir", "hub"], "RUN run: run/policy: model.safetensors is missing; "
+                                                            "nothing was uploaded"),
+    # lists: empty, with an empty item, with an item twice
+    (["experiment", "compare", "tiny", "--arms", "", "--run-dir", "exp"], "--arms '': names no arm"),
+    (["experiment", "compare", "tiny", "--arms", "ppo,ppo", "--run-dir", "exp"], "--arms 'ppo,ppo': ppo is given"),
+    (["experiment", "compare", "tiny", "--dpo-betas", "", "--run-dir", "exp"], "--dpo-betas '': expected comma"),
+    (["experiment", "compare", "tiny", "--best-of", "2,", "--run-dir", "exp"], "--best-of '2,': item 2 is empty"),
+    (["experiment", "mock-sentiment", "--labels", "1,,2", "--run-dir", "exp"], "--labels '1,,2': item 2 is empty"),
+    (["experiment", "mock-sentiment", "--labels", "4,4", "--run-dir", "exp"], "--labels '4,4': 4 is given twice"),
+    (["experiment", "kl-frontier", "tiny", "--kl-targets", "", "--run-dir", "exp"], "--kl-targets '': expected"),
+    (["config", "tiny", "--lora.targets", "c_attn,,c_proj"], "--lora.targets 'c_attn,,c_proj': item 2 is empty"),
+    (["config", "tiny", "--task.stop-tokens", "5,5"], "--task.stop-tokens '5,5': 5 is given twice"),
+    # settings that would not act, and two rewards at once
+    (["train-policy", "tiny", "--reward", "vader", "--ppo.rloo-k", "4", "--run-dir", "out"],
+     "--ppo.rloo-k 4: acts only with ppo.estimator=rloo"),
+    (["quickstart", "--preset", "tiny", "--lora.alpha", "8", "--run-dir", "qs"], "--lora.alpha 8: acts only with"),
+    (["train-policy", "tiny", "--reward", "vader", "--rewards.trained-model", "rm", "--run-dir", "out"],
+     "--reward vader and rewards.trained_model=rm both give the reward; give one"),
+    # label and SFT data that cannot be trained on
+    (["import-labels", "no_common.jsonl", "--db", "new.sqlite"], "no_common.jsonl line 1: 'chosen' and 'rejected' "
+                                                                 "have no beginning in common"),
+    (["train-sft", "tiny", "--sft.data", "nul_messages.jsonl", "--run-dir", "out"],
+     "nul_messages.jsonl line 1: messages[1] content holds a NUL character"),
+    (["train-sft", "tiny", "--sft.data", "nul_pair.jsonl", "--run-dir", "out"], "prompt holds a NUL character"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv,needle", ROWS, ids=[" ".join(r[0]).replace(MODEL, "MODEL") for r in ROWS])
+def test_a_bad_value_exits_2_with_one_line_and_writes_nothing(argv, needle, workdir, capsys, monkeypatch):
+    monkeypatch.chdir(workdir)
+    monkeypatch.syspath_prepend(str(workdir))  # bad_rewards
+    assert_refused(argv, needle, workdir, capsys)
+
+
+def test_an_override_is_inert_only_where_the_config_keeps_it_from_acting():
+    from lmprefs.config import preset
+    from lmprefs.config.overrides import apply_overrides
+    from lmprefs.config.validate import inert_overrides
+
+    pairs = [("ppo.rloo-k", "4"), ("lora.alpha", "8")]
+    assert len(inert_overrides(apply_overrides(preset("tiny"), pairs), pairs)) == 2
+    on = [*pairs, ("ppo.estimator", "rloo"), ("lora.rank", "4")]
+    assert inert_overrides(apply_overrides(preset("tiny"), on), on) == []
