@@ -48,6 +48,16 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         raise UserError(f"{message} (see {self.prog} --help)")
 
+    def _get_value(self, action, arg_string):
+        """Every typed flag's value; an integer past torch's int64 is refused here, for every flag at once (it ended
+        in an OverflowError wherever torch first read it)."""
+        from lmprefs.config.validate import INT_MAX
+
+        v = super()._get_value(action, arg_string)
+        if isinstance(v, int) and not isinstance(v, bool) and not -INT_MAX <= v <= INT_MAX:
+            raise argparse.ArgumentError(action, f"{arg_string}: past the 64-bit integers torch computes with")
+        return v
+
 
 def command_parser(cmd: str, usage: str | None = None) -> ArgumentParser:
     return ArgumentParser(prog=f"lmprefs {cmd}", description=COMMANDS[cmd], usage=usage)

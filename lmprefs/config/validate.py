@@ -18,6 +18,7 @@ DEVICES = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 # the largest seed (run.seed, labels.subset_seed, --seed): numpy's range, and far enough below torch's 64 bits that
 # the seeds derived from it (seed + arm, seed + rank * 100003, seed * 1_000_003 + epoch) fit too
 SEED_MAX = 2**32 - 1
+INT_MAX = 2**63 - 1  # torch's int64: a larger value of any int field ends in an OverflowError where torch reads it
 
 
 class _Problems(list):
@@ -36,6 +37,9 @@ def validate(cfg) -> list[str]:
             v = getattr(getattr(cfg, sec.name), f.name)
             if isinstance(v, float) and not math.isfinite(v):
                 out.append(f"{sec.name}.{f.name}={v} must be a finite number")
+            ints = v if isinstance(v, tuple) else (v,)
+            if any(isinstance(x, int) and not -INT_MAX <= x <= INT_MAX for x in ints):
+                out.append(f"{sec.name}.{f.name}={v} is past the 64-bit integers torch computes with")
     return [*out, *_task(cfg.task), *_labels(cfg.labels), *_train_reward(cfg.train_reward), *_rewards(cfg.rewards),
             *_ppo(cfg.ppo), *_lora(cfg.lora), *_run(cfg), *_sft(cfg), *_dpo(cfg.dpo)]
 
@@ -169,6 +173,7 @@ def _ppo(p) -> list[str]:
     need(p.cliprange_value > 0, f"ppo.cliprange_value={p.cliprange_value} must be positive")
     need(0 <= p.gamma <= 1, f"ppo.gamma={p.gamma} must be in [0, 1]")
     need(0 <= p.lam <= 1, f"ppo.lam={p.lam} must be in [0, 1]")
+    need(p.kl_stop > 0, f"ppo.kl_stop={p.kl_stop} must be positive (the KL that stops a run)")
     need(p.score_drop_stop is None or p.score_drop_stop > 0,
          f"ppo.score_drop_stop={p.score_drop_stop} must be positive or None")
     need(p.overoptimization_stop is None or p.overoptimization_stop > 0,
