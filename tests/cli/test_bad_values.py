@@ -88,6 +88,17 @@ ROWS = [
     (["sample", "--preset", "tiny", "--run.seed", "99999999999999999999"], "run.seed=99999999999999999999 must be"),
     (["sample", "--preset", "tiny", "--run.seed", "12345678901234567891"], "run.seed=12345678901234567891 must be"),
     (["train-reward", "tiny", "--labels.subset-seed", "-1"], "labels.subset_seed=-1 must be 0 to"),
+    # integers past torch's int64 (an OverflowError where torch first read them), and other values no run can use
+    (["sample", "--preset", "tiny", "--best-of", "99999999999999999999", "--reward", "vader"],
+     "argument --best-of: 99999999999999999999: past the 64-bit integers torch computes with"),
+    (["sample", "--preset", "tiny", "--run.threads", "99999999999999999999"], "run.threads=99999999999999999999 is "
+                                                                               "past the 64-bit integers"),
+    (["sample", "--preset", "tiny", "--lora.rank", "99999999999999999999"], "lora.rank=99999999999999999999 is past"),
+    (["sample", "--preset", "tiny", "--run.threads", "100000"], "run.threads=100000: this machine has"),
+    (["sample", "--preset", "tiny", "--ppo.kl-stop", "-1"], "ppo.kl_stop=-1.0 must be positive"),
+    (["sample", "--preset", "tiny", "--task.truncate-token", "99999"], "task.truncate_token=99999 is outside the "
+                                                                       "vocabulary of task.initial_model"),
+    (["sample", "--preset", "tiny", "--task.query-dataset", "q" * 300], "File name too long: qqqq"),
     # a user's reward function that fails
     (["evaluate", MODEL, "--reward", "bad_rewards:boom", *EVAL], "--reward bad_rewards:boom: raised RuntimeError: "
                                                                  "kaboom"),
@@ -123,7 +134,7 @@ ROWS = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("argv,needle", ROWS, ids=[" ".join(r[0]).replace(MODEL, "MODEL") for r in ROWS])
+@pytest.mark.parametrize("argv,needle", ROWS, ids=[" ".join(r[0]).replace(MODEL, "MODEL")[:150] for r in ROWS])
 def test_a_bad_value_exits_2_with_one_line_and_writes_nothing(argv, needle, workdir, capsys, monkeypatch):
     monkeypatch.chdir(workdir)
     monkeypatch.syspath_prepend(str(workdir))  # bad_rewards
