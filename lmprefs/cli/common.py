@@ -41,6 +41,11 @@ COMMANDS = {
 }
 
 
+# flags whose empty value means "none" (`experiment kl-frontier --kl-targets ""`: no target arms); every other flag
+# given empty is refused, not read as its default
+EMPTY_MEANS_NONE = frozenset({"--kl-targets"})
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose mistakes are UserErrors: one line and exit 2 like every other bad input (argparse itself
     prints the usage block first)."""
@@ -49,10 +54,12 @@ class ArgumentParser(argparse.ArgumentParser):
         raise UserError(f"{message} (see {self.prog} --help)")
 
     def _get_value(self, action, arg_string):
-        """Every typed flag's value; an integer past torch's int64 is refused here, for every flag at once (it ended
-        in an OverflowError wherever torch first read it)."""
+        """Every flag's value, refused here for every flag at once where it is empty (`--hub-dir "$UNSET"` read as no
+        --hub-dir, and uploaded) or an integer past torch's int64 (an OverflowError wherever torch first read it)."""
         from lmprefs.config.validate import INT_MAX
 
+        if action.option_strings and not arg_string.strip() and not set(action.option_strings) & EMPTY_MEANS_NONE:
+            raise argparse.ArgumentError(action, f"{arg_string!r} is empty; give a value, or leave the flag out")
         v = super()._get_value(action, arg_string)
         if isinstance(v, int) and not isinstance(v, bool) and not -INT_MAX <= v <= INT_MAX:
             raise argparse.ArgumentError(action, f"{arg_string}: past the 64-bit integers torch computes with")

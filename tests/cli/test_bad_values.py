@@ -110,15 +110,20 @@ ROWS = [
     (["push", "run", "--repo", "me/x", "--hub-dir", "hub"], "RUN run: run/policy: model.safetensors is missing; "
                                                             "nothing was uploaded"),
     # lists: empty, with an empty item, with an item twice
-    (["experiment", "compare", "tiny", "--arms", "", "--run-dir", "exp"], "--arms '': names no arm"),
+    (["experiment", "compare", "tiny", "--arms", "", "--run-dir", "exp"], "argument --arms: '' is empty"),
+    (["experiment", "compare", "tiny", "--arms", " ,", "--run-dir", "exp"], "--arms ' ,': item 1 is empty"),
     (["experiment", "compare", "tiny", "--arms", "ppo,ppo", "--run-dir", "exp"], "--arms 'ppo,ppo': ppo is given"),
-    (["experiment", "compare", "tiny", "--dpo-betas", "", "--run-dir", "exp"], "--dpo-betas '': expected comma"),
+    (["experiment", "compare", "tiny", "--dpo-betas", "", "--run-dir", "exp"], "argument --dpo-betas: '' is empty"),
     (["experiment", "compare", "tiny", "--best-of", "2,", "--run-dir", "exp"], "--best-of '2,': item 2 is empty"),
     (["experiment", "mock-sentiment", "--labels", "1,,2", "--run-dir", "exp"], "--labels '1,,2': item 2 is empty"),
     (["experiment", "mock-sentiment", "--labels", "4,4", "--run-dir", "exp"], "--labels '4,4': 4 is given twice"),
-    (["experiment", "kl-frontier", "tiny", "--kl-targets", "", "--run-dir", "exp"], "--kl-targets '': expected"),
     (["config", "tiny", "--lora.targets", "c_attn,,c_proj"], "--lora.targets 'c_attn,,c_proj': item 2 is empty"),
     (["config", "tiny", "--task.stop-tokens", "5,5"], "--task.stop-tokens '5,5': 5 is given twice"),
+    # an empty flag, read as its default (the hub for --hub-dir "$UNSET", a new directory for --run-dir "")
+    (["push", "run", "--repo", "me/x", "--hub-dir", ""], "argument --hub-dir: '' is empty; give a value, or leave"),
+    (["train-reward", "tiny", "--run-dir", ""], "argument --run-dir: '' is empty"),
+    (["evaluate", "run", "--reward", "vader", "--reference", " "], "argument --reference: ' ' is empty"),
+    (["label", "tiny", "--labeler", ""], "argument --labeler: '' is empty"),
     # settings that would not act, and two rewards at once
     (["train-policy", "tiny", "--reward", "vader", "--ppo.rloo-k", "4", "--run-dir", "out"],
      "--ppo.rloo-k 4: acts only with ppo.estimator=rloo"),
