@@ -14,7 +14,7 @@ BAR = re.compile(r"\d+%\|")  # a progress bar a command had drawn before it fail
 
 def tree(root: Path) -> dict[str, int]:
     """Every path under root with its modification time: equal before and after, nothing was written."""
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
+    return {str(p.relative_to(root)): p.lstat().st_mtime_ns for p in root.rglob("*")}
 
 
 def assert_refused(argv: list[str], needle: str, root: Path, capsys) -> str:

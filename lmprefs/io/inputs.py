@@ -4,17 +4,34 @@ directories a command will make, refused where a file stands at or above them.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from lmprefs.errors import UserError
 
 
+def _kind(p: Path, what: str, path: str | Path) -> str:
+    """"dir", "file", "other" or "none" for what stands at `p`; a path the system cannot look up (too long, a loop
+    of links, a folder it may not enter) is a UserError naming `what`, and a link to nothing is named as one."""
+    try:
+        if p.is_dir():
+            return "dir"
+        if p.exists():
+            return "file" if p.is_file() else "other"
+        if p.is_symlink():
+            raise UserError(f"{what} {path}: a link to {os.readlink(p)}, which does not exist")
+    except OSError as e:
+        raise UserError(f"{what} {str(path)[:100]}: {e.strerror}") from None
+    return "none"
+
+
 def input_file(path: str | Path, what: str) -> Path:
     """`path` as a Path, or a UserError saying that `what` (e.g. "--sft.data") names nothing or a directory."""
     p = Path(path)
-    if p.is_dir():
+    kind = _kind(p, what, path)
+    if kind == "dir":
         raise UserError(f"{what} {path}: is a directory, expected a file")
-    if not p.is_file():
+    if kind == "none":
         raise UserError(f"{what} {path} does not exist")
     return p
 
@@ -22,9 +39,10 @@ def input_file(path: str | Path, what: str) -> Path:
 def input_dir(path: str | Path, what: str, kind: str = "directory") -> Path:
     """`path` as a Path, or a UserError saying that `what` names nothing or a file (`kind`: what it should be)."""
     p = Path(path)
-    if p.exists() and not p.is_dir():
+    found = _kind(p, what, path)
+    if found in ("file", "other"):
         raise UserError(f"{what} {path}: is a file, expected a {kind}")
-    if not p.exists():
+    if found == "none":
         raise UserError(f"{what} {path} does not exist")
     return p
 
@@ -63,6 +81,7 @@ def output_dir(path: str | Path, what: str) -> Path:
     """`path` as a Path for a directory a command makes (or reuses), or a UserError naming `what` (e.g. "--run-dir")
     where a file stands in the way (`file_in_the_way`), before the model has loaded."""
     p = Path(path)
+    _kind(p, what, path)  # a link to nothing ended in FileExistsError where the directory was made
     if (f := file_in_the_way(p)) is not None:
         raise UserError(f"{what} {path}: " + ("is a file" if f == p else f"{f} is a file") + ", not a directory")
     return p

@@ -61,6 +61,8 @@ def workdir(tmp_path_factory):
     (d / "nul_messages.jsonl").write_text(json.dumps(nul) + "\n")
     (d / "nul_pair.jsonl").write_text(json.dumps({"prompt": "q\0", "response": "a"}) + "\n")
     (d / "bad_rewards.py").write_text(BAD_REWARDS)
+    (d / "empty.sqlite").write_bytes(b"")
+    (d / "vanished").symlink_to("gone")
     return d
 
 
@@ -124,6 +126,18 @@ ROWS = [
     (["train-reward", "tiny", "--run-dir", ""], "argument --run-dir: '' is empty"),
     (["evaluate", "run", "--reward", "vader", "--reference", " "], "argument --reference: ' ' is empty"),
     (["label", "tiny", "--labeler", ""], "argument --labeler: '' is empty"),
+    # a 0-byte file where a label store belongs (SQLite made it one), a labeler name with a control character
+    (["label", "tiny", "--db", "empty.sqlite"], "--db empty.sqlite: an empty file (0 bytes), not a label store; "
+                                                "remove it, and a new store is made there"),
+    (["import-labels", "no_common.jsonl", "--db", "empty.sqlite"], "--db empty.sqlite: an empty file (0 bytes)"),
+    (["labelers", "list", "--db", "empty.sqlite"], "--db empty.sqlite: an empty file (0 bytes), not a label store"),
+    (["labelers", "add", "bob\x07", "--db", "new.sqlite"], "labeler name 'bob\\x07' holds a control character"),
+    # links to nothing (a file that vanished), and paths too long to look up
+    (["train-reward", "tiny", "--run-dir", "vanished"], "--run-dir vanished: a link to gone, which does not exist"),
+    (["evaluate", "run", "--reward", "vader", "--out", "vanished"], "--out vanished: a link to gone, which does not"),
+    (["score", "--reward-model", "rm", "vanished"], "vanished: a link to gone, which does not exist"),
+    (["train-policy", "tiny", "--rewards.trained-model", "m" * 300, "--run-dir", "out"],
+     "rewards.trained_model mmmm"),
     # settings that would not act, and two rewards at once
     (["train-policy", "tiny", "--reward", "vader", "--ppo.rloo-k", "4", "--run-dir", "out"],
      "--ppo.rloo-k 4: acts only with ppo.estimator=rloo"),

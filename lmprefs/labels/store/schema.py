@@ -163,6 +163,9 @@ def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") 
         return p
     with open(p, "rb") as f:
         head = f.read(16)
-    if head and head != b"SQLite format 3\x00":
+    if not head:  # SQLite would take an empty file for a new database: a file the user made for something else
+        fix = "" if must_exist else "; remove it, and a new store is made there"
+        raise UserError(f"{flag} {p}: an empty file (0 bytes), not a label store{fix}")
+    if head != b"SQLite format 3\x00":
         raise UserError(f"{flag} {p}: not a label store (not an SQLite file)")
     return p
