@@ -169,3 +169,21 @@ def test_an_override_is_inert_only_where_the_config_keeps_it_from_acting():
     assert len(inert_overrides(apply_overrides(preset("tiny"), pairs), pairs)) == 2
     on = [*pairs, ("ppo.estimator", "rloo"), ("lora.rank", "4")]
     assert inert_overrides(apply_overrides(preset("tiny"), on), on) == []
+
+
+def test_a_store_locked_by_another_process_says_so(tmp_path):
+    import sqlite3
+
+    from lmprefs.errors import UserError
+    from lmprefs.labels.store import LabelStore
+
+    path = tmp_path / "labels.sqlite"
+    LabelStore(path).close()
+    other = sqlite3.connect(path, isolation_level=None)  # another writer, mid-transaction
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(UserError, match="in use by another process, which kept it locked for 0.2s"):
+            LabelStore(path, busy_timeout=0.2)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
