@@ -206,7 +206,9 @@ def from_dict(d: dict, cls=Config, origin: str = "config", prefix: str = "") -> 
         t = hints[k]
         if dataclasses.is_dataclass(t):
             kwargs[k] = from_dict(v, t, origin, f"{prefix}{k}.")
-        elif typing.get_origin(t) is tuple:
+        elif typing.get_origin(t) is tuple:  # a JSON list; tuple("c_attn") would be its letters
+            if not isinstance(v, list | tuple):
+                raise ConfigError(f"{origin}: {prefix}{k}={v!r} must be a list")
             kwargs[k] = tuple(v)
         else:
             kwargs[k] = v

@@ -62,6 +62,11 @@ def workdir(tmp_path_factory):
     (d / "nul_pair.jsonl").write_text(json.dumps({"prompt": "q\0", "response": "a"}) + "\n")
     (d / "bad_rewards.py").write_text(BAD_REWARDS)
     (d / "empty.sqlite").write_bytes(b"")
+    (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (d / "deep.jsonl").write_text('{"a": ' * 50_000 + "1" + "}" * 50_000 + "\n")
+    cfg = json.loads((d / "run" / "config.json").read_text())
+    cfg["lora"]["targets"] = "c_attn"  # tuple("c_attn") was its six letters
+    (d / "targets_string.json").write_text(json.dumps(cfg))
     (d / "vanished").symlink_to("gone")
     return d
 
@@ -138,6 +143,11 @@ ROWS = [
     (["score", "--reward-model", "rm", "vanished"], "vanished: a link to gone, which does not exist"),
     (["train-policy", "tiny", "--rewards.trained-model", "m" * 300, "--run-dir", "out"],
      "rewards.trained_model mmmm"),
+    # JSON nested past Python's recursion limit (a RecursionError), a config's list given as one string
+    (["config", "--config", "deep.json"], "deep.json: JSON nested too deeply to be a config"),
+    (["import-labels", "deep.jsonl", "--db", "new.sqlite"], "deep.jsonl line 1: JSON nested too deeply to read"),
+    (["train-sft", "tiny", "--sft.data", "deep.jsonl", "--run-dir", "out"], "deep.jsonl line 1: JSON nested too"),
+    (["config", "--config", "targets_string.json"], "targets_string.json: lora.targets='c_attn' must be a list"),
     # settings that would not act, and two rewards at once
     (["train-policy", "tiny", "--reward", "vader", "--ppo.rloo-k", "4", "--run-dir", "out"],
      "--ppo.rloo-k 4: acts only with ppo.estimator=rloo"),
