@@ -11,6 +11,7 @@ from lmprefs.config import Config
 from lmprefs.data.chat import chat_template_note, template_lengths
 from lmprefs.data.queries import task_queries
 from lmprefs.data.tasks import TaskContext, stop_tokens
+from lmprefs.errors import UserError
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import setup_torch
@@ -65,3 +66,11 @@ def note_chat_template(cfg: Config, tok) -> None:
     if line and cfg.task.initial_model not in _NOTED and dist.is_main():
         _NOTED.add(cfg.task.initial_model)
         print(line, flush=True)
+
+
+def check_heldout(t: Task, n: int, flag: str) -> None:
+    """A UserError naming `flag` where n held-out queries are asked for and the task sets aside fewer (the rest
+    would be evaluated on fewer without a word)."""
+    if len(t.heldout_queries) < n:
+        raise UserError(f"{flag} {n}: task.query_dataset={t.cfg.task.query_dataset!r} sets aside only "
+                        f"{len(t.heldout_queries)} held-out queries")  # fmt: skip

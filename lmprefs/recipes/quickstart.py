@@ -25,7 +25,7 @@ from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.policy import policy_for
 from lmprefs.pipeline.reward_model import train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
-from lmprefs.pipeline.task import Task, setup_task
+from lmprefs.pipeline.task import Task, check_heldout, setup_task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import compiles_forwards
 from lmprefs.runtime.memory import release_freed_memory
@@ -119,6 +119,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     t0 = time.time()
     say("[1/6] preparing assets and queries", flush=True)
     t = setup_task(cfg, n_heldout=n_eval)
+    check_heldout(t, n_eval, "--eval-queries")
     stages["assets and model"] = time.time() - t0
     heldout = t.heldout_queries[:n_eval]
 

@@ -197,3 +197,14 @@ def test_a_store_locked_by_another_process_says_so(tmp_path):
     finally:
         other.execute("ROLLBACK")
         other.close()
+
+
+def test_quickstart_refuses_more_eval_queries_than_the_task_sets_aside(tmp_path, capsys):
+    """Evaluated on the 139 there were, without a word; (the empty --run-dir a refused quickstart leaves is the
+    run directory's business, tested with it)."""
+    from lmprefs.cli.dispatch import main
+
+    assert main(["quickstart", "--preset", "tiny", "--eval-queries", "100000", "--run-dir", str(tmp_path / "q")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["lmprefs quickstart: error: --eval-queries 100000: task.query_dataset='bundled' sets aside only "
+                   "139 held-out queries"]  # fmt: skip
