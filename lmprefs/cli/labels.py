@@ -66,12 +66,14 @@ def cmd_import_labels(argv: list[str]) -> int:
     import json
 
     from lmprefs.data.hf_datasets import is_saved_dataset, split_spec
+    from lmprefs.io.inputs import path_kind
     from lmprefs.labels.formats import LabelFileError, import_file
     from lmprefs.labels.store import check_store_path
     from lmprefs.pipeline.labeling import open_store
 
-    if not Path(a.file).is_file() and not is_saved_dataset(split_spec(a.file)[0]):
-        what = "is a directory, not a file" if Path(a.file).is_dir() else "does not exist"
+    kind = path_kind(Path(a.file), "label file", a.file)
+    if kind != "file" and not is_saved_dataset(split_spec(a.file)[0]):
+        what = {"dir": "is a directory, not a file", "other": "is not a regular file"}.get(kind, "does not exist")
         raise UserError(f"label file {a.file} {what}")
     created = not check_store_path(a.db, must_exist=False).exists()
     try:

@@ -24,8 +24,10 @@ def cmd_quickstart(argv: list[str]) -> int:
     from lmprefs.recipes.quickstart import chance, run_quickstart, true_reward_name
     from lmprefs.training.policy_run import AndonStop
 
-    if a.eval_queries < 2 or a.eval_samples < 1:
-        raise UserError("--eval-queries must be >= 2 and --eval-samples >= 1")
+    if a.eval_queries < 2:
+        raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2 (a standard error needs two)")
+    if a.eval_samples < 1:
+        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
     cfg = resolve_config(a.preset, pairs)
     if inert := inert_overrides(cfg, pairs):
         raise UserError(inert[0])

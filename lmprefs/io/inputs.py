@@ -10,7 +10,7 @@ from pathlib import Path
 from lmprefs.errors import UserError
 
 
-def _kind(p: Path, what: str, path: str | Path) -> str:
+def path_kind(p: Path, what: str, path: str | Path) -> str:
     """"dir", "file", "other" or "none" for what stands at `p`; a path the system cannot look up (too long, a loop
     of links, a folder it may not enter) is a UserError naming `what`, and a link to nothing is named as one."""
     try:
@@ -28,7 +28,7 @@ def _kind(p: Path, what: str, path: str | Path) -> str:
 def input_file(path: str | Path, what: str) -> Path:
     """`path` as a Path, or a UserError saying that `what` (e.g. "--sft.data") names nothing or a directory."""
     p = Path(path)
-    kind = _kind(p, what, path)
+    kind = path_kind(p, what, path)
     if kind == "dir":
         raise UserError(f"{what} {path}: is a directory, expected a file")
     if kind == "none":
@@ -39,7 +39,7 @@ def input_file(path: str | Path, what: str) -> Path:
 def input_dir(path: str | Path, what: str, kind: str = "directory") -> Path:
     """`path` as a Path, or a UserError saying that `what` names nothing or a file (`kind`: what it should be)."""
     p = Path(path)
-    found = _kind(p, what, path)
+    found = path_kind(p, what, path)
     if found in ("file", "other"):
         raise UserError(f"{what} {path}: is a file, expected a {kind}")
     if found == "none":
@@ -81,7 +81,7 @@ def output_dir(path: str | Path, what: str) -> Path:
     """`path` as a Path for a directory a command makes (or reuses), or a UserError naming `what` (e.g. "--run-dir")
     where a file stands in the way (`file_in_the_way`), before the model has loaded."""
     p = Path(path)
-    _kind(p, what, path)  # a link to nothing ended in FileExistsError where the directory was made
+    path_kind(p, what, path)  # a link to nothing ended in FileExistsError where the directory was made
     if (f := file_in_the_way(p)) is not None:
         raise UserError(f"{what} {path}: " + ("is a file" if f == p else f"{f} is a file") + ", not a directory")
     return p

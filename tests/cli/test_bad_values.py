@@ -5,6 +5,7 @@ trained on. Each row: exit code 2, one line naming the value, nothing written (t
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from refusals import assert_refused
@@ -62,6 +63,7 @@ def workdir(tmp_path_factory):
     (d / "nul_pair.jsonl").write_text(json.dumps({"prompt": "q\0", "response": "a"}) + "\n")
     (d / "bad_rewards.py").write_text(BAD_REWARDS)
     (d / "empty.sqlite").write_bytes(b"")
+    os.mkfifo(d / "fifo")
     (d / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     (d / "deep.jsonl").write_text('{"a": ' * 50_000 + "1" + "}" * 50_000 + "\n")
     cfg = json.loads((d / "run" / "config.json").read_text())
@@ -148,6 +150,12 @@ ROWS = [
     (["import-labels", "deep.jsonl", "--db", "new.sqlite"], "deep.jsonl line 1: JSON nested too deeply to read"),
     (["train-sft", "tiny", "--sft.data", "deep.jsonl", "--run-dir", "out"], "deep.jsonl line 1: JSON nested too"),
     (["config", "--config", "targets_string.json"], "targets_string.json: lora.targets='c_attn' must be a list"),
+    # a pipe where a store or a label file belongs (reading a store's header would wait for a writer)
+    (["labelers", "list", "--db", "fifo"], "--db fifo: not a regular file; give a label store file (.sqlite)"),
+    (["import-labels", "fifo", "--db", "new.sqlite"], "label file fifo is not a regular file"),
+    (["export-labels", "out.jsonl", "--db", "d" * 300], "--db dddd"),
+    (["quickstart", "--preset", "tiny", "--eval-queries", "-1"], "--eval-queries -1: must be at least 2"),
+    (["quickstart", "--preset", "tiny", "--eval-samples", "0"], "--eval-samples 0: must be at least 1"),
     # settings that would not act, and two rewards at once
     (["train-policy", "tiny", "--reward", "vader", "--ppo.rloo-k", "4", "--run-dir", "out"],
      "--ppo.rloo-k 4: acts only with ppo.estimator=rloo"),
