@@ -216,3 +216,14 @@ def test_quickstart_refuses_more_eval_queries_than_the_task_sets_aside(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["lmprefs quickstart: error: --eval-queries 100000: task.query_dataset='bundled' sets aside only "
                    "139 held-out queries"]  # fmt: skip
+
+
+def test_a_lora_rank_past_the_layers_width_is_one_line_not_an_allocation():
+    from lmprefs.config import LoraConfig
+    from lmprefs.errors import UserError
+    from lmprefs.models.loading import load_lm
+    from lmprefs.models.lora import add_adapter
+
+    model, _ = load_lm("tiny-gpt2-austen")
+    with pytest.raises(UserError, match=r"lora.rank=1000000000 exceeds the width of the layers it adapts \(\d+\)"):
+        add_adapter(model, LoraConfig(rank=10**9), "policy")
