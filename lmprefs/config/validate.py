@@ -18,6 +18,9 @@ DEVICES = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 # the largest seed (run.seed, labels.subset_seed, --seed): numpy's range, and far enough below torch's 64 bits that
 # the seeds derived from it (seed + arm, seed + rank * 100003, seed * 1_000_003 + epoch) fit too
 SEED_MAX = 2**32 - 1
+# the lowest sampling temperature: below it sampling is greedy in all but name, and a value that float32 rounds to 0
+# (1e-300) made every logit inf and every sample end-of-text, without a word
+MIN_TEMPERATURE = 1e-6
 INT_MAX = 2**63 - 1  # torch's int64: a larger value of any int field ends in an OverflowError where torch reads it
 
 
@@ -91,7 +94,7 @@ def _task(t) -> list[str]:
     need(bool(t.initial_model), "task.initial_model must name a model")
     if t.response_length <= 0 or t.query_length <= 0:
         out.append(f"task.query_length={t.query_length} and task.response_length={t.response_length} must be positive")
-    need(t.temperature > 0, f"task.temperature={t.temperature} must be positive")
+    need(t.temperature >= MIN_TEMPERATURE, f"task.temperature={t.temperature} must be at least {MIN_TEMPERATURE:g}")
     need(t.truncate_token is None or t.truncate_token >= 0, f"task.truncate_token={t.truncate_token} must be >= 0")
     need(t.truncate_after >= 0, f"task.truncate_after={t.truncate_after} must be >= 0")
     need(all(x >= 0 for x in t.stop_tokens), f"task.stop_tokens={t.stop_tokens} must be token ids (>= 0)")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.config.validate import MIN_TEMPERATURE
 from lmprefs.data.queries import task_queries
 from lmprefs.data.tasks import apply_penalty, decode, format_queries, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
@@ -26,8 +27,8 @@ def _setup(cfg, n: int, policy_dir: Path | None, temperature: float | None, seed
     the temperature, device, dtype) for `lmprefs sample`."""
     device, dtype = setup_torch(cfg.run)
     temperature = temperature if temperature is not None else cfg.task.temperature
-    if not (math.isfinite(temperature) and temperature > 0):  # nan and inf sample nothing but end-of-text tokens
-        raise UserError(f"--temperature {temperature}: must be a positive finite number")
+    if not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):  # nan, inf and 1e-300 sample nothing
+        raise UserError(f"--temperature {temperature}: must be a finite number of at least {MIN_TEMPERATURE:g}")
     if policy_dir is not None:
         policy = load_policy(policy_dir, device, temperature)
         model, tok = policy.lm, policy.tokenizer

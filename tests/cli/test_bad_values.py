@@ -108,6 +108,9 @@ ROWS = [
     (["sample", "--preset", "tiny", "--task.truncate-token", "99999"], "task.truncate_token=99999 is outside the "
                                                                        "vocabulary of task.initial_model"),
     (["sample", "--preset", "tiny", "--task.query-dataset", "q" * 300], "File name too long: qqqq"),
+    # temperatures float32 rounds to 0: every sample was end-of-text, exit 0
+    (["sample", "--preset", "tiny", "--temperature", "1e-300"], "--temperature 1e-300: must be a finite number of at"),
+    (["sample", "--preset", "tiny", "--task.temperature", "1e-300"], "task.temperature=1e-300 must be at least 1e-06"),
     # a user's reward function that fails
     (["evaluate", MODEL, "--reward", "bad_rewards:boom", *EVAL], "--reward bad_rewards:boom: raised RuntimeError: "
                                                                  "kaboom"),
