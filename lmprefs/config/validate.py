@@ -176,7 +176,6 @@ def _ppo(p) -> list[str]:
     need(p.cliprange_value > 0, f"ppo.cliprange_value={p.cliprange_value} must be positive")
     need(0 <= p.gamma <= 1, f"ppo.gamma={p.gamma} must be in [0, 1]")
     need(0 <= p.lam <= 1, f"ppo.lam={p.lam} must be in [0, 1]")
-    need(p.kl_stop > 0, f"ppo.kl_stop={p.kl_stop} must be positive (the KL that stops a run)")
     need(p.score_drop_stop is None or p.score_drop_stop > 0,
          f"ppo.score_drop_stop={p.score_drop_stop} must be positive or None")
     need(p.overoptimization_stop is None or p.overoptimization_stop > 0,

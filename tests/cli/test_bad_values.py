@@ -104,7 +104,6 @@ ROWS = [
                                                                                "past the 64-bit integers"),
     (["sample", "--preset", "tiny", "--lora.rank", "99999999999999999999"], "lora.rank=99999999999999999999 is past"),
     (["sample", "--preset", "tiny", "--run.threads", "100000"], "run.threads=100000: this machine has"),
-    (["sample", "--preset", "tiny", "--ppo.kl-stop", "-1"], "ppo.kl_stop=-1.0 must be positive"),
     (["sample", "--preset", "tiny", "--task.truncate-token", "99999"], "task.truncate_token=99999 is outside the "
                                                                        "vocabulary of task.initial_model"),
     (["sample", "--preset", "tiny", "--task.query-dataset", "q" * 300], "File name too long: qqqq"),
