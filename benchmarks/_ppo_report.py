@@ -68,12 +68,12 @@ def report_header(args, systems: list[str], results: dict, profiles: dict) -> No
 
 def eps_per_cpu_second(r: dict | None, args) -> float | None:
     """Episodes per CPU-second of a run's training call (warm-up included), from its CpuMonitor record: the
-    process's own cores times the call's wall seconds."""
+    process's own CPU seconds, unrounded (`own_cpu_s`, _exact_cpu.py); a result file without them (an older
+    --anchor-result): its cores, rounded to 0.01, times the call's wall seconds."""
     cpu = (r or {}).get("cpu_during_train", {})
     own, wall = cpu.get("own_cores_avg"), cpu.get("wall_s")
-    if not own or not wall:
-        return None
-    return args.batch_size * args.steps / (own * wall)
+    seconds = cpu.get("own_cpu_s") or (own * wall if own and wall else None)
+    return args.batch_size * args.steps / seconds if seconds else None
 
 
 def report_per_cpu_second(args, systems, modes, results, summary) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from _common import source_fingerprint
+from _exact_cpu import exact_cpu
 from torch.utils.flop_counter import FlopCounterMode
 
 # lmprefs internals the worker uses, all in this block
@@ -252,6 +253,7 @@ def lmprefs_worker(args) -> dict:
     run_dir = Path(args.out_dir) / f"lmprefs-{args.value_model}-{os.getpid()}"
     if args.profile_update:
         recorder.count_flops()
+    exact_cpu(common)
     mon = common.CpuMonitor().start()
     recorder.mark = time.perf_counter()
     t0 = time.perf_counter()

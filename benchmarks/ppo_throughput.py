@@ -19,7 +19,8 @@ What is measured
   episodes/s = batch * (steps - 1) / (sum of the other updates' seconds).
   Per CPU-second: batch * steps / (CPU seconds the process spent in its training call, warm-up update included, the
   same window on both sides): a figure that a loaded machine changes far less than wall time, so the ratio of these
-  is the fair one when other work shares the cores.
+  is the fair one when other work shares the cores. Both sides' CPU seconds are read unrounded (_exact_cpu.py; the
+  anchor's record rounds its cores to 0.01, up to 5% of a loaded ratio).
 
 How
   Each measurement is its own subprocess (fresh process, same interpreter settings). With --reps R the script runs R
@@ -313,8 +314,9 @@ def shared_flags(args, model_dir: Path) -> list[str]:
 
 def trl_command(args, flags: list[str]) -> list[str]:
     bf16 = ["--bf16"] if args.dtype == "bfloat16" else []
-    return [str(Path(args.anchor_python)), str(Path(args.anchor_dir) / "trl_ppo_bench.py"), "--reward", "char-frac:e",
-            *flags, *bf16]  # fmt: skip
+    exact = Path(__file__).resolve().parent / "_exact_cpu.py"  # the anchor's CPU seconds unrounded
+    return [str(Path(args.anchor_python)), str(exact), str(Path(args.anchor_dir) / "trl_ppo_bench.py"), "--reward",
+            "char-frac:e", *flags, *bf16]  # fmt: skip
 
 
 def lmprefs_command(args, out: Path, flags: list[str], mode: str, profile: bool = False) -> list[str]:

@@ -150,8 +150,10 @@ def check_model(name: str) -> None:
     from lmprefs.assets.models import resolve_model
     from lmprefs.errors import UserError
 
-    try:
-        config = json.loads((Path(resolve_model(name)) / "config.json").read_text())
+    given = Path(name).expanduser()
+    try:  # a directory's config is read as it is: the count needs no weights
+        config = json.loads(((given if (given / "config.json").is_file() else Path(resolve_model(name))) /
+                             "config.json").read_text())  # fmt: skip
     except Exception:
         return
     try:

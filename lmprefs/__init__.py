@@ -31,15 +31,30 @@ def make_config(preset: str = "tiny", overrides: dict[str, Any] | None = None, *
     return resolve_config(preset, (), config_file, overrides, origin="Python API")
 
 
-def label(cfg, db: str | Path, n: int, *, labeler: str | None = None, seed: int | None = None) -> dict:
+def label(cfg, db: str | Path, n: int, *, labeler: str | None = None, seed: int | None = None,
+          run_dir: str | Path | None = None) -> dict:  # fmt: skip
     """Sample n best-of-N questions from the initial policy into the label store `db` and have the simulated
-    labeler (`labeler`, default cfg.labels.labeler; "none" only queues them for people) answer them."""
+    labeler (`labeler`, default cfg.labels.labeler; "none" only queues them for people) answer them. With
+    cfg.labels.select bald or spread, in rounds chosen by an ensemble (`lmprefs label`'s), saved under `run_dir`
+    (required then); returns {"rounds": one row per round}."""
     from lmprefs.labels.store import check_store_path
     from lmprefs.pipeline.labeling import collect_labels, open_store
     from lmprefs.pipeline.task import setup_task
 
-    check_store_path(db, must_exist=False)
-    return collect_labels(setup_task(cfg), open_store(db), n, labeler=labeler, seed=seed)
+    path = check_store_path(db, must_exist=False)
+    if cfg.labels.select == "random":
+        return collect_labels(setup_task(cfg), open_store(db), n, labeler=labeler, seed=seed)
+    from lmprefs.errors import UserError
+    from lmprefs.pipeline.label_rounds import check_first_round, label_in_rounds
+
+    if run_dir is None:
+        raise UserError(f"labels.select={cfg.labels.select}: label() needs run_dir= for the rounds' ensembles")
+    name = labeler or cfg.labels.labeler
+    check_first_round(path, cfg, name, str(db))
+    t = setup_task(cfg)
+    rows = label_in_rounds(t, open_store(db), n, labeler=name, seed=cfg.run.seed if seed is None else seed,
+                           run_dir=Path(run_dir))  # fmt: skip
+    return {"rounds": rows}
 
 
 def train_reward(cfg, labels: str | Path, run_dir: str | Path) -> dict:
@@ -85,8 +100,8 @@ def sample(source, n: int = 4, *, temperature: float | None = None, seed: int | 
 
 def score(reward_model: str | Path, texts: list, *, device: str = "auto", truncate: bool = False) -> list[float]:
     """Rewards of texts (a response, or a (query, response) pair) under a saved reward model directory (lmprefs'
-    or any scalar sequence classifier, e.g. TRL's)."""
-    from lmprefs.models.artifacts import load_reward_model
+    or any scalar sequence classifier, e.g. TRL's), or an ensemble directory: the members' mean."""
+    from lmprefs.models.ensemble import load_reward
     from lmprefs.recipes.score import reward_model_task, score_texts
     from lmprefs.runtime.device import pick_device
 
@@ -94,7 +109,7 @@ def score(reward_model: str | Path, texts: list, *, device: str = "auto", trunca
     task = reward_model_task(path)
     pairs = [tuple(t) if isinstance(t, tuple | list) else ("", t) for t in texts]
     dev = pick_device(device)
-    return score_texts(load_reward_model(path, dev).eval(), task, pairs, dev, truncate=truncate)[0]
+    return score_texts(load_reward(path, dev).eval(), task, pairs, dev, truncate=truncate)[0]
 
 
 def optimal_frontier(rewards, betas, min_ess: float = 10.0) -> list[dict]:

@@ -96,10 +96,33 @@ def test_ppo_throughput_runs_both_value_models_against_an_anchor_result_from_a_f
     assert "TRL side read from" in r.stdout and "ratio" in r.stdout
     for mode in ("shared", "separate"):  # per CPU-second: 2 updates x 4 episodes over the CPU time of the call
         cpu = res["runs"][mode][0]["cpu_during_train"]
-        mine = 8 / (cpu["own_cores_avg"] * cpu["wall_s"])
+        # its CPU seconds unrounded (the cores are rounded to 0.01); the anchor's file has none: cores x wall
+        assert math.isclose(cpu["own_cpu_s"], cpu["own_cores_avg"] * cpu["wall_s"], rel_tol=0.05, abs_tol=0.05)
+        mine = 8 / cpu["own_cpu_s"]
         (ratio,) = res["ratios"][mode]["per_cpu_second"]["per_round"]
         assert math.isclose(ratio, mine / 2.0, rel_tol=1e-9)
     assert "per CPU-second" in r.stdout
+
+
+def test_the_anchor_runs_with_its_cpu_seconds_unrounded(tmp_path):
+    """TRL's side runs through _exact_cpu.py, which adds the unrounded CPU seconds to the anchor's CpuMonitor record
+    (a stand-in anchor here: TRL is not installed)."""
+    (tmp_path / "_anchor_common.py").write_text(
+        "import os, time\n"
+        "class CpuMonitor:\n"
+        "    def start(self):\n"
+        "        t = os.times(); self.o0, self.t0 = t.user + t.system, time.perf_counter(); return self\n"
+        "    def stop(self):\n"
+        "        t = os.times(); own = t.user + t.system - self.o0\n"
+        "        return {'own_cores_avg': round(own / (time.perf_counter() - self.t0), 2)}\n")  # fmt: skip
+    (tmp_path / "bench.py").write_text(
+        "import json, sys, time\nimport _anchor_common as common\nm = common.CpuMonitor().start()\n"
+        "t = time.process_time()\nwhile time.process_time() - t < 0.2: pass\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'cpu': m.stop()}))\n")  # fmt: skip
+    r = subprocess.run([sys.executable, str(BENCH / "_exact_cpu.py"), str(tmp_path / "bench.py"), "--steps", "2"],
+                       capture_output=True, text=True, check=True)  # fmt: skip
+    out = json.loads(r.stdout)
+    assert out["argv"] == ["--steps", "2"] and 0.15 <= out["cpu"]["own_cpu_s"] < 5 and "own_cores_avg" in out["cpu"]
 
 
 def test_gpu_kernels_measures_on_cuda_and_says_in_one_line_where_it_cannot():
@@ -187,6 +210,17 @@ def test_reward_accuracy_runs_on_the_tiny_preset(tmp_path):
     assert 0.25 <= res["label_ceiling"] <= 1  # noiseless labels: the labeled best is always among the tied top
     assert "held-out set identical for every N: yes" in r.stdout
     assert not list(out.glob("rm-*")), "a reward model was left in --out-dir without --keep-models"
+
+
+def test_reward_ensemble_cost_runs_on_the_tiny_preset(tmp_path):
+    out = tmp_path / "r.json"
+    r = run_script("reward_ensemble_cost.py", "--preset", "tiny", "--labels", "16", "--members", "2", "--reps", "1",
+                   "--threads", "1", "--json", str(out))  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["members"] == 2 and len(res["seconds"]["1"]) == len(res["seconds"]["2"]) == 1
+    assert res["ratio"] == pytest.approx(res["median_2"] / res["median_1"]) and res["cpu"]
+    assert "K=2 vs K=1" in r.stdout
 
 
 def test_scaling_runs_without_a_launcher_and_under_torchrun_with_two_processes(tmp_path):
@@ -301,6 +335,8 @@ BAD_FLAGS = [
     ("reward_accuracy", ["--labeler", "faithfulness"], "argument --labeler: invalid choice: 'faithfulness'"),
     ("reward_accuracy", ["--store", "{tmp}/labels.sqlite"], "no such file"),
     ("reward_accuracy", ["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
+    ("reward_ensemble_cost", ["--members", "1"], "argument --members: must be at least 2, not 1"),
+    ("reward_ensemble_cost", ["--preset", "huge"], "argument --preset: invalid choice: 'huge'"),
     ("scaling", ["--updates", "1"], "argument --updates: must be at least 2, not 1"),
     ("scaling", ["--models", "tiny,huge"], "--models: unknown model 'huge'"),
     ("scaling", ["--parallel", "zero"], "--parallel: unknown value 'zero'"),

@@ -32,3 +32,21 @@ def test_readme_relative_links_point_at_files():
     assert relative, "expected README.md to link into docs/"
     missing = [t for t in relative if not (ROOT / unquote(t.split("#")[0])).exists()]
     assert not missing, f"README.md links to files that do not exist: {missing}"
+
+
+def test_pages_read_as_plain_markdown_show_no_include_lines_and_the_site_includes_the_readme():
+    """A docs page opened as a file shows a pointer to the README, never a raw `--8<--` include line; the site's
+    hook puts the README's section in its place."""
+    import importlib.util
+
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    raw = [f"{p.relative_to(ROOT)}:{i}" for p in pages for i, line in enumerate(p.read_text().splitlines(), 1)
+           if line.lstrip().startswith("--8<--")]  # fmt: skip
+    assert not raw, f"include lines that read as themselves: {raw}"
+    spec = importlib.util.spec_from_file_location("readme_sections", ROOT / "docs" / "hooks" / "readme_sections.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    page = (ROOT / "docs" / "getting-started.md").read_text()
+    built = hook.include_readme(page, README.read_text())
+    assert "<!-- README section:" in page and "<!-- README section:" not in built
+    assert "| `lmprefs quickstart [--preset P]` |" in built and "lmprefs.make_config(" in built

@@ -83,9 +83,6 @@ def _build_tiny_gpt2_austen(out: Path) -> None:
 
     import torch
     from transformers import GPT2LMHeadModel
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
     src = tiny_gpt2_dir()
     tok = gpt2_tokenizer()
     eos = tok.eos_token_id
@@ -150,6 +147,11 @@ MODEL_ASSETS = {"smollm2-135m": smollm2_dir, "tiny-gpt2": tiny_gpt2_dir, "tiny-g
 ASSET_HUB_IDS = {"smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
 
 
+# the files a model directory's weights may be in (one file or shards with their index), in any format transformers
+# reads
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".index.json")
+
+
 def resolve_model(name: str) -> str:
     """An asset name becomes its (prepared) cache directory; a local directory or hub name passes through."""
     if name in MODEL_ASSETS:
@@ -160,6 +162,9 @@ def resolve_model(name: str) -> str:
     if p.exists():
         if not (p / "config.json").exists():
             raise AssetError(f"model directory {p} has no config.json (expected a Hugging Face save_pretrained dir)")
+        if not any(f.name.endswith(WEIGHT_SUFFIXES) for f in p.iterdir()):  # a copy or save cut short
+            raise AssetError(f"model directory {p} has a config.json but no weights (model.safetensors or "
+                             "pytorch_model.bin); copy or save the model into it again")  # fmt: skip
         return str(p)
     if os.sep in name and (name.startswith(".") or name.startswith("/") or name.startswith("~")):
         raise AssetError(f"model directory {name} does not exist")

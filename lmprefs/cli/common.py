@@ -4,17 +4,20 @@ the run directory, `--help` with the preset's config, and the rank that prints."
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from pathlib import Path
 
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import output_dir
+from lmprefs.io.run_owner import claim
 
 COMMANDS = {
     "experiment": "mock-sentiment: Figure 2 (reward models from N labels vs direct access, over seeds); kl-frontier: "
     "Figure 3 (KL vs true reward of PPO runs beside the optimal policy); compare: PPO, RLOO, DPO and best-of-n from "
-    "one label store on Figure 3's axes; writing-prompts: SFT, a reward model from scores, PPO with a separate value "
-    "model; resumable",
+    "one label store on Figure 3's axes; label-efficiency: random against uncertainty-directed queries at several "
+    "label budgets, and how many labels the directed ones save; writing-prompts: SFT, a reward model from scores, PPO "
+    "with a separate value model; resumable",
     "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
     "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen, the news articles, MiniLM, the "
     "tiny GPT-2s)",
@@ -25,6 +28,8 @@ COMMANDS = {
     "import-labels": "import a label file (the original's JSON, TRL pairwise JSONL, text JSONL, "
     "summarize-from-feedback comparisons, per-response scores) into a label store",
     "export-labels": "export a label store to a label file",
+    "rank-queue": "score a label store's pending questions with a reward-model ensemble's disagreement (BALD or "
+    "spread), so the labeling app serves the most informative first",
     "train-reward": "train a reward model from the label store (or a label file) and report held-out accuracy",
     "score": "score texts (stdin or a file) with a trained reward model",
     "serve": "run the labeling web app over a label store (127.0.0.1 by default)",
@@ -70,35 +75,45 @@ def command_parser(cmd: str, usage: str | None = None) -> ArgumentParser:
     return ArgumentParser(prog=f"lmprefs {cmd}", description=COMMANDS[cmd], usage=usage)
 
 
-def run_dir_for(given: str | None, cfg, command: str, preset: str) -> Path:
+def run_dir_for(given: str | None, cfg, command: str, preset: str, owner: str | None = None) -> Path:
     """The run directory from --run-dir, run.save_dir or a fresh default; refused when it, or a folder above it,
-    is a file."""
+    is a file, and when a command other than `owner` (default: `command`) made it."""
     from lmprefs.data.chat import check_chat_template
     from lmprefs.runtime.runlog import default_run_dir
 
     check_chat_template(cfg.task)
-    return output_dir(given or cfg.run.save_dir or default_run_dir(command, preset), "--run-dir")
+    return output_dir(given or cfg.run.save_dir or default_run_dir(command, preset), "--run-dir", owner or command)
 
 
 def help_with_config(parser: argparse.ArgumentParser, argv: list[str], default_preset: str, pairs=()) -> None:
-    """--help: the command's flags, then every config key with its value in the preset this command line names
-    (`--preset NAME`, the positional preset or `--config FILE`) after its overrides."""
+    """--help: the command's flags, then the config keys by section (names only); --help-config [SECTION]: every
+    config key (or one section's) with its value in the preset this command line names (`--preset NAME`, the
+    positional preset or `--config FILE`) after its overrides, and its docstring."""
+    from lmprefs.config.overrides import config_help, config_keys
+    from lmprefs.config.schema import Config
     from lmprefs.runtime.resolve import resolve_config
 
-    if "-h" not in argv and "--help" not in argv:
+    full = "--help-config" in argv
+    if not full and "-h" not in argv and "--help" not in argv:
         return
-    rest = [x for x in argv if x not in ("-h", "--help")]
+    rest = [x for x in argv if x not in ("-h", "--help", "--help-config")]
+    sections = [f.name for f in dataclasses.fields(Config)]
+    after = argv[argv.index("--help-config") + 1 :] if full else []
+    section = after[0] if after and after[0] in sections else None
+    if section is not None:
+        rest.remove(section)
     try:
         ns = parser.parse_known_args(rest)[0]
     except UserError:  # e.g. the positional preset is missing: show the default's values
         ns = argparse.Namespace()
     name = getattr(ns, "preset", None) or default_preset
-    from lmprefs.config.overrides import config_help
-
-    cfg = resolve_config(name, list(pairs), getattr(ns, "config", None))
-    parser.print_help()
     source = f"config file {ns.config}" if getattr(ns, "config", None) else f"preset {name}"
-    print("\n" + config_help(cfg, source + (" with the overrides given" if pairs else "")))
+    source += " with the overrides given" if pairs else ""
+    if full:
+        print(config_help(resolve_config(name, list(pairs), getattr(ns, "config", None)), source, section))
+    else:
+        parser.print_help()
+        print("\n" + config_keys(parser.prog.removeprefix("lmprefs "), source))
     raise SystemExit(0)
 
 
@@ -173,6 +188,16 @@ def seed_arg(text: str) -> int:
     return v
 
 
+def check_seeds_and_eval(a: argparse.Namespace) -> None:
+    """An experiment's --seeds, --eval-queries and --eval-samples, each refused in one line when out of range."""
+    if a.seeds < 1:
+        raise UserError(f"--seeds {a.seeds}: must be at least 1")
+    if a.eval_queries is not None and a.eval_queries < 2:
+        raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2")
+    if a.eval_samples < 1:
+        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
+
+
 def main_rank() -> bool:
     """Whether this process prints the summary: rank 0 of a launch, or the only process."""
     return os.environ.get("RANK", "0") == "0"
@@ -184,12 +209,14 @@ def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
             if any(x == opt or x.startswith(opt + "=") for x in argv)}  # fmt: skip
 
 
-def experiment_setup(run_dir: Path, preset_name: str, pairs, flags: dict, given: set[str], fixed: bool = False):
-    """(config, flags, on_start) of an experiment in run_dir. A new one runs with the preset, the overrides and its
-    flags as given; on_start writes them (experiment-config.json, experiment-args.json) once every input has been
-    checked. An existing one resumes: its command line may be given again (overrides that leave its math as it is,
-    as `train-policy --resume` allows), flags not given keep their saved values, and flags given anew replace them
-    unless `fixed` (then a flag given with another value is refused)."""
+def experiment_setup(run_dir: Path, owner: str, preset_name: str, pairs, flags: dict, given: set[str],
+                     fixed: bool = False):  # fmt: skip
+    """(config, flags, on_start) of an experiment in run_dir (`owner`: "experiment NAME", recorded as the command
+    that made it). A new one runs with the preset, the overrides and its flags as given; on_start writes them
+    (experiment-config.json, experiment-args.json) once every input has been checked. An existing one resumes: its
+    command line may be given again (overrides that leave its math as it is, as `train-policy --resume` allows),
+    flags not given keep their saved values, and flags given anew replace them unless `fixed` (then a flag given
+    with another value is refused)."""
     import json
 
     from lmprefs.config.diff import flat_config, math_changes
@@ -203,7 +230,7 @@ def experiment_setup(run_dir: Path, preset_name: str, pairs, flags: dict, given:
         cfg = resolve_config(preset_name, pairs)
 
         def on_start() -> None:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            claim(run_dir, owner)
             save_config(cfg, cfg_file)
             atomic_write_text(args_file, json.dumps(flags))
 
@@ -225,4 +252,12 @@ def experiment_setup(run_dir: Path, preset_name: str, pairs, flags: dict, given:
                         f"{flags[k]}; rerun it with its own command line, or choose another --run-dir")  # fmt: skip
     flags = {k: flags[k] if k in given or k not in saved else saved[k] for k in flags}
     print(f"resuming {run_dir}", flush=True)
-    return cfg, flags, lambda: None
+    return cfg, flags, lambda: claim(run_dir, owner)
+
+
+def random_questions_only(cfg, command: str) -> None:
+    """Refuse labels.select other than random in a command that labels with random questions only, rather than
+    ask random ones under a setting that says otherwise."""
+    if cfg.labels.select != "random":
+        raise UserError(f"labels.select={cfg.labels.select}: {command} asks random questions; directed selection "
+                        "runs in `lmprefs label`, `train-policy --online` and `lmprefs rank-queue`")  # fmt: skip

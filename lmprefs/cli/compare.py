@@ -13,7 +13,7 @@ DEFAULT_ARMS = "ppo,ppo-separate,rloo,dpo-pairwise,dpo-listwise,best-of-n"
 DEFAULT_BETAS = "0.03,0.1,0.3"  # KL coefficients of the PPO-family arms and DPO's betas alike
 DEFAULT_BEST_OF = "2,4,8,16"
 FLAGS = ("arms", "labels", "seeds", "eval_queries", "eval_samples", "samples", "betas", "min_ess", "kl_coefs",
-         "dpo_betas", "best_of", "db")  # fmt: skip
+         "dpo_betas", "best_of", "db", "match_kl")  # fmt: skip
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -26,6 +26,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--best-of", default=None, help=f"n of each best-of-n arm (default {DEFAULT_BEST_OF})")
     g.add_argument("--db", default=None, help="an existing label store (.sqlite or a label file) instead of one "
                    "sampled and labeled by labels.labeler")  # fmt: skip
+    g.add_argument("--match-kl", default=None, help="KL values (nats) at which the arm kinds are compared, each "
+                   "kind's true reward interpolated per seed (default: 3 inside the range every kind reached)")
 
 
 def _positive(text: str, flag: str, what: str, kind=float) -> tuple:
@@ -72,19 +74,47 @@ def plan_from_args(a: argparse.Namespace):
         if v is not None and v < 2:
             raise UserError(f"{flag} {v}: must be at least 2 (a standard error needs two)")
     check_min_ess(a.min_ess)
+    kl_coefs = _positive(_given(a.kl_coefs, DEFAULT_BETAS), "--kl-coefs", "KL coefficient")
+    dpo_betas = _positive(_given(a.dpo_betas, DEFAULT_BETAS), "--dpo-betas", "beta")
+    match_kl = _check_match_kl(a.match_kl, arms, kl_coefs, dpo_betas, best_of) if a.match_kl is not None else ()
     return Plan(arms=arms, seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
-                kl_coefs=_positive(_given(a.kl_coefs, DEFAULT_BETAS), "--kl-coefs", "KL coefficient"),
-                dpo_betas=_positive(_given(a.dpo_betas, DEFAULT_BETAS), "--dpo-betas", "beta"), labels=labels,
+                kl_coefs=kl_coefs, dpo_betas=dpo_betas, labels=labels, match_kl=match_kl,
                 n_eval=a.eval_queries or 0, eval_samples=a.eval_samples, samples=a.samples,
                 betas=_positive(a.betas, "--betas", "beta") if a.betas is not None else FRONTIER_BETAS,
                 min_ess=a.min_ess, db=Path(a.db).resolve() if a.db else None)  # fmt: skip
 
 
+def _check_match_kl(text: str, arms: tuple, kl_coefs: tuple, dpo_betas: tuple, best_of: tuple) -> tuple:
+    """--match-kl's values, refused where no comparison can hold: fewer than two arm kinds with a curve (two or more
+    settings), or a value outside best-of-n's analytic KL range (log n - (n-1)/n over --best-of)."""
+    from lmprefs.training.scaling_laws import bon_kl
+
+    values = _positive(text, "--match-kl", "KL value")
+    settings = {"best-of-n": len(best_of)} | {k: len(dpo_betas) if k.startswith("dpo-") else len(kl_coefs)
+                                              for k in arms if k != "best-of-n"}  # fmt: skip
+    curves = [k for k in dict.fromkeys(arms) if settings[k] > 1]
+    if len(curves) < 2:
+        raise UserError(f"--match-kl {text}: matched KL needs two or more arm kinds with two or more KL settings "
+                        "each (--kl-coefs, --dpo-betas, --best-of)")  # fmt: skip
+    if "best-of-n" in curves:
+        lo, hi = bon_kl(min(best_of)), bon_kl(max(best_of))
+        out = [v for v in values if not lo <= v <= hi]
+        if out:
+            raise UserError(f"--match-kl {text}: best-of-n reaches KL {lo:.2f}-{hi:.2f} nats only (--best-of "
+                            f"{','.join(map(str, best_of))}), not {out[0]:g}")  # fmt: skip
+    return tuple(sorted(values))
+
+
 def compare(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
-    from lmprefs.recipes.compare import run_compare, table
+    from lmprefs.recipes.compare import run_compare, table, unmoved
+    from lmprefs.recipes.matched import verdicts
 
     plan = plan_from_args(a)
     out = run_compare(cfg, run_dir, plan, on_start)
     print("\n".join(table(out["results"], plan)))
+    print("\n".join(verdicts(out["results"]["matched_kl"], plan.seeds)))
+    still = unmoved(out["results"], plan, cfg)
+    if still:
+        print(f"arms that {still}")
     print(f"report: {out['report']}")
     return out

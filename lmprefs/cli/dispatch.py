@@ -17,7 +17,7 @@ from lmprefs.cli.common import COMMANDS
 from lmprefs.cli.config import cmd_config, cmd_presets
 from lmprefs.cli.evaluate import cmd_evaluate
 from lmprefs.cli.experiment import cmd_experiment
-from lmprefs.cli.labels import cmd_export_labels, cmd_import_labels, cmd_label
+from lmprefs.cli.labels import cmd_export_labels, cmd_import_labels, cmd_label, cmd_rank_queue
 from lmprefs.cli.push import cmd_push
 from lmprefs.cli.quickstart import cmd_quickstart
 from lmprefs.cli.sample import cmd_sample
@@ -32,7 +32,7 @@ HANDLERS = {"config": cmd_config, "experiment": cmd_experiment, "quickstart": cm
             "presets": cmd_presets, "label": cmd_label, "import-labels": cmd_import_labels,
             "export-labels": cmd_export_labels, "train-reward": cmd_train_reward, "score": cmd_score,
             "train-sft": cmd_train_sft, "train-dpo": cmd_train_dpo, "evaluate": cmd_evaluate,
-            "push": cmd_push}  # fmt: skip
+            "push": cmd_push, "rank-queue": cmd_rank_queue}  # fmt: skip
 
 
 # commands that run as N ranks under torchrun/accelerate; the others are single-process tools

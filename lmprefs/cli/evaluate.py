@@ -7,6 +7,7 @@ from pathlib import Path
 from lmprefs.cli.common import command_parser, help_with_config
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import output_dir
+from lmprefs.io.run_owner import claim
 
 USAGE = ("lmprefs evaluate RUN_OR_MODEL (--reward NAME | --reward-model DIR) [--reference MODEL] [--queries FILE] "
          "[--eval-queries N] [--eval-samples K] [--out DIR] [--preset P] [--section.key V ...]")  # fmt: skip
@@ -42,12 +43,15 @@ def cmd_evaluate(argv: list[str]) -> int:
     from lmprefs.runtime.runlog import default_run_dir
 
     check_inputs(a.target, a.reward, a.reward_model, a.queries, a.eval_queries, a.eval_samples, a.reference)
-    out = output_dir(a.out or default_run_dir("evaluate", Path(a.target).resolve().name), "--out")
-    if (out / "results.json").exists():
-        raise UserError(f"--out {out}: already holds an evaluation (results.json); choose another --out")
+    out = output_dir(a.out or default_run_dir("evaluate", Path(a.target).resolve().name), "--out", "evaluate")
+    if (out / "report.md").exists():  # written last: an evaluation stopped before it is done again in place
+        raise UserError(f"--out {out}: already holds an evaluation (report.md); choose another --out")
     target = resolve_target(a.target, a.preset, pairs, a.reference)
+    if (out / "results.json").exists():
+        print(f"--out {out}: its evaluation stopped before report.md; evaluating again in place", flush=True)
     s = evaluate(target, a.reward, a.reward_model, a.queries, a.eval_queries, a.eval_samples, out,
-                 reference_given=a.reference is not None)  # fmt: skip
+                 reference_given=a.reference is not None,
+                 before_write=lambda: claim(out, "evaluate", "--out"))  # fmt: skip
     r, q, d = s["reference_eval"], s["policy_eval"], s["difference"]
     print(f"{s['reward']} on {s['n_queries']} {s['queries']} x {s['samples_per_query']} samples:")
     print(f"  reference {r['mean']:+.4f} +/- {r['stderr']:.4f}, policy {q['mean']:+.4f} +/- {q['stderr']:.4f} "

@@ -8,13 +8,16 @@ import argparse
 from pathlib import Path
 
 from lmprefs.cli import compare
+from lmprefs.cli import label_efficiency as label_eff
 from lmprefs.cli.common import (
     ArgumentParser,
+    check_seeds_and_eval,
     command_parser,
     experiment_setup,
     given_flags,
     help_with_config,
     parse_numbers,
+    random_questions_only,
     run_dir_for,
 )
 from lmprefs.errors import UserError
@@ -26,16 +29,18 @@ DEFAULT_KL_COEFS = "0.01,0.03,0.1,0.3"  # fixed betas that spread the arms' KL o
 FLAGS = {"mock-sentiment": ("labels", "seeds", "eval_queries", "eval_samples"),
          "kl-frontier": ("queries", "samples", "betas", "kl_targets", "kl_coefs", "true_reward", "min_ess", "figure2",
                          "eval_samples", "fit_cut", "seeds"),
-         "compare": compare.FLAGS}  # fmt: skip
+         "compare": compare.FLAGS, "label-efficiency": label_eff.FLAGS}  # fmt: skip
 
 
 def _parser() -> ArgumentParser:
-    p = command_parser("experiment", "lmprefs experiment {mock-sentiment,kl-frontier,compare,writing-prompts} "
+    p = command_parser("experiment", "lmprefs experiment {mock-sentiment,kl-frontier,compare,label-efficiency,"
+                       "writing-prompts} "
                        "[PRESET] [--run-dir DIR] [...]")  # fmt: skip
-    p.add_argument("name", choices=["mock-sentiment", "kl-frontier", "compare", "writing-prompts"],
+    p.add_argument("name", choices=["mock-sentiment", "kl-frontier", "compare", "label-efficiency", "writing-prompts"],
                    help="mock-sentiment: the paper's Figure 2 (reward models from N labels vs direct access); "
                    "kl-frontier: Figure 3 (KL vs true reward of PPO runs beside the optimal policy); compare: PPO, "
                    "PPO with a separate value model, RLOO, DPO and best-of-n from one label store on Figure 3's axes; "
+                   "label-efficiency: random against uncertainty-directed queries at several label budgets; "
                    "writing-prompts: "
                    "SFT, a reward model from scores and PPO with a separate value model (lmprefs experiment "
                    "writing-prompts --help)")  # fmt: skip
@@ -71,6 +76,7 @@ def _parser() -> ArgumentParser:
     g.add_argument("--fit-cut", type=float, default=None, help="Gao et al.'s forms are fitted to the points with KL "
                    "up to this many nats and predict those beyond (default: each set's median KL)")  # fmt: skip
     compare.add_flags(p)
+    label_eff.add_flags(p)
     return p
 
 
@@ -95,18 +101,25 @@ def cmd_experiment(argv: list[str]) -> int:
     if wrong:
         raise UserError(f"{wrong[0]} is not an option of `experiment {a.name}` (see lmprefs experiment --help)")
     if a.plan or "plan_minutes" in given:
+        if a.name == "label-efficiency":
+            return label_eff.plan(a, resolve_config(preset_name, pairs), _plan_minutes(a.plan_minutes))
         if a.name != "mock-sentiment":
-            raise UserError(f"--plan is an option of `experiment mock-sentiment`, not of `experiment {a.name}`")
+            raise UserError(f"--plan is an option of `experiment mock-sentiment` and `label-efficiency`, not of "
+                            f"`experiment {a.name}`")  # fmt: skip
         return _plan(a, resolve_config(preset_name, pairs))
     if a.name == "compare" and a.db:  # saved with the run: a rerun from elsewhere reads the same store
         a.db = str(Path(a.db).resolve())
-    run_dir = run_dir_for(a.run_dir, resolve_config(preset_name, []), "experiment", a.name)
-    cfg, flags, on_start = experiment_setup(run_dir, preset_name, pairs, {k: getattr(a, k) for k in FLAGS[a.name]},
-                                            given)  # fmt: skip
+    if a.name in ("mock-sentiment", "compare"):  # they label: with random questions
+        random_questions_only(resolve_config(preset_name, pairs), f"experiment {a.name}")
+    owner = f"experiment {a.name}"
+    run_dir = run_dir_for(a.run_dir, resolve_config(preset_name, []), "experiment", a.name, owner)
+    cfg, flags, on_start = experiment_setup(run_dir, owner, preset_name, pairs,
+                                            {k: getattr(a, k) for k in FLAGS[a.name]}, given)  # fmt: skip
     a = argparse.Namespace(**{**vars(a), **flags})
     if a.eval_samples < 1:
         raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
-    run = {"mock-sentiment": _mock_sentiment, "kl-frontier": _kl_frontier, "compare": compare.compare}[a.name]
+    run = {"mock-sentiment": _mock_sentiment, "kl-frontier": _kl_frontier, "compare": compare.compare,
+           "label-efficiency": label_eff.label_efficiency}[a.name]  # fmt: skip
     out = run(a, cfg, run_dir, on_start)
     print(f"figure: {out['figure']}")
     return 0
@@ -118,13 +131,14 @@ def _mock_sentiment_args(a: argparse.Namespace) -> list[int] | None:
     counts = sorted(set(parse_numbers(a.labels, "--labels", int))) if a.labels is not None else None
     if counts is not None and (not counts or counts[0] <= 0):
         raise UserError(f"--labels {a.labels!r}: label counts must be positive")
-    if a.seeds < 1:
-        raise UserError(f"--seeds {a.seeds}: must be at least 1")
-    if a.eval_queries is not None and a.eval_queries < 2:
-        raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2")
-    if a.eval_samples < 1:
-        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
+    check_seeds_and_eval(a)
     return counts
+
+
+def _plan_minutes(minutes: float) -> float:
+    if not 0 < minutes < float("inf"):
+        raise UserError(f"--plan-minutes {minutes:g}: must be a positive number of minutes")
+    return minutes
 
 
 def _plan(a: argparse.Namespace, cfg) -> int:
@@ -136,8 +150,7 @@ def _plan(a: argparse.Namespace, cfg) -> int:
     from lmprefs.recipes.plan import Shape, format_plan, plan_mock_sentiment
 
     counts = _mock_sentiment_args(a)
-    if not 0 < a.plan_minutes < float("inf"):
-        raise UserError(f"--plan-minutes {a.plan_minutes:g}: must be a positive number of minutes")
+    _plan_minutes(a.plan_minutes)
     t = setup_task(cfg, a.eval_queries or DEFAULT_EVAL_QUERIES)
     counts, n_eval = check_sizes(t, counts, a.eval_queries, a.seeds)
     try:
@@ -158,12 +171,12 @@ def _plan(a: argparse.Namespace, cfg) -> int:
 
 
 def _mock_sentiment(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
-    from lmprefs.recipes.experiment import run_mock_sentiment
+    from lmprefs.recipes.experiment import ci95, interval_count, run_mock_sentiment
 
     counts = _mock_sentiment_args(a)
     out = run_mock_sentiment(cfg, run_dir, counts, a.eval_queries, a.eval_samples, a.seeds, on_start)
     for k, v in {"initial": out["results"]["initial"], **out["results"]["summary"]}.items():
-        half = v.get("ci95", 1.96 * v["stderr"])
+        half = v.get("ci95", ci95(v["stderr"], interval_count(v)))  # the initial policy's: over its queries
         print(f"  {k:12s} true reward {v['mean']:+.4f} +/- {v['stderr']:.4f} (95% interval {v['mean'] - half:+.4f} "
               f"to {v['mean'] + half:+.4f}), KL {v['kl']:.2f} +/- {v['kl_stderr']:.2f}"
               + (f" ({v['seeds']} seeds)" if v.get("seeds", 1) > 1 else ""))  # fmt: skip
@@ -273,11 +286,12 @@ def _writing_prompts(argv: list[str]) -> int:
         _check_scores_file(a.data)
     if a.true_reward is not None:
         reward_function(a.true_reward, "--true-reward")  # an unknown name is refused before any work
-    run_dir = run_dir_for(a.run_dir, resolve_config(a.preset, []), "experiment", "writing-prompts")
+    owner = "experiment writing-prompts"
+    run_dir = run_dir_for(a.run_dir, resolve_config(a.preset, []), "experiment", "writing-prompts", owner)
     own = {"data": str(Path(a.data).resolve()) if a.data else None, "true_reward": a.true_reward,
            "eval_queries": a.eval_queries, "eval_samples": a.eval_samples, "demo_prompts": a.demo_prompts,
            "demo_per_prompt": a.demo_per_prompt}  # fmt: skip
-    cfg, own, on_start = experiment_setup(run_dir, a.preset, pairs, own, given_flags(p, argv), fixed=True)
+    cfg, own, on_start = experiment_setup(run_dir, owner, a.preset, pairs, own, given_flags(p, argv), fixed=True)
     if cfg.labels.type != "scalar_rating":  # else stage 3 refused the store, after the data and SFT stages
         raise UserError(f"labels.type={cfg.labels.type}: writing-prompts stores its per-response scores as "
                         "scalar_rating labels; set --labels.type scalar_rating (the writing-prompts preset does)")

@@ -20,6 +20,8 @@ def cmd_label(argv: list[str]) -> int:
     p.add_argument("--labeler", default=None, choices=list(LABELERS),
                    help="simulated labeler (default labels.labeler); none only queues the questions for people")
     p.add_argument("--seed", type=seed_arg, default=None, help="seed for the queries and samples (default run.seed)")
+    p.add_argument("--run-dir", default=None, help="with labels.select bald or spread: where each round's ensemble "
+                   "and rounds.jsonl go (default runs/label-PRESET-TIME; give the same one to resume)")
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
     from lmprefs.labels.store import check_store_path
@@ -31,14 +33,35 @@ def cmd_label(argv: list[str]) -> int:
     from lmprefs.runtime import distributed as dist
 
     cfg = resolve_config(a.preset, pairs, a.config)
-    check_store_path(a.db, must_exist=False)
-    if (a.labeler or cfg.labels.labeler) != "none":
+    labeler = a.labeler or cfg.labels.labeler
+    db = check_store_path(a.db, must_exist=False)
+    if labeler != "none":
         from lmprefs.labels.labelers import score_fn
 
-        score_fn(a.labeler or cfg.labels.labeler)  # the judge's assets are there before the store is created
+        score_fn(labeler)  # the judge's assets are there before the store is created
+    directed = cfg.labels.select != "random"
+    if directed:
+        from lmprefs.cli.common import run_dir_for
+        from lmprefs.pipeline.label_rounds import check_first_round
+
+        check_first_round(db, cfg, labeler, a.db)
+        run_dir = run_dir_for(a.run_dir, cfg, "label", a.preset)
     task = setup_task(cfg)
     # created only now (a bad value above leaves no file behind), and by rank 0, which writes every rank's questions
+    if directed and dist.world() > 1:
+        raise UserError(f"labels.select={cfg.labels.select}: directed selection runs in one process, not "
+                        f"{dist.world()}; start it without a launcher")  # fmt: skip
     store = open_store(a.db) if dist.is_main() else None
+    if directed:
+        from lmprefs.pipeline.label_rounds import label_in_rounds
+
+        seed = cfg.run.seed if a.seed is None else a.seed
+        rows = label_in_rounds(task, store, a.n, labeler=labeler, seed=seed, run_dir=run_dir)
+        if dist.is_main():
+            assert store is not None  # rank 0 opened it
+            print(f"{sum(r['questions'] for r in rows)} questions in {len(rows)} rounds ({cfg.labels.select}, "
+                  f"{run_dir / 'rounds.jsonl'}); {a.db} now: {store.table_counts()}")  # fmt: skip
+        return 0
     out = collect_labels(task, store, a.n, labeler=a.labeler, seed=a.seed)
     if not dist.is_main():
         return 0
@@ -137,4 +160,51 @@ def cmd_export_labels(argv: list[str]) -> int:
         print(json.dumps({"rows": n, "format": fmt, "path": str(out), "db": a.db}))
     else:
         print(f"exported {n} rows ({fmt}) from {a.db} to {out}")
+    return 0
+
+
+def cmd_rank_queue(argv: list[str]) -> int:
+    p = command_parser("rank-queue")
+    p.add_argument("--db", default="labels.sqlite", help="label store whose pending items to rank (must exist)")
+    p.add_argument("--run-dir", required=True,
+                   help="a train-reward run whose reward model is an ensemble (train_reward.ensemble >= 2): its "
+                   "config.json frames the texts as its training did")  # fmt: skip
+    p.add_argument("--select", default=None, choices=["bald", "spread"],
+                   help="acquisition (default the run's labels.select, bald when that is random)")
+    p.add_argument("--device", default=None, help="device to score on (default the run's run.device)")
+    a = p.parse_args(argv)
+    from lmprefs.config.overrides import set_value
+    from lmprefs.io.config_file import load_config
+    from lmprefs.labels.store import LabelStore, check_store_path
+    from lmprefs.models.ensemble import is_ensemble_dir
+
+    run = Path(a.run_dir)
+    model_dir = run / "reward_model"
+    if not (run / "config.json").is_file():
+        raise UserError(f"--run-dir {run}: holds no run (no config.json); give a train-reward run directory")
+    if not is_ensemble_dir(model_dir):
+        what = "one reward model" if model_dir.is_dir() else "no reward model"
+        raise UserError(f"--run-dir {run}: holds {what}, not an ensemble; train one with `lmprefs train-reward "
+                        "--train-reward.ensemble K` (K >= 2)")  # fmt: skip
+    db = check_store_path(a.db, must_exist=True)
+    cfg = load_config(run / "config.json")
+    select = a.select or (cfg.labels.select if cfg.labels.select != "random" else "bald")
+    cfg = set_value(cfg, "labels.select", select, "--select")
+    if a.device:
+        cfg = set_value(cfg, "run.device", a.device, "--device")
+    from lmprefs.models.ensemble import load_reward_ensemble
+    from lmprefs.pipeline.selection import Chooser, ensemble_scores, rank_queue
+    from lmprefs.pipeline.task import setup_task
+
+    t = setup_task(cfg)
+    ens = load_reward_ensemble(model_dir, t.device).eval()
+    chooser = Chooser(cfg.labels, ensemble_scores(ens, t.ctx), f"{select} of the {len(ens)}-member ensemble "
+                      f"{model_dir}")  # fmt: skip
+    with LabelStore(db) as store:
+        out = rank_queue(store, chooser, t.tok, cfg.task)
+    if not out["items"]:
+        print(f"{a.db}: no pending {cfg.labels.type} items to rank")
+        return 0
+    print(f"ranked {out['items']} pending {cfg.labels.type} items in {a.db} by {select} (largest "
+          f"{out['max']:.4f}, median {out['median']:.4f}); the web app serves them largest first")  # fmt: skip
     return 0

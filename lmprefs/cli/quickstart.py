@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from lmprefs.cli.common import command_parser, help_with_config, main_rank, run_dir_for
+from lmprefs.cli.common import command_parser, help_with_config, main_rank, random_questions_only, run_dir_for
 from lmprefs.errors import UserError
 
 
@@ -31,6 +31,7 @@ def cmd_quickstart(argv: list[str]) -> int:
     cfg = resolve_config(a.preset, pairs)
     if inert := inert_overrides(cfg, pairs):
         raise UserError(inert[0])
+    random_questions_only(cfg, "quickstart")
     run_dir = run_dir_for(a.run_dir, cfg, "quickstart", a.preset)
     try:
         out = run_quickstart(cfg, run_dir, a.eval_queries, a.eval_samples)

@@ -32,7 +32,7 @@ def cmd_train_reward(argv: list[str]) -> int:
     labels = training_labels(t, store)  # and so is a store that cannot train
     # one process per run directory, as every other command: two would log into one metrics.jsonl and publish over
     # each other; the directory is checked again once held, for a run that finished while this one got ready
-    with run_lock(run_dir) if dist.is_main() else contextlib.nullcontext():
+    with run_lock(run_dir, "train-reward") if dist.is_main() else contextlib.nullcontext():
         _check_reward_run_dir(run_dir)
         # a run killed before its reward model was published is started again by the same command: the rows and
         # events the killed attempt logged are dropped first, or the log would hold its steps twice
@@ -43,7 +43,9 @@ def cmd_train_reward(argv: list[str]) -> int:
             log.close()
     if not dist.is_main():
         return 0
-    print(f"reward model: {run_dir / 'reward_model'}")
+    K = summary.get("ensemble", 1)
+    print(f"reward model: {run_dir / 'reward_model'}" + (f" (an ensemble of {K}, scored by their mean; "
+          f"held-out accuracy of each: {', '.join(_acc(s) for s in summary['members'])})" if K > 1 else ""))
     print(f"  trained on {summary['labels_train']} labels in {summary['seconds']:.0f}s; held-out "
           f"({summary['labels_heldout']} labels, {summary['heldout/split'] or 'none'}): "
           f"accuracy {summary.get('heldout/accuracy', float('nan')):.3f} "
@@ -55,6 +57,10 @@ def cmd_train_reward(argv: list[str]) -> int:
     weighted = cfg.labels.weight_by_gold
     print(f"  labels per labeler (before the held-out split): {describe_labelers(summary['labelers'], weighted)}")
     return 0
+
+
+def _acc(summary: dict) -> str:
+    return f"{summary.get('heldout/accuracy', float('nan')):.3f}"
 
 
 def _check_reward_run_dir(run_dir: Path) -> None:
@@ -97,7 +103,7 @@ def cmd_train_sft(argv: list[str]) -> int:
     examples = read_sft_data(cfg.sft.data)  # bad data fails here, before a run directory is made
     check_chat_template(cfg.task)  # chat_template=true for a model without one, too
     check_first_conversation(examples, cfg.task)
-    with run_lock(run_dir):
+    with run_lock(run_dir, "train-sft"):
         step = checkpoint_step(run_dir) if a.resume else None
         if a.resume and step is None:  # killed before its first checkpoint: over in place, as train-policy and DPO
             print(f"{run_dir} has no checkpoint yet: starting the run over from step 0", flush=True)
@@ -199,16 +205,30 @@ def cmd_train_dpo(argv: list[str]) -> int:
     p.add_argument("--run-dir", "--out", dest="run_dir", default=None,
                    help="output directory (default runs/train-dpo-PRESET-TIME)")  # fmt: skip
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its last checkpoint")
-    p.usage = "lmprefs train-dpo PRESET --db labels.sqlite [--run-dir D] [--resume] [--section.key V ...]"
+    p.add_argument("--online", action="store_true",
+                   help="online DPO: judge the current policy's own samples (dpo.online_samples per query, "
+                        "dpo.online_steps steps) with --reward or rewards.trained_model instead of the store's labels")
+    p.add_argument("--reward", default=None,
+                   help="with --online: what judges the samples, vader, descriptiveness or module:function "
+                        "(default: the reward model of --rewards.trained-model)")  # fmt: skip
+    p.usage = ("lmprefs train-dpo PRESET --db labels.sqlite [--run-dir D] [--resume] [--section.key V ...]\n"
+               "       lmprefs train-dpo PRESET --online (--reward NAME | --rewards.trained-model DIR) [--run-dir D]")
     help_with_config(p, argv, name, pairs)
     a = p.parse_args(argv)
-    from lmprefs.pipeline.dpo import run_train_dpo
-
+    if a.online and a.db is not None:
+        raise UserError(f"--db {a.db}: train-dpo --online learns from its own judged samples, not a label store; "
+                        "drop --db")  # fmt: skip
+    if a.reward is not None and not a.online:
+        raise UserError(f"--reward {a.reward}: judges the samples of --online; add --online, or drop --reward")
     cfg = _saved_or_new_config(a, pairs)
     run_dir = run_dir_for(a.run_dir, cfg, "train-dpo", a.preset)
     if a.resume and (run_dir / "policy").exists():  # a finished run resumed, as train-policy's: nothing to train
         print(f"{run_dir} finished already: nothing to train; sample from it: lmprefs sample {run_dir}")
         return 0
+    if a.online:
+        return _train_online_dpo(a, cfg, run_dir)
+    from lmprefs.pipeline.dpo import run_train_dpo
+
     s = run_train_dpo(cfg, run_dir, store_path=a.db, resume=a.resume)
     nan = float("nan")
     print(f"DPO policy: {run_dir / 'policy'}  ({s['dpo/labels_train']} labels, {s['dpo/steps']} steps in "
@@ -217,6 +237,17 @@ def cmd_train_dpo(argv: list[str]) -> int:
           f"{s.get('initial_heldout/accuracy', nan):.3f} -> {s.get('heldout/accuracy', nan):.3f}, margin "
           f"{s.get('initial_heldout/margin', nan):+.3f} -> {s.get('heldout/margin', nan):+.3f}")  # fmt: skip
     print(f"  sample from it: lmprefs sample {run_dir}")
+    return 0
+
+
+def _train_online_dpo(a, cfg, run_dir: Path) -> int:
+    from lmprefs.pipeline.online_dpo import run_online_dpo
+
+    s = run_online_dpo(cfg, run_dir, reward=a.reward, resume=a.resume)
+    print(f"online DPO policy: {run_dir / 'policy'}  ({s['dpo/steps']} steps, {s['dpo/episodes']} judged samples "
+          f"by {s['judge']} in {s['elapsed/time']:.0f}s, dpo.loss={cfg.dpo.loss}, beta {cfg.dpo.beta})")
+    print(f"  last step: score {s.get('final/objective/score', float('nan')):+.3f}, KL "
+          f"{s.get('final/objective/kl', float('nan')):.2f} nats; sample from it: lmprefs sample {run_dir}")
     return 0
 
 

@@ -235,12 +235,29 @@ def field_docs(cls) -> dict[str, str]:
     return out
 
 
-def config_help(cfg: Config, source: str = "the preset") -> str:
+def config_help(cfg: Config, source: str = "the preset", section: str | None = None) -> str:
+    """Every config key (or one section's) with its value in cfg and its docstring."""
     lines = [f"config overrides (--section.key VALUE; the values shown are those of {source}):"]
     for f in dataclasses.fields(Config):
+        if section is not None and f.name != section:
+            continue
         sub = getattr(cfg, f.name)
         docs = field_docs(type(sub))
         for g in dataclasses.fields(sub):
             key = f"--{f.name}.{g.name}".replace("_", "-")
             lines.append(f"  {key} {getattr(sub, g.name)!r}\n      {docs.get(g.name, '')}")
+    return "\n".join(lines)
+
+
+def config_keys(command: str, source: str) -> str:
+    """The config keys by section, names only, with where to read their values and meanings: a command's --help
+    stays a screen or two where every key with its docstring ran to 200-260 lines."""
+    lines = ["config overrides: --section.key VALUE (e.g. --ppo.lr 2e-5), any of these keys by section:"]
+    defaults = Config()
+    for f in dataclasses.fields(Config):
+        names = [g.name.replace("_", "-") for g in dataclasses.fields(getattr(defaults, f.name))]
+        lines += textwrap.wrap(", ".join(names), 116, initial_indent=f"  {f.name.replace('_', '-'):13s}",
+                               subsequent_indent=" " * 15, break_on_hyphens=False)  # fmt: skip
+    lines += [f"each key's value ({source}) and meaning: lmprefs {command} ... --help-config [SECTION];",
+              "the whole config as JSON: lmprefs config PRESET"]
     return "\n".join(lines)

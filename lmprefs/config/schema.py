@@ -129,6 +129,24 @@ class LabelsConfig:
     """Online mode: PPO updates between two requests for judgments."""
     online_retrains: int = 19
     """Online mode: reward-model retrains at evenly spaced updates after the first (the paper retrained 19 times)."""
+    select: Literal["random", "bald", "spread"] = "random"
+    """Which questions are asked (labels/acquisition.py): random, as sampled (the original); bald or spread, the top
+    questions of a pool of labels.pool_factor times as many, ranked by a reward-model ensemble
+    (train_reward.ensemble >= 2) trained on the labels so far: bald, the mutual information between the best-of-N
+    choice and the member (Houlsby et al. 2011); spread, the members' std of each response's score relative to its
+    question's mean, averaged over the responses. Applies to `lmprefs label` (in rounds of labels.select_round
+    questions, the ensemble retrained after each), train-policy --online (each request picks among the current
+    policy's candidates) and `lmprefs rank-queue` (the labeling app's pending items)."""
+    pool_factor: float = 4.0
+    """Directed selection (labels.select bald or spread): candidate questions sampled per question asked (>= 1; 1
+    asks what random would)."""
+    select_round: int = 64
+    """`lmprefs label` with directed selection: questions asked per round, the ensemble retrained on every label so
+    far before the next round is chosen. A store with fewer labels than this starts with a round of random ones."""
+    select_diversity: float = 0.0
+    """Directed selection: each question already chosen on the same query multiplies a candidate's acquisition by
+    (1 - select_diversity), so that one query's questions do not take the whole round (0: the top ones; 1: a query
+    again only when every other query is taken)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +171,13 @@ class TrainRewardConfig:
     """Normalize rewards of initial-policy samples to mean 0, std 1 before training."""
     normalize_after: bool = True
     """Normalize again after training, so the KL coefficient always has the same meaning."""
+    ensemble: int = 1
+    """Reward models trained together as an ensemble (1: one reward model). Members differ by their initialization
+    seed (derived from run.seed and the member's index; member 0 takes run.seed) and, with `bootstrap`, by their
+    labels; with LoRA they share the frozen base and its frozen prefix. Scored by the mean of the members."""
+    bootstrap: bool = False
+    """Train each ensemble member on its own bootstrap resample of the training labels (drawn with replacement,
+    as many as there are)."""
 
 
 @dataclass(frozen=True)
@@ -217,13 +242,41 @@ class PPOConfig:
     never). The signals: the true reward (objective/true_reward, logged where one is known: quickstart, experiments,
     train-policy --true-reward) and, in an online run, the scoring reward model's agreement with labels on the
     policy's fresh samples that it was not trained on (online/rm_agreement, a fraction of questions)."""
-    estimator: Literal["ppo", "rloo"] = "ppo"
-    """ppo: the original's value head, GAE and clipped value loss. rloo: REINFORCE leave-one-out (Ahmadian et al.
-    2024): ppo.rloo_k samples per query, each one's advantage its return (score - beta * summed KL) minus the mean of
-    the query's other samples' returns; PPO's clipped ratio with that advantage on every token, no value loss (the
-    value head is left untrained), no reward whitening or GAE."""
+    estimator: Literal["ppo", "rloo", "grpo", "dr_grpo", "reinforce_pp_baseline"] = "ppo"
+    """ppo: the original's value head, GAE and clipped value loss. The group estimators answer each query with
+    ppo.rloo_k samples, train no value model (the value head is left untrained) and use PPO's clipped ratio (per
+    token; rloo: per ppo.rloo_ratio) with no reward whitening or GAE. rloo: REINFORCE leave-one-out (Ahmadian et al.
+    2024), each sample's advantage its return (score - beta * summed KL) minus the mean of its query's other
+    samples' returns. grpo
+    (DeepSeekMath): the group-normalized advantage (r - mean) / (std + eps), each sequence's loss averaged over its own
+    tokens, the KL per ppo.kl_in. dr_grpo (Dr. GRPO): r - mean without the std, each sequence's token sum divided by
+    the constant response length. reinforce_pp_baseline (REINFORCE++-baseline): the score minus its group's mean, the
+    KL penalty per token in the reward, returns-to-go whitened over the batch."""
     rloo_k: int = 2
-    """With ppo.estimator=rloo: samples per query (at least 2, dividing ppo.batch_size, which counts samples)."""
+    """With a group estimator (rloo, grpo, dr_grpo, reinforce_pp_baseline): samples per query (at least 2, dividing
+    ppo.batch_size, which counts samples)."""
+    rloo_ratio: Literal["token", "sequence"] = "token"
+    """With ppo.estimator=rloo, which importance ratio is clipped. token: each token's, with its sequence's advantage
+    on every token, averaged over tokens (PPO's loss; lmprefs' default). sequence: the whole response's,
+    exp(sum_t log-ratio), one clipped term per sequence averaged over sequences, as TRL's RLOOTrainer; on-policy its
+    gradient is the published RLOO's REINFORCE estimator with the response as one action."""
+    kl_in: Literal["reward", "loss"] | None = None
+    """Where grpo and dr_grpo put the KL to the reference: reward, lmprefs' k1 penalty beta * log(pi/pi_ref) taken
+    from the return (as ppo and rloo do: an unbiased gradient of the KL-regularized objective); loss, the k3
+    estimator pi_ref/pi - log(pi_ref/pi) - 1 per token added to the loss times beta (GRPO's paper; a biased
+    gradient of that objective). With loss, beta (rewards.kl_coef, steered by the adaptive controller on the measured
+    KL as the penalty is) weighs the k3 term and the return is the score alone. None: the estimator's own (grpo
+    loss, dr_grpo reward); the other estimators take the KL in the reward only."""
+
+    @property
+    def samples_per_query(self) -> int:
+        """k samples answer each query under a group estimator; PPO draws one per query."""
+        return 1 if self.estimator == "ppo" else self.rloo_k
+
+    @property
+    def kl_in_loss(self) -> bool:
+        """Whether the KL to the reference is a k3 term of the loss (grpo's default) rather than in the reward."""
+        return (self.kl_in or ("loss" if self.estimator == "grpo" else "reward")) == "loss"
 
     @property
     def num_updates(self) -> int:
@@ -271,8 +324,9 @@ class SFTConfig:
 @dataclass(frozen=True)
 class DPOConfig:
     """Direct preference optimization of the policy on the label store's judgments (`lmprefs train-dpo`; Rafailov
-    et al. 2023): no reward model and no sampling; the reference is the initial policy (with LoRA, the base with its
-    adapters off). The labels, their held-out share and LoRA are those of the labels and lora sections."""
+    et al. 2023): no reward model and no sampling; or online (`train-dpo --online`) on the current policy's samples
+    judged by a reward. The reference is the initial policy (with LoRA, the base with its adapters off). The labels,
+    their held-out share and LoRA are those of the labels and lora sections."""
 
     loss: Literal["pairwise", "listwise"] = "pairwise"
     """pairwise: the paper's eq. 7, -log sigmoid(h_chosen - h_other) with the implicit reward h = beta * log(pi /
@@ -292,6 +346,11 @@ class DPOConfig:
     peak memory, not the result."""
     epochs: int = 1
     """Passes over the training labels."""
+    online_samples: int = 2
+    """train-dpo --online: responses sampled from the current policy for each query, judged by the reward (the
+    highest scored is the chosen one): 2 gives the online DPO paper's pairs, more a best-of-N choice."""
+    online_steps: int = 32
+    """train-dpo --online: optimizer steps, each on dpo.batch_size fresh queries of the task."""
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def validate(cfg) -> list[str]:
             if any(isinstance(x, int) and not -INT_MAX <= x <= INT_MAX for x in ints):
                 out.append(f"{sec.name}.{f.name}={v} is past the 64-bit integers torch computes with")
     return [*out, *_task(cfg.task), *_labels(cfg.labels), *_train_reward(cfg.train_reward), *_rewards(cfg.rewards),
-            *_ppo(cfg.ppo), *_lora(cfg.lora), *_run(cfg), *_sft(cfg), *_dpo(cfg.dpo)]
+            *_ppo(cfg.ppo), *_lora(cfg.lora), *_run(cfg), *_sft(cfg), *_dpo(cfg.dpo), *_selection(cfg)]
 
 
 def _type_problems(obj, prefix: str) -> list[str]:
@@ -131,6 +131,23 @@ def _labels(lab) -> list[str]:
     need(lab.online_questions > 0, f"labels.online_questions={lab.online_questions} must be positive")
     need(lab.online_interval > 0, f"labels.online_interval={lab.online_interval} must be positive")
     need(lab.online_retrains >= 0, f"labels.online_retrains={lab.online_retrains} must be >= 0")
+    need(lab.pool_factor >= 1, f"labels.pool_factor={lab.pool_factor} must be >= 1 (candidates per question asked)")
+    need(lab.select_round > 0, f"labels.select_round={lab.select_round} must be positive")
+    need(0 <= lab.select_diversity <= 1, f"labels.select_diversity={lab.select_diversity} must be in [0, 1]")
+    return out
+
+
+def _selection(cfg) -> list[str]:
+    """Directed query selection: what its acquisition is computed from."""
+    out = _Problems()
+    sel = cfg.labels.select
+    if sel == "random":
+        return out
+    members = cfg.train_reward.ensemble
+    out.need(members >= 2, f"labels.select={sel} ranks questions by a reward-model ensemble's disagreement; "
+             f"train_reward.ensemble={members} has none: set it to 2 or more")  # fmt: skip
+    out.need(re.fullmatch(r"best_of_\d+", cfg.labels.type) is not None,
+             f"labels.select={sel} chooses among best_of_N questions, not labels.type={cfg.labels.type}")
     return out
 
 
@@ -143,6 +160,7 @@ def _train_reward(tr) -> list[str]:
     need(tr.epochs > 0, f"train_reward.epochs={tr.epochs} must be positive")
     need(tr.microbatch >= 0, f"train_reward.microbatch={tr.microbatch} must be >= 0 (0: the whole batch)")
     need(tr.rollout_batch_size > 0, f"train_reward.rollout_batch_size={tr.rollout_batch_size} must be positive")
+    need(tr.ensemble >= 1, f"train_reward.ensemble={tr.ensemble} must be >= 1 (1: one reward model)")
     need(tr.normalize_samples > 1, f"train_reward.normalize_samples={tr.normalize_samples} must be >= 2")
     return out
 
@@ -180,13 +198,19 @@ def _ppo(p) -> list[str]:
          f"ppo.score_drop_stop={p.score_drop_stop} must be positive or None")
     need(p.overoptimization_stop is None or p.overoptimization_stop > 0,
          f"ppo.overoptimization_stop={p.overoptimization_stop} must be positive or None")
-    need(p.estimator in ("ppo", "rloo"), f"ppo.estimator={p.estimator!r}: choose ppo or rloo")
+    group = ("rloo", "grpo", "dr_grpo", "reinforce_pp_baseline")
+    need(p.estimator in ("ppo",) + group, f"ppo.estimator={p.estimator!r}: choose ppo, {', '.join(group)}")
+    need(p.rloo_ratio in ("token", "sequence"), f"ppo.rloo_ratio={p.rloo_ratio!r}: choose token or sequence")
     need(p.rloo_k >= 2, f"ppo.rloo_k={p.rloo_k} must be at least 2 (the baseline is the other samples' mean)")
-    if p.estimator == "rloo":
+    need(p.kl_in in (None, "reward", "loss"), f"ppo.kl_in={p.kl_in!r}: choose reward or loss")
+    need(p.kl_in is None or p.estimator in ("grpo", "dr_grpo"),
+         f"ppo.kl_in={p.kl_in!r} applies to ppo.estimator grpo or dr_grpo; {p.estimator} takes its KL in the reward "
+         "only")  # fmt: skip
+    if p.estimator in group:
         need(p.rloo_k < 2 or p.batch_size % p.rloo_k == 0,
              f"ppo.rloo_k={p.rloo_k} must divide ppo.batch_size={p.batch_size} (samples per query)")
-        need(p.value_model == "shared", "ppo.estimator=rloo trains no value model; ppo.value_model=separate does not "
-             "apply")  # fmt: skip
+        need(p.value_model == "shared", f"ppo.estimator={p.estimator} trains no value model; ppo.value_model=separate "
+             "does not apply")  # fmt: skip
     return out
 
 
@@ -245,6 +269,8 @@ def _dpo(d) -> list[str]:
     need(d.batch_size > 0, f"dpo.batch_size={d.batch_size} must be positive")
     need(d.microbatch >= 0, f"dpo.microbatch={d.microbatch} must be >= 0 (0: the whole batch)")
     need(d.epochs > 0, f"dpo.epochs={d.epochs} must be positive")
+    need(d.online_samples >= 2, f"dpo.online_samples={d.online_samples} must be at least 2 (a choice needs two)")
+    need(d.online_steps > 0, f"dpo.online_steps={d.online_steps} must be positive")
     return out
 
 

@@ -96,3 +96,25 @@ def task_frame(task: TaskConfig, tokenizer, chat: bool | None = None) -> tuple[l
         return prefix, suffix
     before, after = chat_frame(tokenizer)
     return encode_fixed(tokenizer, before) + prefix, suffix + encode_fixed(tokenizer, after)
+
+
+def saved_task(task: TaskConfig, tokenizer) -> dict:
+    """The query format a reward model is saved with (lmprefs.json's "task"): query_prefix, query_suffix, the trained
+    lengths, whether the chat template framed the queries (resolved, never auto) and, where it did, its text before
+    and after a query (`chat_frame`), so that `lmprefs score` and a plain transformers reader frame texts as training
+    did: before + query_prefix + query + query_suffix + after + response, each piece tokenized on its own."""
+    out = {k: getattr(task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
+    out["chat_template"] = uses_chat_template(task, tokenizer)
+    if out["chat_template"]:
+        out["chat_frame"] = list(chat_frame(tokenizer))
+    return out
+
+
+def scoring_pieces(task: dict, tokenizer=None) -> tuple[list[str], list[str]]:
+    """(texts before, texts after) a query in a saved reward model's frame (`saved_task`), each tokenized on its own;
+    a model saved before the frame's text was kept has its tokenizer's template read instead."""
+    before, after = [task.get("query_prefix", "")], [task.get("query_suffix", "")]
+    if task.get("chat_template"):
+        frame = task.get("chat_frame") or chat_frame(tokenizer)
+        before, after = [frame[0], *before], [*after, frame[1]]
+    return before, after

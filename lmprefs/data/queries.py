@@ -10,6 +10,7 @@ the last end_text, right-padded with PAD; texts with no start or end token are s
 book passages and articles (the books tasks start a query after a '.' and end it at one): it applies to the built-in
 corpora, hub datasets and CNN/DM stories, and not to a local prompt file or saved dataset, whose texts are a user's
 own prompts and are used as given (cut to query_length only) unless task.crop_local_files asks for it (`crops`).
+A text that already ends in task.query_suffix loses it there, as the suffix follows the padding (`without_suffix`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,15 @@ def encode_query(tokenizer, text: str, task: TaskConfig, start_token: int | None
     return tokens or None
 
 
+def without_suffix(text: str, suffix: str) -> str:
+    """A text without the task's query_suffix at its end (trailing whitespace aside): prompts made for the task
+    (trl-lib/tldr's end in '\n\nTL;DR:') already carry it, and format_queries puts it after the padded query once."""
+    end = suffix.rstrip()
+    if not end.strip() or not text.rstrip().endswith(end):
+        return text
+    return text.rstrip()[: -len(end)]
+
+
 def single_token(tokenizer, text: str | None, name: str) -> int | None:
     if text is None:
         return None
@@ -137,7 +147,7 @@ def build_queries(texts: list[str], tokenizer, task: TaskConfig, source: str = "
     end = single_token(tokenizer, task.end_text, "end_text") if crop else None
     rows = []
     for text in texts:
-        tokens = encode_query(tokenizer, text, task, start, end)
+        tokens = encode_query(tokenizer, without_suffix(text, task.query_suffix), task, start, end)
         if tokens:
             rows.append(tokens + [PAD] * (task.query_length - len(tokens)))
     if not rows:

@@ -58,11 +58,39 @@ def atomic_write_text(path: Path, text: str) -> None:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
+            as_created(Path(tmp))
             crash_point(f"atomic-write:{path.name}")
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+
+def current_umask() -> int:
+    """This process's umask, read where Linux shows it (/proc/self/status); elsewhere set and put back."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def as_created(path: Path) -> None:
+    """Give `path` (a file, or a directory and everything in it) the modes open() and mkdir() would have given it:
+    0o666 for a file (0o777 if its owner may run it) and 0o777 for a folder, less the umask. Temporary files and
+    folders (mkstemp, mkdtemp) are made 0600 and 0700, and safetensors writes its files 0600, so what was written
+    through them and renamed into place was unreadable to a teammate sharing a run."""
+    mask = current_umask()
+    for p in [path, *(path.rglob("*") if path.is_dir() and not path.is_symlink() else [])]:
+        if p.is_symlink():
+            continue
+        mode = p.stat().st_mode
+        full = 0o777 if p.is_dir() or mode & 0o100 else 0o666
+        os.chmod(p, full & ~mask)
 
 
 # A write refused by its destination: the disk or the quota is full, the filesystem is read-only, or the directory

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from lmprefs.errors import UserError
+from lmprefs.io.run_owner import refuse_other
 
 
 def path_kind(p: Path, what: str, path: str | Path) -> str:
@@ -77,13 +78,16 @@ def file_in_the_way(path: Path) -> Path | None:
     return None if above.is_dir() else above
 
 
-def output_dir(path: str | Path, what: str) -> Path:
+def output_dir(path: str | Path, what: str, command: str | None = None) -> Path:
     """`path` as a Path for a directory a command makes (or reuses), or a UserError naming `what` (e.g. "--run-dir")
-    where a file stands in the way (`file_in_the_way`), before the model has loaded."""
+    where a file stands in the way (`file_in_the_way`) or, for `command`, where another command made it
+    (run_owner.refuse_other), before the model has loaded."""
     p = Path(path)
     path_kind(p, what, path)  # a link to nothing ended in FileExistsError where the directory was made
     if (f := file_in_the_way(p)) is not None:
         raise UserError(f"{what} {path}: " + ("is a file" if f == p else f"{f} is a file") + ", not a directory")
+    if command is not None:
+        refuse_other(p, command, what)
     return p
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lmprefs.errors import UserError
-from lmprefs.io.atomic import crash_point, fsync_dir, storage_error, writing
+from lmprefs.io.atomic import as_created, crash_point, fsync_dir, storage_error, writing
 
 MANIFEST = "manifest.json"
 
@@ -86,6 +86,7 @@ def publish_dir(out: Path, meta: dict | None = None, keep: int = 0):
         yield tmp
         files = {f: sha256_file(tmp / f) for f in _files(tmp)}
         (tmp / MANIFEST).write_text(json.dumps({**(meta or {}), "files": files}, indent=1))
+        as_created(tmp)  # a teammate reads a shared run: not mkdtemp's 0700 nor safetensors' 0600
         _fsync_tree(tmp)
     except BaseException as e:
         reason = storage_error(e) or (_refused_write(tmp) if isinstance(e, RuntimeError) else None)

@@ -17,6 +17,7 @@ from lmprefs.models.lora import merged_copy, save_peft_adapter
 from lmprefs.models.model_card import CardInfo, write_card
 from lmprefs.models.policy import Policy
 from lmprefs.models.reward_model import RewardModel
+from lmprefs.runtime.quiet import quiet_transformers
 
 
 @overload
@@ -170,8 +171,15 @@ def save_reward_model(rm: RewardModel, out: Path, extra: dict | None = None, mer
                       card: CardInfo | None = None) -> None:  # fmt: skip
     """A reward-model directory (_save_reward_model) with its model card (README.md), published at once."""
     with atomic_dir(out) as tmp:
-        _save_reward_model(rm, tmp, extra, merged)
-        write_card(tmp, rm.lm, card or CardInfo("reward-model"))
+        write_reward_model(rm, tmp, extra, merged, card)
+
+
+def write_reward_model(rm: RewardModel, out: Path, extra: dict | None = None, merged: bool = True,
+                       card: CardInfo | None = None) -> None:  # fmt: skip
+    """save_reward_model's files written into the existing directory `out` (a directory being published: a reward
+    model's own, or an ensemble's member)."""
+    _save_reward_model(rm, out, extra, merged)
+    write_card(out, rm.lm, card or CardInfo("reward-model"))
 
 
 def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None, merged: bool = True) -> None:
@@ -279,6 +287,7 @@ def load_reward_model(path: Path, device: torch.device | str = "cpu") -> RewardM
     if not is_reward_model_dir(path):
         raise FileNotFoundError(f"{path} is not a reward-model directory (no sequence classifier with num_labels=1)")
     verified(path)
+    quiet_transformers()  # its loading bar came before `lmprefs score`'s scores; the base's missing head is no news
     if (path / "reward_head.safetensors").is_file():  # the earlier format
         lm, tok = load_lm(str(path), device)
         rm = RewardModel(lm, tok)
@@ -309,9 +318,7 @@ def _load_classifier_adapter(path: Path):
     adapter and its saved head merged in."""
     from peft import PeftModel
     from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
 
     base = resolve_model(adapter_base(path, path))
-    hf_logging.set_verbosity_error()  # the base's score head is reported missing: the adapter brings it
     seq = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
     return PeftModel.from_pretrained(seq, str(path)).merge_and_unload()

@@ -13,6 +13,7 @@ from lmprefs.assets.models import MODEL_ASSETS as MODEL_NAMES
 from lmprefs.assets.models import resolve_model
 from lmprefs.assets.tokenizers import load_tokenizer
 from lmprefs.models import attention, cpu_linear
+from lmprefs.runtime.quiet import quiet_transformers
 
 
 def load_lm(name: str, device: torch.device | str = "cpu"):
@@ -22,11 +23,9 @@ def load_lm(name: str, device: torch.device | str = "cpu"):
     remembering .eval(): HF GPT-2 defaults to 0.1.
     """
     from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
+    quiet_transformers()  # "Loading weights" bars on every load drown the run's own progress
     path = resolve_model(name)
-    hf_logging.disable_progress_bar()  # "Loading weights" bars on every load drown the run's own progress
-    hf_logging.set_verbosity_error()
     try:
         cfg = AutoConfig.from_pretrained(path)
     except OSError as e:  # a hub name with no hub, or a typo

@@ -176,3 +176,37 @@ def save_peft_adapter(model: nn.Module, name: str, out, task_type: str = "CAUSAL
         tensors[f"base_model.model.{n}.lora_A.weight"] = m.A[name].detach().float().cpu().contiguous()  # [r, in]
         tensors[f"base_model.model.{n}.lora_B.weight"] = m.B[name].detach().float().cpu().contiguous()  # [out, r]
     save_file(tensors, str(out / "adapter_model.safetensors"))
+
+
+def load_peft_adapter(model: nn.Module, name: str, adapter_dir) -> dict[str, Tensor]:
+    """Adapter `name` on `model` from a directory in peft's format (save_peft_adapter's): the layers it names are
+    wrapped as LoRALinear where they are not yet (the base frozen), its A and B copied in. Returns the saved tensors
+    that are not LoRA weights (peft's modules_to_save: a sequence classifier's head), by module path. A UserError
+    when the directory's rank, scale or layers differ from the adapters already on `model`."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    d = Path(adapter_dir)
+    conf = json.loads((d / "adapter_config.json").read_text())
+    rank, alpha = int(conf["r"]), float(conf["lora_alpha"])
+    tensors = {k.removeprefix("base_model.model."): v for k, v in load_file(d / "adapter_model.safetensors").items()}
+    names = sorted({k.rsplit(".lora_", 1)[0] for k in tensors if ".lora_" in k})
+    if not lora_modules(model):
+        model.requires_grad_(False)
+    for n in names:
+        m = model.get_submodule(n)
+        if not isinstance(m, LoRALinear):
+            parent = model.get_submodule(n.rsplit(".", 1)[0]) if "." in n else model
+            m = LoRALinear(m, rank, alpha)
+            setattr(parent, n.split(".")[-1], m)
+        if m.rank != rank or not math.isclose(m.scale, alpha / rank):
+            raise UserError(f"{d}: adapter rank {rank}, alpha {alpha} differ from the adapters already loaded")
+        a, b = tensors[f"{n}.lora_A.weight"], tensors[f"{n}.lora_B.weight"]  # [r, in], [out, r]
+        dev = cast(Tensor, m.base.weight).device
+        m.A[name] = nn.Parameter(a.float().to(dev), requires_grad=False)
+        m.B[name] = nn.Parameter(b.float().to(dev), requires_grad=False)
+    if {id(m) for m in lora_modules(model)} != {id(model.get_submodule(n)) for n in names}:
+        raise UserError(f"{d}: adapts other layers than the adapters already loaded")
+    return {k: v for k, v in tensors.items() if ".lora_" not in k}

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lmprefs.assets.models import ASSET_HUB_IDS, MODEL_ASSETS
+from lmprefs.assets.tokenizers import load_tokenizer
 from lmprefs.config.diff import flat_config
+from lmprefs.data.chat import chat_frame, scoring_pieces
 from lmprefs.models.loading import base_of
 
 HERE = "path/to/this/model"
@@ -23,8 +25,10 @@ COMMON_KEYS = ("task.initial_model", "task.query_dataset", "task.query_length", 
 METHOD_KEYS = {
     "ppo": ("ppo.total_episodes", "ppo.batch_size", "ppo.lr", "ppo.noptepochs", "ppo.estimator", "rewards.kl_coef",
             "rewards.kl_target", "rewards.trained_model"),
-    "rloo": ("ppo.total_episodes", "ppo.batch_size", "ppo.lr", "ppo.rloo_k", "rewards.kl_coef", "rewards.kl_target",
-             "rewards.trained_model"),
+    "rloo": ("ppo.total_episodes", "ppo.batch_size", "ppo.lr", "ppo.rloo_k", "ppo.rloo_ratio", "rewards.kl_coef",
+             "rewards.kl_target", "rewards.trained_model"),
+    "grpo": ("ppo.total_episodes", "ppo.batch_size", "ppo.lr", "ppo.rloo_k", "ppo.kl_in", "rewards.kl_coef",
+             "rewards.kl_target", "rewards.trained_model"),
     "dpo": ("labels.type", "dpo.loss", "dpo.beta", "dpo.lr", "dpo.batch_size", "dpo.epochs"),
     "reward-model": ("labels.type", "labels.labeler", "labels.num_train", "labels.heldout_fraction",
                      "train_reward.lr", "train_reward.batch_size", "train_reward.epochs"),
@@ -35,7 +39,13 @@ METHOD_TEXT = {
     "reward-model": "A reward model trained on preference labels (a scalar score of query + response)",
     "rlhf": "A policy fine-tuned from preferences",
     "rloo": "A policy fine-tuned with RLOO against a reward model learned from preferences, with a KL penalty",
+    "grpo": "A policy fine-tuned with GRPO against a reward model learned from preferences, with a KL term",
+    "dr_grpo": "A policy fine-tuned with Dr. GRPO against a reward model learned from preferences, with a KL term",
+    "reinforce_pp_baseline": "A policy fine-tuned with REINFORCE++-baseline against a reward model learned from "
+                             "preferences, with a KL penalty",
 }
+METHOD_KEYS["dr_grpo"] = METHOD_KEYS["grpo"]
+METHOD_KEYS["reinforce_pp_baseline"] = METHOD_KEYS["rloo"]
 
 
 @dataclass(frozen=True)
@@ -128,21 +138,12 @@ def _loading(out: Path, base: str, hub: str | None, rm: bool, adapter_only: bool
                 else f'"{hub}"' if hub else f'"path/to/{base}"')  # fmt: skip
     adapter = adapter_only or (out / "adapter").is_dir()
     code = ["## How to load", "", "```python", *(["import os", ""] if adapter and "os.path" in base_dir else [])]
-    code += [*(["from peft import PeftModel"] if adapter else []),
+    code += [*(["import torch"] if rm else []), *(["from peft import PeftModel"] if adapter else []),
              f"from transformers import {'AutoModelForSequenceClassification' if rm else 'AutoModelForCausalLM'}, "
              "AutoTokenizer", "",
              f'tok = AutoTokenizer.from_pretrained("{HERE}")']
     if rm:
-        if adapter_only:
-            code += ["pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id",
-                     f"base = AutoModelForSequenceClassification.from_pretrained({base_dir}, num_labels=1, "
-                     "pad_token_id=pad)", f'rm = PeftModel.from_pretrained(base, "{HERE}").merge_and_unload()']
-        else:
-            code += [f'rm = AutoModelForSequenceClassification.from_pretrained("{HERE}")']
-        return code + ["reward = rm(**tok(query + response, return_tensors=\"pt\")).logits[0, 0]  # higher: preferred",
-                       "```", "", "With lmprefs: `lmprefs score --reward-model DIR` (one text per line), or "
-                       "`lmprefs.models.artifacts.load_reward_model(DIR)`. `lmprefs.json` holds the query and "
-                       "response format it was trained on and its training figures.", ""]
+        return code + _reward_snippet(out, base_dir, adapter_only)
     code += [f'model = AutoModelForCausalLM.from_pretrained("{HERE}")',
              "# generation_config.json samples as training did: the training temperature, top_k=0",
              'out = model.generate(**tok("It was a fine morning", return_tensors="pt"), max_new_tokens=24)']
@@ -152,3 +153,40 @@ def _loading(out: Path, base: str, hub: str | None, rm: bool, adapter_only: bool
                  f'model = PeftModel.from_pretrained(base, "{HERE}", subfolder="adapter")']
     return code + ["```", "", "With lmprefs: `lmprefs evaluate DIR --reward NAME` (beside its base), or "
                    "`lmprefs.models.artifacts.load_policy(DIR)` (the policy with its value head).", ""]
+
+
+def _reward_snippet(out: Path, base_dir: str, adapter_only: bool) -> list[str]:
+    """The reward model's loading code after the tokenizer: the classifier, then `reward(query, response)` framing
+    the texts exactly as training did (lmprefs.json's task: the chat turn, query_prefix and query_suffix, each piece
+    tokenized on its own, as `lmprefs score` does), plus the constant a final norm without a bias cannot hold."""
+    meta = json.loads((out / "lmprefs.json").read_text()) if (out / "lmprefs.json").is_file() else {}
+    config = json.loads((out / "config.json").read_text()) if (out / "config.json").is_file() else {}
+    task = meta.get("task") or {}
+    if task.get("chat_template") and not task.get("chat_frame"):
+        task = {**task, "chat_frame": list(chat_frame(load_tokenizer(out)))}
+    before, after = scoring_pieces(task)
+    pieces = ", ".join([*(repr(p) for p in before if p), "query", *(repr(p) for p in after if p), "response"])
+    if adapter_only:
+        code = ["pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id",
+                f"base = AutoModelForSequenceClassification.from_pretrained({base_dir}, num_labels=1, "
+                "pad_token_id=pad, dtype=torch.float32)",
+                f'rm = PeftModel.from_pretrained(base, "{HERE}").merge_and_unload()']
+        const = f" + {meta['score_bias']!r}" if meta.get("score_bias") is not None else ""
+    else:
+        code = [f'rm = AutoModelForSequenceClassification.from_pretrained("{HERE}", dtype=torch.float32)']
+        const = " + rm.config.lmprefs_score_bias" if "lmprefs_score_bias" in config else ""
+    frame = "the chat template's turn, " if task.get("chat_template") else ""
+    code += ["", "",
+             "def reward(query: str, response: str) -> float:",
+             f"    # the frame it was trained with ({frame}query_prefix, query_suffix: lmprefs.json's task),",
+             "    # each piece tokenized on its own as lmprefs does; without it the scores are not lmprefs'",
+             f"    pieces = [{pieces}]",
+             "    ids = [i for p in pieces if p for i in tok(p, add_special_tokens=False).input_ids]",
+             "    with torch.no_grad():",
+             f"        return rm(input_ids=torch.tensor([ids])).logits[0, 0].item(){const}  # higher: preferred",
+             "", "",
+             'print(reward("It was a fine morning", " and the sun was out."))']
+    return code + ["```", "", "Score texts only in that frame: `rm(**tok(query + response))` leaves it out and gives "
+                   "other scores, in another order. With lmprefs: `lmprefs score --reward-model DIR` (one text per "
+                   "line), or `lmprefs.models.artifacts.load_reward_model(DIR)`. `lmprefs.json` holds the query and "
+                   "response format it was trained on and its training figures.", ""]

@@ -100,7 +100,7 @@ def run_train_dpo(cfg: Config, run_dir: Path, *, store_path: str | None = None, 
     labels = dpo_labels(t, store, f"--db {source}")
     policy, ref_lm = dpo_policy(t)
     check_trackers(cfg.run.report_to)  # a tracker's missing package, before the run directory is made
-    with run_lock(run_dir):
+    with run_lock(run_dir, "train-dpo"):
         done = checkpoint_step(run_dir) if resume else None
         if not resume:  # config.json first, as train-policy writes them: --resume reads it, and a run.json (which
             # a start without --resume refuses) implies it, so a kill between the two never leaves a run neither starts
@@ -128,7 +128,10 @@ def _resumed_store(run_dir: Path, given: str | None) -> str:
     """The store the run started on (its run.json); another --db is refused."""
     if not (run_dir / RUN_FILE).is_file():
         raise UserError(f"--resume: {run_dir} holds no train-dpo run (no {RUN_FILE}); start it without --resume")
-    started = json.loads((run_dir / RUN_FILE).read_text())["store"]
+    meta = json.loads((run_dir / RUN_FILE).read_text())
+    if meta.get("online"):
+        raise UserError(f"--resume: the run in {run_dir} is an online DPO run; resume it with --online")
+    started = meta["store"]
     if given is not None and str(Path(given).resolve()) != started:
         raise UserError(f"--resume: the run in {run_dir} trains on --db {started}, not {given}; resuming cannot "
                         "change what it computes (start a new --run-dir)")  # fmt: skip

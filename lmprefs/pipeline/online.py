@@ -6,7 +6,12 @@ spaced updates, each time from the initial model with a fresh head (the paper re
 Resumable: the checkpoint holds the reward model scoring at that update and the list of retrains so far. A resumed
 run redoes the updates after its checkpoint as the killed one did them: a label batch already in the store is not
 asked for again (simulated labels still missing are added), and a retrain uses only the labels of batches up to its
-update, so with a simulated labeler the resumed run equals the uninterrupted one."""
+update, so with a simulated labeler the resumed run equals the uninterrupted one.
+
+With directed selection (labels.select bald or spread, train_reward.ensemble >= 2) each request after the first
+samples labels.pool_factor times its questions from the current policy and asks those the current ensemble's
+acquisition ranks highest (pipeline/selection.py); the checkpoint's ensemble makes a resumed run choose as the
+killed one did."""
 
 from __future__ import annotations
 
@@ -18,9 +23,11 @@ from lmprefs.errors import UserError
 from lmprefs.io.jsonl import read_jsonl, truncate_jsonl
 from lmprefs.labels.labelers import label_items, make_labeler
 from lmprefs.labels.types import get as get_label_type
+from lmprefs.models.ensemble import RewardEnsemble
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.labeling import collect_labels
-from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
+from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model, training_labels
+from lmprefs.pipeline.selection import Chooser, ensemble_scores
 from lmprefs.runtime.device import compiles_forwards
 from lmprefs.training.policy_run import ScoreFn
 from lmprefs.training.reward import evaluate, examples_to_comparisons, tokenizer_id
@@ -43,7 +50,7 @@ class OnlineRewards:
         self.cfg = t.cfg
         self.history_path = self.run_dir / "online.jsonl"
         self._score: ScoreFn | None = None
-        self.rm: RewardModel | None = None  # the reward model scoring now
+        self.rm: RewardModel | RewardEnsemble | None = None  # the reward model (or ensemble) scoring now
         self.retrains: list[list[int]] = []  # [update, labels] of each reward model so far
         self.measured: list[int] = [-1, 0]  # [reward model's update, labels] the last agreement was measured on
 
@@ -86,7 +93,16 @@ class OnlineRewards:
                 added = label_items(self.store, sim, self.labeler, batch=batch)
             return {"items": 0, "labels_added": added, "labeler": self.labeler or "none", "repeated": True}
         return collect_labels(self.t, self.store, n, labeler=self.labeler or "none", source=batch, batch=batch,
-                              seed=seed, model=model, adapter=adapter)  # fmt: skip
+                              seed=seed, model=model, adapter=adapter, choose=self.chooser())  # fmt: skip
+
+    def chooser(self) -> Chooser | None:
+        """With directed selection (labels.select), the current ensemble's choice among the policy's candidates;
+        None for random questions, and for the first request, which comes before any reward model."""
+        if self.cfg.labels.select == "random" or not isinstance(self.rm, RewardEnsemble):
+            return None
+        return Chooser(self.cfg.labels, ensemble_scores(self.rm, self.t.ctx),
+                       f"{self.cfg.labels.select} of the online ensemble {len(self.retrains) - 1} "
+                       f"({self.run_dir / 'reward_model'})")  # fmt: skip
 
     def agreement(self, update: int) -> dict:
         """How often the scoring reward model picks what the labelers picked on the questions asked since it was
@@ -119,8 +135,12 @@ class OnlineRewards:
             have = self.labels_so_far()
 
     def retrain(self, update: int) -> dict:
-        rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log,
-                                         self.items_after(update))  # fmt: skip
+        # all labels so far, as the paper's online runs: labels.num_train sizes an offline reward model's data, and
+        # taking its first labels in store order trained every later retrain on the same early batches
+        exclude = self.items_after(update)
+        labels = training_labels(self.t, self.store, exclude, every_label=True)
+        rm, summary = train_reward_model(self.t, self.store, self.run_dir / "reward_model", self.log, exclude,
+                                         labels)  # fmt: skip
         self.rm = rm.freeze()
         self._score = rm_score_fn(rm, compiles_forwards(self.cfg.run.compile, self.t.device))
         row = {"update": update, "labels": summary["labels_train"] + summary["labels_heldout"],

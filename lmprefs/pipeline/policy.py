@@ -17,6 +17,7 @@ from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
 from lmprefs.io.config_file import save_config
 from lmprefs.io.locks import run_lock
+from lmprefs.io.run_owner import MARKER
 from lmprefs.models.lora import add_adapter
 from lmprefs.models.policy import Policy
 from lmprefs.pipeline.evaluation import plot_curves
@@ -53,25 +54,27 @@ def policy_for(t: Task):
 
 def run_train_policy(cfg: Config, run_dir: Path, **kw) -> dict:
     """train-policy end to end: reward, policy, PPO with checkpoints; resumes from run_dir/checkpoint. The run
-    directory is locked for the duration (one process per run). Arguments: _train_policy_locked."""
+    directory is locked for the duration (one process per run) and is train-policy's (an experiment's arms are
+    train-policy runs). Arguments: _train_policy_locked."""
     import contextlib
 
     run_dir = Path(run_dir)
-    fresh = not run_dir.exists()
+    # the outermost folder this start makes (runs/ itself for the default runs/train-policy-PRESET-TIME), or None
+    made = next((d for d in reversed([run_dir, *run_dir.parents]) if not d.exists()), None)
     try:
         # rank 0 holds the lock for all ranks of a launch (they are one run)
-        with run_lock(run_dir) if dist.is_main() else contextlib.nullcontext():
+        with run_lock(run_dir, "train-policy") if dist.is_main() else contextlib.nullcontext():
             return _train_policy_locked(cfg, run_dir, **kw)
-    except UserError:
-        if fresh and dist.is_main() and run_dir.is_dir() and _before_any_work(run_dir):
-            shutil.rmtree(run_dir)  # a start refused before any training leaves no directory behind
+    except Exception:
+        if made is not None and dist.is_main() and run_dir.is_dir() and _before_any_work(run_dir):
+            shutil.rmtree(made)  # a start refused (or failed) before any training leaves no directory behind
         raise
 
 
 def _before_any_work(run_dir: Path) -> bool:
-    """Whether run_dir holds only what a start writes before it trains anything: its lock, config.json, run.json
-    (and their writers' temporaries)."""
-    return all(p.name in (".lock", "config.json", "run.json") or ".tmp-" in p.name for p in run_dir.iterdir())
+    """Whether run_dir holds only what a start writes before it trains anything: its lock, its owner's record,
+    config.json, run.json (and their writers' temporaries)."""
+    return all(p.name in (".lock", MARKER, "config.json", "run.json") or ".tmp-" in p.name for p in run_dir.iterdir())
 
 
 def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,

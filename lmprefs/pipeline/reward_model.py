@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from lmprefs.config import Config
-from lmprefs.data.chat import uses_chat_template
+from lmprefs.data.chat import saved_task
 from lmprefs.errors import UserError
 from lmprefs.labels.quality import describe_labelers as describe
 from lmprefs.labels.quality import select_labelers
@@ -20,6 +20,7 @@ from lmprefs.labels.types import PickBest
 from lmprefs.labels.types import get as get_label_type
 from lmprefs.models import parallel
 from lmprefs.models.artifacts import plain_copy, save_reward_model
+from lmprefs.models.ensemble import RewardEnsemble, member_seed
 from lmprefs.models.lora import add_adapter, reset_adapter
 from lmprefs.models.model_card import CardInfo
 from lmprefs.models.reward_model import RewardModel
@@ -103,12 +104,14 @@ class TrainingLabels:
     by_labeler: dict
 
 
-def training_labels(t: Task, store, exclude_items: Set[int] = frozenset()) -> TrainingLabels:
+def training_labels(t: Task, store, exclude_items: Set[int] = frozenset(), *, every_label: bool = False
+                    ) -> TrainingLabels:  # fmt: skip
     """The store's labels split for training. Held out (`heldout_labels`): by labels.heldout_by, the items of an
     imported split other than `train`, and the items (per-response scores: the prompts) whose hash of (run.seed, item
     id or prompt) falls under labels.heldout_fraction. Every refusal of a store that cannot train a reward model is
     raised here, so a command can call it before it writes anything.
-    `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches')."""
+    `exclude_items`: labels not to use (an online run redoing updates after its checkpoint: later batches').
+    `every_label`: every label not held out trains (an online retrain: all labels so far), not labels.num_train."""
     cfg = t.cfg
     by_labeler: dict = {}
     data = load_examples(cfg, store, t.tok, by_labeler, exclude_items)
@@ -116,7 +119,8 @@ def training_labels(t: Task, store, exclude_items: Set[int] = frozenset()) -> Tr
     held, train = data[is_held], data[~is_held]
     if cfg.labels.subset_seed is not None:  # a random subset: seeds of one experiment train on different labels
         train = train[torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.labels.subset_seed))]
-    train = train[: cfg.labels.num_train]
+    if not every_label:
+        train = train[: cfg.labels.num_train]
     if len(train) == 0:
         raise UserError(f"no labels left for training: all {len(data)} are held out ({measured}; labels.heldout_by="
                         f"{cfg.labels.heldout_by}, heldout_fraction {cfg.labels.heldout_fraction})")  # fmt: skip
@@ -124,17 +128,48 @@ def training_labels(t: Task, store, exclude_items: Set[int] = frozenset()) -> Tr
 
 
 def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: Set[int] = frozenset(),
-                       labels: TrainingLabels | None = None) -> tuple[RewardModel, dict]:  # fmt: skip
+                       labels: TrainingLabels | None = None) -> tuple[RewardModel | RewardEnsemble, dict]:  # fmt: skip
     """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
-    -> (rm, summary). `labels`: training_labels(t, store, exclude_items), when the caller has them already."""
-    cfg = t.cfg
+    -> (rm, summary). `labels`: training_labels(t, store, exclude_items), when the caller has them already.
+    With train_reward.ensemble K > 1, K members (`reward_ensemble.train_ensemble`), saved as an ensemble directory
+    and returned as a RewardEnsemble."""
     labels = labels or training_labels(t, store, exclude_items)
-    held, train, measured, by_labeler = labels.held, labels.train, labels.split, labels.by_labeler
+    if t.cfg.train_reward.ensemble > 1:
+        from lmprefs.pipeline.reward_ensemble import train_ensemble
+
+        return train_ensemble(t, labels, out_dir, log)
+    rm, summary = train_member(t, labels, log)
+    whole: RewardModel | None = rm
+    if parallel.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
+        state = parallel.full_state_dict(rm)
+        if dist.is_main():
+            assert state is not None  # rank 0 holds the gathered state
+            whole = plain_copy(rm, state)
+        else:
+            whole = None
+    if dist.is_main():
+        assert whole is not None  # rank 0's (plain, or gathered above)
+        save_reward_model(whole, out_dir, extra=member_meta(t, summary), merged=t.cfg.lora.merged_reward_model,
+                          card=reward_model_card(t.cfg, summary))  # fmt: skip
+    dist.barrier()  # every rank may read it once this returns
+    return rm, summary
+
+
+def train_member(t: Task, labels: TrainingLabels, log=None, member: int = 0, norm_memo: dict | None = None,
+                 train: Comparisons | None = None) -> tuple[RewardModel, dict]:  # fmt: skip
+    """One reward model trained and evaluated, not saved: member `member` of an ensemble (0: the reward model of a
+    run without one), initialized from its own seed (`member_seed`), on `train` (default labels.train).
+    `norm_memo`: normalization samples kept across members (`normalize`)."""
+    cfg = t.cfg
+    held, measured, by_labeler = labels.held, labels.split, labels.by_labeler
+    train = labels.train if train is None else train
+    seed = member_seed(cfg.run.seed, member)
     lt = training_label_type(cfg)
     t0 = time.time()
-    rm = reward_frame(t)
+    rm = member_frame(t, member)
     if cfg.lora.rank > 0:
-        reset_adapter(t.model, "reward", seed=cfg.run.seed)  # a retrain starts from the initial model, as the paper
+        assert rm.adapter is not None  # member_frame's adapter under LoRA
+        reset_adapter(t.model, rm.adapter, seed=seed)  # a retrain starts from the initial model, as the paper
     else:
         rm.lm.requires_grad_(True)
     gen = torch.Generator(device=t.device).manual_seed(dist.rank_seed(cfg.run.seed) + 2)
@@ -146,7 +181,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
     # several reward models): the same rows, the same values
     shared = t.shared_prefixes
     held_cache = shared.for_data(rm, held) if shared is not None else None
-    summary |= before_training(t, rm, held, lt, gen, scales, held_cache)
+    summary |= before_training(t, rm, held, lt, gen, scales, held_cache, seed=seed, norm_memo=norm_memo)
     cache = shared.for_data(rm, train) if shared is not None else None
     if cache is None and cfg.train_reward.epochs > 1 and frozen_depth(rm.lm) > 0:
         # LoRA in the top blocks only: run the frozen blocks below once for all epochs, if that fits in memory
@@ -157,7 +192,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
             bar.close()
     bar = progress(len(train) * cfg.train_reward.epochs, "training reward model")
     rm.train()
-    last = train_epoch(rm, train, lt, cfg, t.ctx, log=log, bar=bar, cache=cache)
+    last = train_epoch(rm, train, lt, cfg, t.ctx, log=log, bar=bar, cache=cache, seed=seed)
     del cache
     rm.eval()
     bar.close()
@@ -165,7 +200,7 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
     # the pair accuracy do not change with the scale)
     final = evaluate(rm, held, lt, t.ctx, min_gap=gap, prefixes=held_cache) if scales else None
     if cfg.train_reward.normalize_after:
-        na = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen)
+        na = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen, memo=norm_memo)
         summary["norm_after"] = {"mean": na["mean_before"], "std": na["std_before"]}
     summary |= final or evaluate(rm, held, lt, t.ctx, min_gap=gap, prefixes=held_cache)
     summary |= {"final_minibatch": last, "seconds": time.time() - t0}
@@ -173,41 +208,37 @@ def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: S
         # the wall-clock seconds under PPO's name for them (elapsed/time), which comparisons of runs leave out
         row = {("elapsed/time" if k == "seconds" else k): v for k, v in summary.items() if isinstance(v, float)}
         log.scalars(row, len(train) * cfg.train_reward.epochs, phase="reward")
-    task = {k: getattr(cfg.task, k) for k in ("query_prefix", "query_suffix", "query_length", "response_length")}
-    # `lmprefs score` frames texts as training did: with the chat template or without (resolved, not auto)
-    task["chat_template"] = uses_chat_template(cfg.task, t.tok)
-    whole = rm
-    if parallel.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
-        state = parallel.full_state_dict(rm)
-        if dist.is_main():
-            assert state is not None  # rank 0 holds the gathered state
-            whole = plain_copy(rm, state)
-        else:
-            whole = None
-    extra = {"summary": summary, "label_type": lt.name, "task": task}
-    if cfg.labels.type == "scalar_rating":
-        extra["scores_as"] = cfg.labels.scores_as
-    if dist.is_main():
-        save_reward_model(whole, out_dir, extra=extra, merged=cfg.lora.merged_reward_model,
-                          card=reward_model_card(cfg, summary))  # fmt: skip
-    dist.barrier()  # every rank may read it once this returns
     return rm, summary
 
 
+def member_meta(t: Task, summary: dict) -> dict:
+    """What a reward model's lmprefs.json records beside its kind and base: its training summary, label type, and
+    the task it frames texts with."""
+    cfg = t.cfg
+    task = saved_task(cfg.task, t.tok)  # `lmprefs score` and the card frame texts as training did
+    extra = {"summary": summary, "label_type": training_label_type(cfg).name, "task": task}
+    if cfg.labels.type == "scalar_rating":
+        extra["scores_as"] = cfg.labels.scores_as
+    return extra
+
+
 def before_training(t: Task, rm: RewardModel, held, lt, gen: torch.Generator, scales,
-                    held_cache: QuestionPrefixes | None = None) -> dict:  # fmt: skip
+                    held_cache: QuestionPrefixes | None = None, *, seed: int | None = None,
+                    norm_memo: dict | None = None) -> dict:  # fmt: skip
     """Normalize the untrained reward model (train_reward.normalize_before) and evaluate it on the held-out labels:
     summary's norm_before and initial_* entries. An untrained reward model is the same for every label count of
     one seed (its init and the held-out split follow run.seed; its target is (0, 1) for choices), so with
     t.shared_before (a dict the caller keeps across the arms) the second and later of them take the first's
     figures, gain, bias and sampler state instead of sampling and scoring again: bitwise the same model after.
-    held_cache: the frozen prefixes of the held-out rows, when the caller has them."""
+    held_cache: the frozen prefixes of the held-out rows, when the caller has them. `seed`: the reward model's own
+    (an ensemble member's, default run.seed); `norm_memo`: `normalize`'s."""
     cfg, memo = t.cfg, t.shared_before
     key = None
     if memo is not None and scales is None and held.items is not None:
         tr = cfg.train_reward
-        key = (cfg.run.seed, tr.normalize_before, tr.normalize_samples, tr.rollout_batch_size, cfg.labels.type,
-               tuple(held.items.tolist()), float(rm.gain.detach()), float(rm.bias.detach()))  # fmt: skip
+        key = (cfg.run.seed if seed is None else seed, tr.normalize_before, tr.normalize_samples,
+               tr.rollout_batch_size, cfg.labels.type, tuple(held.items.tolist()), float(rm.gain.detach()),
+               float(rm.bias.detach()))  # fmt: skip
         if key in memo:
             found = memo[key]
             if "norm_before" in found["summary"]:  # to (0, 1), as normalize did for the first
@@ -218,7 +249,7 @@ def before_training(t: Task, rm: RewardModel, held, lt, gen: torch.Generator, sc
     if cfg.train_reward.normalize_before:
         # start at the scale of the labels (train_reward.py:target_mean_std), else at mean 0, std 1
         target = (0.0, 1.0) if scales is None else (float(scales[0]), max(float(scales[1]), 1e-6))
-        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen, target=target)
+        nb = normalize(rm, t.model, t.tok, t.train_queries, cfg, t.ctx, gen, target=target, memo=norm_memo)
         out["norm_before"] = {"mean": nb["mean_before"], "std": nb["std_before"]}
     initial = evaluate(rm, held, lt, t.ctx, min_gap=cfg.labels.min_score_gap, prefixes=held_cache)
     out |= {f"initial_{k}": v for k, v in initial.items()}
@@ -281,15 +312,24 @@ def training_label_type(cfg: Config):
     return PickBest(2) if cfg.labels.scores_as == "comparisons" else get_label_type(cfg.labels.type)
 
 
-def reward_frame(t: Task):
+def reward_frame(t: Task) -> RewardModel | RewardEnsemble:
     """A reward model shaped as train_reward_model makes it, before training: with LoRA the 'reward' adapter on the
-    shared base (which stays the initial policy with adapters off), else a copy of the initial model."""
+    shared base (which stays the initial policy with adapters off), else a copy of the initial model; with
+    train_reward.ensemble K > 1 a RewardEnsemble of K such members."""
+    K = t.cfg.train_reward.ensemble
+    return member_frame(t, 0) if K == 1 else RewardEnsemble([member_frame(t, k) for k in range(K)])
 
+
+def member_frame(t: Task, member: int = 0) -> RewardModel:
+    """Member `member` of reward_frame's ensemble (0: the reward model of a run without one), initialized from its
+    own seed: with LoRA its own adapter on the shared base ('reward', then 'reward_1', ...)."""
     cfg = t.cfg
+    seed = member_seed(cfg.run.seed, member)
     if cfg.lora.rank > 0:
-        add_adapter(t.model, cfg.lora, "reward", seed=cfg.run.seed)
-        return RewardModel(t.model, t.tok, adapter="reward", seed=cfg.run.seed).to(t.device)
-    return RewardModel(copy.deepcopy(t.model), t.tok, seed=cfg.run.seed).to(t.device)
+        name = "reward" if member == 0 else f"reward_{member}"
+        add_adapter(t.model, cfg.lora, name, seed=seed)
+        return RewardModel(t.model, t.tok, adapter=name, seed=seed).to(t.device)
+    return RewardModel(copy.deepcopy(t.model), t.tok, seed=seed).to(t.device)
 
 
 class RewardState:
@@ -300,18 +340,27 @@ class RewardState:
     def __init__(self, rm):
         self.rm = rm
 
+    def members(self) -> list[tuple[str, RewardModel]]:
+        """(key prefix, reward model): one unprefixed, or an ensemble's members as "members.K."."""
+        if isinstance(self.rm, RewardEnsemble):
+            return [(f"members.{k}.", m) for k, m in enumerate(self.rm.models())]
+        return [("", self.rm)]
+
     def state_dict(self) -> dict:
-        rm = self.rm
-        own = {f"head.{k}": v for k, v in rm.head.state_dict().items()} | {"gain": rm.gain, "bias": rm.bias}
-        if rm.adapter is None:
-            own |= {f"lm.{k}": v for k, v in rm.lm.state_dict().items()}
+        own: dict[str, torch.Tensor] = {}
+        for pre, rm in self.members():
+            own |= {f"{pre}head.{k}": v for k, v in rm.head.state_dict().items()}
+            own |= {f"{pre}gain": rm.gain, f"{pre}bias": rm.bias}
+            if rm.adapter is None:
+                own |= {f"{pre}lm.{k}": v for k, v in rm.lm.state_dict().items()}
         return {k: v.detach().cpu().clone() for k, v in own.items()}
 
     def load_state_dict(self, s: dict) -> None:
-        rm = self.rm
         with torch.no_grad():
-            rm.head.load_state_dict({k[5:]: v for k, v in s.items() if k.startswith("head.")})
-            rm.gain.copy_(s["gain"])
-            rm.bias.copy_(s["bias"])
-            if rm.adapter is None:
-                rm.lm.load_state_dict({k[3:]: v for k, v in s.items() if k.startswith("lm.")})
+            for pre, rm in self.members():
+                mine = {k[len(pre) :]: v for k, v in s.items() if k.startswith(pre)}
+                rm.head.load_state_dict({k[5:]: v for k, v in mine.items() if k.startswith("head.")})
+                rm.gain.copy_(mine["gain"])
+                rm.bias.copy_(mine["bias"])
+                if rm.adapter is None:
+                    rm.lm.load_state_dict({k[3:]: v for k, v in mine.items() if k.startswith("lm.")})

@@ -16,7 +16,7 @@ from lmprefs.errors import UserError, first_line
 from lmprefs.io.inputs import input_dir
 from lmprefs.labels.labelers import SCORE_FNS, score_fn, score_texts
 from lmprefs.models import parallel
-from lmprefs.models.artifacts import is_reward_model_dir, load_reward_model
+from lmprefs.models.ensemble import is_ensemble_dir, is_reward_dir, load_reward, read_manifest
 from lmprefs.pipeline.labeling import label_source
 from lmprefs.pipeline.reward_model import RewardState, TrainingLabels, reward_frame, reward_logger, train_reward_model
 from lmprefs.pipeline.task import Task
@@ -92,10 +92,12 @@ def check_trained_model(cfg: Config, tok) -> None:
         return
     rm_dir = Path(cfg.rewards.trained_model)
     input_dir(rm_dir, "rewards.trained_model", "reward-model directory")
-    if not is_reward_model_dir(rm_dir):
+    if not is_reward_dir(rm_dir):
         raise UserError(f"rewards.trained_model={rm_dir}: not a reward-model directory (a sequence classifier "
-                        "with num_labels=1, as train-reward or TRL's RewardTrainer save)")  # fmt: skip
-    check_same_tokenizer(rm_dir, tok, f"rewards.trained_model={rm_dir}")
+                        "with num_labels=1, as train-reward or TRL's RewardTrainer save) nor a reward-model "
+                        "ensemble (ensemble.json)")  # fmt: skip
+    first = rm_dir / read_manifest(rm_dir)["members"][0] if is_ensemble_dir(rm_dir) else rm_dir
+    check_same_tokenizer(first, tok, f"rewards.trained_model={rm_dir}")
 
 
 def reward_source(cfg: Config, reward, resume: bool, kept: bool = False) -> str:
@@ -151,14 +153,14 @@ def reward_for_policy(t: Task, run_dir: Path, reward, store, resume: bool, label
         rm = reward_frame(t).eval().freeze()
         return rm_score_fn(rm, compiled), info | {"state": RewardState(rm)}
     if source == "saved":
-        if not is_reward_model_dir(rm_dir):  # a checkpoint is written only after the run's reward model is saved
+        if not is_reward_dir(rm_dir):  # a checkpoint is written only after the run's reward model is saved
             raise UserError(f"--resume {run_dir}: it has a checkpoint but no reward model in {rm_dir}")
-        rm = load_reward_model(rm_dir, t.device).eval().requires_grad_(False)
-        if not (rm_dir / "lmprefs.json").is_file():
+        rm = load_reward(rm_dir, t.device).eval().requires_grad_(False)
+        if not (rm_dir / "lmprefs.json").is_file() and not is_ensemble_dir(rm_dir):
             normalize_foreign(t, rm, rm_dir)
-        if cfg.run.parallel == "fsdp":  # scored through its forward: FSDP gathers a block at a time
-            rm = parallel.wrap(rm, "fsdp", t.dtype)
-        return rm_score_fn(rm, compiled), info
+        # under FSDP scored through its forward: FSDP gathers a block at a time
+        scorer = parallel.wrap(rm, "fsdp", t.dtype) if cfg.run.parallel == "fsdp" else rm
+        return rm_score_fn(scorer, compiled), info
     if store is None or isinstance(store, str | Path):
         store = label_source(str(store or cfg.labels.source or "labels.sqlite"))
     # a reward model trained here logs into the run directory (phase "reward"), as PPO does after it; rank 0 only

@@ -24,7 +24,8 @@ from lmprefs.config import Config
 from lmprefs.data.tasks import apply_penalty, decode, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
 from lmprefs.labels.labelers import score_texts
-from lmprefs.models.artifacts import load_policy, load_reward_model
+from lmprefs.models.artifacts import load_policy
+from lmprefs.models.ensemble import load_reward
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.pipeline.dpo import dpo_labels, run_train_dpo
 from lmprefs.pipeline.labeling import collect_labels, label_source, open_store
@@ -40,6 +41,7 @@ from lmprefs.recipes.experiment import (
     true_reward_fn,
 )
 from lmprefs.recipes.kl_frontier import frontier_scores, plot_frontier, save_frontier
+from lmprefs.recipes.matched import matched_kl, matched_table, verdicts
 from lmprefs.runtime.runlog import read_metrics
 from lmprefs.training.frontier import DEFAULT_BETAS
 from lmprefs.training.rollout import rm_score_fn
@@ -48,7 +50,11 @@ from lmprefs.training.scaling_laws import bon_kl
 # the PPO-family arms: what each changes in the ppo section
 PPO_FAMILY = {"ppo": {"value_model": "shared", "estimator": "ppo"},
               "ppo-separate": {"value_model": "separate", "estimator": "ppo"},
-              "rloo": {"value_model": "shared", "estimator": "rloo"}}  # fmt: skip
+              "rloo": {"value_model": "shared", "estimator": "rloo"},
+              "grpo": {"value_model": "shared", "estimator": "grpo", "kl_in": "loss"},
+              "grpo-kl-reward": {"value_model": "shared", "estimator": "grpo", "kl_in": "reward"},
+              "dr-grpo": {"value_model": "shared", "estimator": "dr_grpo"},
+              "reinforce-pp-baseline": {"value_model": "shared", "estimator": "reinforce_pp_baseline"}}  # fmt: skip
 ARMS = (*PPO_FAMILY, "dpo-pairwise", "dpo-listwise", "best-of-n")
 NEEDS_RM = {*PPO_FAMILY, "best-of-n"}
 DEFAULT_EVAL_QUERIES = 64
@@ -72,6 +78,7 @@ class Plan:
     betas: tuple[float, ...] = DEFAULT_BETAS
     min_ess: float = 10.0
     db: Path | None = None
+    match_kl: tuple[float, ...] = ()
 
 
 def arm_list(plan: Plan) -> list[tuple[str, str, str, float]]:
@@ -147,8 +154,9 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
                                 "episodes_per_s": episodes / wall})  # fmt: skip
     names = [a[0] for a in arm_list(plan)]
     res.save("summary", summarize_seeds(res.data, names, plan.seeds))
+    res.save("matched_kl", matched_kl(res.data, arm_list(plan), plan.arms, plan.seeds, plan.match_kl))
     fig = plot_compare(run_dir, res.data, plan)
-    report = write_report(run_dir, res.data, plan)
+    report = write_report(run_dir, res.data, plan, cfg)
     return {"results": res.data, "figure": fig, "report": report}
 
 
@@ -197,7 +205,7 @@ def _best_of_n_arm(cfg: Config, rm_dir: Path, key: str, n: int, plan: Plan, true
     """Best-of-n against the reward model on the held-out queries; episodes: the samples it drew."""
     print(f"[{key}] sampling {n} x {plan.eval_samples} responses per held-out query", flush=True)
     t = setup_task(cfg, plan.n_eval)
-    rm = load_reward_model(rm_dir, t.device).eval().requires_grad_(False)
+    rm = load_reward(rm_dir, t.device).eval().requires_grad_(False)
     ev = best_of_n_policy(t, rm, t.heldout_queries[: plan.n_eval], true_fn, n, plan.eval_samples, cfg.run.seed + 5)
     print(f"[{key}] true reward {ev['mean']:+.4f} +/- {ev['stderr']:.4f}, KL {ev['kl']:.2f} (analytic)", flush=True)
     return ev, n * plan.eval_samples * ev["n_queries"]
@@ -231,7 +239,8 @@ def best_of_n_policy(t: Task, rm, queries: torch.Tensor, true_fn, n: int, sample
 
 
 COLORS = {"ppo": "tab:blue", "ppo-separate": "tab:cyan", "rloo": "tab:green", "dpo-pairwise": "tab:red",
-          "dpo-listwise": "tab:orange", "best-of-n": "tab:purple"}  # fmt: skip
+          "dpo-listwise": "tab:orange", "best-of-n": "tab:purple", "grpo": "tab:olive", "grpo-kl-reward": "tab:brown",
+          "dr-grpo": "tab:pink", "reinforce-pp-baseline": "tab:gray"}  # fmt: skip
 
 
 def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
@@ -254,6 +263,8 @@ def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
         ax.errorbar([d["kl"] for d in pts], [d["mean"] for d in pts], xerr=[d["kl_stderr"] for d in pts],
                     yerr=[d["stderr"] for d in pts], fmt="-o" if kind == "best-of-n" else "o", capsize=3, lw=0.8,
                     color=COLORS[kind], label=f"{kind} ({what})")  # fmt: skip
+    for kl in data.get("matched_kl", {}).get("kls", []):  # where the kinds are compared
+        ax.axvline(kl, color="0.6", ls=":", lw=0.8)
     ax.set_xlabel("KL(pi, rho), nats")
     ax.set_ylabel("true reward on held-out queries")
     ax.set_title(f"one label store, one reward model: {plan.seeds} seed{'s' if plan.seeds > 1 else ''}, "
@@ -284,7 +295,25 @@ def table(data: dict, plan: Plan) -> list[str]:
     return lines
 
 
-def write_report(run_dir: Path, data: dict, plan: Plan) -> Path:
+# an arm whose held-out KL from the initial policy stays under this many nats did not move it: its figures are the
+# initial policy's, whatever its setting promised (DPO at the paper's lr 1e-6 on a small model moves ~1e-5 nats)
+STILL_KL = 0.01
+
+
+def unmoved(data: dict, plan: Plan, cfg: Config | None = None) -> str | None:
+    """One line naming the finished arms that did not move the policy (KL under STILL_KL nats) and what moves one,
+    or None when every arm moved."""
+    still = [seed_key(name, s) for s in range(plan.seeds) for name, kind, _, _ in arm_list(plan)
+             if kind != "best-of-n" and seed_key(name, s) in data and data[seed_key(name, s)]["kl"] < STILL_KL]
+    if not still:
+        return None
+    dpo = f" (now {cfg.dpo.lr:g})" if cfg is not None else ""
+    return (f"did not move the policy (KL from it under {STILL_KL:g} nats, so their figures are the initial "
+            f"policy's): {', '.join(still)}; a larger --dpo.lr{dpo} or --dpo.epochs moves DPO, a larger --ppo.lr or "
+            "--ppo.total-episodes PPO and RLOO")
+
+
+def write_report(run_dir: Path, data: dict, plan: Plan, cfg: Config | None = None) -> Path:
     fr = data["frontier"]
     rm = data.get("reward_model", {})
     acc = f", held-out accuracy {rm['heldout/accuracy']:.3f}" if "heldout/accuracy" in rm else ""
@@ -295,8 +324,15 @@ def write_report(run_dir: Path, data: dict, plan: Plan) -> Path:
              "samples (best-of-n: the analytic log n - (n-1)/n). Wall time: the arm's training and evaluation in the "
              "run that finished it; episodes: rollouts (PPO, RLOO), labels x epochs (DPO), samples drawn "
              "(best-of-n).", "", *table(data, plan), "",
+             *([f"**Arms that {still}.**", ""] if (still := unmoved(data, plan, cfg)) else []),
              f"Optimal frontier from {fr['queries']} queries x {fr['samples_per_query']} samples of rho (trusted up "
              f"to mean ESS {fr['min_ess']:g}).", "", "![KL vs true reward](compare.png)", ""]  # fmt: skip
+    m = data.get("matched_kl", {"kls": [], "note": "not computed"})
+    lines += ["## At matched KL", "",
+              "Each kind's true reward interpolated on its own curve over its KL settings, per seed, at KL values "
+              f"every kind reached in every seed ({m.get('ranges', '')}); mean across seeds +/- the 95% interval's "
+              "half-width (Student's t), seeds in brackets; the frontier at that KL where trusted (dotted lines in "
+              "the figure).", "", *matched_table(m), "", *verdicts(m, plan.seeds), ""]  # fmt: skip
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -24,7 +24,8 @@ from lmprefs.data.tasks import decode, show
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
 from lmprefs.io.inputs import input_dir, lm_dir
-from lmprefs.models.artifacts import adapter_base, is_reward_model_dir, load_policy, load_reward_model
+from lmprefs.models.artifacts import adapter_base, load_policy, load_reward_model
+from lmprefs.models.ensemble import is_ensemble_dir, is_reward_dir, load_reward_ensemble, read_manifest
 from lmprefs.models.loading import load_lm
 from lmprefs.pipeline.evaluation import evaluate_model
 from lmprefs.pipeline.rewards import check_same_tokenizer, normalize_foreign, reward_function
@@ -119,15 +120,21 @@ def text_reward(name: str):
 
 def check_reward_model_dir(given: str) -> Path:
     path = input_dir(given, "--reward-model", "reward-model directory")
-    if not is_reward_model_dir(path):
+    if not is_reward_dir(path):
         raise UserError(f"--reward-model {given}: not a reward-model directory (no sequence classifier with "
-                        "num_labels=1)")  # fmt: skip
+                        "num_labels=1) nor a reward-model ensemble (no ensemble.json)")  # fmt: skip
     return path
 
 
 def scoring_model(t: Task, path: Path):
     """The reward model in `path` on t's device, normalized as train-policy would use it (rewards.normalize) when
-    lmprefs did not train it; says which."""
+    lmprefs did not train it; says which. An ensemble scores by its members' mean (each normalized in training)."""
+    if is_ensemble_dir(path):
+        check_same_tokenizer(path / read_manifest(path)["members"][0], t.tok, f"--reward-model {path}")
+        ens = load_reward_ensemble(path, t.device).eval().requires_grad_(False)
+        print(f"--reward-model {path}: an ensemble of {len(ens)} reward models trained by lmprefs, each normalized "
+              "when it was trained; scored by their mean", flush=True)  # fmt: skip
+        return ens
     check_same_tokenizer(path, t.tok, f"--reward-model {path}")
     rm = load_reward_model(path, t.device).eval().requires_grad_(False)
     if (path / "lmprefs.json").is_file():

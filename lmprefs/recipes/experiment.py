@@ -201,14 +201,43 @@ def mean_se(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
 
 
-# Student's t at 97.5% for 1..10 degrees of freedom: a 95% interval across a handful of seeds; beyond, the normal's
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+def t_central(t: float, df: int) -> float:
+    """P(|T| < t) for Student's t with df degrees of freedom, in closed form (Abramowitz & Stegun 26.7.3-4: a finite
+    series in cos(theta)^2, theta = atan(t / sqrt(df)))."""
+    theta = math.atan(t / math.sqrt(df))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if df % 2 == 0:  # sin(theta) (1 + 1/2 c2 + 1.3/(2.4) c2^2 + ... up to c2^((df - 2) / 2))
+        term = total = 1.0
+        for k in range(1, df // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        return s * total
+    term, total = 1.0, 1.0 if df > 1 else 0.0  # (2/pi)(theta + sin cos (1 + 2/3 c2 + ... up to c2^((df - 3) / 2)))
+    for k in range(1, (df - 1) // 2):
+        term *= c2 * (2 * k) / (2 * k + 1)
+        total += term
+    return 2 / math.pi * (theta + s * math.cos(theta) * total)
+
+
+def t975(df: int) -> float:
+    """Student's t quantile at 97.5% with df >= 1 degrees of freedom (12.706 at 1, 2.201 at 11, toward 1.960): the
+    central series inverted by bisection to within 1e-12."""
+    lo, hi = 0.0, 1e3  # t975(1) = 12.706
+    while hi - lo > 1e-12:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_central(mid, df) < 0.95 else (lo, mid)
+    return (lo + hi) / 2
 
 
 def ci95(stderr: float, n: int) -> float:
-    """Half-width of a 95% interval for a mean of n values with this standard error (t with n - 1 degrees of freedom;
-    n = 0: an s.e. over many queries, the normal's 1.96)."""
-    return stderr * (T975[n - 2] if 2 <= n <= len(T975) + 1 else 1.96)
+    """Half-width of a 95% interval for a mean of n >= 2 values (seeds, or one seed's queries) with this standard
+    error: t with n - 1 degrees of freedom at every n; n unknown (0): the normal's 1.96."""
+    return stderr * (t975(n - 1) if n >= 2 else 1.96)
+
+
+def interval_count(d: dict) -> int:
+    """The n of an arm's interval: its seeds, or with one seed its queries (its s.e. is over them); 0 unknown."""
+    return d["seeds"] if d.get("seeds", 1) > 1 else d.get("n_queries", 0)
 
 
 def finding(summary: dict, names: list[str]) -> str | None:
@@ -244,8 +273,9 @@ def summarize_seeds(data: dict, names: list[str], seeds: int) -> dict:
         (m, se), (k, kse) = mean_se([r["mean"] for r in runs]), mean_se(kls)
         if len(runs) == 1:
             se, kse = runs[0]["stderr"], runs[0].get("kl_stderr", math.nan)
-        out[name] = {"mean": m, "stderr": se, "ci95": ci95(se, len(runs) if len(runs) > 1 else 0), "kl": k,
-                     "kl_stderr": kse, "seeds": len(runs), "n_queries": runs[0]["n_queries"],
+        n = len(runs) if len(runs) > 1 else runs[0]["n_queries"]  # one seed: its s.e. is over its queries
+        out[name] = {"mean": m, "stderr": se, "ci95": ci95(se, n), "kl": k, "kl_stderr": kse, "seeds": len(runs),
+                     "n_queries": runs[0]["n_queries"],
                      "labels": runs[0].get("labels")}  # fmt: skip
     return out
 
@@ -291,7 +321,7 @@ def plot_figure2(run_dir: Path, names: list[str], seeds: int, data: dict, batch_
     summary = {"initial": data["initial"], **summarize_seeds(data, names, seeds)} if "initial" in data else {}
     bars = [n for n in ["initial", *names] if n in summary]
     # the initial policy is one policy: its interval is over queries; the arms' are across seeds when there are some
-    errs = [summary[n].get("ci95", ci95(summary[n]["stderr"], 0)) for n in bars]
+    errs = [summary[n].get("ci95", ci95(summary[n]["stderr"], interval_count(summary[n]))) for n in bars]
     bx.bar(bars, [summary[n]["mean"] for n in bars], yerr=errs, capsize=4)
     bx.set_title("true reward on held-out queries, mean and 95% interval\n" + (
         "arms: across seeds (t); initial: over queries" if seeds > 1 else "over queries"), fontsize=10)  # fmt: skip

@@ -1,6 +1,7 @@
 """What a run costs before it runs: the matmul FLOPs of each stage of a quickstart-shaped run (`stage_flops`, which
 `benchmarks/roofline.py` divides by measured seconds) and, from them and the GFLOP/s each stage reached when it was
-measured, the seconds of each stage of `experiment mock-sentiment` (`plan_mock_sentiment`, behind its `--plan`).
+measured, the seconds of each stage of `experiment mock-sentiment` (`plan_mock_sentiment`, behind its `--plan`) and of
+`experiment label-efficiency` (`plan_label_efficiency`).
 
 The rates are those the roofline measured for the SmolLM2 quickstart on a 2-core AMD EPYC in bf16 (docs/results.md,
 "The quickstart today, against its floor"); on another machine or model they are a guess, and every figure the
@@ -10,6 +11,7 @@ reward model's cache bound); the plan itself is arithmetic on a config and a mod
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -111,33 +113,40 @@ class _Passes:
 
 
 def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
+    """A reward model's stages, or an ensemble's (train_reward.ensemble K): K members scoring, evaluating and
+    training, the normalization samples drawn once, and with LoRA one frozen prefix for all of them over the
+    training and held-out rows, and the held-out evaluation of their mean."""
     cfg, facts, n, ad, S, L, start = p.cfg, p.facts, p.n, p.ad, p.S, p.L, p.start
     tr = cfg.train_reward
+    K = tr.ensemble
     rm: dict[str, int] = {}
     norms = int(tr.normalize_before) + int(tr.normalize_after)
     n_norm = min(tr.normalize_samples, n.train_queries)
     if norms:  # the reward model scores them from the sampling pass's frozen prefix (normalize)
         keep = p.kept and cfg.run.parallel != "fsdp"
         rm["normalize: sample"] = norms * p.sample(n_norm, 1, keep=keep)
-        rm["normalize: score"] = norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L), start if keep else 0,
-                                                        None, ad, p.reward(n_norm))
-                                          + F.scalar_head_flops(facts, n_norm))  # fmt: skip
+        rm["normalize: score"] = K * norms * (F.trunk_flops(facts, F.plain_segments(n_norm, L),
+                                                            start if keep else 0, None, ad, p.reward(n_norm))
+                                              + F.scalar_head_flops(facts, n_norm))  # fmt: skip
     labeled = n.labeling_prefixes and p.kept  # the labeling pass kept every labeled row's frozen prefix
+    rows = n.labels_train + (n.labels_heldout if K > 1 else 0)  # an ensemble's prefix covers the held-out rows too
+    fits = start > 0 and rows * S * L * facts.d * 4 <= cache_bytes
+    cached = labeled or ((tr.epochs > 1 or K > 1) and fits)
     if n.labels_heldout:
-        rm["held-out evaluation"] = 2 * (F.trunk_flops(facts, p.qr(n.labels_heldout, S), start if labeled else 0,
-                                                       None, ad, p.reward(n.labels_heldout * S))
-                                         + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
-    cached = labeled or (tr.epochs > 1 and start > 0 and n.labels_train * S * L * facts.d * 4 <= cache_bytes)
+        held = start if labeled or (K > 1 and cached) else 0
+        rm["held-out evaluation"] = (2 * K + (K if K > 1 else 0)) * (
+            F.trunk_flops(facts, p.qr(n.labels_heldout, S), held, None, ad, p.reward(n.labels_heldout * S))
+            + F.scalar_head_flops(facts, n.labels_heldout * S))  # fmt: skip
     if cached and not labeled:
-        rm["frozen prefix, once"] = F.trunk_flops(facts, p.qr(n.labels_train, S), 0, start)
+        rm["frozen prefix, once"] = F.trunk_flops(facts, p.qr(rows, S), 0, start)
     # under FSDP a question's samples are repeated rows (reward.train_epoch); in one process the quickstart shares
     train_segments = (p.qr(n.labels_train, S) if cfg.run.parallel != "fsdp"
                       else F.plain_segments(n.labels_train * S, L))  # fmt: skip
     head = F.scalar_head_flops(facts, n.labels_train * S)
-    rm["training"] = tr.epochs * (p.fwd_bwd(train_segments, start if cached else 0, ad, p.reward(n.labels_train * S))
-                                  + head + F.head_backward(head, True))  # fmt: skip
+    rm["training"] = K * tr.epochs * (p.fwd_bwd(train_segments, start if cached else 0, ad,
+                                                p.reward(n.labels_train * S)) + head + F.head_backward(head, True))
     if ad and cfg.lora.merged_reward_model:
-        rm["export: merge adapter"] = F.merge_flops(facts, ad)
+        rm["export: merge adapter"] = K * F.merge_flops(facts, ad)
     return rm
 
 
@@ -261,6 +270,58 @@ def plan_mock_sentiment(cfg: Config, facts: F.ModelFacts, shape: Shape, label_co
     rows.append(row(f"final evaluation, {n_eval} x {samples}", seeds * (len(label_counts) + 1),
                     seeds * (len(label_counts) + 1) * sum(ppo["evaluate final"].values()), "evaluate final"))
     return rows
+
+
+def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budgets: list[int], *, directed: int,
+                          seeds: int, n_eval: int, samples: int, pool: int, held: int, members: int,
+                          rates: dict[str, float] | None = None,
+                          load_s: float = MODEL_LOAD_S) -> list[dict]:  # fmt: skip
+    """[{stage, runs, gflop, seconds}] of `experiment label-efficiency` (lmprefs/recipes/label_efficiency.py) with
+    `directed` acquisitions beside random: per seed one pool of `pool` candidates and `held` held-out questions
+    sampled and labeled; per seed and acquisition the rounds' ensembles (`members` reward models each, trained on
+    the labels so far, sharing the normalization samples and frozen prefix) and their scoring of the candidates
+    left (the frozen prefix once, the adapted blocks per member); per arm a reward model, a PPO run and its final
+    evaluation (a directed budget of one round takes random's)."""
+    rates = rates or MEASURED_GFLOPS
+    rnd = cfg.labels.select_round
+
+    def stages(n_labels: int, members: int = 1) -> dict[str, dict[str, int]]:
+        n = Counts(shape.q_len, shape.train_queries, n_eval, samples, pool + held, n_labels, held,
+                   cfg.ppo.num_updates, shape.shared_queries, labeling_prefixes=False)  # fmt: skip
+        return stage_flops(dataclasses.replace(cfg, train_reward=dataclasses.replace(cfg.train_reward,
+                                                                                     ensemble=members)), facts, n)
+
+    def row(stage: str, runs: int, flops: float, rate: str | None) -> dict:
+        return {"stage": stage, "runs": runs, "gflop": flops / 1e9,
+                "seconds": flops / 1e9 / rates[rate] if rate else runs * load_s}  # fmt: skip
+
+    arms = list(budgets) + [b for b in budgets if b > rnd] * directed
+    top = stages(max(budgets))
+    rm = {b: sum(stages(b)["train reward model"].values()) for b in budgets}
+    ad = F.Adapters.from_lora(facts, cfg.lora)
+    start, S, T = ad.start if ad else 0, label_type_shape(cfg.labels.type)[1], cfg.task.response_length
+
+    def score(q: int) -> float:  # every member scores q candidates, the frozen prefix run once for all
+        segs = F.query_response_segments(q, shape.q_len, T, S, shared=shape.shared_queries)
+        return (F.trunk_flops(facts, segs, 0, start) + members * (F.scalar_head_flops(facts, q * S) + F.trunk_flops(
+            facts, segs, start, None, ad, (q * S, shape.q_len + T, 1))))  # fmt: skip
+
+    asked = list(range(rnd, max(budgets), rnd))  # labels before each directed round after the first
+    ens = sum(sum(stages(n, members)["train reward model"].values()) for n in asked)
+    scored = sum(score(pool - n) for n in asked)
+    return [row("model loads", 1 + seeds * len(arms), 0, None),
+            row(f"label {pool} + {held} questions per seed", seeds, seeds * sum(top["sample and label"].values()),
+                "sample and label"),
+            row("evaluate the initial policy", 1, sum(top["evaluate initial"].values()), "evaluate initial"),
+            row(f"directed rounds: {members}-member ensembles", seeds * directed * len(asked),
+                seeds * directed * ens, "train reward model"),
+            row("directed rounds: score the candidates left", seeds * directed * len(asked),
+                seeds * directed * scored, "train reward model"),
+            row("reward model per arm", seeds * len(arms), seeds * sum(rm[b] for b in arms), "train reward model"),
+            row(f"PPO, {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", seeds * len(arms),
+                seeds * len(arms) * sum(top["PPO"].values()), "PPO"),
+            row(f"final evaluation, {n_eval} x {samples}", seeds * len(arms),
+                seeds * len(arms) * sum(top["evaluate final"].values()), "evaluate final")]  # fmt: skip
 
 
 def prefix_cache_bytes() -> int:

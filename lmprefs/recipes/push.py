@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from lmprefs.errors import UserError, first_line
+from lmprefs.io.atomic import as_created
+from lmprefs.io.run_owner import owner
 from lmprefs.models.model_card import HERE
 
 WHAT = ("policy", "reward-model", "all")
@@ -39,9 +41,19 @@ def plan(run: Path, repo: str, what: str) -> list[Upload]:
     (alone) or REPO-reward-model (with the policy); refused in one line before anything is read further."""
     if not REPO_ID.match(repo) or ".." in repo or repo.endswith((".git", ".")):
         raise UserError(f"--repo {repo!r}: not a hub repo name (NAME or OWNER/NAME: letters, digits, - _ .)")
+    if run.name in ("policy", "reward_model", "sft_model") and (run.parent / "config.json").is_file():
+        raise UserError(f"RUN {run}: a model inside the run {run.parent}; push the run directory: lmprefs push "
+                        f"{run.parent} --repo {repo}")  # fmt: skip
     if not (run / "config.json").is_file():
         raise UserError(f"RUN {run}: not a run directory (no config.json)")
     if what in ("policy", "all") and not _saved(run / "policy"):
+        made_by = owner(run)
+        if made_by == "train-reward":
+            raise UserError(f"RUN {run}: a run of `lmprefs train-reward`, with a reward model and no policy; push "
+                            "its reward model with --what reward-model")  # fmt: skip
+        if made_by not in (None, "train-policy", "train-dpo", "quickstart"):
+            raise UserError(f"RUN {run}: a run of `lmprefs {made_by}`, which trains no policy that push uploads "
+                            "(the policy of a train-policy, train-dpo or quickstart run)")  # fmt: skip
         raise UserError(f"RUN {run}: not a finished run (no final policy in {run / 'policy'}); push it once it ends")
     if what == "reward-model" and not _saved(run / "reward_model"):
         raise UserError(f"RUN {run}: holds no reward model (no {run / 'reward_model'})")
@@ -154,6 +166,7 @@ def _copy_to_stand_in(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
     shutil.copytree(src, tmp, dirs_exist_ok=True)
+    as_created(tmp)  # not mkdtemp's 0700
     old = dest.with_name(f".{dest.name}.old") if dest.exists() else None
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

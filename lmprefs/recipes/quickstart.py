@@ -9,28 +9,37 @@ directory with report.md and plots.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
 from lmprefs.config import Config, label_type_shape
+from lmprefs.config.diff import flat_config, math_changes
 from lmprefs.data.queries import QueryStream
 from lmprefs.data.tasks import decode, show, stop_tokens
 from lmprefs.errors import UserError
+from lmprefs.io.config_file import load_config, save_config
+from lmprefs.io.locks import run_lock
+from lmprefs.io.run_owner import owner
 from lmprefs.labels.labelers import score_fn
 from lmprefs.models import parallel
+from lmprefs.models.artifacts import load_reward_model
 from lmprefs.pipeline.evaluation import evaluate_policy, plot_curves, true_reward_name
 from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.policy import policy_for
-from lmprefs.pipeline.reward_model import train_reward_model
+from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
 from lmprefs.pipeline.task import Task, check_heldout, setup_task
+from lmprefs.recipes.experiment import Results
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import compiles_forwards
 from lmprefs.runtime.memory import release_freed_memory
 from lmprefs.runtime.runlog import open_logger, read_metrics
 from lmprefs.training.policy import train_policy
+from lmprefs.training.policy_checkpoint import find_checkpoint, load_checkpoint
 from lmprefs.training.policy_run import build_run
 from lmprefs.training.rollout import rm_score_fn
 
@@ -99,86 +108,176 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
     return path
 
 
-# what a run leaves in its directory (quickstart's, and train-policy's, train-reward's or train-dpo's, which share
-# the layout); quickstart, which cannot resume, starts only where none of them is
+# what a run leaves in its directory: a quickstart starts only where none is, unless the quickstart made it
 RUN_FILES = ("config.json", "run.json", "metrics.jsonl", "checkpoint", "policy", "reward_model", "labels.sqlite",
              "report.md")  # fmt: skip
+def _check_resume(cfg: Config, run_dir: Path, eval_flags: dict) -> dict:
+    """results.json of the quickstart in run_dir ({} for a new one), after refusing a finished one and a command
+    line that would change what a begun one computes."""
+    if owner(run_dir) != "quickstart":  # e.g. a directory of an earlier lmprefs that tells no command
+        held = [name for name in RUN_FILES if (run_dir / name).exists()]
+        if held:
+            raise UserError(f"{run_dir} already holds a run ({held[0]}); choose another --run-dir")
+        return {}
+    if (run_dir / "report.md").exists():
+        raise UserError(f"{run_dir} holds a finished quickstart (report.md); choose another --run-dir")
+    state = Results(run_dir).data
+    if (run_dir / "config.json").is_file():
+        diff = math_changes(flat_config(load_config(run_dir / "config.json")), flat_config(cfg))
+        if diff:
+            raise UserError(f"{run_dir} holds a quickstart begun with another config: {diff[0]}; rerun it with its "
+                            "own command line, or choose another --run-dir")  # fmt: skip
+    for flag, key in (("--eval-queries", "queries"), ("--eval-samples", "samples")):
+        if key in state.get("eval", {}) and state["eval"][key] != eval_flags[key]:
+            raise UserError(f"{run_dir} holds a quickstart begun with {flag} {state['eval'][key]}, not "
+                            f"{eval_flags[key]}; rerun it with its own command line, or choose another --run-dir")
+    if (run_dir / "ANDON").is_file():
+        why = json.loads((run_dir / "ANDON").read_text())
+        raise UserError(f"{run_dir}: the quickstart's PPO stopped itself at update {why.get('update')}: "
+                        f"{why.get('reason')}; continuing would repeat that: start another --run-dir with a change "
+                        "(e.g. --ppo.lr)")  # fmt: skip
+    return state
 
 
 def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -> dict:
-    # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
-    # shares of each global batch, the held-out queries are evaluated in shares and gathered; rank 0 writes
-    held = [name for name in RUN_FILES if (run_dir / name).exists()]
-    if held:  # checking only its own report.md and labels.sqlite let it overwrite another command's run
-        raise UserError(f"{run_dir} already holds a run ({held[0]}); choose another --run-dir")
+    """The six stages in run_dir; each finished stage's result is kept (results.json, the label store, the reward
+    model, PPO's checkpoints), so that the same command line run again after a kill continues the run."""
+    eval_flags = {"queries": n_eval, "samples": eval_samples}
+    state = _check_resume(cfg, run_dir, eval_flags)
     say = print if dist.is_main() else (lambda *_, **__: None)
     true_fn = score_fn(cfg.labels.labeler)  # a missing judge asset stops the run before it writes anything
-    if dist.is_main():
-        run_dir.mkdir(parents=True, exist_ok=True)
-    stages: dict[str, float] = {}
     t0 = time.time()
     say("[1/6] preparing assets and queries", flush=True)
-    t = setup_task(cfg, n_heldout=n_eval)
+    t = setup_task(cfg, n_heldout=n_eval)  # a bad model or query dataset is refused before run_dir is made
     check_heldout(t, n_eval, "--eval-queries")
-    stages["assets and model"] = time.time() - t0
+    setup_seconds = time.time() - t0
+    # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
+    # shares of each global batch, the held-out queries are evaluated in shares and gathered; rank 0 writes
+    with run_lock(run_dir, "quickstart") if dist.is_main() else contextlib.nullcontext():
+        res = _State(run_dir)
+        res.data = state
+        if dist.is_main():
+            save_config(cfg, run_dir / "config.json")
+        res.save("eval", eval_flags)  # every rank's copy; rank 0 writes it
+        if state:
+            say(f"resuming {run_dir}", flush=True)
+        res.data.setdefault("stages", {})["assets and model"] = setup_seconds
+        return _stages(cfg, run_dir, t, res, true_fn, say)
+
+
+class _State(Results):
+    """results.json of a quickstart, as an experiment's, written by rank 0 alone."""
+
+    def save(self, key: str, value) -> None:
+        if dist.is_main():
+            super().save(key, value)
+        else:
+            self.data[key] = value
+
+    def timed(self, stage: str, start: float) -> None:
+        self.save("stages", {**self.data.get("stages", {}), stage: time.time() - start})
+
+
+def _stages(cfg: Config, run_dir: Path, t: Task, res: _State, true_fn, say) -> dict:
+    n_eval, eval_samples = res.data["eval"]["queries"], res.data["eval"]["samples"]
     heldout = t.heldout_queries[:n_eval]
+    s = time.time()
+    if "initial" not in res.data:
+        say("[2/6] evaluating the initial policy on held-out queries (true reward)", flush=True)
+        res.save("initial", evaluate_policy(t, heldout, true_fn, None, eval_samples, cfg.run.seed + 5,
+                                            desc="initial policy"))  # fmt: skip
+        release_freed_memory()  # the next stage starts from what the run holds, not this one's high-water mark
+        res.timed("evaluate initial", s)
+    before = res.data["initial"]
 
     s = time.time()
-    say("[2/6] evaluating the initial policy on held-out queries (true reward)", flush=True)
-    before = evaluate_policy(t, heldout, true_fn, None, eval_samples, cfg.run.seed + 5, desc="initial policy")
-    release_freed_memory()  # the next stage starts from what the run holds, not this one's high-water mark
-    stages["evaluate initial"] = time.time() - s
+    labeled: dict = {}
+    if "labels" not in res.data:  # a store a killed labeling pass left is completed: its questions are keyed
+        say(f"[3/6] sampling {cfg.labels.num_train} comparisons and labeling them with {cfg.labels.labeler}",
+            flush=True)  # fmt: skip
+        store = open_store(run_dir / "labels.sqlite") if dist.is_main() else None
+        n_questions = math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction))
+        # the sampling pass keeps the frozen blocks' outputs of the labeled rows: the reward model then runs only its
+        # adapted blocks on them
+        labeled = collect_labels(t, store, n_questions, source="quickstart", keep_prefixes=True)
+        release_freed_memory()
+        res.save("labels", {"questions": n_questions})
+        res.timed("sample and label", s)
+    store = open_store(run_dir / "labels.sqlite")  # the other ranks read it once rank 0 has written it
 
-    s = time.time()
-    say(f"[3/6] sampling {cfg.labels.num_train} comparisons and labeling them with {cfg.labels.labeler}", flush=True)
-    store = open_store(run_dir / "labels.sqlite") if dist.is_main() else None
-    n_questions = math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction))
-    # the sampling pass keeps the frozen blocks' outputs of the labeled rows: the reward model then runs only its
-    # adapted blocks on them
-    labeled = collect_labels(t, store, n_questions, source="quickstart", keep_prefixes=True)
-    store = store or open_store(run_dir / "labels.sqlite")  # the other ranks read it once rank 0 has written it
-    release_freed_memory()
-    stages["sample and label"] = time.time() - s
-
-    s = time.time()
-    say("[4/6] training the reward model", flush=True)
-    log = open_logger(run_dir, cfg)
-    t.shared_prefixes = labeled.get("prefixes")
-    rm, rm_summary = train_reward_model(t, store, run_dir / "reward_model", log)
-    t.shared_prefixes = None  # their memory, for PPO
-    rm.freeze()
-    release_freed_memory()
-    stages["train reward model"] = time.time() - s
-    say(f"      held-out accuracy {rm_summary.get('heldout/accuracy', float('nan')):.3f} "
-        f"({rm_summary['labels_heldout']} labels; chance {chance(cfg):.2f})", flush=True)  # fmt: skip
-
+    rm, run, log = _reward_and_run(cfg, run_dir, t, res, store, labeled.get("prefixes"), say)
     s = time.time()
     say(f"[5/6] PPO against the reward model: {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", flush=True)
-    policy = policy_for(t)
-    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
     rm_score = rm_score_fn(rm, compiles_forwards(cfg.run.compile, t.device))
     score, on_update = track_true_reward(rm_score, true_fn, t.tok, t.prefix, t.suffix, stop_tokens(cfg.task, t.tok))
-    stats = train_policy(cfg, run, score, log, run_dir, t.ctx, on_update)
-    log.close()
+    try:
+        stats = train_policy(cfg, run, score, log, run_dir, t.ctx, on_update)
+    finally:
+        log.close()
     release_freed_memory()
-    stages["PPO"] = time.time() - s
+    res.timed("PPO", s)
 
     s = time.time()
     say("[6/6] evaluating the final policy on the same held-out queries", flush=True)
+    policy = run.policy
     # with LoRA the trained policy is an adapter on t.model; with full fine-tuning it is its own copy
     final = t if policy.adapter else Task(**{**t.__dict__, "model": policy.lm})
     # under FSDP with the trained policy's shards gathered on every rank for the duration
     after = parallel.gathered(policy, lambda: evaluate_policy(final, heldout, true_fn, policy.adapter, eval_samples,
                                                           cfg.run.seed + 5, desc="final policy", ref_model=t.model))
-    stages["evaluate final"] = time.time() - s
+    res.timed("evaluate final", s)
 
-    figures = {"rm_accuracy": rm_summary.get("heldout/accuracy", float("nan")),
-               "rm_heldout": rm_summary["labels_heldout"],
-               "rm_train": rm_summary["labels_train"], "kl": stats["objective/kl"], "kl_heldout": after.get("kl"),
-               "beta": stats["objective/kl_coef"],
+    # a quickstart of an earlier lmprefs, resumed, kept no figures of its reward model
+    unknown = {"rm_accuracy": float("nan"), "rm_heldout": 0, "rm_train": 0}
+    figures = {**unknown, **res.data.get("reward_model", {}), "kl": stats["objective/kl"],
+               "kl_heldout": after.get("kl"), "beta": stats["objective/kl_coef"],
                "score": stats["objective/score"]}  # fmt: skip
+    stages = res.data["stages"]
     report = run_dir / "report.md"
     if dist.is_main():
         plot_curves(read_metrics(run_dir / "metrics.jsonl", "policy"), run_dir, cfg.labels.labeler)
         report = write_report(run_dir, cfg, figures, stages, before, after, queries=heldout, tok=t.tok)
     return {"report": report, "figures": figures, "before": before, "after": after, "stages": stages}
+
+
+def _reward_and_run(cfg: Config, run_dir: Path, t: Task, res: _State, store, prefixes, say):
+    """(the reward model, the PPO run, its logger): a run with a checkpoint continues from it with the reward model
+    it kept; otherwise the reward model is trained (again, after a kill: the rows an earlier attempt logged are
+    dropped first) and PPO starts at update 0."""
+    found = find_checkpoint(run_dir)
+    kept = found is not None and "reward" in found[1].get("extras", ())  # the checkpoint holds the reward model
+    s = time.time()
+    if found is None:
+        if dist.is_main():  # what a killed attempt logged from its reward model on: this one logs it again
+            for name in ("metrics.jsonl", "samples.jsonl"):
+                (run_dir / name).unlink(missing_ok=True)
+            shutil.rmtree(run_dir / "logs", ignore_errors=True)
+        say("[4/6] training the reward model", flush=True)
+        log = open_logger(run_dir, cfg)
+        t.shared_prefixes = prefixes
+        rm, summary = train_reward_model(t, store, run_dir / "reward_model", log)
+        t.shared_prefixes = None  # their memory, for PPO
+        res.save("reward_model", {"rm_accuracy": summary.get("heldout/accuracy", float("nan")),
+                                  "rm_heldout": summary["labels_heldout"], "rm_train": summary["labels_train"]})
+        res.timed("train reward model", s)
+        say(f"      held-out accuracy {res.data['reward_model']['rm_accuracy']:.3f} "
+            f"({summary['labels_heldout']} labels; chance {chance(cfg):.2f})", flush=True)  # fmt: skip
+    elif kept:
+        rm = reward_frame(t)  # filled from the checkpoint: the very model the killed run scored with
+    else:  # sharded under FSDP (or an earlier lmprefs') the reward model is not in the checkpoint: its export scores
+        # the same up to rounding
+        rm = load_reward_model(run_dir / "reward_model", t.device)
+        if cfg.run.parallel == "fsdp":
+            parallel.wrap(rm, "fsdp", t.dtype)  # sharded in place
+    rm.freeze()
+    release_freed_memory()
+    policy = policy_for(t)
+    run = build_run(cfg, policy, QueryStream(t.train_queries, cfg.run.seed, dist.rank(), dist.world()), t.device)
+    # kept in the checkpoint as train-policy keeps a reward model trained in its run
+    if (found is None or kept) and (rm.adapter is not None or not parallel.is_sharded(rm)):
+        run.extras["reward"] = RewardState(rm)
+    if found is None:
+        return rm, run, log
+    load_checkpoint(run, run_dir, found)
+    say(f"resuming PPO at update {run.update}/{cfg.ppo.num_updates}", flush=True)
+    return rm, run, open_logger(run_dir, cfg, resume_step=run.update)

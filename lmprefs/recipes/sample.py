@@ -14,7 +14,8 @@ from lmprefs.data.queries import task_queries
 from lmprefs.data.tasks import apply_penalty, decode, format_queries, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_dir
-from lmprefs.models.artifacts import is_reward_model_dir, load_policy, load_reward_model
+from lmprefs.models.artifacts import load_policy
+from lmprefs.models.ensemble import is_ensemble_dir, is_reward_dir, load_reward, read_manifest
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.pipeline.rewards import check_same_tokenizer, checked_scores, reward_function
@@ -65,11 +66,12 @@ def reward_scorer(tok, device, reward_model: Path | None = None, reward: str | N
     the texts without a stop token that ended them (`stop`)."""
     if reward_model is not None:
         path = input_dir(reward_model, "--reward-model", "reward-model directory")
-        if not is_reward_model_dir(path):
+        if not is_reward_dir(path):
             raise UserError(f"--reward-model {path}: not a reward-model directory (no sequence classifier with "
-                            "num_labels=1)")  # fmt: skip
-        check_same_tokenizer(path, tok, f"--reward-model {path}")
-        rm = load_reward_model(path, device).eval().requires_grad_(False)
+                            "num_labels=1) nor a reward-model ensemble (no ensemble.json)")  # fmt: skip
+        first = path / read_manifest(path)["members"][0] if is_ensemble_dir(path) else path
+        check_same_tokenizer(first, tok, f"--reward-model {path}")
+        rm = load_reward(path, device).eval().requires_grad_(False)  # an ensemble: its members' mean
         return lambda q, r, texts: rm(q, r).float()
     name, fn = reward_function(reward)
     return lambda q, r, texts: checked_scores(fn, decode(tok, r, stop), name, texts).float().to(r.device)

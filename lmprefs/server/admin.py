@@ -66,16 +66,17 @@ def item_browser(
     before: Annotated[int | None, Query(ge=1, le=2**62)] = None,
 ) -> HTMLResponse:
     """Items whose query or an option contains `q`, in `state` (pending, done, flagged, gold, retired; "" any),
-    newest first, each with every option, its gold answer and note, and its actions."""
+    newest first, each with every option, its gold answer and note, its queue score (`lmprefs rank-queue`) and its
+    actions."""
     if state and state not in ITEM_STATES:
         raise HTTPException(422, f"state={state!r} must be one of {', '.join(ITEM_STATES)}, or left out.")
     st = _state(request)
     items = st.store.search_items(q, state or None, limit=PAGE + 1, before_id=before)
     flash, user.session.flash = user.session.flash, None
+    back = str(request.url.path) + ("?" + request.url.query if request.url.query else "")
     return render(request, "items.html", user=user, csrf=user.session.csrf, flash=flash, items=items[:PAGE],
                   more=items[PAGE - 1].id if len(items) > PAGE else None, q=q, state=state,
-                  states=ITEM_STATES, back=str(request.url.path) + ("?" + request.url.query if request.url.query
-                                                                  else ""))  # fmt: skip
+                  states=ITEM_STATES, ranked_by=st.store.acquisition_by(), back=back)  # fmt: skip
 
 
 def _back(back: str) -> str:
@@ -154,7 +155,7 @@ def admin_labeler(
         raise HTTPException(404, f"There is no labeler {name!r}.")
     if action not in ("admit", "hold"):
         raise HTTPException(422, f"action={action!r} must be admit or hold.")
-    st.store.set_admitted(labeler.id, action == "admit")
+    st.store.set_admitted(labeler.id, action == "admit", by_admin=True)
     user.session.flash = f"{name} {'is admitted' if action == 'admit' else 'is held back from real work'}."
     return RedirectResponse("/admin", 303)
 

@@ -54,6 +54,17 @@ def read_answer(choice: str, ranking: str, value_field: str, n: int, iid: int) -
     return "label", int(choice), None
 
 
+def saved_flash(iid: int, kind: str, position: int | None, ranked: list[int] | None, sure: int | None,
+                changed: bool) -> str:  # fmt: skip
+    """What the page says after an answer, the same for every question the labeler is served."""
+    if ranked is not None:
+        done = "ranked options " + ", ".join(str(p + 1) for p in ranked)
+    else:
+        done = {"label": f"picked option {(position or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
+    sure_text = f" (confidence {sure})" if sure else ""
+    return f"{'Changed' if changed else 'Saved'}: item {iid} {done}{sure_text}."
+
+
 def read_confidence(confidence: str, kind: str) -> int | None:
     """The form's confidence, 1..3, or None (left out, or on a skip or flag, which judge nothing); else a 422."""
     if confidence not in ("", "1", "2", "3"):

@@ -8,7 +8,7 @@ clients send the token, and documents each call's errors, whose body is always `
   GET  /api/me                 who the token belongs to
   POST /api/items              queue questions (with an optional gold answer); idempotent like LabelStore.add_item
   GET  /api/items/{id}         one question, its status and hold
-  GET  /api/labels             labels in id order, from `since_id` (page with `next_since_id`)
+  GET  /api/labels             labels in feed order, after position `since_id` (page with `next_since_id`)
   GET  /api/quality            per-labeler gold accuracy, agreement with the majority, position picks, time on task
 """
 
@@ -122,11 +122,14 @@ class LabelOut(BaseModel):
                                       "top one)")  # fmt: skip
     confidence: int | None = Field(description="the labeler's confidence, 1 (a guess) to 3 (sure), if given")
     too_fast: bool | None = Field(description="answered quicker than the server's --fast-seconds")
+    position: int = Field(description="the row's place in the feed: an answer changed by undo is sent again, same "
+                          "id, at a new position; keep the last row sent for each id")  # fmt: skip
 
 
 class LabelsOut(BaseModel):
     labels: list[LabelOut]
-    next_since_id: int = Field(description="pass as since_id for the next page (equal to since_id when done)")
+    next_since_id: int = Field(description="the last row's position: pass as since_id for the next page (equal to "
+                               "since_id when done)")  # fmt: skip
 
 
 class LabelerQualityOut(BaseModel):
@@ -258,7 +261,8 @@ def labels(
     limit: Annotated[int, Query(ge=1, le=10_000), PLAIN] = 1000,
     label_type: Annotated[str | None, Query(max_length=30)] = None,
 ) -> LabelsOut:
-    """Labels, skips and flags with id > since_id, oldest first, at most `limit`."""
+    """Labels, skips and flags at a feed position after since_id, in feed order, at most `limit`; an answer changed
+    by undo comes again at a new position (same id)."""
     if label_type is not None:
         try:
             label_type_shape(label_type)
@@ -268,7 +272,7 @@ def labels(
     answers = st.store.answers_since(since_id, limit=limit, label_type=label_type)
     out = [LabelOut(**asdict(a), too_fast=None if a.seconds is None else a.seconds < st.fast_seconds)
            for a in answers]  # fmt: skip
-    return LabelsOut(labels=out, next_since_id=out[-1].id if out else since_id)
+    return LabelsOut(labels=out, next_since_id=out[-1].position if out else since_id)
 
 
 def quality(request: Request, user: Admin) -> QualityOut:

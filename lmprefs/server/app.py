@@ -8,9 +8,8 @@ HEAD too):
   POST /label                one answer to the item leased to this labeler: item_id, choice = displayed position
                              0..N-1 | "skip" | "flag" (a ranking_K item: "rank" with ranking = the displayed option
                              numbers 1..K best first, like "2,1,3"), optional confidence 1..3 and note; 303 to
-                             /label
+                             /label; a drift anchor (drift.py) is served and answered here too, unannounced
   POST /onboarding           a practice answer (onboarding.py): item_id, choice or ranking, as POST /label
-  POST /anchor               an answer to a drift anchor (drift.py), once per anchor and interval
   POST /undo                 answer the last item again (within `undo_seconds` of the answer); the new one replaces it
   GET  /admin                counts, throughput, quality control, flags, export form (admins only)
   GET  /admin/items          the item browser: search by text and state, every option, gold and its note, actions
@@ -42,7 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from lmprefs.labels.store import LabelStore
-from lmprefs.server import admin, api, drift, labeling, onboarding
+from lmprefs.server import admin, api, labeling, onboarding
 from lmprefs.server.instructions import TASKS
 from lmprefs.server.pages import ITEM_ID, FormRoute, State, render, single_valued
 from lmprefs.server.queue import Queue
@@ -149,7 +148,6 @@ def create_app(
     app.post("/label", **form)(labeling.submit_label)
     app.post("/undo", **form)(labeling.undo)
     app.post("/onboarding", **form)(onboarding.submit_practice)
-    app.post("/anchor", **form)(drift.submit_anchor)
     app.api_route("/admin", **page)(admin.admin_page)
     app.api_route("/admin/items", **page)(admin.item_browser)
     app.post("/admin/item", **form)(admin.admin_item)

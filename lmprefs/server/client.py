@@ -69,14 +69,18 @@ class Client:
         return self._call("GET", f"/api/items/{int(item_id)}")
 
     def labels(self, since_id: int = 0, label_type: str | None = None, page: int = 1000) -> list[dict]:
-        """Every label, skip and flag with id > since_id, oldest first (read page by page). `best` indexes the
-        item's stored samples; `shown` is the order the labeler saw them in; `seconds` the time on task."""
-        out: list[dict] = []
+        """Every label, skip and flag after feed position since_id (0: all), in feed order (read page by page), each
+        id once, as last changed: an answer changed by undo while the pages are read comes once, at its new
+        position. `best` indexes the item's stored samples; `shown` is the order the labeler saw them in; `seconds`
+        the time on task. Pass the last row's `position` as since_id to read only what came or changed since."""
+        out: dict[int, dict] = {}
         while True:
             r = self._call("GET", "/api/labels", since_id=since_id, label_type=label_type, limit=page)
-            out += r["labels"]
+            for row in r["labels"]:
+                out.pop(row["id"], None)
+                out[row["id"]] = row
             if len(r["labels"]) < page:
-                return out
+                return list(out.values())
             since_id = r["next_since_id"]
 
     def quality(self) -> dict:

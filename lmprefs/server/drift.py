@@ -1,78 +1,87 @@
 """Drift anchors in the labeling app: while the admin's setting asks for them (`lmprefs serve --anchor-every N`, or
 the admin page), each labeler is served the store's anchor items again in every interval of N of their labels,
 unannounced, before their next queue item; the admin page charts each labeler's self-consistency on the anchors and
-their gold accuracy per interval (`charts`). An anchor answered twice in one interval is a 409 that stores nothing."""
+their gold accuracy per interval (`charts`).
+
+Unannounced means an anchor looks and answers like any question: the same page and form (`POST /label`), the same
+"N left" count (`Queue.progress` counts the anchors), flash, undo and refusals. A skip or a flag passes the anchor
+for this interval (a flag also holds it, as it holds any item, until an admin serves it again); an undo serves it
+again, but drift counts the first answer, as gold accuracy does, so a changed answer is not kept (an undone skip or
+flag is no answer: the one given instead is kept)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
 
-from fastapi import Depends, Form, HTTPException, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi import HTTPException
 
-from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, Item
-from lmprefs.server.answers import order_of, read_answer, read_confidence, shown_options
-from lmprefs.server.pages import State, form_item_id, render, state
-from lmprefs.server.security import User, csrf_checked
+from lmprefs.server.answers import order_of
+from lmprefs.server.pages import State
+from lmprefs.server.security import User
 
 
-def due_anchor(st: State, user: User) -> Item | None:
+@dataclass(frozen=True)
+class Due:
+    item: Item
+    interval: int
+    redo: bool  # the labeler undid their answer to it
+    left: int  # anchors still due in this interval, this one included
+
+
+def due_anchor(st: State, user: User) -> Due | None:
     """The drift anchor `user` should answer now, or None (no anchors, or all answered in this interval)."""
     every = st.store.anchor_every()
     if not every:
         return None
-    due = st.store.due_anchors(user.id, st.store.labeler_interval(user.id, every))
-    return st.store.get_item(due[0]) if due else None
-
-
-def anchor_page(request: Request, st: State, user: User, item: Item, feedback: dict | None) -> HTMLResponse:
-    flash, user.session.flash = user.session.flash, None
-    options = shown_options(st, user.name, item)
-    progress = st.queue.progress(user.id, user.name)
-    return render(request, "label.html", user=user, csrf=user.session.csrf, item=item, options=options,
-                  progress=progress, flash=flash, redo=False, undo=None, undo_seconds=0, action="/anchor",
-                  practice=None, feedback=feedback)  # fmt: skip
-
-
-def submit_anchor(
-    request: Request,
-    user: Annotated[User, Depends(csrf_checked)],
-    item_id: Annotated[str, Form(max_length=20)],
-    choice: Annotated[str, Form(min_length=1, max_length=8)],
-    ranking: Annotated[str, Form(max_length=40)] = "",
-    confidence: Annotated[str, Form(max_length=8)] = "",
-) -> Response:
-    """An answer to the drift anchor the labeler is shown: once per anchor and interval."""
-    st = state(request)
-    iid = form_item_id(item_id)
-    every = st.store.anchor_every()
-    item = st.store.get_item(iid)
-    if not every or item is None or not item.anchor:
-        raise HTTPException(409, f"Item {iid} is not a drift anchor you were shown (it was not saved).")
     interval = st.store.labeler_interval(user.id, every)
-    due = st.store.due_anchors(user.id, interval)
-    if iid not in due:
-        raise HTTPException(409, f"You already answered item {iid} in this interval of {every} labels; that answer "
-                                 "stands.")  # fmt: skip
-    if iid != due[0]:
-        raise HTTPException(409, f"Item {iid} is not the question you were shown (it was not saved).")
-    value_field, n = label_type_shape(item.label_type)
-    kind, position, ranked = read_answer(choice, ranking, value_field, n, iid)
+    redo = st.queue.anchor_redo(user.name)
+    passed = st.queue.passed_anchors(user.name, interval)
+    due = [i for i in st.store.due_anchors(user.id, interval) if i not in passed]
+    if redo is not None and (item := st.store.get_item(redo)) is not None and item.anchor and item.hold is None:
+        return Due(item, interval, True, len(due))
+    item = st.store.get_item(due[0]) if due else None
+    return Due(item, interval, False, len(due)) if item is not None else None
+
+
+def anchors_left(st: State, user: User) -> int:
+    """The anchors `user` still answers in this interval (for the "N left" count): not one they undid, which counted
+    as answered, as an undone queue item does."""
+    due = due_anchor(st, user)
+    return due.left - (due.redo and due.item.id in st.store.due_anchors(user.id, due.interval)) if due else 0
+
+
+def answered_anchor(st: State, user: User, item_id: int) -> bool:
+    """Whether `user` answered (or skipped or flagged) anchor `item_id` in their interval now."""
+    every = st.store.anchor_every()
+    if not every:
+        return False
+    interval = st.store.labeler_interval(user.id, every)
+    passed = st.queue.passed_anchors(user.name, interval)
+    return item_id in passed or item_id not in st.store.due_anchors(user.id, interval)
+
+
+def answer_anchor(st: State, user: User, due: Due, kind: str, position: int | None, ranked: list[int] | None) -> None:
+    """Keep an answer to the anchor `due`, as `submit_label` keeps one to a queue item; a 409 if it was answered in
+    this interval already."""
+    n = len(due.item.samples)
+    iid = due.item.id
+    if due.redo:
+        st.queue.redo_anchor(user.name, None)
+        if iid not in st.store.due_anchors(user.id, due.interval):
+            return  # drift counts the first answer: the change is not kept
+        # an undone skip or flag: this is the first answer
     if kind != "label":
-        raise HTTPException(422, "This question cannot be skipped or flagged; please answer it.")
-    # the page sends the confidence buttons' value as on any question: checked like there, though an anchor answer
-    # keeps none (drift compares picks), so a bad value is refused rather than passed without a word
-    read_confidence(confidence, kind)
+        st.queue.pass_anchor(user.name, iid, due.interval, kind)
+        if kind == "flag":
+            st.store.set_hold(iid, "flagged")
+        return
     order = order_of(st, user.name, iid, n)
     try:
-        st.store.add_anchor_answer(iid, user.id, interval, best=order[position] if position is not None else None,
+        st.store.add_anchor_answer(iid, user.id, due.interval, best=order[position] if position is not None else None,
                                    ranking=[order[k] for k in ranked] if ranked is not None else None)  # fmt: skip
     except DuplicateLabelError:
-        raise HTTPException(409, f"You already answered item {iid} in this interval; that answer stands.") from None
-    user.session.flash = f"Saved: item {iid}."
-    return RedirectResponse("/label", 303)
+        raise HTTPException(409, f"You already answered item {iid}; that answer stands.") from None
 
 
 @dataclass(frozen=True)

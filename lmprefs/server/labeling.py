@@ -16,8 +16,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store import DuplicateLabelError, token_hash
-from lmprefs.server.answers import order_of, read_answer, read_confidence, shown_options
-from lmprefs.server.drift import anchor_page, due_anchor
+from lmprefs.server.answers import order_of, read_answer, read_confidence, saved_flash, shown_options
+from lmprefs.server.drift import anchors_left, answer_anchor, answered_anchor, due_anchor
 from lmprefs.server.onboarding import practice, practice_page
 from lmprefs.server.pages import ITEM_ID, State, form_item_id, render, state
 from lmprefs.server.security import (
@@ -35,6 +35,9 @@ from lmprefs.server.security import (
     signed_in,
     too_many,
 )
+
+NOT_SHOWN = ("Item {} is not the question you were shown (it was not saved). Open the labeling page for your current "
+             "question.")  # fmt: skip
 
 
 def login_page(
@@ -99,12 +102,24 @@ def logout(request: Request, user: Annotated[User, Depends(csrf_checked)]) -> Re
     return response
 
 
-def _last_answer(st: State, user: User) -> tuple[int, int, float] | None:
-    """(label id, item id, seconds left to undo it) of the labeler's latest web answer, if still undoable."""
-    row = st.store.last_answer(user.id, source="web")
-    if row is None or time.time() - row[2] >= st.undo_seconds:
+def _last_answer(st: State, user: User) -> tuple[int, int, float, bool] | None:
+    """(answer id, item id, seconds left to undo it, whether it answered a drift anchor) of the labeler's latest web
+    or anchor answer, if still undoable."""
+    rows = [(*r, False) for r in [st.store.last_answer(user.id, source="web")] if r]
+    rows += [(*r, True) for r in [st.store.last_anchor_answer(user.id)] if r]
+    rows += [(0, *r, True) for r in [st.queue.last_passed_anchor(user.name)] if r]  # a skip or flag, kept in memory
+    if not rows:
         return None
-    return row[0], row[1], st.undo_seconds - (time.time() - row[2])
+    row = max(rows, key=lambda r: r[2])
+    if time.time() - row[2] >= st.undo_seconds:
+        return None
+    return row[0], row[1], st.undo_seconds - (time.time() - row[2]), row[3]
+
+
+def _undoing(st: State, user: User) -> bool:
+    """Whether the labeler's lease is an undone answer to give again (served before a drift anchor comes due)."""
+    lease = st.queue.lease(user.name)
+    return bool(lease and lease.redo)
 
 
 def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> HTMLResponse:
@@ -112,16 +127,15 @@ def label_page(request: Request, user: Annotated[User, Depends(signed_in)]) -> H
     feedback, user.session.feedback = user.session.feedback, None  # the last practice answer's right answer
     if (p := practice(st, user)) is not None:
         return practice_page(request, st, user, p, feedback)
-    if (anchor := due_anchor(st, user)) is not None:
-        return anchor_page(request, st, user, anchor, feedback)
-    item = st.queue.current(user.name)
+    anchor = None if _undoing(st, user) else due_anchor(st, user)
+    item = anchor.item if anchor is not None else st.queue.current(user.name)
     flash, user.session.flash = user.session.flash, None
-    progress = st.queue.progress(user.id, user.name, serving=item is not None)
+    progress = st.queue.progress(user.id, user.name, serving=item is not None, anchors_due=anchors_left(st, user))
     options, redo, undo = [], False, _last_answer(st, user)
     if item is not None:
         options = shown_options(st, user.name, item)
         lease = st.queue.lease(user.name)
-        redo = bool(lease and lease.redo and lease.item_id == item.id)
+        redo = anchor.redo if anchor is not None else bool(lease and lease.redo and lease.item_id == item.id)
         if undo and undo[1] == item.id:
             undo = None  # already answering it again
     return render(request, "label.html", user=user, csrf=user.session.csrf, item=item, options=options,
@@ -149,12 +163,20 @@ def submit_label(
                                  "rankings only.")  # fmt: skip
     kind, position, ranked = read_answer(choice, ranking, value_field, n, iid)
     sure = read_confidence(confidence, kind)
+    if practice(st, user) is not None:  # practising or held back: a lease from before takes no answer
+        raise HTTPException(409, NOT_SHOWN.format(iid))
+    anchor = None if _undoing(st, user) else due_anchor(st, user)
+    if anchor is not None and anchor.item.id == iid:
+        answer_anchor(st, user, anchor, kind, position, ranked)
+        user.session.flash = saved_flash(iid, kind, position, ranked, sure, anchor.redo)
+        return RedirectResponse("/label", 303)
+    if item.anchor and answered_anchor(st, user, iid):
+        raise HTTPException(409, f"You already answered item {iid}; that answer stands.")
     lease = st.queue.claim(user.name, iid)  # first come, first served: a raced second post gets None
     if lease is None:
         if st.queue.answered(iid, user.name):
             raise HTTPException(409, f"You already answered item {iid}; that answer stands.")
-        raise HTTPException(409, f"Item {iid} is not the question you were shown (it was not saved). "
-                                 "Open the labeling page for your current question.")  # fmt: skip
+        raise HTTPException(409, NOT_SHOWN.format(iid))
     order = order_of(st, user.name, iid, n)
     best = order[position] if position is not None else None  # displayed position -> stored sample
     stored_ranking = [order[p] for p in ranked] if ranked is not None else None
@@ -169,12 +191,7 @@ def submit_label(
         raise HTTPException(409, f"You already answered item {iid}; that answer stands.") from None
     finally:
         st.queue.finish(user.name, iid, saved)
-    if ranked is not None:
-        done = "ranked options " + ", ".join(str(p + 1) for p in ranked)
-    else:
-        done = {"label": f"picked option {(position or 0) + 1}", "skip": "skipped", "flag": "flagged"}[kind]
-    sure_text = f" (confidence {sure})" if sure else ""
-    user.session.flash = f"{'Changed' if lease.redo else 'Saved'}: item {iid} {done}{sure_text}."
+    user.session.flash = saved_flash(iid, kind, position, ranked, sure, lease.redo)
     return RedirectResponse("/label", 303)
 
 
@@ -183,7 +200,16 @@ def undo(request: Request, user: Annotated[User, Depends(csrf_checked)]) -> Resp
     last = _last_answer(st, user)
     if last is None:
         raise HTTPException(409, f"There is no answer of yours from the last {st.undo_seconds:.0f} s to undo.")
-    if not st.queue.redo(user.name, last[1]):
+    if last[3]:  # a drift anchor's answer: served again, as any question is
+        item = st.store.get_item(last[1])
+        if item is None or not item.anchor or item.hold == "retired":
+            raise HTTPException(409, f"Item {last[1]} was retired by an admin; its answer cannot be changed.")
+        if st.queue.unpass_anchor(user.name, item.id) == "flag" and item.hold == "flagged":
+            st.store.set_hold(item.id, None)  # an undone flag releases the item, as on a queue item
+        elif item.hold is not None:
+            raise HTTPException(409, f"Item {last[1]} was retired by an admin; its answer cannot be changed.")
+        st.queue.redo_anchor(user.name, last[1])
+    elif not st.queue.redo(user.name, last[1]):
         raise HTTPException(409, f"Item {last[1]} was retired by an admin; its answer cannot be changed.")
     user.session.flash = f"Answer item {last[1]} again: your new answer replaces the earlier one."
     return RedirectResponse("/label", 303)

@@ -29,26 +29,31 @@ class Practice:
     total: int
     right: int  # right answers so far
     bar: float  # the accuracy that admits
+    held: bool = False  # an admin held them back: only an admin admits them again
 
 
 def practice(st: State, user: User) -> Practice | None:
     """Where `user` stands in onboarding, or None when they label for real (an admin, admitted, or no onboarding).
-    Admits them, with a flash saying so, once every practice question is answered well enough."""
-    n, bar = st.store.onboarding_settings()
-    if user.is_admin or n == 0 or st.store.is_admitted(user.id):
+    Admits them, with a flash saying so, once every practice question is answered well enough, unless an admin
+    held them back (who then waits for an admin, onboarding or not)."""
+    if user.is_admin:
         return None
-    gold = st.store.practice_items(n)
+    n, bar = st.store.onboarding_settings()
+    held = st.store.is_held(user.id)
+    if not held and (n == 0 or st.store.is_admitted(user.id)):
+        return None
+    gold = st.store.practice_items(n, user.id) if n else []
     answers = st.store.practice_answers(user.id)
     right = sum(answers.get(i) == g for i, g in gold)
     left = [i for i, _ in gold if i not in answers]
     if left:
-        return Practice(st.store.get_item(left[0]), len(gold) - len(left) + 1, len(gold), right, bar)
-    if gold and right / len(gold) >= bar:
+        return Practice(st.store.get_item(left[0]), len(gold) - len(left) + 1, len(gold), right, bar, held)
+    if gold and not held and right / len(gold) >= bar:
         st.store.set_admitted(user.id)
         user.session.flash = (f"Welcome aboard: {right} of {len(gold)} practice answers were right. Your answers "
                               "count now.")  # fmt: skip
         return None
-    return Practice(None, len(gold), len(gold), right, bar)
+    return Practice(None, len(gold), len(gold), right, bar, held)
 
 
 def practice_page(request: Request, st: State, user: User, p: Practice, feedback: dict | None) -> HTMLResponse:

@@ -19,6 +19,8 @@ Quality control (the paper's labelers agreed with the authors only 38-46% of the
   stable across restarts) want `overlap_k` labels, so agreement between labelers can be measured on them.
 - shuffling: each labeler sees each item's options in their own order (a keyed hash of store, labeler and item, so
   a reload shows the same order and a labeler cannot predict it); the label stores that order and the sample index.
+- drift anchors (drift.py) come before the queue; what the queue keeps for them is in memory like a lease: the
+  anchors a labeler skipped or flagged in an interval (not served again in it) and an undone anchor answer.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ class Queue:
         self._current: dict[str, Lease] = {}  # labeler -> their one item
         self._answering: set[str] = set()  # labelers whose answer is being written (see claim)
         self._overlap_seen = 0  # items up to this id already have their overlap applied
+        # (labeler, anchor, interval) -> (skip or flag, when): an anchor skipped or flagged in an interval
+        self._anchors_passed: dict[tuple[str, int, int], tuple[str, float]] = {}
+        self._anchor_redo: dict[str, int] = {}  # labeler -> the anchor whose answer they undid
         self._lock = threading.Lock()  # one labeler picks at a time, so two never take the same free item
 
     def answered(self, item_id: int, labeler: str) -> bool:
@@ -172,14 +177,54 @@ class Queue:
             self._current[labeler] = Lease(item_id, now + self.lease_seconds, now, redo=True)
         return True
 
-    def progress(self, labeler_id: int, labeler: str, *, serving: bool = True) -> Progress:
+    def pass_anchor(self, labeler: str, item_id: int, interval: int, kind: str) -> None:
+        """`labeler` skipped or flagged (`kind`) anchor `item_id`: it is not served to them again in `interval`."""
+        with self._lock:
+            self._anchors_passed[(labeler, item_id, interval)] = (kind, time.time())
+
+    def passed_anchors(self, labeler: str, interval: int) -> set[int]:
+        with self._lock:
+            return {i for name, i, k in self._anchors_passed if name == labeler and k == interval}
+
+    def last_passed_anchor(self, labeler: str) -> tuple[int, float] | None:
+        """(anchor, when) of `labeler`'s latest skip or flag of an anchor."""
+        with self._lock:
+            mine = [(i, when) for (name, i, _), (_, when) in self._anchors_passed.items() if name == labeler]
+        return max(mine, key=lambda m: m[1]) if mine else None
+
+    def unpass_anchor(self, labeler: str, item_id: int) -> str | None:
+        """Take back `labeler`'s skip or flag of anchor `item_id` (an undo); returns which it was, or None."""
+        with self._lock:
+            keys = [key for key in self._anchors_passed if key[:2] == (labeler, item_id)]
+            taken = [self._anchors_passed.pop(key) for key in keys]  # (kind, when)
+        return max(taken, key=lambda t: t[1])[0] if taken else None
+
+    def redo_anchor(self, labeler: str, item_id: int | None) -> None:
+        """After an undo of anchor `item_id`'s answer: serve it to `labeler` again (None: that is done)."""
+        with self._lock:
+            if item_id is None:
+                self._anchor_redo.pop(labeler, None)
+            else:
+                self._anchor_redo[labeler] = item_id
+
+    def anchor_redo(self, labeler: str) -> int | None:
+        with self._lock:
+            return self._anchor_redo.get(labeler)
+
+    def progress(self, labeler_id: int, labeler: str, *, serving: bool = True, anchors_due: int = 0) -> Progress:
         """`labeler`'s answers so far and how many items are left for them; `serving`: whether they have an item now
         (without one, nothing is left). The gold questions they may still be served count as left too, so the count
-        drops by one with every answer, gold or not: a count that stood still would mark the answer as gold."""
+        drops by one with every answer, gold or not: a count that stood still would mark the answer as gold. So do
+        the drift anchors: `anchors_due` now, and the store's anchors once for each interval the labeler will
+        start if they answer all that is left, so an interval's anchors coming due do not move the count."""
         kinds = self.store.answer_counts(labeler_id)
         remaining = 0
         if serving:
             remaining = self.store.open_count(labeler, batch=self.batch)
             if self.gold_rate:
                 remaining += len(self.store.unanswered_gold(labeler))
+            if every := self.store.anchor_every():
+                labels = kinds.get("label", 0)  # what the interval counts (`LabelStore.labeler_interval`)
+                later = (labels + remaining) // every - labels // every
+                remaining += anchors_due + self.store.anchor_count() * later
         return Progress(kinds.get("label", 0), kinds.get("skip", 0), kinds.get("flag", 0), remaining)

@@ -9,7 +9,8 @@ One update, numbered as the original's PPOTrainer.step:
  3. truncate responses, score them, give penalty_reward_value to those that did not truncate
  4. per-token rewards -beta * KL with the score on the last token
  5. noptepochs x nminibatches of clipped PPO (whitening and GAE per minibatch, in ppo_update); with
-    ppo.estimator=rloo, k samples per query in 1 and leave-one-out advantages in 4 instead (`rloo`)
+    a group estimator (ppo.estimator rloo, grpo, dr_grpo, reinforce_pp_baseline), k samples per query in 1 and the
+    group's advantages in 4 instead (`rloo`, `grpo`)
  6. update the KL controller, log, checkpoint
 """
 
@@ -94,8 +95,9 @@ def training_forward(model, compile: str, device: torch.device) -> Callable:
 
 
 def queries_per_rollout(cfg: Config, episodes: int) -> int:
-    """Queries a rank's rollout of `episodes` samples draws: all of them for PPO, one per ppo.rloo_k for RLOO."""
-    k = cfg.ppo.rloo_k if cfg.ppo.estimator == "rloo" else 1
+    """Queries a rank's rollout of `episodes` samples draws: all of them for PPO, one per ppo.rloo_k for a group
+    estimator (rloo, grpo, dr_grpo, reinforce_pp_baseline)."""
+    k = cfg.ppo.samples_per_query
     if episodes % k:
         raise UserError(f"ppo.rloo_k={k} must divide each rank's share of ppo.batch_size ({episodes})")
     return episodes // k

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from lmprefs.training.grpo import NORMALIZERS, group_losses
 from lmprefs.training.masked import masked_mean, masked_var, partial_mask
 from lmprefs.training.rloo import rloo_losses
 
@@ -214,8 +215,9 @@ class Rollout:
     scores: Tensor  # [B] reward-model score after truncation/penalty
     rewards: Tensor  # [B, T] -kl_coef * KL, plus the score on the last token
     prefix: object = None  # FrozenPrefix [B, L, d] of query+response, or None: what the forward may reuse
-    advantages: Tensor | None = None  # [B] RLOO's leave-one-out advantages (ppo.estimator=rloo), None for PPO
+    advantages: Tensor | None = None  # [B] or [B, T] a group estimator's advantages (ppo.estimator rloo, grpo, ...)
     mask: Tensor | None = None  # [B, T] 1 on real tokens (task.stop_at_eos), None when every row is full length
+    loss_kl_coef: Tensor | None = None  # [B] beta of the k3 KL term in the loss (ppo.kl_in=loss), else None
 
     def __getitem__(self, idx: Tensor | slice) -> Rollout:
         # not dataclasses.astuple/asdict: they deep-copy every tensor
@@ -287,10 +289,14 @@ def ppo_update(
 
 def _minibatch_loss(mb: Rollout, logprobs: Tensor, vpred: Tensor, cfg: PPOConfig,
                     mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:  # fmt: skip
-    """The loss of one minibatch: RLOO's when the rollout carries its advantages, else PPO's. mask [b, T]: the real
-    tokens of rows that stopped early (None: all of them)."""
+    """The loss of one minibatch: a group estimator's when the rollout carries its advantages, else PPO's. mask
+    [b, T]: the real tokens of rows that stopped early (None: all of them)."""
+    if mb.advantages is not None and cfg.estimator in NORMALIZERS:
+        kl_coef = None if mb.loss_kl_coef is None else mb.loss_kl_coef[0]
+        return group_losses(logprobs, mb.logprobs, mb.ref_logprobs, vpred, mb.advantages, cfg.cliprange,
+                            normalizer=NORMALIZERS[cfg.estimator], kl_coef=kl_coef, mask=mask)  # fmt: skip
     if mb.advantages is not None:
-        return rloo_losses(logprobs, mb.logprobs, vpred, mb.advantages, cfg.cliprange, mask)
+        return rloo_losses(logprobs, mb.logprobs, vpred, mb.advantages, cfg.cliprange, mask, cfg.rloo_ratio)
     # The original whitens rewards and advantages per minibatch, inside loss() (#L324-L339)
     with torch.no_grad():
         rewards = whiten(mb.rewards, shift_mean=False, mask=mask) if cfg.whiten_rewards else mb.rewards  # [b, T]

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from lmprefs.data.tasks import TaskContext
+from lmprefs.models.ensemble import RewardEnsemble
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth
 from lmprefs.training.reward import Comparisons, QuestionPrefixes, label_prefixes
@@ -35,7 +36,7 @@ class SharedPrefixes:
     hidden: Tensor
 
     @classmethod
-    def compute(cls, rm: RewardModel, data: Comparisons, ctx: TaskContext, batch_size: int,
+    def compute(cls, rm: RewardModel | RewardEnsemble, data: Comparisons, ctx: TaskContext, batch_size: int,
                 bar=None) -> SharedPrefixes | None:  # fmt: skip
         """label_prefixes of every row of `data` (None when every block of rm trains)."""
         pre = label_prefixes(rm.lm, data, ctx, batch_size, bar)
@@ -47,7 +48,7 @@ class SharedPrefixes:
     def nbytes(self) -> int:
         return self.hidden.numel() * self.hidden.element_size()
 
-    def for_data(self, rm: RewardModel, data: Comparisons) -> QuestionPrefixes | None:
+    def for_data(self, rm: RewardModel | RewardEnsemble, data: Comparisons) -> QuestionPrefixes | None:
         """The prefixes of `data`'s rows, as label_prefixes(rm.lm, data) gives them (looked up in place, not copied),
         or None when a row is missing, its tokens differ from the stored ones, or rm's adapters start at another
         block."""

@@ -16,6 +16,7 @@ from lmprefs.config import Config, TaskConfig
 from lmprefs.data.tasks import PAD, TaskContext, stop_tokens, truncate_responses
 from lmprefs.io.atomic import crash_point
 from lmprefs.models import parallel
+from lmprefs.models.ensemble import RewardEnsemble
 from lmprefs.models.loading import hidden_size
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.sampling import sample, sampler_options
@@ -128,13 +129,14 @@ def _pad(ids: list[int], n: int) -> list[int]:
     return ids + [PAD] * (n - len(ids))
 
 
-def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
-    """Store examples -> tensors in `tok`'s ids: the stored ids when they exist for this tokenizer, else the texts
-    re-encoded (the original's files are GPT-2 ids; any other model re-tokenizes the decoded text). Examples are of
-    one label type: best_of_N (-> `best`), ranking_K (-> `ranking` and its top as `best`) or scalar_rating (->
-    `score` and the prompt of each, `groups`)."""
-    qs, ss, labels, items = [], [], [], []
-    for e in examples:
+def question_tensors(questions, tok, task: TaskConfig) -> tuple[Tensor, Tensor]:
+    """Questions (anything with query, samples, query_tokens and sample_tokens: store examples, pending items) ->
+    queries [N, Q] and samples [N, S, T] in `tok`'s ids, PAD right: the stored ids when they exist for this
+    tokenizer, else the texts re-encoded (the original's files are GPT-2 ids; any other model re-tokenizes the
+    decoded text); samples cut as the task cuts them (a no-op on samples the task sampled; stored ones from before a
+    truncation setting, or re-encoded texts, then reach the reward model as the judge and the rollouts see them)."""
+    qs, ss = [], []
+    for e in questions:
         if e.query_tokens is not None and e.sample_tokens is not None:
             q, s = e.query_tokens, e.sample_tokens
         else:
@@ -142,15 +144,21 @@ def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
             s = [tok(x, add_special_tokens=False).input_ids for x in e.samples]
         qs.append(_pad(q, task.query_length))
         ss.append([_pad(x, task.response_length) for x in s])
-        labels.append(e.best if e.best is not None else e.score)
-        items.append(e.item_id)
-    # samples cut as the task cuts them (a no-op on samples the task sampled; stored ones from before a truncation
-    # setting, or re-encoded texts, then reach the reward model as the judge and the rollouts see them)
     samples = torch.tensor(ss)
     if len(ss):
         cut = truncate_responses(samples.flatten(0, 1), task.truncate_token, task.truncate_after)
         samples = cut.view(samples.shape)
-    out = Comparisons(torch.tensor(qs), samples, None, torch.tensor(items))
+    return torch.tensor(qs), samples
+
+
+def examples_to_comparisons(examples, tok, task: TaskConfig) -> Comparisons:
+    """Store examples -> tensors in `tok`'s ids (`question_tensors`). Examples are of one label type: best_of_N (->
+    `best`), ranking_K (-> `ranking` and its top as `best`) or scalar_rating (-> `score` and the prompt of each,
+    `groups`)."""
+    queries, samples = question_tensors(examples, tok, task)
+    labels = [e.best if e.best is not None else e.score for e in examples]
+    items = [e.item_id for e in examples]
+    out = Comparisons(queries, samples, None, torch.tensor(items))
     if examples and examples[0].ranking is not None:
         out.ranking = torch.tensor([e.ranking for e in examples], dtype=torch.long)
     if examples and examples[0].best is None:  # scalar_rating: scores, grouped by prompt
@@ -189,11 +197,29 @@ def sample_comparisons(model, tok, queries: Tensor, task: TaskConfig, ctx: TaskC
     return torch.cat(out), hidden
 
 
-def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, ctx: TaskContext, batch_size: int = 64,
-               repeats: int = 1, prefixes: QuestionPrefixes | None = None) -> Tensor:  # fmt: skip
+def rm_rewards(rm: RewardModel | RewardEnsemble, queries: Tensor, responses: Tensor, ctx: TaskContext,
+               batch_size: int = 64, repeats: int = 1,
+               prefixes: QuestionPrefixes | None = None) -> Tensor:  # fmt: skip
     """Rewards [B * k] of queries [B, Q] each answered by k = repeats consecutive responses [B * k, T], in batches
     of about `batch_size` rows, without gradients. `prefixes`: the frozen prefixes of these B questions' rows (only
-    the blocks above them then run)."""
+    the blocks above them then run). An ensemble's: its members' mean."""
+    return _in_batches(rm, queries, responses, ctx, batch_size, repeats, prefixes)
+
+
+def member_rewards(rm: RewardModel | RewardEnsemble, queries: Tensor, responses: Tensor, ctx: TaskContext,
+                   batch_size: int = 64, repeats: int = 1,
+                   prefixes: QuestionPrefixes | None = None) -> Tensor:  # fmt: skip
+    """rm_rewards of each member of an ensemble, [K, B * k] (a reward model: [1, B * k]); the frozen prefix of each
+    batch is computed once for members on one base (RewardEnsemble.member_scores)."""
+    if isinstance(rm, RewardEnsemble):
+        return _in_batches(rm.member_scores, queries, responses, ctx, batch_size, repeats, prefixes)
+    return rm_rewards(rm, queries, responses, ctx, batch_size, repeats, prefixes)[None]
+
+
+def _in_batches(call, queries: Tensor, responses: Tensor, ctx: TaskContext, batch_size: int, repeats: int,
+                prefixes: QuestionPrefixes | None) -> Tensor:  # fmt: skip
+    """call(formatted queries, responses, prefix, repeats) -> [..., b] over batches of about batch_size rows, without
+    gradients, joined along the last dimension."""
     out, per = [], max(1, batch_size // repeats)
     with torch.no_grad():
         for i in range(0, len(queries), per):
@@ -201,8 +227,8 @@ def rm_rewards(rm: RewardModel, queries: Tensor, responses: Tensor, ctx: TaskCon
             pre = prefixes.rows(torch.arange(i, i + len(q))) if prefixes is not None else None
             with ctx.autocast():
                 r = responses[i * repeats : (i + per) * repeats].to(ctx.device)
-                out.append(rm(q, r, pre, repeats).float().cpu())
-    return torch.cat(out)
+                out.append(call(q, r, pre, repeats).float().cpu())
+    return torch.cat(out, dim=-1)
 
 
 def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen, *,
@@ -228,14 +254,23 @@ def normalization_samples(model, tok, queries: Tensor, cfg: Config, ctx: TaskCon
 
 
 def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: TaskContext, gen, *,
-              target: tuple[float, float] = (0.0, 1.0)) -> dict:  # fmt: skip
+              target: tuple[float, float] = (0.0, 1.0), memo: dict | None = None) -> dict:  # fmt: skip
     """Set gain and bias so rewards of initial-policy samples have mean and std `target`: (0, 1), or before training
     the scale of the labels when the label type has one (train_reward.py:normalize and target_mean_std;
     rewards.py:set_reward_norm). The samples are untruncated, as the original's normalization samples are. A
-    reward model on the sampled model's own base scores them from the sampling pass's frozen prefix."""
+    reward model on the sampled model's own base scores them from the sampling pass's frozen prefix.
+    `memo`: a dict the caller keeps across reward models on one initial policy (an ensemble's members): samples
+    drawn from a generator state found there are taken from it, and `gen` is left where drawing them left it."""
     shared = getattr(rm, "lm", None) is model and cfg.run.parallel != "fsdp"  # a sharded trunk scores the tokens
     depth = frozen_depth(model) if shared else 0
-    q, responses, prefixes = normalization_samples(model, tok, queries, cfg, ctx, gen, prefix_depth=depth)
+    key = (bytes(gen.get_state().cpu().numpy()), depth) if memo is not None else None
+    if memo is not None and key in memo:
+        q, responses, prefixes, after = memo[key]
+        gen.set_state(after)
+    else:
+        q, responses, prefixes = normalization_samples(model, tok, queries, cfg, ctx, gen, prefix_depth=depth)
+        if memo is not None:
+            memo[key] = (q, responses, prefixes, gen.get_state())
     # the moments of every rank's samples together (the original averages them over MPI ranks)
     r = dist.gather_rows(rm_rewards(rm, q, responses, ctx, prefixes=prefixes).double())
     mean, std = r.mean().item(), r.std(unbiased=False).item()  # np.mean / np.std of the original
@@ -243,7 +278,7 @@ def normalize(rm: RewardModel, model, tok, queries: Tensor, cfg: Config, ctx: Ta
     return {"mean_before": mean, "std_before": std, "queries": q, "responses": responses}
 
 
-def evaluate(rm: RewardModel, data: Comparisons, label_type, ctx: TaskContext, batch_size=32,
+def evaluate(rm: RewardModel | RewardEnsemble, data: Comparisons, label_type, ctx: TaskContext, batch_size=32,
              min_gap: float = 0.0, prefixes: QuestionPrefixes | None = None) -> dict:  # fmt: skip
     """Held-out loss and accuracy of the reward model on labeled questions. Accuracy: how often the chosen sample gets
     the highest reward; for scalar ratings, how often the reward orders two responses to one prompt as their scores
@@ -327,12 +362,12 @@ def prefix_bytes(lm, data: Comparisons, ctx: TaskContext) -> int:
 
 
 def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx: TaskContext, *, log=None, bar=None,
-                cache: QuestionPrefixes | None = None) -> dict:  # fmt: skip
+                cache: QuestionPrefixes | None = None, seed: int | None = None) -> dict:  # fmt: skip
     """train_reward.epochs passes over `data`, each in a fresh random permutation, the LR decaying linearly to 0
     over all of them (train_reward.py:train l.241-249, which makes one pass). A minibatch of train_reward.batch_size
     questions runs as forwards of train_reward.microbatch questions whose gradients add up (the same step, less
     memory). `cache`: the frozen prefixes of data's rows (`label_prefixes`), so the frozen bottom blocks are not run
-    again.
+    again. `seed`: of the permutations (default run.seed; an ensemble member's own).
     Under several ranks every rank draws the same permutation and takes a strided share of each global batch; DDP
     averages the gradients, with each rank's loss weighted so that the average is the global batch's mean."""
 
@@ -342,7 +377,7 @@ def train_epoch(rm: RewardModel, data: Comparisons, label_type, cfg: Config, ctx
     model = parallel.wrap(rm, cfg.run.parallel, ctx.dtype)  # under FSDP sharded in place, before the optimizer sees it
     opt = TFAdam(rm.trainable_parameters(), lr=cfg.train_reward.lr)
     W = dist.world()
-    g = torch.Generator().manual_seed(cfg.run.seed)
+    g = torch.Generator().manual_seed(cfg.run.seed if seed is None else seed)
     n, bs, S = len(data), cfg.train_reward.batch_size, data.samples.shape[1]
     micro = cfg.train_reward.microbatch or bs
     # a question's S samples share one pass of its query (RewardModel.forward), except under FSDP, whose sharded

@@ -25,6 +25,7 @@ from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.token_logprobs import token_logprobs
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix, response_logits_hidden
 from lmprefs.runtime.device import compiles_forwards
+from lmprefs.training.grpo import dr_grpo_advantages, grpo_advantages, reinforce_pp_baseline_advantages
 from lmprefs.training.masked import partial_mask
 from lmprefs.training.policy_run import PolicyRun, ScoreFn
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards
@@ -82,11 +83,12 @@ def _compiled_ref_logprobs() -> Callable:
 
 @torch.no_grad()
 def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config, ctx: TaskContext):
-    """Steps 1-4 of an update: (Rollout, stats, texts for printing). With ppo.estimator=rloo, each of the queries
-    [B / k, Q] is answered by k = ppo.rloo_k samples (rows i * k + j), sampled from one prefill of the query."""
+    """Steps 1-4 of an update: (Rollout, stats, texts for printing). With a group estimator (ppo.estimator rloo,
+    grpo, dr_grpo, reinforce_pp_baseline), each of the queries [B / k, Q] is answered by k = ppo.rloo_k samples
+    (rows i * k + j), sampled from one prefill of the query."""
 
     policy, task = run.policy, cfg.task
-    k = cfg.ppo.rloo_k if cfg.ppo.estimator == "rloo" else 1
+    k = cfg.ppo.samples_per_query
     stop = stop_tokens(task, policy.tokenizer)  # () unless task.stop_at_eos
     q = ctx.format(queries)
 
@@ -102,7 +104,7 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         q_rows = q.repeat_interleave(k, 0) if k > 1 else q  # [B, Q] one row per sample
         if prefix is None:  # a compiled sampler's step keeps none
             prefix = frozen_prefix(policy.lm, torch.cat([q_rows, responses], dim=1))
-        # RLOO's baseline is the other samples' returns: the value head is neither read nor trained
+        # a group estimator's baseline is the other samples' returns: the value head is neither read nor trained
         values = torch.zeros_like(logprobs) if k > 1 else policy.values_from(q_rows, responses, hidden, prefix)
         return q_rows, responses, logprobs, values, prefix
 
@@ -134,11 +136,29 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         "objective/penalized_fraction": (scores != raw).float().mean().item(),
         "objective/response_length": real.sum(1).mean().item(),  # sampled tokens, the stop token included
     }
-    advantages = None
+    advantages, loss_kl_coef = None, None
     if k > 1:
-        returns = rloo_returns(scores, kl, run.kl_ctl.value)  # [B]
-        advantages = rloo_advantages(returns, k)  # [B]
-        stats |= {"rloo/advantage_std": advantages.std(correction=0).item(), "rloo/return_mean": returns.mean().item(),
-                  "rloo/return_std": returns.std(correction=0).item()}  # fmt: skip
-    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards, prefix, advantages, mask)
+        advantages, group_stats = group_advantages(cfg, scores, kl, run.kl_ctl.value, mask)
+        stats |= group_stats
+        if cfg.ppo.kl_in_loss:  # the same beta on every row, so that a minibatch's rows carry it
+            loss_kl_coef = torch.full_like(scores, run.kl_ctl.value)
+    rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards, prefix, advantages, mask, loss_kl_coef)
     return rollout, stats, {"responses": post, "kl": kl.sum(1)}
+
+
+def group_advantages(cfg: Config, scores: Tensor, kl: Tensor, kl_coef: float,
+                     mask: Tensor | None) -> tuple[Tensor, dict[str, float]]:  # fmt: skip
+    """A group estimator's advantages ([B], or [B, T] for reinforce_pp_baseline) from scores [B] and the per-token
+    KL [B, T], with their stats under the estimator's name. Where the KL is a term of the loss (ppo.kl_in=loss) the
+    return is the score alone."""
+    p = cfg.ppo
+    k = p.rloo_k
+    if p.estimator == "reinforce_pp_baseline":
+        advantages = reinforce_pp_baseline_advantages(scores, kl, kl_coef, k, mask)
+        return advantages, {f"{p.estimator}/score_group_std": scores.view(-1, k).std(1, correction=0).mean().item()}
+    returns = scores if p.kl_in_loss else rloo_returns(scores, kl, kl_coef)  # [B]
+    fn = {"rloo": rloo_advantages, "grpo": grpo_advantages, "dr_grpo": dr_grpo_advantages}[p.estimator]
+    advantages = fn(returns, k)  # [B]
+    return advantages, {f"{p.estimator}/advantage_std": advantages.std(correction=0).item(),
+                        f"{p.estimator}/return_mean": returns.mean().item(),
+                        f"{p.estimator}/return_std": returns.std(correction=0).item()}  # fmt: skip

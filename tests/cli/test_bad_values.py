@@ -74,7 +74,8 @@ def workdir(tmp_path_factory):
 
 
 MODEL = str(tiny_gpt2_austen_dir())  # a saved model evaluated with a preset's config: no training needed
-EVAL = ["--preset", "tiny", "--eval-queries", "2", "--eval-samples", "1", "--out", "ev"]
+# --out outside the checked folder: a run directory claimed before the reward failed is the run directory's business
+EVAL = ["--preset", "tiny", "--eval-queries", "2", "--eval-samples", "1", "--out", "../ev-bad-reward"]
 ROWS = [
     # save_to_disk datasets with no rows (an IndexError inside datasets)
     (["evaluate", "run", "--reward", "vader", "--queries", "empty_texts"], "--queries empty_texts yields no queries "
@@ -136,8 +137,7 @@ ROWS = [
     (["evaluate", "run", "--reward", "vader", "--reference", " "], "argument --reference: ' ' is empty"),
     (["label", "tiny", "--labeler", ""], "argument --labeler: '' is empty"),
     # a 0-byte file where a label store belongs (SQLite made it one), a labeler name with a control character
-    (["label", "tiny", "--db", "empty.sqlite"], "--db empty.sqlite: an empty file (0 bytes), not a label store; "
-                                                "remove it, and a new store is made there"),
+    (["label", "tiny", "--db", "empty.sqlite"], "--db empty.sqlite: an empty file (0 bytes), not a label store"),
     (["import-labels", "no_common.jsonl", "--db", "empty.sqlite"], "--db empty.sqlite: an empty file (0 bytes)"),
     (["labelers", "list", "--db", "empty.sqlite"], "--db empty.sqlite: an empty file (0 bytes), not a label store"),
     (["labelers", "add", "bob\x07", "--db", "new.sqlite"], "labeler name 'bob\\x07' holds a control character"),
@@ -202,7 +202,7 @@ def test_a_store_locked_by_another_process_says_so(tmp_path):
     other = sqlite3.connect(path, isolation_level=None)  # another writer, mid-transaction
     other.execute("BEGIN EXCLUSIVE")
     try:
-        with pytest.raises(UserError, match="in use by another process, which kept it locked for 0.2s"):
+        with pytest.raises(UserError, match=r"in use by another process that holds it locked \(waited 0.2s\)"):
             LabelStore(path, busy_timeout=0.2)
     finally:
         other.execute("ROLLBACK")

@@ -71,19 +71,29 @@ def test_export_without_format_and_one_human_or_json_line_per_transfer(tmp_path,
 
 
 def test_help_shows_the_named_presets_values_with_overrides_and_config_prints_them(capsys):
-    """`--help` shows the config values of the preset the command line names, with its overrides."""
+    """`--help-config [SECTION]` shows the config values of the preset the command line names, with its overrides,
+    and each key's docstring; `--help` the command's flags and the keys by section, in a screen or two."""
     import json
 
     import pytest
 
     with pytest.raises(SystemExit) as e:
-        main(["sample", "--preset", "tiny", "--ppo.lr", "0.25", "--help"])
+        main(["sample", "--preset", "tiny", "--ppo.lr", "0.25", "--help-config"])
     out = capsys.readouterr().out
     assert e.value.code == 0
     assert "--task.initial-model 'tiny-gpt2-austen'" in out and "--ppo.lr 0.25" in out and "preset tiny" in out
     with pytest.raises(SystemExit):
-        main(["train-policy", "austen-sentiment", "--help"])
-    assert "--task.initial-model 'smollm2-135m'" in capsys.readouterr().out
+        main(["train-policy", "austen-sentiment", "--help-config", "task"])
+    out = capsys.readouterr().out
+    assert "--task.initial-model 'smollm2-135m'" in out and "Episodes per PPO update" not in out
+    for argv in (["train-policy", "tiny"], ["train-reward", "tiny"], ["train-dpo", "tiny"], ["sample"],
+                 ["evaluate"], ["quickstart"], ["label", "tiny"], ["experiment", "mock-sentiment"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        out = capsys.readouterr().out
+        assert len(out.splitlines()) <= 120, (argv, len(out.splitlines()))
+        assert "  ppo          total-episodes, batch-size," in out and "--help-config [SECTION]" in out
+        assert "lmprefs config PRESET" in out and "Episodes per PPO update" not in out
     assert main(["config", "tiny", "--ppo.lr", "0.25"]) == 0
     cfg = json.loads(capsys.readouterr().out)
     assert cfg["ppo"]["lr"] == 0.25 and cfg["task"]["initial_model"] == "tiny-gpt2-austen"

@@ -225,3 +225,18 @@ def test_posts_with_mojibake_are_repaired_by_ftfy_a_declared_dependency(tmp_path
     path.write_text(json.dumps([{"content": "He said \u00e2\u20ac\u0153hi\u00e2\u20ac\x9d and left\u00e2\u20ac\u00a6 "
                                             "It\u00e2\u20ac\u2122s fine."}]))  # fmt: skip
     assert load_texts(str(path)) == ["He said \"hi\" and left\u2026 It's fine."]
+
+
+def test_tldr_prompts_that_end_in_the_suffix_carry_it_once(tmp_path, tiny_lm):
+    _, tok = tiny_lm
+    # trl-lib/tldr's prompts (the tldr preset's dataset) already end in the preset's query_suffix
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"POST: {p}\n\nTL;DR:"}) + "\n" for p in POSTS))
+    task = _task("tldr", query_dataset=f"{path}:prompt", query_length=64)
+    train, _, prefix, suffix = task_queries(task, tok, 1024)
+    tldr = tok("TL;DR").input_ids
+    for row in train.tolist():
+        ids = prefix + row + suffix
+        hits = [i for i in range(len(ids)) if ids[i : i + len(tldr)] == tldr]
+        assert len(hits) == 1 and hits[0] > len(prefix) + len(row) - 1  # once, after the padding
+        assert tok.decode([t for t in row if t != PAD]).startswith("POST: ")

@@ -42,6 +42,7 @@ def test_a_version_2_store_is_upgraded_in_place_and_keeps_its_labels(tmp_path):
         assert [(e.item_id, e.best, e.labeler) for e in store.labeled_examples()] == [(1, 2, "old")]
         assert store.gold_accuracy() == {"old": (1, 1)}  # an answer never replaced counts as it is
         assert store.is_admitted(1)  # labelers from before onboarding need none
+        assert store.get_item(1).acquisition is None and store.acquisition_by() is None  # no queue score yet
         store.add_label(1, "old", best=0, replace=True)  # an undo after the upgrade keeps the first answer
         assert store.gold_accuracy() == {"old": (1, 1)} and store.labeled_examples()[0].best == 0
     with LabelStore(path) as store:  # a second open changes nothing
@@ -62,3 +63,21 @@ def test_a_store_from_newer_code_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "newer lmprefs" in err and len(err.strip().splitlines()) == 1
     assert path.read_bytes() == before
+
+
+def test_a_version_7_store_gives_its_labels_feed_positions_in_id_order(tmp_path):
+    path = tmp_path / "v7.sqlite"
+    write_version_2_store(path)
+    conn = sqlite3.connect(path)
+    for version in range(3, 8):
+        for sql in schema.MIGRATIONS[version]:
+            conn.execute(sql)
+    conn.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with LabelStore(path) as store:
+        assert [(a.id, a.position) for a in store.answers_since(0)] == [(1, 1)]
+        assert store.is_admitted(1) and not store.is_held(1)
+        store.add_label(1, "new", best=3)
+        store.add_label(1, "old", best=0, replace=True)  # an undo: the same row, at the feed's end
+        assert [(a.id, a.labeler, a.position) for a in store.answers_since(0)] == [(2, "new", 2), (1, "old", 3)]

@@ -135,3 +135,76 @@ def test_a_reward_model_adapter_loads_offline_in_lmprefs(saved, monkeypatch, tmp
     with torch.no_grad():
         assert torch.allclose(load_reward_model(d / "rm").eval()(ids[:, :4], ids[:, 4:]), rm(ids[:, :4], ids[:, 4:]),
                               atol=1e-4)  # fmt: skip
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["raw-text", "chat-template"])
+def test_the_reward_cards_snippet_scores_as_lmprefs_score(tmp_path, capsys, chat):
+    """The card's code, run as written with plain transformers, gives `lmprefs score`'s rewards: the texts in the
+    frame the model was trained with (the chat turn where a template framed the queries, the task's prefix and
+    suffix), where `rm(**tok(query + response))` is another score."""
+    import copy
+    import dataclasses
+    import re
+    import shutil
+
+    from lmprefs.assets.models import tiny_gpt2_austen_dir
+    from lmprefs.assets.tokenizers import load_tokenizer
+    from lmprefs.cli.dispatch import main
+    from lmprefs.config import preset
+    from lmprefs.data.chat import saved_task
+
+    model = tmp_path / "base"
+    shutil.copytree(tiny_gpt2_austen_dir(), model)
+    if chat:  # SmolLM2-Instruct's template without its system turn; no new tokens, so the embeddings stay
+        tok = copy.deepcopy(load_tokenizer(model))
+        tok.chat_template = (
+            "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # fmt: skip
+        tok.save_pretrained(model)
+    lm, tok = load_lm(str(model))
+    task = dataclasses.replace(preset("tiny").task, initial_model=str(model), query_prefix="Story: ",
+                               query_suffix="\n\nNext:", chat_template="true" if chat else "false")  # fmt: skip
+    rm = RewardModel(lm, tok, seed=0).eval()
+    with torch.no_grad():
+        rm.head.linear.weight.normal_(0, 1, generator=torch.Generator().manual_seed(1))
+        rm.gain.fill_(3.0)
+        rm.bias.fill_(-0.5)
+    saved = saved_task(task, tok)
+    assert saved["chat_template"] == chat and ("chat_frame" in saved) == chat
+    save_reward_model(rm, tmp_path / "rm", extra={"task": saved}, card=CardInfo("reward-model"))
+
+    card = (tmp_path / "rm" / "README.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", card, re.S)
+    scope: dict = {}
+    exec(code.replace(HERE, str(tmp_path / "rm")).replace("print(", "(lambda *a: a)("), scope)  # as written
+    pairs = [("It was a fine morning", " and the sun was out."), ("She said", " nothing at all, and left.")]
+    plain = [scope["reward"](q, r) for q, r in pairs]
+    (tmp_path / "texts.txt").write_text("".join(f"{q}\t{r}\n" for q, r in pairs))
+    capsys.readouterr()
+    assert main(["score", "--reward-model", str(tmp_path / "rm"), str(tmp_path / "texts.txt")]) == 0
+    scored = [float(line.split("\t")[0]) for line in capsys.readouterr().out.splitlines()]
+    assert plain == pytest.approx(scored, abs=2e-4)
+    # the snippet the card gave before: the query and response without their frame score otherwise
+    seq, tk = scope["rm"], scope["tok"]
+    with torch.no_grad():
+        bare = [seq(**tk(q + r, return_tensors="pt")).logits[0, 0].item() for q, r in pairs]
+    assert bare != pytest.approx(scored, abs=1e-2)
+
+
+def test_score_prints_its_scores_and_nothing_of_transformers(tmp_path):
+    """`lmprefs score` in a process of its own (transformers' bars are switched off per process): stdout one score
+    per text, stderr empty, where transformers' loading bar came first."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    lm, tok = load_lm("tiny-gpt2-austen")
+    save_reward_model(RewardModel(lm, tok, seed=0).eval(), tmp_path / "rm")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    r = subprocess.run([sys.executable, "-m", "lmprefs", "score", "--reward-model", str(tmp_path / "rm")],
+                       input="It was a fine morning.\nShe said nothing.\n", capture_output=True, text=True, env=env,
+                       timeout=300)  # fmt: skip
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-2000:]
+    assert [line.split("\t")[1] for line in r.stdout.splitlines()] == ["It was a fine morning.", "She said nothing."]

@@ -39,6 +39,18 @@ def test_online_simulated_labeler_answers_the_queue_and_reward_model_retrains(tm
         "-" if r["heldout_accuracy"] is None else f"{r['heldout_accuracy']:.3f}" for r in rows[1:]]  # fmt: skip
 
 
+def test_online_retrains_train_on_every_label_so_far_not_the_first_num_train(tmp_path):
+    # each retrain took the first labels.num_train labels in store order: from the cap on, the same labels each time
+    run_dir = tmp_path / "run"
+    assert main(["train-policy", "tiny", "--online", "--labeler", "vader", "--run-dir", str(run_dir),
+                 "--ppo.total-episodes", "96", "--labels.online-interval", "2", "--labels.online-retrains", "2",
+                 "--labels.online-questions", "16", "--labels.num-train", "8"]) == 0  # fmt: skip
+    rows = read_jsonl(run_dir / "online.jsonl")
+    assert [r["labels"] for r in rows] == [16, 32, 48]
+    trained = [r["labels_train"] for r in rows]
+    assert trained[0] > 8 and trained[0] < trained[1] < trained[2]
+
+
 def test_online_with_people_waits_for_judgments_from_the_queue(tmp_path, monkeypatch):
     """No simulated labeler: training waits until people (here a thread using the store as the web app does) answer."""
     monkeypatch.setattr(online.OnlineRewards, "poll_seconds", 0.1)

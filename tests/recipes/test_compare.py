@@ -13,14 +13,18 @@ from lmprefs.cli.dispatch import main
 SMALL = ["--preset", "tiny", "--eval-samples", "1", "--labels", "16", "--eval-queries", "4", "--samples", "8",
          "--kl-coefs", "0.1", "--dpo-betas", "0.1", "--best-of", "4", "--betas", "0.1,1",
          "--min-ess", "2"]  # fmt: skip
-CONFIG = ["--ppo.total-episodes", "16", "--labels.heldout-fraction", "0.2", "--dpo.lr", "2e-3"]
+# one DPO step per arm (16 labels), so the second logged DPO step is the listwise arm's
+CONFIG = ["--ppo.total-episodes", "16", "--labels.heldout-fraction", "0.2", "--dpo.batch-size", "16"]
 KEYS = ["ppo-beta0.1", "ppo-separate-beta0.1", "rloo-beta0.1", "dpo-pairwise-beta0.1", "dpo-listwise-beta0.1",
         "best-of-4"]  # fmt: skip
+GRPO_KEYS = ["grpo-beta0.1", "grpo-kl-reward-beta0.1", "dr-grpo-beta0.1", "reinforce-pp-baseline-beta0.1"]
 
 
 def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "cmp"
-    args = ["experiment", "compare", *SMALL, "--run-dir", str(run_dir)]
+    arms = "ppo,ppo-separate,rloo,grpo,grpo-kl-reward,dr-grpo,reinforce-pp-baseline,dpo-pairwise,dpo-listwise," \
+           "best-of-n"
+    args = ["experiment", "compare", *SMALL, "--arms", arms, "--run-dir", str(run_dir)]
     killed(monkeypatch, args + CONFIG, "dpo:logged", 2)  # the second DPO arm (listwise), after its first logged step
     assert (run_dir / "dpo-listwise-beta0.1" / "run.json").is_file()
     assert "dpo-listwise-beta0.1" not in json.loads((run_dir / "results.json").read_text())
@@ -28,13 +32,16 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     # rerunning the command: the finished arms are skipped, the killed one resumes, the rest run
     assert main(args + CONFIG) == 0
     out = capsys.readouterr().out
-    assert all(f"[{k}] done" in out for k in KEYS[:4]), out
+    assert all(f"[{k}] done" in out for k in KEYS[:4] + GRPO_KEYS), out
     assert "[dpo-listwise-beta0.1] resuming" in out and "[best-of-4] sampling" in out
     assert "[labels]" not in out and "[frontier]" not in out and "[reward model]" not in out
     assert "| rloo | kl_coef 0.1 |" in out
+    assert "Matched KL: no comparison (matched KL needs two or more arm kinds" in out  # one setting per kind
     res = json.loads((run_dir / "results.json").read_text())
-    assert {"labels", "initial", "frontier", "reward_model", "summary", *KEYS} <= set(res)
-    for key in KEYS:
+    assert {"labels", "initial", "frontier", "reward_model", "summary", *KEYS, *GRPO_KEYS} <= set(res)
+    grpo = json.loads((run_dir / "grpo-beta0.1" / "config.json").read_text())["ppo"]
+    assert (grpo["estimator"], grpo["kl_in"]) == ("grpo", "loss")
+    for key in KEYS + GRPO_KEYS:
         d = res[key]
         assert d["n_queries"] == 4 and d["seconds"] > 0 and d["episodes"] > 0, (key, d)
         assert all(math.isfinite(d[k]) for k in ("mean", "stderr", "kl", "kl_stderr", "episodes_per_s")), (key, d)
@@ -62,6 +69,10 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     (["--db", "missing.sqlite"], "missing.sqlite"),
     (["--db", "scores.jsonl"], "the label store holds no best-of-N or pairwise labels"),
     (["--fit-cut", "1"], "--fit-cut is not an option of `experiment compare`"),
+    (["--match-kl", "1", "--kl-coefs", "0.1", "--dpo-betas", "0.1", "--best-of", "4"],
+     "--match-kl 1: matched KL needs two or more arm kinds with two or more KL settings"),
+    (["--match-kl", "0.3,9", "--best-of", "2,16"], "best-of-n reaches KL 0.19-1.84 nats only (--best-of 2,16), not 9"),
+    (["--match-kl", "nan"], "--match-kl 'nan': every KL value must be a positive number"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, argv, needle):
     monkeypatch.chdir(tmp_path)
@@ -70,3 +81,26 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch,
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "cmp").exists()
+
+
+def test_an_arm_that_did_not_move_the_policy_is_named_in_the_report(tmp_path):
+    """A DPO arm at the paper's lr 1e-6 on a small model ends at KL -4e-6 nats: its figures are the initial
+    policy's, and the report says so in one line, with what moves it; arms that moved, and best-of-n, are not named."""
+    from lmprefs.config import preset
+    from lmprefs.recipes.compare import Plan, unmoved, write_report
+
+    plan = Plan(arms=("ppo", "dpo-pairwise", "best-of-n"), kl_coefs=(0.1,), dpo_betas=(0.1, 0.3), best_of=(4,),
+                n_eval=4, eval_samples=1)  # fmt: skip
+    arm = {"mean": 0.1, "stderr": 0.01, "kl_stderr": 0.0, "seed": 1, "seconds": 1.0, "episodes_per_s": 1.0}
+    data = {"initial": {"mean": 0.1, "stderr": 0.01}, "labels": {"store": "s", "num_train": 8},
+            "frontier": {"queries": 4, "samples_per_query": 8, "min_ess": 2},
+            "ppo-beta0.1": arm | {"kl": 0.8}, "dpo-pairwise-beta0.1": arm | {"kl": -4e-6},
+            "dpo-pairwise-beta0.3": arm | {"kl": 0.002}, "best-of-4": arm | {"kl": 0.0, "kl_analytic": True}}
+    cfg = preset("quickstart")
+    line = unmoved(data, plan, cfg)
+    assert line.startswith("did not move the policy") and "dpo-pairwise-beta0.1, dpo-pairwise-beta0.3;" in line
+    assert "ppo-beta0.1" not in line and "best-of-4" not in line and "--dpo.lr (now 1e-06)" in line
+    report = write_report(tmp_path, data, plan, cfg).read_text()
+    assert f"**Arms that {line}.**" in report
+    assert unmoved({**data, "dpo-pairwise-beta0.1": arm | {"kl": 0.4}, "dpo-pairwise-beta0.3": arm | {"kl": 0.3}},
+                   plan, cfg) is None  # fmt: skip

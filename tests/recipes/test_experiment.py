@@ -8,6 +8,7 @@ import json
 import math
 import types
 
+import numpy as np
 import pytest
 import torch
 from crash import killed
@@ -178,7 +179,7 @@ def test_mock_sentiment_seeds_give_error_bars_and_kl(tmp_path, capsys):
     a, b = res["rm-16"]["mean"], res["rm-16-seed1"]["mean"]
     assert s["seeds"] == 2 and math.isfinite(s["kl"]) and s["mean"] == pytest.approx((a + b) / 2)
     assert s["stderr"] == pytest.approx(abs(a - b) / 2)  # the s.e. across seeds (of two: half their difference)
-    assert s["ci95"] == pytest.approx(12.706 * s["stderr"])  # t with one degree of freedom
+    assert s["ci95"] == pytest.approx(12.706 * s["stderr"], rel=1e-4)  # t with one degree of freedom
     # the seeds trained different reward models on different label subsets
     from safetensors.torch import load_file
 
@@ -307,10 +308,28 @@ def test_kl_frontier_draws_best_of_n_and_fits_gaos_forms(tmp_path, capsys):
     assert "--fit-cut 5: beyond every best-of-n point" in capsys.readouterr().err and not (tmp_path / "g").exists()
 
 
+def test_the_95_percent_interval_is_students_t_at_every_seed_count():
+    from lmprefs.recipes.experiment import ci95, interval_count, t975
+
+    # published 97.5% quantiles: 12 and 40 seeds stay wider than the normal's 1.96
+    assert ci95(1.0, 12) == pytest.approx(2.201, abs=1e-3) and ci95(1.0, 40) == pytest.approx(2.023, abs=1e-3)
+    assert ci95(1.0, 2) == pytest.approx(12.706, abs=1e-3) and ci95(2.0, 25) == pytest.approx(2 * 2.064, abs=1e-3)
+    # NumPy parity: the t density integrated from -t975 to t975 holds 95% of the mass
+    for df in (1, 4, 11, 39, 200):
+        x = np.linspace(-t975(df), t975(df), 400_001)
+        density = math.gamma((df + 1) / 2) / (math.sqrt(df * math.pi) * math.gamma(df / 2)) * (1 + x**2 / df) ** (
+            -(df + 1) / 2)
+        assert np.trapezoid(density, x) == pytest.approx(0.95, abs=1e-8)
+    assert all(t975(d) > t975(d + 1) > 1.96 for d in range(1, 300))
+    # the count an arm's interval is over: its seeds, or one seed's queries; unknown: the normal's 1.96
+    assert interval_count({"seeds": 5, "n_queries": 128}) == 5 and interval_count({"seeds": 1, "n_queries": 16}) == 16
+    assert ci95(1.0, interval_count({"n_queries": 16})) == pytest.approx(2.131, abs=1e-3) and ci95(1.0, 0) == 1.96
+
+
 def test_the_finding_is_read_from_95_percent_intervals():
     from lmprefs.recipes.experiment import ci95, finding
 
-    assert ci95(1.0, 3) == pytest.approx(4.303) and ci95(1.0, 0) == 1.96 and ci95(1.0, 40) == 1.96
+    assert ci95(1.0, 3) == pytest.approx(4.303, abs=1e-3) and ci95(1.0, 0) == 1.96
 
     def arm(mean, half):
         return {"mean": mean, "ci95": half}

@@ -8,7 +8,14 @@ import pytest
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.models.flops import ModelFacts
-from lmprefs.recipes.plan import MEASURED_GFLOPS, Counts, Shape, plan_mock_sentiment, stage_flops
+from lmprefs.recipes.plan import (
+    MEASURED_GFLOPS,
+    Counts,
+    Shape,
+    plan_label_efficiency,
+    plan_mock_sentiment,
+    stage_flops,
+)
 
 R = dataclasses.replace
 # SmolLM2-135M's config.json (the quickstart's model), and its quickstart task: 32-token formatted queries
@@ -36,6 +43,20 @@ def test_the_rates_reproduce_the_measured_quickstart_stages():
     for stage, (seconds, gflop) in QUICKSTART.items():
         assert sum(stages[stage].values()) / 1e9 == pytest.approx(gflop, rel=1e-4), stage
         assert gflop / MEASURED_GFLOPS[stage] == pytest.approx(seconds, rel=0.01), stage
+
+
+def test_an_ensembles_members_share_sampling_and_the_frozen_prefix_in_the_count():
+    """K members: K times the training, scoring and evaluation above the adapters; the normalization samples once;
+    the frozen blocks once (here computed by the ensemble over the training and held-out rows, not the labeling
+    pass's)."""
+    facts = ModelFacts.from_config(SMOLLM2)
+    n = Counts(32, 3627, 256, 2, 889, 784, 105, 20, labeling_prefixes=False)
+    one, four = (stage_flops(R(preset("quickstart"), train_reward=R(preset("quickstart").train_reward, ensemble=k)),
+                             facts, n)["train reward model"] for k in (1, 4))  # fmt: skip
+    assert four["normalize: sample"] == one["normalize: sample"]
+    assert four["training"] == 4 * one["training"] and four["normalize: score"] == 4 * one["normalize: score"]
+    assert one["frozen prefix, once"] < four["frozen prefix, once"] < 2 * one["frozen prefix, once"]
+    assert sum(one.values()) < sum(four.values()) < 4 * sum(one.values())
 
 
 def test_one_arm_reproduces_the_measured_quickstart_stages():
@@ -101,3 +122,29 @@ def test_plan_bad_input_is_one_line(tmp_path, capsys, argv, needle):
 def test_plan_is_an_option_of_mock_sentiment_only(capsys):
     assert main(["experiment", "kl-frontier", "tiny", "--plan"]) == 2
     assert "--plan is an option of `experiment mock-sentiment`" in capsys.readouterr().err
+
+
+def le_plan(cfg=None, budgets=(64, 128, 256), directed=1, seeds=3, pool=1024, members=4):
+    rows = plan_label_efficiency(cfg or preset("quickstart"), ModelFacts.from_config(SMOLLM2), SHAPE, list(budgets),
+                                 directed=directed, seeds=seeds, n_eval=64, samples=1, pool=pool, held=64,
+                                 members=members)  # fmt: skip
+    names = {"ensembles": "ensembles", "left": "scoring", "PPO": "PPO"}
+    return {next((v for k, v in names.items() if k in r["stage"]), r["stage"]): r for r in rows}
+
+
+def test_the_label_efficiency_estimate_scales_with_the_work():
+    cfg = preset("quickstart")
+    base = le_plan(cfg)
+    ens, score = base["ensembles"], base["scoring"]
+    # directed rounds after 64, 128 and 192 labels per seed; budget 64 is the random arm's (5 arms per seed)
+    assert ens["runs"] == score["runs"] == 3 * 3 and base["PPO"]["runs"] == 3 * 5
+    both = le_plan(cfg, directed=2)
+    assert both["ensembles"]["gflop"] == pytest.approx(2 * ens["gflop"])
+    assert both["PPO"]["runs"] == 3 * 7
+    # members share the frozen prefix: twice the members cost less than twice the scoring
+    more = le_plan(cfg, members=8)
+    assert score["gflop"] < more["scoring"]["gflop"] < 2 * score["gflop"]
+    # a larger pool leaves more candidates to score each round; larger rounds mean fewer of them
+    assert le_plan(cfg, pool=2048)["scoring"]["gflop"] > score["gflop"]
+    wide = le_plan(R(cfg, labels=R(cfg.labels, select_round=128)))
+    assert wide["ensembles"]["runs"] == 3 and wide["PPO"]["runs"] == 3 * 4

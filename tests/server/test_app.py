@@ -91,7 +91,7 @@ def test_every_route_but_sign_in_and_static_needs_a_session(app, db):
     before = counts(db)
     client = TestClient(app, follow_redirects=False)
     routes = [(m, r.path) for r in app.routes if isinstance(r, APIRoute) for m in r.methods if r.path != "/login"]
-    pages = {"/", "/logout", "/label", "/undo", "/onboarding", "/anchor", "/admin", "/admin/items", "/admin/item",
+    pages = {"/", "/logout", "/label", "/undo", "/onboarding", "/admin", "/admin/items", "/admin/item",
              "/admin/onboarding", "/admin/labeler", "/admin/drift", "/admin/export"}
     assert {p for _, p in routes} == pages | {"/api/me", "/api/items", "/api/items/{item_id}", "/api/labels",
                                               "/api/quality"}  # fmt: skip

@@ -144,6 +144,10 @@ def test_the_pages_fit_a_phone_and_a_desktop_without_scrolling_sideways(browser,
         ids = [store.add_item(f"{PASSAGE} ({i})", ENDINGS, source="t") for i in range(6)]
         store.set_gold(ids[5], 1)
         token = store.add_labeler(long_name, admin=True)
+        anchor = store.add_item(f"{PASSAGE} (anchor)", ENDINGS, source="t")
+        store.set_anchor(anchor)  # a drift chart, captioned with the long name (it made the page 711 px wide)
+        store.set_anchor_every(50)
+        store.add_anchor_answer(anchor, store.labelers()[0].id, 0, best=1)
         for i in ids[:3]:  # the admin page's tables: labelers, quality, agreement, flags, held and gold items
             store.add_label(i, long_name[:-1] + "y", best=1, shown=[0, 1, 2, 3], seconds=4.0)
             store.add_label(i, "carol", best=1, shown=[1, 0, 2, 3], seconds=5.0)
@@ -168,6 +172,64 @@ def test_the_pages_fit_a_phone_and_a_desktop_without_scrolling_sideways(browser,
                 assert page.evaluate("scrollY") == 0
                 assert box["x"] >= 0 and box["x"] + box["width"] <= width, (width, box)
                 assert box["y"] >= 0 and box["y"] + box["height"] <= height, (width, box)  # seen without scrolling
+        finally:
+            page.close()
+
+
+def test_s_on_a_practice_page_does_nothing_and_on_an_anchor_skips(browser, tmp_path):
+    # `s` sent a skip from both, which the server refused with a bare 422 page
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        gold = store.add_item(f"{PASSAGE} (gold)", ENDINGS, source="t")
+        store.set_gold(gold, 2, note="the calm one")
+        anchor = store.add_item(f"{PASSAGE} (anchor)", ENDINGS, source="t")
+        store.set_anchor(anchor)
+        store.add_item(PASSAGE, ENDINGS, source="t")
+        store.set_onboarding(1, 0.0)
+        store.set_anchor_every(10)
+        token = store.add_labeler("newcomer")
+    problems: list[str] = []
+    with running(create_app(path)) as url:
+        page = browser.new_page()
+        try:
+            page.set_default_timeout(10_000)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            sign_in(page, url, token)
+            assert "Practice question 1 of 1" in page.inner_text("#practice")
+            page.keyboard.press("s")
+            page.keyboard.press("f")
+            page.wait_for_timeout(300)
+            assert page.url == url + "/label" and "Practice question 1 of 1" in page.inner_text("#practice")
+            page.keyboard.press("1")
+            page.wait_for_selector("#feedback")  # admitted at 0%: the anchor comes next, unannounced
+            assert page.get_attribute("#label-form", "data-item") == str(anchor)
+            page.keyboard.press("s")
+            page.wait_for_selector(f'.flash:has-text("Saved: item {anchor} skipped.")')
+        finally:
+            page.close()
+    assert not problems, problems
+
+
+def test_a_ranking_can_be_submitted_on_a_phone_without_scrolling(browser, tmp_path):
+    # four long options put the Submit button three screens down on a 375 px phone
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        store.add_item(PASSAGE, [f" option {j}: " + "a long continuation " * 12 for j in range(4)], source="t",
+                       label_type="ranking_4")  # fmt: skip
+        token = store.add_labeler("ranker")
+    with running(create_app(path)) as url:
+        page = browser.new_page(viewport={"width": 375, "height": 740})
+        try:
+            sign_in(page, url, token)
+            first = page.locator("button.option").first.bounding_box()
+            submit = page.locator("#ranking-submit").bounding_box()
+            assert page.evaluate("scrollY") == 0 and first["y"] + first["height"] < 740
+            assert submit["y"] >= 0 and submit["y"] + submit["height"] <= 740, submit  # on screen without scrolling
+            assert submit["y"] >= first["y"] + first["height"]  # below the first option, not over it
+            for key in "1234":
+                page.keyboard.press(key)
+            page.click("#ranking-submit")
+            page.wait_for_selector('.flash:has-text("ranked options 1, 2, 3, 4")')
         finally:
             page.close()
 

@@ -131,3 +131,86 @@ def test_onboarding_settings_not_written_plainly_are_refused_naming_the_field(db
     assert r.status_code == 303
     with LabelStore(path) as store:
         assert store.onboarding_settings() == (4, 0.8)
+
+
+def test_onboarding_switched_on_mid_project_keeps_labelers_at_work_and_never_offers_an_answered_item(db):
+    # switched on mid-project, onboarding sent everyone back to practice; one who had answered a practice question
+    # for real got 409 on it, for good
+    path, tokens = db
+    with LabelStore(path) as store:
+        store.set_onboarding(0, 0.6)
+        store.add_label(1, "ann", best=0, source="web")  # ann labels for real, a gold question among her answers
+    app = create_app(path, shuffle=False)
+    ann, bob = sign_in(app, tokens["ann"]), sign_in(app, tokens["bob"])
+    with LabelStore(path) as store:
+        store.set_onboarding(3, 0.6)
+    assert 'action="/label"' in ann.get("/label").text  # at work already: admitted when onboarding came on
+    assert "Practice question 1 of 3" in bob.get("/label").text  # new to the project: practises
+    root = sign_in(app, tokens["root"])
+    csrf = re.search(r'name="csrf" value="([^"]+)"', root.get("/admin").text).group(1)
+    assert root.post("/admin/labeler", data={"csrf": csrf, "name": "ann", "action": "hold"}).status_code == 303
+    with LabelStore(path) as store:
+        store.set_gold(store.add_item("Gold 3.", [" w", " r"], source="t", label_type="best_of_2"), 1)
+    ann_id = next(b.id for b in LabelStore(path).labelers() if b.name == "ann")
+    with LabelStore(path) as store:
+        assert 1 not in [i for i, _ in store.practice_items(3, ann_id)]  # the one she answered for real is skipped
+    for k in range(3):
+        html = ann.get("/label").text
+        assert f"Practice question {k + 1} of 3" in html
+        r, item = answer(ann, "/onboarding", "1")
+        assert r.status_code == 303 and item != 1, r.text
+    assert "Real work is paused" in ann.get("/label").text  # held back: her score does not admit her
+
+
+def test_a_labeler_held_back_stays_held_until_an_admin_admits_them(db):
+    path, tokens = db
+    app = create_app(path, shuffle=False)
+    ann, root = sign_in(app, tokens["ann"]), sign_in(app, tokens["root"])
+    for _ in range(3):
+        answer(ann, "/onboarding", "1")
+    assert "Welcome aboard" in ann.get("/label").text
+    csrf = re.search(r'name="csrf" value="([^"]+)"', root.get("/admin").text).group(1)
+    assert root.post("/admin/labeler", data={"csrf": csrf, "name": "ann", "action": "hold"}).status_code == 303
+    for _ in range(2):  # it held for one page load: her practice score admitted her again ("Welcome aboard")
+        html = ann.get("/label").text
+        assert "Real work is paused" in html and "Welcome aboard" not in html and 'name="item_id"' not in html
+    before = counts(path)
+    assert ann.post("/label", data={"item_id": "4", "csrf": page(ann)[1], "choice": "0"}).status_code == 409
+    assert counts(path) == before
+    assert re.search(r'data-onboarding="ann"><td>ann</td><td class="num">3 of 3</td>\s*<td>held back',
+                     root.get("/admin").text)  # fmt: skip
+    with LabelStore(path) as store:
+        store.set_onboarding(0, 0.6)  # held whether onboarding is on or not
+    assert "Real work is paused" in ann.get("/label").text
+    assert root.post("/admin/labeler", data={"csrf": csrf, "name": "ann", "action": "admit"}).status_code == 303
+    assert "Real 0." in ann.get("/label").text
+
+
+def test_practice_answers_are_not_counted_as_labels_anywhere(db, capsys):
+    # they were: in the admin page's table and tiles, `labelers list` and the labeler's own counter
+    path, tokens = db
+    app = create_app(path, shuffle=False)
+    ann = sign_in(app, tokens["ann"])
+    for _ in range(3):
+        answer(ann, "/onboarding", "1")
+    html = ann.get("/label").text
+    assert "Welcome aboard" in html and '<b id="done-count">0</b> labeled' in html
+    assert answer(ann, "/label", "0")[0].status_code == 303
+    assert '<b id="done-count">1</b> labeled' in ann.get("/label").text
+    admin = sign_in(app, tokens["root"]).get("/admin").text
+    assert '<div class="big" id="labels-total">1</div>' in admin
+    assert main(["labelers", "list", "--db", str(path)]) == 0
+    row = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("ann "))
+    assert row.split()[-3:] == ["1", "0", "0"]
+
+
+def test_a_practice_page_offers_no_skip_and_never_prints_a_gold_questions_id(db):
+    # `s` on a practice page sent a skip, answered with a bare 422 page; the feedback printed "practice item N"
+    path, tokens = db
+    ann = sign_in(create_app(path, shuffle=False), tokens["ann"])
+    for _ in range(3):
+        text = ann.get("/label").text
+        visible = re.sub(r"<[^>]*>", " ", text)  # the page's text, not its form's hidden fields
+        assert 'id="skip"' not in text and 'id="flag"' not in text and "cannot be skipped or flagged" in visible
+        assert not re.search(r"item\s+\d", visible), visible
+        answer(ann, "/onboarding", "1")

@@ -236,6 +236,37 @@ def test_the_undo_window_runs_from_the_answer_and_a_change_does_not_restart_it(t
 # -- the JSON API and its client -------------------------------------------------------------------------------
 
 
+def test_an_answer_changed_by_undo_is_sent_again_to_a_reader_paging_the_feed(tmp_path):
+    # a client paging by next_since_id kept the old answer: the changed row kept its id, behind the cursor
+    path = tmp_path / "labels.sqlite"
+    with LabelStore(path) as store:
+        admin_token, bob_token = store.add_labeler("alice", admin=True), store.add_labeler("bob")
+        for q, s in questions(3):
+            store.add_item(q, s, source="t")
+    app = create_app(path, shuffle=False)
+    api = TestClient(app, headers={"Authorization": f"Bearer {admin_token}"})
+    bob = sign_in(app, bob_token)
+    for _ in range(2):
+        html = bob.get("/label").text
+        bob.post("/label", data={"item_id": item_of(html), "choice": "0", "csrf": csrf_of(html)})
+    first = api.get("/api/labels").json()
+    assert [r["best"] for r in first["labels"]] == [0, 0]
+    html = bob.get("/label").text
+    assert bob.post("/undo", data={"csrf": csrf_of(html)}).status_code == 303
+    html = bob.get("/label").text
+    changed = item_of(html)
+    bob.post("/label", data={"item_id": changed, "choice": "2", "csrf": csrf_of(html)})
+    html = bob.get("/label").text
+    bob.post("/label", data={"item_id": item_of(html), "choice": "1", "csrf": csrf_of(html)})
+    more = api.get("/api/labels", params={"since_id": first["next_since_id"]}).json()
+    assert [(r["item_id"], r["best"]) for r in more["labels"]] == [(changed, 2), (item_of(html), 1)]
+    assert more["labels"][0]["id"] == first["labels"][1]["id"]  # the same row, sent again as changed
+    assert api.get("/api/labels", params={"since_id": more["next_since_id"]}).json()["labels"] == []
+    with running(app) as url:  # the client keeps each row once, as last changed
+        assert [(r["item_id"], r["best"]) for r in Client(url, admin_token).labels(page=1)] == [
+            (first["labels"][0]["item_id"], 0), (changed, 2), (item_of(html), 1)]  # fmt: skip
+
+
 def test_api_and_client_queue_items_and_read_labels(tmp_path):
     path = tmp_path / "labels.sqlite"
     with LabelStore(path) as store:
@@ -267,5 +298,5 @@ def test_api_and_client_queue_items_and_read_labels(tmp_path):
         for lab in labels:
             assert lab["best"] == lab["shown"][0] and lab["seconds"] >= 0  # pressed the first option shown
             assert lab["too_fast"] is (lab["seconds"] < 3)
-        assert api.labels(since_id=labels[1]["id"]) == labels[2:]
+        assert api.labels(since_id=labels[1]["position"]) == labels[2:]
         assert {r["name"] for r in api.quality()["labelers"]} == {"alice", "bob"}

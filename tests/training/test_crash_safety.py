@@ -192,7 +192,8 @@ def test_an_online_run_killed_after_a_label_request_and_retrain_resumes_exactly(
 # -- 5. the reward model trained in the same run (LoRA or full fine-tuning) resumes bitwise -------------------------
 
 
-@pytest.mark.parametrize("lora", [["--lora.rank", "4"], []], ids=["lora", "full"])
+@pytest.mark.parametrize("lora", [["--lora.rank", "4"], [], ["--lora.rank", "4", "--train-reward.ensemble", "2"]],
+                         ids=["lora", "full", "lora-ensemble"])  # fmt: skip
 def test_a_run_with_its_own_reward_model_resumes_bitwise(tmp_path, monkeypatch, lora):
     db = tmp_path / "labels.sqlite"
     assert main(["label", "tiny", "--db", str(db), "--n", "40"]) == 0

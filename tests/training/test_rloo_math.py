@@ -42,6 +42,21 @@ def np_rloo_loss(logprobs, old_logprobs, adv, cliprange):
     return total / (B * T), clipped / (B * T)
 
 
+def np_rloo_sequence_loss(logprobs, old_logprobs, adv, cliprange, mask=None):
+    """TRL's RLOOTrainer (1.12): one ratio per response, exp of its summed log-ratio over real tokens, clipped; the
+    mean over responses."""
+    B, T = logprobs.shape
+    mask = np.ones((B, T)) if mask is None else mask
+    total, clipped = 0.0, 0
+    for i in range(B):
+        ratio = np.exp(sum((logprobs[i, t] - old_logprobs[i, t]) * mask[i, t] for t in range(T)))
+        a = -adv[i] * ratio
+        b = -adv[i] * np.clip(ratio, 1 - cliprange, 1 + cliprange)
+        total += max(a, b)
+        clipped += b > a
+    return total / B, clipped / B
+
+
 @pytest.mark.parametrize("k", [2, 3, 4])
 def test_leave_one_out_advantages_match_numpy(k):
     g = torch.Generator().manual_seed(k)
@@ -118,3 +133,59 @@ def test_ppo_update_with_advantages_trains_the_policy_and_leaves_the_value_head(
     assert "ppo/loss/value" not in stats and "ppo/val/var_explained" not in stats
     assert set(stats) == {"ppo/loss/policy", "ppo/loss/total", "ppo/policy/approxkl", "ppo/policy/clipfrac",
                           "ppo/policy/entropy"}
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["whole", "stopped-early"])
+def test_the_sequence_level_ratio_matches_trls_loss_in_numpy(masked):
+    g = torch.Generator().manual_seed(2)
+    B, T = 8, 5
+    old = torch.randn(B, T, generator=g, dtype=torch.float64)
+    new = (old + 0.08 * torch.randn(B, T, generator=g, dtype=torch.float64)).requires_grad_()
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    mask = (torch.arange(T) < torch.tensor([5, 3, 5, 1, 4, 5, 2, 5])[:, None]).double() if masked else None
+    loss, stats = rloo_losses(new, old, torch.zeros(B, T, dtype=torch.float64), adv, 0.2, mask, level="sequence")
+    np_loss, np_clip = np_rloo_sequence_loss(new.detach().numpy(), old.numpy(), adv.numpy(), 0.2,
+                                             None if mask is None else mask.numpy())  # fmt: skip
+    assert loss.item() == pytest.approx(np_loss, rel=1e-10)
+    assert stats["ppo/policy/clipfrac"].item() == pytest.approx(np_clip, rel=1e-10) and 0 < np_clip < 1
+    token, _ = rloo_losses(new, old, torch.zeros(B, T, dtype=torch.float64), adv, 0.2, mask)
+    assert token.item() != pytest.approx(loss.item(), rel=1e-3)  # the two levels are two losses
+
+
+def test_on_policy_the_sequence_level_gradient_is_reinforce_and_the_token_level_its_share_per_token():
+    """At ratio 1 the sequence level's gradient is the published RLOO's REINFORCE, -mean_i A_i grad sum_t log pi;
+    the token level's is the same summed over tokens and divided by B * T."""
+    g = torch.Generator().manual_seed(3)
+    B, T = 6, 4
+    logits = torch.randn(B, T, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    tokens = torch.randint(0, 7, (B, T), generator=g)
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+
+    def logp():
+        return logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)  # [B, T]
+
+    old = logp().detach()
+    grads = {}
+    for level in ("sequence", "token"):
+        logits.grad = None
+        rloo_losses(logp(), old, torch.zeros(B, T, dtype=torch.float64), adv, 0.2, level=level)[0].backward()
+        grads[level] = logits.grad.clone()
+    logits.grad = None
+    (-(adv[:, None] * logp()).sum(1).mean()).backward()  # REINFORCE with the leave-one-out advantage
+    torch.testing.assert_close(grads["sequence"], logits.grad)
+    torch.testing.assert_close(grads["token"], logits.grad / T)
+
+
+def test_ppo_update_takes_the_ratio_level_from_the_config():
+    from lmprefs.training.ppo import _minibatch_loss
+
+    g = torch.Generator().manual_seed(4)
+    B, T = 4, 3
+    old = torch.randn(B, T, generator=g)
+    new = old + 0.5 * torch.randn(B, T, generator=g)
+    adv = torch.randn(B, generator=g)
+    mb = Rollout(torch.zeros(B, 1), torch.zeros(B, T), old, old, torch.zeros(B, T), torch.zeros(B), torch.zeros(B, T),
+                 None, adv)  # fmt: skip
+    for level in ("token", "sequence"):
+        loss, _ = _minibatch_loss(mb, new, torch.zeros(B, T), PPOConfig(estimator="rloo", rloo_ratio=level))
+        assert loss.item() == pytest.approx(rloo_losses(new, old, torch.zeros(B, T), adv, 0.2, level=level)[0].item())

@@ -8,7 +8,8 @@ tables and their columns are known only here. Never imports torch.
 - `records`: what the methods take and return (`Item`, `Example`, `Labeler`, ...) and the checks on written values
 - `core`: `LabelStore`, its connections and transactions
 - `items`, `labels`, `labelers`, `onboarding`, `drift`: the methods, by what they touch; `reports`: what the admin
-  page and the quality measures read; `serving`: what the web app's queue asks
+  page and the quality measures read; `serving`: what the web app's queue asks; `selection`: the queue's
+  acquisition scores
 """
 
 from lmprefs.labels.store.core import LabelStore

@@ -34,9 +34,9 @@ class StoreBase:
                 self.store_id = schema.upgrade(c, self.path)
         except sqlite3.OperationalError as e:  # a folder that cannot be written, a file that cannot be opened
             self.close()
-            if "locked" in str(e):  # another process held a write for the whole busy_timeout
-                raise UserError(f"label store {self.path}: in use by another process, which kept it locked for "
-                                f"{busy_timeout:g}s ({e}); try again when it is done") from None  # fmt: skip
+            if "locked" in str(e):  # another process held its write lock for all of busy_timeout
+                raise UserError(f"label store {self.path}: in use by another process that holds it locked (waited "
+                                f"{busy_timeout:g}s); try again once it is done") from None  # fmt: skip
             raise UserError(f"label store {self.path}: cannot open or create it ({e})") from None
         except UserError:  # a store from newer code: refused before anything is written
             self.close()

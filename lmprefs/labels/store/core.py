@@ -1,6 +1,7 @@
 """`LabelStore`: one SQLite file (`base`: its connections and transactions) and the methods every other module asks
 it by. The methods are plain functions of the store, kept in the modules named after what they touch or who asks
-(`items`, `labels`, `labelers`, `reports`, `serving`) and bound here, so callers write `store.add_item(...)`.
+(`items`, `labels`, `labelers`, `reports`, `serving`, `selection`) and bound here, so callers write
+`store.add_item(...)`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from lmprefs.labels.store import labelers as _labelers
 from lmprefs.labels.store import labels as _labels
 from lmprefs.labels.store import onboarding as _onboarding
 from lmprefs.labels.store import reports as _reports
+from lmprefs.labels.store import selection as _selection
 from lmprefs.labels.store import serving as _serving
 from lmprefs.labels.store.base import StoreBase
 from lmprefs.labels.store.records import ImportCounts, ImportRow
@@ -67,6 +69,7 @@ class LabelStore(StoreBase):
     practice_answers = _onboarding.practice_answers
     set_admitted = _onboarding.set_admitted
     is_admitted = _onboarding.is_admitted
+    is_held = _onboarding.is_held
     practice_summary = _onboarding.practice_summary
 
     # -- drift anchors (drift.py) ------------------------------------------------------------------------------
@@ -76,6 +79,8 @@ class LabelStore(StoreBase):
     set_anchor = _drift.set_anchor
     labeler_interval = _drift.labeler_interval
     due_anchors = _drift.due_anchors
+    anchor_count = _drift.anchor_count
+    last_anchor_answer = _drift.last_anchor_answer
     add_anchor_answer = _drift.add_anchor_answer
     drift = _drift.drift
 
@@ -99,3 +104,9 @@ class LabelStore(StoreBase):
     items_wanting_fewer = _serving.items_wanting_fewer
     set_want_labels = _serving.set_want_labels
     last_item_id = _serving.last_item_id
+
+    # -- query selection: the queue's acquisition scores (selection.py) ---------------------------------------
+
+    rankable_items = _selection.rankable_items
+    set_acquisition = _selection.set_acquisition
+    acquisition_by = _selection.acquisition_by

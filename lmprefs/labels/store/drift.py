@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from lmprefs.config import label_type_shape
 from lmprefs.labels.store.records import DuplicateLabelError, check_label_value
-from lmprefs.labels.store.schema import CHOICE_ITEM
+from lmprefs.labels.store.schema import CHOICE_ITEM, FIRST_BEST, FIRST_KIND
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
@@ -53,14 +53,29 @@ def labeler_interval(store: StoreBase, labeler_id: int, every: int) -> int:
     return store.connection().execute(sql, (labeler_id,)).fetchone()[0] // every
 
 
+# the anchors served: not held (a flag holds an anchor as it holds any item, until an admin serves it again)
+_SERVED = f"i.anchor = 1 AND {CHOICE_ITEM} AND i.hold IS NULL"
+
+
 def due_anchors(store: StoreBase, labeler_id: int, interval: int) -> list[int]:
-    """The anchors (not retired) labeler `labeler_id` has not answered in `interval`, by id."""
+    """The anchors (not held) labeler `labeler_id` has not answered in `interval`, by id."""
     sql = (
-        f"SELECT i.id FROM items i WHERE i.anchor = 1 AND {CHOICE_ITEM} AND i.hold IS NOT 'retired' AND NOT EXISTS"
+        f"SELECT i.id FROM items i WHERE {_SERVED} AND NOT EXISTS"
         " (SELECT 1 FROM anchor_answers a WHERE a.item_id = i.id AND a.labeler_id = ? AND a.interval = ?)"
         " ORDER BY i.id"
     )
     return [i for (i,) in store.connection().execute(sql, (labeler_id, interval))]
+
+
+def anchor_count(store: StoreBase) -> int:
+    """How many anchors are served in each interval."""
+    return store.connection().execute(f"SELECT COUNT(*) FROM items i WHERE {_SERVED}").fetchone()[0]
+
+
+def last_anchor_answer(store: StoreBase, labeler_id: int) -> tuple[int, int, float] | None:
+    """(answer id, item id, time) of labeler `labeler_id`'s latest anchor answer."""
+    sql = "SELECT id, item_id, created FROM anchor_answers WHERE labeler_id = ? ORDER BY created DESC, id DESC LIMIT 1"
+    return store.connection().execute(sql, (labeler_id,)).fetchone()
 
 
 def add_anchor_answer(store: StoreBase, item_id: int, labeler_id: int, interval: int, *, best: int | None = None,
@@ -88,22 +103,25 @@ def drift(store: StoreBase, every: int) -> dict[str, list[tuple[int, float | Non
     """{labeler: [(interval, self-consistency, gold accuracy), ...]} for labelers with anchor answers. Self-consistency
     in an interval: the share of anchors answered then whose pick (a ranking's top) equals the labeler's previous
     answer to the same anchor (None in an interval with no earlier answer to compare with). Gold accuracy: right
-    answers over gold questions answered in the interval, anchors and served gold questions together."""
+    answers over gold questions answered in the interval, anchors and served gold questions together; a served gold
+    question by its first answer, as the quality measures count it (an undo cannot make a wrong answer right)."""
     with store.snapshot() as c:
         anchors = c.execute(
             "SELECT b.name, a.item_id, a.interval, a.best, i.gold FROM anchor_answers a"
             " JOIN labelers b ON b.id = a.labeler_id JOIN items i ON i.id = a.item_id ORDER BY b.name, a.interval"
         ).fetchall()
         labels = c.execute(
-            "SELECT b.name, l.best, i.gold FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-            " JOIN items i ON i.id = l.item_id WHERE l.kind = 'label' AND l.practice = 0 ORDER BY b.name, l.id"
+            f"SELECT b.name, l.kind, {FIRST_KIND}, {FIRST_BEST}, i.gold FROM labels l"
+            " JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
+            f" WHERE 'label' IN (l.kind, {FIRST_KIND}) AND l.practice = 0 ORDER BY b.name, l.id"
         ).fetchall()
     gold: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     seen: dict[str, int] = defaultdict(int)
-    for name, best, right in labels:  # a label's interval: how many labels its labeler gave before it
-        k, seen[name] = seen[name] // max(every, 1), seen[name] + 1
-        if right is not None:
-            gold[name][k][0] += best == right
+    for name, kind, first_kind, first_best, right in labels:  # a label's interval: the labels its labeler gave before
+        k = seen[name] // max(every, 1)
+        seen[name] += kind == "label"  # as `labeler_interval` counts them
+        if right is not None and first_kind == "label":
+            gold[name][k][0] += first_best == right
             gold[name][k][1] += 1
     same: dict[str, dict[int, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     last: dict[tuple[str, int], int] = {}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from lmprefs.config import check_label_type
 from lmprefs.labels.store.records import HOLDS, Item, check_label_value, sha, source_split
-from lmprefs.labels.store.schema import TABLES
+from lmprefs.labels.store.schema import QUEUE_ORDER, TABLES
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
@@ -87,7 +87,8 @@ def _items(store: StoreBase, where: str, args: tuple | dict) -> list[Item]:
     with store.snapshot() as c:
         rows = c.execute(
             "SELECT i.id, q.text, i.label_type, i.source, i.batch, i.priority, i.want_labels, i.status, i.created,"
-            f" i.gold, i.hold, i.gold_note, i.anchor FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
+            " i.gold, i.hold, i.gold_note, i.anchor, i.acquisition"
+            f" FROM items i JOIN queries q ON q.id = i.query_id WHERE {where}",
             args,
         ).fetchall()
         for r in rows:
@@ -100,7 +101,7 @@ def _items(store: StoreBase, where: str, args: tuple | dict) -> list[Item]:
                 )
             ]
             out.append(Item(r[0], r[1], texts, r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11],
-                            bool(r[12])))  # fmt: skip
+                            bool(r[12]), r[13]))  # fmt: skip
     return out
 
 
@@ -136,15 +137,15 @@ def get_item(store: StoreBase, item_id: int) -> Item | None:
 
 
 def next_item(store: StoreBase, labeler: str, *, batch: str | None = None) -> Item | None:
-    """The highest-priority, oldest pending item that `labeler` has not labeled, skipped or flagged yet (held
-    items are skipped). There is no lease: two labelers asking at once may get the same item, and both answers
-    are kept."""
+    """The first pending item in the queue's order (QUEUE_ORDER: priority, acquisition score, age) that `labeler`
+    has not labeled, skipped or flagged yet (held items are skipped). There is no lease: two labelers asking at once
+    may get the same item, and both answers are kept."""
     items = _items(
         store,
         "i.status = 'pending' AND i.hold IS NULL AND i.anchor = 0 AND (?1 IS NULL OR i.batch = ?1)"
         " AND NOT EXISTS (SELECT 1 FROM labels l"
         " JOIN labelers b ON b.id = l.labeler_id WHERE l.item_id = i.id AND b.name = ?2)"
-        " ORDER BY i.priority DESC, i.id LIMIT 1",
+        f" ORDER BY {QUEUE_ORDER} LIMIT 1",
         (batch, labeler),
     )
     return items[0] if items else None

@@ -37,11 +37,11 @@ def add_labeler(store: StoreBase, name: str, admin: bool = False) -> str:
     return token
 
 
-_LABELER = "SELECT id, name, is_admin, created, token_hash IS NOT NULL, admitted FROM labelers"
+_LABELER = "SELECT id, name, is_admin, created, token_hash IS NOT NULL, admitted, held FROM labelers"
 
 
 def _labeler(row) -> Labeler:
-    return Labeler(row[0], row[1], bool(row[2]), row[3], bool(row[4]), row[5])
+    return Labeler(row[0], row[1], bool(row[2]), row[3], bool(row[4]), row[5], row[6])
 
 
 def labeler_for_token(store: StoreBase, token: str) -> Labeler | None:

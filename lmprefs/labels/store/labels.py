@@ -70,6 +70,10 @@ def _check_answer(label_type: str, item_id: int, kind: str, value: dict, meta: A
     return best
 
 
+# the next position in the feed of answers (`answers_since`): a new answer and an answer changed by undo take it
+_NEXT = "SELECT COALESCE(MAX(seq), 0) + 1 FROM labels"
+
+
 def add_label(
     store: StoreBase,
     item_id: int,
@@ -91,7 +95,8 @@ def add_label(
     Raises DuplicateLabelError if `labeler` already answered this item, ValueError on an invalid value.
     `replace=True` (undo in the web app) overwrites this labeler's answer to the item instead, in the same
     transaction and the same row, so the item never holds two answers from one labeler; the row keeps the time of
-    the first answer and the first answer itself (`first_kind`, `first_best`), which gold accuracy counts."""
+    the first answer and the first answer itself (`first_kind`, `first_best`), which gold accuracy counts, and takes
+    a new position in the feed of answers (`seq`), so a reader of `answers_since` is sent the change."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r} must be one of {KINDS}")
     if unknown := set(meta) - set(AnswerMeta.__annotations__):
@@ -118,7 +123,8 @@ def add_label(
             c.execute(
                 "UPDATE labels SET kind = ?, best = ?, score = ?, difference = ?, note = ?, source = ?, shown = ?,"
                 " seconds = ?, ranking = ?, confidence = ?, practice = ?, first_kind = COALESCE(first_kind, kind),"
-                " first_best = CASE WHEN first_kind IS NULL THEN best ELSE first_best END WHERE id = ?",
+                " first_best = CASE WHEN first_kind IS NULL THEN best ELSE first_best END,"
+                f" seq = ({_NEXT}) WHERE id = ?",
                 (*values, old[0]),
             )
             label_id = old[0]
@@ -132,7 +138,8 @@ def add_label(
         else:
             label_id = c.execute(
                 "INSERT INTO labels (item_id, labeler_id, kind, best, score, difference, note, source, shown,"
-                " seconds, ranking, confidence, practice, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " seconds, ranking, confidence, practice, created, seq)"
+                f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ({_NEXT}))",
                 (item_id, lid, *values, time.time()),
             ).lastrowid
         _update_item(c, item_id, want, kind)
@@ -251,25 +258,27 @@ def has_answered(store: StoreBase, item_id: int, labeler: str) -> bool:
 
 
 def answer_counts(store: StoreBase, labeler_id: int) -> dict[str, int]:
-    """{kind: n} of labeler `labeler_id`'s answers, for the kinds they gave at least once."""
-    sql = "SELECT kind, COUNT(*) FROM labels WHERE labeler_id = ? GROUP BY kind"
+    """{kind: n} of labeler `labeler_id`'s answers (not practice answers), for the kinds they gave at least once."""
+    sql = "SELECT kind, COUNT(*) FROM labels WHERE labeler_id = ? AND practice = 0 GROUP BY kind"
     return dict(store.connection().execute(sql, (labeler_id,)))
 
 
 def answers_since(
     store: StoreBase, since_id: int = 0, *, limit: int = 1000, label_type: str | None = None
 ) -> list[Answer]:
-    """Labels, skips and flags with an id above `since_id` (on items of `label_type`, or any), oldest first; not
-    practice answers from onboarding."""
+    """Labels, skips and flags at a feed position above `since_id` (on items of `label_type`, or any), in feed
+    order; not practice answers from onboarding. An answer is placed when given and placed again at the end when an
+    undo changes it (same id), so a reader who pages by position is sent every change; a row's position equals its
+    id until an answer in the store is changed."""
     rows = store.connection().execute(
         "SELECT l.id, l.item_id, b.name, l.kind, l.best, l.score, l.difference, l.note, l.source, l.created,"
-        " l.shown, l.seconds, l.ranking, l.confidence FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+        " l.shown, l.seconds, l.ranking, l.confidence, l.seq FROM labels l JOIN labelers b ON b.id = l.labeler_id"
         " JOIN items i ON i.id = l.item_id"
-        " WHERE l.id > ? AND l.practice = 0 AND (? IS NULL OR i.label_type = ?) ORDER BY l.id LIMIT ?",
+        " WHERE l.seq > ? AND l.practice = 0 AND (? IS NULL OR i.label_type = ?) ORDER BY l.seq LIMIT ?",
         (since_id, label_type, label_type, limit),
     )
     return [Answer(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], json.loads(r[10]) if r[10] else None,
-                   r[11], json.loads(r[12]) if r[12] else None, r[13]) for r in rows]  # fmt: skip
+                   r[11], json.loads(r[12]) if r[12] else None, r[13], r[14]) for r in rows]  # fmt: skip
 
 
 def last_answer(store: StoreBase, labeler_id: int, *, source: str) -> tuple[int, int, float] | None:

@@ -45,6 +45,7 @@ class Item:
     hold: str | None = None  # "flagged" or "retired": not served
     gold_note: str | None = None  # the researcher's note on the gold answer
     anchor: bool = False  # a drift anchor: re-served to every labeler once per interval
+    acquisition: float | None = None  # the queue's score from `lmprefs rank-queue` (admins only), None: unscored
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class Answer:
     seconds: float | None  # time on task
     ranking: list[int] | None = None  # ranking_K: the stored samples' order, best first
     confidence: int | None = None  # 1 (a guess) to 3 (sure)
+    position: int = 0  # in the feed of answers: taken anew when an undo changes the answer (the id stays)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class Labeler:
     created: float
     has_token: bool  # can sign in
     admitted: float | None = None  # when they passed onboarding (None: not yet)
+    held: float | None = None  # when an admin held them back from real work (None: not held)
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,17 @@ def check_label_value(label_type: str, best, score, difference, where: str, rank
             raise ValueError(f"{where} is {label_type}: best={v!r} is out of range 0..{n - 1}")
     elif isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise ValueError(f"{where} is {label_type}: {value_field}={v!r} is not a finite number")
+
+
+class Question(NamedTuple):
+    """A pending item a reward-model ensemble may score for the queue: its texts and, when stored for the tokenizer
+    asked about, their token ids."""
+
+    item_id: int
+    query: str
+    samples: list[str]
+    query_tokens: list[int] | None
+    sample_tokens: list[list[int]] | None
 
 
 class Candidate(NamedTuple):

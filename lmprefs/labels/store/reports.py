@@ -11,17 +11,19 @@ from typing import TYPE_CHECKING
 
 from lmprefs.labels.store.labelers import read_labelers
 from lmprefs.labels.store.records import KINDS, Agreement, BestOfAnswer, Flag, GoldItem, HeldItem, Labeler
-from lmprefs.labels.store.schema import CHOICE_ITEM
+from lmprefs.labels.store.schema import CHOICE_ITEM, FIRST_BEST, FIRST_KIND
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
 
 
 def counts_by_labeler(store: StoreBase) -> dict[str, dict[str, int]]:
-    """{labeler: {"label": n, "skip": n, "flag": n}} for every labeler with at least one answer."""
+    """{labeler: {"label": n, "skip": n, "flag": n}} for every labeler with at least one answer (practice answers
+    from onboarding are no labels)."""
     out: dict[str, dict[str, int]] = {}
     for name, kind, n in store.connection().execute(
-        "SELECT b.name, l.kind, COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id GROUP BY 1, 2"
+        "SELECT b.name, l.kind, COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id WHERE l.practice = 0"
+        " GROUP BY 1, 2"
     ):
         out.setdefault(name, dict.fromkeys(KINDS, 0))[kind] = n
     return out
@@ -51,12 +53,13 @@ def agreement(store: StoreBase) -> Agreement:
 
 
 def labeler_activity(store: StoreBase) -> list[tuple[Labeler, list[tuple[str, float]]]]:
-    """Every registered labeler by name, with their answers as (kind, time), oldest first; one snapshot, so totals
-    over the labelers add up."""
+    """Every registered labeler by name, with their answers as (kind, time), oldest first (not practice answers);
+    one snapshot, so totals over the labelers add up."""
     with store.snapshot() as c:
         labelers = read_labelers(c)
         answers: dict[int, list[tuple[str, float]]] = defaultdict(list)
-        for labeler_id, kind, created in c.execute("SELECT labeler_id, kind, created FROM labels ORDER BY created"):
+        sql = "SELECT labeler_id, kind, created FROM labels WHERE practice = 0 ORDER BY created"
+        for labeler_id, kind, created in c.execute(sql):
             answers[labeler_id].append((kind, created))
     return [(b, answers.get(b.id, [])) for b in labelers]
 
@@ -81,16 +84,11 @@ def held_items(store: StoreBase, limit: int = 50) -> list[HeldItem]:
     return [HeldItem(*r) for r in store.connection().execute(sql, (limit,))]
 
 
-# a labeler's first answer to an item (an undo may have replaced it since): what gold accuracy counts
-_FIRST_KIND = "COALESCE(l.first_kind, l.kind)"
-_FIRST_BEST = "(CASE WHEN l.first_kind IS NULL THEN l.best ELSE l.first_best END)"
-
-
 def gold_items(store: StoreBase) -> list[GoldItem]:
     """The gold questions with their labels and right labels (each labeler's first answer), by id."""
     sql = (
-        f"SELECT i.id, i.gold, COUNT(l.id), COALESCE(SUM({_FIRST_BEST} = i.gold), 0), q.text FROM items i"
-        f" JOIN queries q ON q.id = i.query_id LEFT JOIN labels l ON l.item_id = i.id AND {_FIRST_KIND} = 'label'"
+        f"SELECT i.id, i.gold, COUNT(l.id), COALESCE(SUM({FIRST_BEST} = i.gold), 0), q.text FROM items i"
+        f" JOIN queries q ON q.id = i.query_id LEFT JOIN labels l ON l.item_id = i.id AND {FIRST_KIND} = 'label'"
         " AND l.practice = 0"
         " WHERE i.gold IS NOT NULL GROUP BY i.id ORDER BY i.id"
     )
@@ -101,8 +99,8 @@ def gold_accuracy(store: StoreBase) -> dict[str, tuple[int, int]]:
     """{labeler: (correct, answered)} on gold questions, by each labeler's first answer (an undo cannot improve
     it), for labelers who answered at least one."""
     sql = (
-        f"SELECT b.name, SUM({_FIRST_BEST} = i.gold), COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id"
-        f" JOIN items i ON i.id = l.item_id WHERE {_FIRST_KIND} = 'label' AND l.practice = 0 AND i.gold IS NOT NULL"
+        f"SELECT b.name, SUM({FIRST_BEST} = i.gold), COUNT(*) FROM labels l JOIN labelers b ON b.id = l.labeler_id"
+        f" JOIN items i ON i.id = l.item_id WHERE {FIRST_KIND} = 'label' AND l.practice = 0 AND i.gold IS NOT NULL"
         " GROUP BY b.name"
     )
     return {name: (int(k), n) for name, k, n in store.connection().execute(sql)}
@@ -114,7 +112,7 @@ def best_of_answers(store: StoreBase) -> tuple[list[str], list[BestOfAnswer]]:
     with store.snapshot() as c:
         names = [n for (n,) in c.execute("SELECT name FROM labelers ORDER BY name")]
         rows = c.execute(
-            f"SELECT l.item_id, b.name, l.kind, l.best, l.shown, l.seconds, i.gold, {_FIRST_KIND}, {_FIRST_BEST}"
+            f"SELECT l.item_id, b.name, l.kind, l.best, l.shown, l.seconds, i.gold, {FIRST_KIND}, {FIRST_BEST}"
             " FROM labels l JOIN labelers b ON b.id = l.labeler_id JOIN items i ON i.id = l.item_id"
             f" WHERE {CHOICE_ITEM} AND l.practice = 0 ORDER BY l.item_id, b.name"
         ).fetchall()

@@ -30,6 +30,15 @@ Version 7 adds drift anchors: `items.anchor` (1: a fixed item re-served to every
 answers, never through the queue and never for training) and `anchor_answers`, one row per (anchor, labeler,
 interval); the interval length lives in `meta` (`anchor_every`).
 
+Version 8 adds `labels.seq`, a label's position in the feed of answers (`GET /api/labels`): an answer takes the next
+position when it is given and again when an undo changes it, so a reader paging by position sees the change (the row
+id stays the item's and labeler's); and `labelers.held` (when an admin held the labeler back from real work: they are
+not admitted again by their practice score, only by an admin).
+
+Version 9 adds query selection: `items.acquisition` (how much an answer to a pending item would teach a reward-model
+ensemble, as `lmprefs rank-queue` scored it: larger first; NULL: never scored) and, in `meta`, what scored them
+(`acquisition`). The queue serves scored items first, by score, then the rest oldest first.
+
 A store from newer code (a larger version) is refused, never written.
 """
 
@@ -41,7 +50,7 @@ from pathlib import Path
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import path_kind
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 9
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS queries (
@@ -107,10 +116,25 @@ MIGRATIONS = {
         " best INTEGER NOT NULL, ranking TEXT, seconds REAL, created REAL NOT NULL,"
         " UNIQUE (item_id, labeler_id, interval))",
     ],
+    8: [
+        "ALTER TABLE labels ADD COLUMN seq INTEGER",
+        "UPDATE labels SET seq = id",
+        "CREATE UNIQUE INDEX labels_seq ON labels (seq)",
+        "ALTER TABLE labelers ADD COLUMN held REAL",
+    ],
+    9: [
+        "ALTER TABLE items ADD COLUMN acquisition REAL",
+        "CREATE INDEX items_acquired ON items (status, priority DESC, acquisition IS NULL, acquisition DESC, id)",
+    ],
 }
+# the queue's order: an admin's priority first, then the acquisition score (scored items before unscored), then age
+QUEUE_ORDER = "i.priority DESC, i.acquisition IS NULL, i.acquisition DESC, i.id"
 # items whose labels pick among the options (best_of_N, and ranking_K by its top choice): the ones the web app serves
 # and the quality measures read
 CHOICE_ITEM = "(i.label_type LIKE 'best!_of!_%' ESCAPE '!' OR i.label_type LIKE 'ranking!_%' ESCAPE '!')"
+# a labeler's first answer to an item, labels `l` (an undo may have replaced it since): what gold accuracy counts
+FIRST_KIND = "COALESCE(l.first_kind, l.kind)"
+FIRST_BEST = "(CASE WHEN l.first_kind IS NULL THEN l.best ELSE l.first_best END)"
 TABLES = ("queries", "samples", "query_tokens", "sample_tokens", "items", "item_samples", "labelers", "labels",
           "anchor_answers")  # fmt: skip
 
@@ -150,7 +174,7 @@ def upgrade(c: sqlite3.Connection, path: Path) -> str:
 def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") -> Path:
     """The label-store path a command was given, or a UserError naming what is wrong with it: a directory, a
     missing folder, a missing store (when `must_exist`), or a file that is not SQLite (opening one would fail deep
-    inside sqlite3, or, for an empty file, turn it into a store)."""
+    inside sqlite3) or empty (opening it would turn it into a store)."""
 
     p = Path(path)
     kind = path_kind(p, flag, path)  # a path too long to look up, a link to nothing: named as the flag's
@@ -167,9 +191,9 @@ def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") 
         return p
     with open(p, "rb") as f:
         head = f.read(16)
-    if not head:  # SQLite would take an empty file for a new database: a file the user made for something else
-        fix = "" if must_exist else "; remove it, and a new store is made there"
-        raise UserError(f"{flag} {p}: an empty file (0 bytes), not a label store{fix}")
-    if head != b"SQLite format 3\x00":
+    if not head and not Path(f"{p}-wal").exists():  # an SQLite store has its header from the moment it is made
+        raise UserError(f"{flag} {p}: an empty file (0 bytes), not a label store; delete it, or give another path "
+                        "(a store is made where none exists)")  # fmt: skip
+    if head and head != b"SQLite format 3\x00":
         raise UserError(f"{flag} {p}: not a label store (not an SQLite file)")
     return p

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from lmprefs.labels.store.records import Candidate
-from lmprefs.labels.store.schema import CHOICE_ITEM
+from lmprefs.labels.store.schema import CHOICE_ITEM, QUEUE_ORDER
 
 if TYPE_CHECKING:
     from lmprefs.labels.store.base import StoreBase
@@ -31,15 +31,16 @@ _OPEN = (
 _CANDIDATES = (
     "SELECT i.id, i.want_labels, (SELECT COUNT(*) FROM labels l WHERE l.item_id = i.id AND l.kind = 'label') "
     + _OPEN
-    + " ORDER BY i.priority DESC, i.id LIMIT :limit"
+    + f" ORDER BY {QUEUE_ORDER} LIMIT :limit"
 )
 # gold questions stay served to every labeler who has not answered them, whatever their status or batch
 _GOLD = f"SELECT i.id FROM items i WHERE i.gold IS NOT NULL AND {_BEST_OF} AND {_NOT_MINE}"
 
 
 def open_items(store: StoreBase, labeler: str, *, batch: str | None, limit: int) -> list[Candidate]:
-    """The first `limit` items `labeler` may be served, highest priority then oldest first: pending best_of_N items,
-    not gold, not held, in `batch` (None: any), that they have not answered."""
+    """The first `limit` items `labeler` may be served, in the queue's order (QUEUE_ORDER: highest priority, then
+    highest acquisition score, then oldest first): pending best_of_N items, not gold, not held, in `batch` (None:
+    any), that they have not answered."""
     args = {"batch": batch, "labeler": labeler, "limit": limit}
     return [Candidate(*r) for r in store.connection().execute(_CANDIDATES, args)]
 

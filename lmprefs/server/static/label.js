@@ -67,7 +67,7 @@
     } else if (/^[1-9]$/.test(event.key)) {
       const button = form.querySelector(`button.option[data-key="${event.key}"]`);
       if (button) { event.preventDefault(); send(button); }
-    } else if (event.key === "s" || event.key === "S") {
+    } else if ((event.key === "s" || event.key === "S") && document.getElementById("skip")) {
       event.preventDefault();
       send(document.getElementById("skip"));
     } else if ((event.key === "u" || event.key === "U") && document.getElementById("undo")) {
@@ -75,7 +75,7 @@
       if (!sent) { sent = true; document.getElementById("undo-form").requestSubmit(); }
     } else if (event.key === "f" || event.key === "F") {
       event.preventDefault();  // focus the note without typing the "f" into it
-      note.focus();
+      if (note) note.focus();  // a practice question has no flag
     }
   });
 })();

@@ -1,0 +1,92 @@
+"""`experiment compare`'s comparison at matched KL: per arm kind, one curve of (KL, held-out true reward) per seed
+over its KL knob (kl_coef, dpo.beta, best-of-n's n); the true reward read off every curve at KL values all kinds
+reached in every seed (`training.matched_kl`); per value and kind the mean across seeds with a 95% interval
+(Student's t), beside the sampled optimal frontier there; a verdict line per value naming the kinds whose intervals
+are apart."""
+
+from __future__ import annotations
+
+from lmprefs.recipes.experiment import ci95, mean_se, seed_key
+from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched
+
+MATCHED_POINTS = 3  # KL values inside the common range, when none are given
+
+
+def kind_curves(data: dict, arms: list[tuple[str, str, str, float]], kinds: tuple[str, ...],
+                seeds: int) -> dict[str, list[list[tuple[float, float]]]]:  # fmt: skip
+    """Per kind with at least two settings, its curve of (kl, true reward) per seed from the finished arms."""
+    out = {}
+    for kind in kinds:
+        names = [a[0] for a in arms if a[1] == kind]
+        if len(names) < 2:
+            continue
+        out[kind] = [[(d["kl"], d["mean"]) for n in names if (d := data.get(seed_key(n, s)))] for s in range(seeds)]
+    return out
+
+
+def matched_kl(data: dict, arms: list[tuple[str, str, str, float]], kinds: tuple[str, ...], seeds: int,
+               at: tuple[float, ...] = ()) -> dict:  # fmt: skip
+    """results.json's matched_kl: the KL values (`at`, or MATCHED_POINTS inside the common range), and per value each
+    kind's mean true reward across seeds with its 95% interval and the seeds it stands on, the frontier's reward
+    there, and the pairs of kinds whose intervals are apart. `note` says why there is no comparison."""
+    curves = kind_curves(data, arms, kinds, seeds)
+    single = [k for k in kinds if k not in curves]
+    if len(curves) < 2:
+        return {"kls": [], "note": "matched KL needs two or more arm kinds with two or more KL settings each"
+                + (f" ({', '.join(single)} had one)" if single else "")}  # fmt: skip
+    kls = list(at) or common_kls(curves, MATCHED_POINTS)
+    if not kls:
+        return {"kls": [], "note": "the kinds' KL ranges share no value: " + _ranges(curves)}
+    frontier = [(p["kl"], p["reward"]) for p in data.get("frontier", {}).get("points", []) if p.get("trusted")]
+    rows, per_value = [], matched(curves, kls)
+    for j, kl in enumerate(kls):
+        per_kind = {kind: per_value[kind][j] for kind in curves}
+        cells = {}
+        for kind, xs in per_kind.items():
+            if not xs:
+                continue
+            m, se = mean_se(xs)
+            half = ci95(se, len(xs)) if len(xs) > 1 else float("nan")
+            cells[kind] = {"mean": m, "ci95": half, "seeds": len(xs)}
+        intervals = {k: (c["mean"] - c["ci95"], c["mean"] + c["ci95"]) for k, c in cells.items() if c["seeds"] > 1}
+        rows.append({"kl": kl, "kinds": cells, "frontier": interpolate(frontier, kl),
+                     "apart": [list(p) for p in apart(intervals)]})  # fmt: skip
+    return {"kls": kls, "rows": rows, "left_out": single, "ranges": _ranges(curves)}
+
+
+def _ranges(curves: dict) -> str:
+    spans = []
+    for kind, seeds in curves.items():
+        pts = [kl for c in seeds for kl, _ in c]
+        spans.append(f"{kind} {min(pts):.2f}-{max(pts):.2f}" if pts else f"{kind} none")
+    return ", ".join(spans) + " nats"
+
+
+def verdicts(m: dict, seeds: int) -> list[str]:
+    """One line per matched KL value: the kinds whose 95% intervals are apart, or that none are."""
+    if not m["kls"]:
+        return [f"Matched KL: no comparison ({m['note']})."]
+    if seeds < 2:
+        return ["Matched KL: one seed gives no interval across seeds; run --seeds 3 or more for a verdict."]
+    out = []
+    for row in m["rows"]:
+        pairs = [f"{a} above {b}" for a, b in row["apart"]]
+        said = "; ".join(pairs) if pairs else "no kind's interval is apart from another's: no ranking holds"
+        out.append(f"At KL {row['kl']:.2f} nats: {said}.")
+    return out
+
+
+def matched_table(m: dict) -> list[str]:
+    """The markdown table: a row per matched KL value, a column per kind (mean +/- 95% half-width, seeds)."""
+    if not m["kls"]:
+        return []
+    kinds = sorted({k for row in m["rows"] for k in row["kinds"]})
+    lines = ["| KL (nats) | " + " | ".join(kinds) + " | optimal frontier |", "|---" * (len(kinds) + 2) + "|"]
+    for row in m["rows"]:
+        cells = []
+        for k in kinds:
+            c = row["kinds"].get(k)
+            cells.append("-" if c is None else f"{c['mean']:+.4f} +/- {c['ci95']:.4f} ({c['seeds']})")
+        f = row["frontier"]
+        lines.append(f"| {row['kl']:.2f} | " + " | ".join(cells) + f" | {'-' if f is None else f'{f:+.4f}'} |")
+    return lines

@@ -1,0 +1,76 @@
+"""Methods at matched KL (lmprefs.training.matched_kl and recipes.matched): the interpolation against NumPy's interp,
+the range every seed reached, the common KL values, and the verdict naming kinds whose intervals are apart, on
+hand-made curves where the answer is known."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lmprefs.recipes.matched import matched_kl, matched_table, verdicts
+from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched, reach
+
+
+def test_interpolation_matches_numpy_inside_the_range_and_refuses_outside():
+    rng = np.random.default_rng(0)
+    kl = np.sort(rng.uniform(0, 10, 6))
+    r = rng.normal(size=6)
+    curve = list(zip(kl[::-1].tolist(), r[::-1].tolist(), strict=True))  # any order
+    for at in np.linspace(kl[0], kl[-1], 37):
+        assert interpolate(curve, float(at)) == pytest.approx(float(np.interp(at, kl, r)), abs=1e-12)
+    assert interpolate(curve, float(kl[0]) - 1e-9) is None and interpolate(curve, float(kl[-1]) + 1e-9) is None
+    assert interpolate([(1.0, 2.0), (1.0, 4.0), (3.0, 5.0)], 1.0) == 3.0  # ties at one KL averaged
+    assert interpolate([(1.0, 2.0), (float("nan"), 9.0)], 1.0) == 2.0  # a point without a KL is left out
+
+
+def test_reach_is_what_every_seed_reached_and_common_values_sit_inside_all():
+    a = [[(0.5, 0.0), (4.0, 1.0)], [(1.0, 0.0), (3.0, 1.0)]]
+    b = [[(2.0, 0.0), (6.0, 1.0)], [(2.5, 0.0), (5.0, 1.0)]]
+    assert reach(a) == (1.0, 3.0) and reach(b) == (2.5, 5.0)
+    kls = common_kls({"a": a, "b": b}, 3)
+    assert kls == pytest.approx([2.625, 2.75, 2.875])
+    assert common_kls({"a": a, "c": [[(4.0, 0.0), (9.0, 1.0)]]}) == []  # 1-3 and 4-9 share nothing
+    assert reach([[(1.0, 0.0)], []]) is None  # a seed with no point
+
+
+def test_matched_values_and_the_pairs_apart():
+    curves = {"a": [[(0.0, 0.0), (2.0, 2.0)], [(0.0, 0.2), (2.0, 2.2)]], "b": [[(0.0, 0.0), (2.0, 0.0)]]}
+    assert matched(curves, [1.0]) == {"a": [[1.0, 1.2]], "b": [[0.0]]}
+    assert apart({"x": (1.0, 2.0), "y": (0.0, 0.9), "z": (0.5, 1.5)}) == [("x", "y")]
+
+
+def _data(kinds: dict[str, list[list[tuple[float, float]]]]) -> tuple[dict, list]:
+    """results.json of arms with these per-seed curves: kind -> seed -> [(kl, reward) per setting]."""
+    data, arms = {"frontier": {"points": [{"kl": 0.0, "reward": 0.0, "trusted": True},
+                                          {"kl": 10.0, "reward": 10.0, "trusted": True}]}}, []  # fmt: skip
+    for kind, seeds in kinds.items():
+        for j in range(len(seeds[0])):
+            name = f"{kind}-{j}"
+            arms.append((name, kind, f"setting {j}", float(j)))
+            for s, curve in enumerate(seeds):
+                data[name if s == 0 else f"{name}-seed{s}"] = {"kl": curve[j][0], "mean": curve[j][1]}
+    return data, arms
+
+
+def test_the_report_names_the_kind_ahead_beyond_the_seeds_noise_and_only_that():
+    hi = [[(1.0, 1.0 + e), (3.0, 3.0 + e)] for e in (0.0, 0.01, -0.01)]
+    lo = [[(1.0, 0.0 + e), (3.0, 0.5 + e)] for e in (0.0, 0.02, -0.02)]
+    close = [[(1.0, 1.0 + e), (3.0, 3.0 + e)] for e in (0.0, 1.5, -1.5)]
+    data, arms = _data({"hi": hi, "lo": lo, "close": close})
+    m = matched_kl(data, arms, ("hi", "lo", "close"), 3)
+    assert [round(k, 3) for k in m["kls"]] == [1.5, 2.0, 2.5]
+    row = m["rows"][1]
+    assert row["kinds"]["hi"]["mean"] == pytest.approx(2.0) and row["frontier"] == pytest.approx(2.0)
+    assert row["apart"] == [["hi", "lo"]]  # close's wide interval overlaps both
+    lines = verdicts(m, 3)
+    assert lines[1] == "At KL 2.00 nats: hi above lo." and len(lines) == 3
+    assert matched_table(m)[0] == "| KL (nats) | close | hi | lo | optimal frontier |"
+    assert verdicts(m, 1)[0].startswith("Matched KL: one seed gives no interval")
+
+
+def test_no_comparison_is_said_plainly():
+    data, arms = _data({"a": [[(0.1, 0.0), (0.2, 1.0)]], "b": [[(1.0, 0.0), (2.0, 1.0)]]})
+    m = matched_kl(data, arms, ("a", "b"), 1)
+    assert m["kls"] == [] and "share no value: a 0.10-0.20, b 1.00-2.00 nats" in verdicts(m, 1)[0]
+    data, arms = _data({"a": [[(0.1, 0.0), (0.2, 1.0)]], "b": [[(1.0, 0.0)]]})
+    assert "(b had one)" in matched_kl(data, arms, ("a", "b"), 1)["note"]
