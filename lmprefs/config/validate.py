@@ -308,7 +308,9 @@ def check_label_type(label_type: str) -> tuple[str, int]:
 
 # keys that act only under another setting: key -> (whether the config lets it act, that setting, as a user sets it)
 ACTS_ONLY_UNDER = {
-    "ppo.rloo_k": (lambda c: c.ppo.estimator == "rloo", "ppo.estimator=rloo"),
+    "ppo.rloo_k": (lambda c: c.ppo.estimator != "ppo", "a group ppo.estimator (rloo, grpo, dr_grpo, "
+                   "reinforce_pp_baseline)"),
+    "ppo.rloo_ratio": (lambda c: c.ppo.estimator == "rloo", "ppo.estimator=rloo"),
     "rewards.kl_horizon": (lambda c: c.rewards.kl_target is not None, "a rewards.kl_target (the adaptive KL)"),
     "lora.alpha": (lambda c: c.lora.rank > 0, "lora.rank > 0"),
     "lora.targets": (lambda c: c.lora.rank > 0, "lora.rank > 0"),

@@ -160,7 +160,7 @@ ROWS = [
     (["quickstart", "--preset", "tiny", "--eval-samples", "0"], "--eval-samples 0: must be at least 1"),
     # settings that would not act, and two rewards at once
     (["train-policy", "tiny", "--reward", "vader", "--ppo.rloo-k", "4", "--run-dir", "out"],
-     "--ppo.rloo-k 4: acts only with ppo.estimator=rloo"),
+     "--ppo.rloo-k 4: acts only with a group ppo.estimator (rloo, grpo"),
     (["quickstart", "--preset", "tiny", "--lora.alpha", "8", "--run-dir", "qs"], "--lora.alpha 8: acts only with"),
     (["train-policy", "tiny", "--reward", "vader", "--rewards.trained-model", "rm", "--run-dir", "out"],
      "--reward vader and rewards.trained_model=rm both give the reward; give one"),
@@ -187,8 +187,9 @@ def test_an_override_is_inert_only_where_the_config_keeps_it_from_acting():
 
     pairs = [("ppo.rloo-k", "4"), ("lora.alpha", "8")]
     assert len(inert_overrides(apply_overrides(preset("tiny"), pairs), pairs)) == 2
-    on = [*pairs, ("ppo.estimator", "rloo"), ("lora.rank", "4")]
-    assert inert_overrides(apply_overrides(preset("tiny"), on), on) == []
+    for estimator in ("rloo", "grpo"):
+        on = [*pairs, ("ppo.estimator", estimator), ("lora.rank", "4")]
+        assert inert_overrides(apply_overrides(preset("tiny"), on), on) == []
 
 
 def test_a_store_locked_by_another_process_says_so(tmp_path):
