@@ -46,12 +46,29 @@ COMMANDS = {
 }
 
 
+# flags whose empty value means "none" (`experiment kl-frontier --kl-targets ""`: no target arms); every other flag
+# given empty is refused, not read as its default
+EMPTY_MEANS_NONE = frozenset({"--kl-targets"})
+
+
 class ArgumentParser(argparse.ArgumentParser):
     """argparse whose mistakes are UserErrors: one line and exit 2 like every other bad input (argparse itself
     prints the usage block first)."""
 
     def error(self, message: str):
         raise UserError(f"{message} (see {self.prog} --help)")
+
+    def _get_value(self, action, arg_string):
+        """Every flag's value, refused here for every flag at once where it is empty (`--hub-dir "$UNSET"` read as no
+        --hub-dir, and uploaded) or an integer past torch's int64 (an OverflowError wherever torch first read it)."""
+        from lmprefs.config.validate import INT_MAX
+
+        if action.option_strings and not arg_string.strip() and not set(action.option_strings) & EMPTY_MEANS_NONE:
+            raise argparse.ArgumentError(action, f"{arg_string!r} is empty; give a value, or leave the flag out")
+        v = super()._get_value(action, arg_string)
+        if isinstance(v, int) and not isinstance(v, bool) and not -INT_MAX <= v <= INT_MAX:
+            raise argparse.ArgumentError(action, f"{arg_string}: past the 64-bit integers torch computes with")
+        return v
 
 
 def command_parser(cmd: str, usage: str | None = None) -> ArgumentParser:
@@ -143,10 +160,33 @@ def resume_config(a, pairs):
 
 
 def parse_numbers(text: str, flag: str, kind=float) -> list:
+    """The numbers of a comma-separated flag: at least one, no empty item, none twice (split_items)."""
+    from lmprefs.config.overrides import split_items
+
     try:
-        return [kind(x) for x in text.split(",") if x.strip()]
+        xs = [kind(x) for x in split_items(text, flag)]
     except ValueError:
-        raise UserError(f"{flag} {text!r}: expected comma-separated numbers like 1,2,4") from None
+        xs = []
+    if not xs:
+        raise UserError(f"{flag} {text!r}: expected comma-separated numbers like 1,2,4")
+    twice = next((x for i, x in enumerate(xs) if x in xs[:i]), None)
+    if twice is not None:
+        raise UserError(f"{flag} {text!r}: {twice:g} is given twice")
+    return xs
+
+def seed_arg(text: str) -> int:
+    """argparse type of a --seed flag: an integer in run.seed's range (torch takes no seed past 64 bits, and reads a
+    negative one as another seed without a word)."""
+    from lmprefs.config.validate import SEED_MAX
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer") from None
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"{text}: must be 0 to {SEED_MAX}")
+    return v
+
 
 def check_seeds_and_eval(a: argparse.Namespace) -> None:
     """An experiment's --seeds, --eval-queries and --eval-samples, each refused in one line when out of range."""

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from lmprefs.cli.common import parse_numbers
+from lmprefs.config.overrides import split_items
 from lmprefs.errors import UserError
 
 DEFAULT_ARMS = "ppo,ppo-separate,rloo,dpo-pairwise,dpo-listwise,best-of-n"
@@ -38,6 +39,11 @@ def _positive(text: str, flag: str, what: str, kind=float) -> tuple:
     return tuple(xs)
 
 
+def _given(text: str | None, default: str) -> str:
+    """A list flag's text, or its default where it was not given (an empty one given is refused, not defaulted)."""
+    return default if text is None else text
+
+
 def check_min_ess(value: float) -> None:
     """--min-ess of kl-frontier and compare: a finite number of at least 1 (nan passed `< 1` and trusted no frontier
     point)."""
@@ -50,14 +56,14 @@ def plan_from_args(a: argparse.Namespace):
     from lmprefs.recipes.compare import ARMS, Plan
     from lmprefs.training.frontier import DEFAULT_BETAS as FRONTIER_BETAS
 
-    arms = tuple(x.strip() for x in (a.arms or DEFAULT_ARMS).split(",") if x.strip())
+    arms = tuple(split_items(_given(a.arms, DEFAULT_ARMS), "--arms"))
     unknown = [x for x in arms if x not in ARMS]
     if not arms or unknown:
-        raise UserError(f"--arms {a.arms!r}: unknown arm {unknown[0] if unknown else ''!r}; choose from "
-                        f"{', '.join(ARMS)}")  # fmt: skip
+        what = f"unknown arm {unknown[0]!r}" if unknown else "names no arm"
+        raise UserError(f"--arms {a.arms!r}: {what}; choose from {', '.join(ARMS)}")
     if a.seeds < 1:
         raise UserError(f"--seeds {a.seeds}: must be at least 1")
-    best_of = _positive(a.best_of or DEFAULT_BEST_OF, "--best-of", "n", int)
+    best_of = _positive(_given(a.best_of, DEFAULT_BEST_OF), "--best-of", "n", int)
     labels = None
     if a.labels is not None:
         counts = parse_numbers(a.labels, "--labels", int)
@@ -68,10 +74,10 @@ def plan_from_args(a: argparse.Namespace):
         if v is not None and v < 2:
             raise UserError(f"{flag} {v}: must be at least 2 (a standard error needs two)")
     check_min_ess(a.min_ess)
-    kl_coefs = _positive(a.kl_coefs or DEFAULT_BETAS, "--kl-coefs", "KL coefficient")
-    dpo_betas = _positive(a.dpo_betas or DEFAULT_BETAS, "--dpo-betas", "beta")
+    kl_coefs = _positive(_given(a.kl_coefs, DEFAULT_BETAS), "--kl-coefs", "KL coefficient")
+    dpo_betas = _positive(_given(a.dpo_betas, DEFAULT_BETAS), "--dpo-betas", "beta")
     match_kl = _check_match_kl(a.match_kl, arms, kl_coefs, dpo_betas, best_of) if a.match_kl is not None else ()
-    return Plan(arms=tuple(dict.fromkeys(arms)), seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
+    return Plan(arms=arms, seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
                 kl_coefs=kl_coefs, dpo_betas=dpo_betas, labels=labels, match_kl=match_kl,
                 n_eval=a.eval_queries or 0, eval_samples=a.eval_samples, samples=a.samples,
                 betas=_positive(a.betas, "--betas", "beta") if a.betas is not None else FRONTIER_BETAS,

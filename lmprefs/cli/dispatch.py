@@ -7,6 +7,7 @@ Config overrides are dotted flags (`--ppo.lr 2e-5`) applied to a preset; a comma
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from typing import NoReturn
@@ -95,7 +96,7 @@ def _run(cmd: str, rest: list[str], launched: bool) -> int:
         sys.stderr.close()
         return 0
     except OSError as e:  # a full disk, a read-only or someone else's directory: the user's to fix, not a bug
-        if e.errno not in STORAGE_ERRNOS:
+        if e.errno not in STORAGE_ERRNOS | {errno.ENAMETOOLONG}:  # and a path past the file system's limit
             raise
         _close_progress()
         print(f"lmprefs {cmd}: error{where}: {e.strerror}" + (f": {e.filename}" if e.filename else ""),

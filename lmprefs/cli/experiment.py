@@ -197,10 +197,10 @@ def _kl_frontier(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
     for flag, v in (("--queries", a.queries), ("--samples", a.samples)):
         if v < 2:
             raise UserError(f"{flag} {v}: must be at least 2 (a standard error needs two)")
-    if a.kl_targets is None and a.kl_coefs is None:
+    if not a.kl_targets and a.kl_coefs is None:  # --kl-targets "": no target arms, the default coefficients' only
         a.kl_coefs = DEFAULT_KL_COEFS
-    targets = parse_numbers(a.kl_targets or "", "--kl-targets")
-    coefs = parse_numbers(a.kl_coefs or "", "--kl-coefs")
+    targets = parse_numbers(a.kl_targets, "--kl-targets") if a.kl_targets else []
+    coefs = parse_numbers(a.kl_coefs, "--kl-coefs") if a.kl_coefs is not None else []
     for flag, text, xs in (("--kl-targets", a.kl_targets, targets), ("--kl-coefs", a.kl_coefs, coefs)):
         if any(not 0 < x < float("inf") for x in xs):
             raise UserError(f"{flag} {text!r}: every value must be a positive number")

@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 
 from lmprefs.cli.common import check_seeds_and_eval, parse_numbers
+from lmprefs.config.overrides import split_items
 from lmprefs.errors import UserError
 
 DEFAULT_ACQUISITIONS = "bald"
@@ -27,7 +28,7 @@ def plan_from_args(a: argparse.Namespace):
     from lmprefs.recipes.label_efficiency import DEFAULT_BUDGETS, Plan
 
     text = a.acquisitions if a.acquisitions is not None else DEFAULT_ACQUISITIONS
-    acqs = [x.strip() for x in text.split(",") if x.strip()]
+    acqs = split_items(text, "--acquisitions")  # an empty item or one given twice: refused, not dropped or merged
     directed = [x for x in ACQUISITIONS if x != "random"]
     bad = [x for x in acqs if x not in directed]
     if not acqs or bad:
@@ -40,7 +41,7 @@ def plan_from_args(a: argparse.Namespace):
             raise UserError(f"--labels {a.labels!r}: label budgets must be positive")
         budgets = tuple(sorted(set(xs)))
     check_seeds_and_eval(a)
-    return Plan(budgets=budgets, acquisitions=tuple(dict.fromkeys(acqs)), seeds=a.seeds, n_eval=a.eval_queries,
+    return Plan(budgets=budgets, acquisitions=tuple(acqs), seeds=a.seeds, n_eval=a.eval_queries,
                 eval_samples=a.eval_samples)  # fmt: skip
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmprefs.cli.common import command_parser, help_with_config, preset_parser
+from lmprefs.cli.common import command_parser, help_with_config, preset_parser, seed_arg
 from lmprefs.errors import UserError
 
 
@@ -19,7 +19,7 @@ def cmd_label(argv: list[str]) -> int:
                    help="questions to sample and label (under torchrun spell it --questions)")
     p.add_argument("--labeler", default=None, choices=list(LABELERS),
                    help="simulated labeler (default labels.labeler); none only queues the questions for people")
-    p.add_argument("--seed", type=int, default=None, help="seed for the queries and samples (default run.seed)")
+    p.add_argument("--seed", type=seed_arg, default=None, help="seed for the queries and samples (default run.seed)")
     p.add_argument("--run-dir", default=None, help="with labels.select bald or spread: where each round's ensemble "
                    "and rounds.jsonl go (default runs/label-PRESET-TIME; give the same one to resume)")
     help_with_config(p, argv, name, pairs)
@@ -89,12 +89,14 @@ def cmd_import_labels(argv: list[str]) -> int:
     import json
 
     from lmprefs.data.hf_datasets import is_saved_dataset, split_spec
+    from lmprefs.io.inputs import path_kind
     from lmprefs.labels.formats import LabelFileError, import_file
     from lmprefs.labels.store import check_store_path
     from lmprefs.pipeline.labeling import open_store
 
-    if not Path(a.file).is_file() and not is_saved_dataset(split_spec(a.file)[0]):
-        what = "is a directory, not a file" if Path(a.file).is_dir() else "does not exist"
+    kind = path_kind(Path(a.file), "label file", a.file)
+    if kind != "file" and not is_saved_dataset(split_spec(a.file)[0]):
+        what = {"dir": "is a directory, not a file", "other": "is not a regular file"}.get(kind, "does not exist")
         raise UserError(f"label file {a.file} {what}")
     created = not check_store_path(a.db, must_exist=False).exists()
     try:

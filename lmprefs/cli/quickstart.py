@@ -10,6 +10,7 @@ from lmprefs.errors import UserError
 
 def cmd_quickstart(argv: list[str]) -> int:
     from lmprefs.config.overrides import split_overrides
+    from lmprefs.config.validate import inert_overrides
     from lmprefs.runtime.resolve import resolve_config
 
     argv, pairs = split_overrides(argv)
@@ -23,9 +24,13 @@ def cmd_quickstart(argv: list[str]) -> int:
     from lmprefs.recipes.quickstart import chance, run_quickstart, true_reward_name
     from lmprefs.training.policy_run import AndonStop
 
-    if a.eval_queries < 2 or a.eval_samples < 1:
-        raise UserError("--eval-queries must be >= 2 and --eval-samples >= 1")
+    if a.eval_queries < 2:
+        raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2 (a standard error needs two)")
+    if a.eval_samples < 1:
+        raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
     cfg = resolve_config(a.preset, pairs)
+    if inert := inert_overrides(cfg, pairs):
+        raise UserError(inert[0])
     random_questions_only(cfg, "quickstart")
     run_dir = run_dir_for(a.run_dir, cfg, "quickstart", a.preset)
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from lmprefs.cli.common import command_parser, help_with_config
+from lmprefs.cli.common import command_parser, help_with_config, seed_arg
 from lmprefs.errors import UserError
 
 DEFAULT_PRESET = "austen-sentiment"
@@ -95,7 +95,7 @@ def cmd_sample(argv: list[str]) -> int:
     p.add_argument("--n", type=int, default=4, help="number of queries to continue")
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature (default: the task's; the original's sample.py used 1.0 for runs)")
-    p.add_argument("--seed", type=int, default=None, help="seed (default: run.seed)")
+    p.add_argument("--seed", type=seed_arg, default=None, help="seed (default: run.seed)")
     p.add_argument("--split", choices=["train", "heldout"], default="heldout", help="which queries to draw from")
     p.add_argument("--best-of", type=int, default=None,
                    help="best-of-N as a policy: draw N samples per query and print the one the reward ranks first")

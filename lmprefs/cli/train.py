@@ -156,7 +156,7 @@ def cmd_train_policy(argv: list[str]) -> int:
         raise UserError("--continue-after-andon goes with --resume --run-dir D")
     else:
         cfg = resolve_config(a.preset, pairs, a.config)
-        _check_start_flags(a, cfg)
+        _check_start_flags(a, cfg, pairs)
     run_dir = run_dir_for(a.run_dir, cfg, "train-policy", a.preset)
     try:
         out = run_train_policy(cfg, run_dir, reward=a.reward, store_path=a.db, resume=a.resume, online=a.online,
@@ -176,12 +176,19 @@ def cmd_train_policy(argv: list[str]) -> int:
     return 0
 
 
-def _check_start_flags(a, cfg) -> None:
+def _check_start_flags(a, cfg, pairs) -> None:
     """Flags a new train-policy run would ignore without a word, refused: --labeler answers only --online's
-    questions, and --db only trains the reward model of a run that trains one. (A resumed run reuses its own and
-    says so.)"""
+    questions, --db only trains the reward model of a run that trains one, --reward replaces
+    rewards.trained_model, and overrides that act only under another setting (inert_overrides). (A resumed run
+    reuses its own and says so.)"""
+    from lmprefs.config.validate import inert_overrides
     from lmprefs.pipeline.rewards import trains_reward_model
 
+    if inert := inert_overrides(cfg, pairs):
+        raise UserError(inert[0])
+    if a.reward not in (None, "model") and cfg.rewards.trained_model:
+        raise UserError(f"--reward {a.reward} and rewards.trained_model={cfg.rewards.trained_model} both give the "
+                        "reward; give one")  # fmt: skip
     if a.labeler is not None and not a.online:
         raise UserError(f"--labeler {a.labeler}: answers the questions of --online; add --online, or drop --labeler")
     if a.db is not None and not a.online and not trains_reward_model(cfg, a.reward, False):

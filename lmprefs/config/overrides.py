@@ -52,10 +52,9 @@ def parse_value(text: str, t: Any, key: str) -> Any:
         if text not in args:
             raise ConfigError(f"--{key.replace('_', '-')} {text!r}: choose one of {', '.join(map(str, args))}")
         return text
-    if origin is tuple:  # comma-separated
-        if args[0] is int:
-            return tuple(parse_value(s.strip(), int, key) for s in text.split(",") if s.strip())
-        return tuple(s for s in text.split(",") if s)
+    if origin is tuple:  # comma-separated; "" is the empty tuple
+        items = split_items(text, f"--{key.replace('_', '-')}")
+        return tuple(parse_value(s, int, key) for s in items) if args[0] is int else tuple(items)
     if t is bool:
         low = text.lower()
         if low in ("true", "1", "yes", "on"):
@@ -64,14 +63,37 @@ def parse_value(text: str, t: Any, key: str) -> Any:
             return False
         raise ConfigError(f"--{key.replace('_', '-')} {text!r}: expected true or false")
     if t in (int, float):
-        try:
-            v = float(text) if t is float else int(float(text)) if float(text).is_integer() else None
-        except ValueError:
+        try:  # an int as written (float() rounds past 2**53), else one in float notation: 1e6
+            v = float(text) if t is float else _int(text)
+        except (ValueError, OverflowError):
             v = None
         if v is None:
             raise ConfigError(f"--{key.replace('_', '-')} {text!r}: expected {t.__name__}")
         return v
     return _unescape(text, key) if "\\" in text else text
+
+
+def split_items(text: str, flag: str) -> list[str]:
+    """The items of a comma-separated value (`--arms ppo,rloo`, `--lora.targets c_attn,c_proj`), stripped; "" has
+    none. An empty item (`1,,2`, a trailing comma) or one given twice is a ConfigError naming `flag` and the value:
+    dropped or merged without a word, it ran another list than the one typed."""
+    if not text.strip():
+        return []
+    items = [s.strip() for s in text.split(",")]
+    if "" in items:
+        raise ConfigError(f"{flag} {text!r}: item {items.index('') + 1} is empty; separate the items with single "
+                          "commas")  # fmt: skip
+    twice = next((x for i, x in enumerate(items) if x in items[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{flag} {text!r}: {twice} is given twice")
+    return items
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return int(float(text)) if float(text).is_integer() else None
 
 
 # Python's backslash escapes; a backslash before anything else is kept as typed
@@ -184,7 +206,9 @@ def from_dict(d: dict, cls=Config, origin: str = "config", prefix: str = "") -> 
         t = hints[k]
         if dataclasses.is_dataclass(t):
             kwargs[k] = from_dict(v, t, origin, f"{prefix}{k}.")
-        elif typing.get_origin(t) is tuple:
+        elif typing.get_origin(t) is tuple:  # a JSON list; tuple("c_attn") would be its letters
+            if not isinstance(v, list | tuple):
+                raise ConfigError(f"{origin}: {prefix}{k}={v!r} must be a list")
             kwargs[k] = tuple(v)
         else:
             kwargs[k] = v

@@ -15,6 +15,13 @@ from typing import Literal
 LABELERS = ("vader", "descriptiveness", "faithfulness", "none")
 # run.device, and the device flags of the commands that take one
 DEVICES = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+# the largest seed (run.seed, labels.subset_seed, --seed): numpy's range, and far enough below torch's 64 bits that
+# the seeds derived from it (seed + arm, seed + rank * 100003, seed * 1_000_003 + epoch) fit too
+SEED_MAX = 2**32 - 1
+# the lowest sampling temperature: below it sampling is greedy in all but name, and a value that float32 rounds to 0
+# (1e-300) made every logit inf and every sample end-of-text, without a word
+MIN_TEMPERATURE = 1e-6
+INT_MAX = 2**63 - 1  # torch's int64: a larger value of any int field ends in an OverflowError where torch reads it
 
 
 class _Problems(list):
@@ -33,6 +40,9 @@ def validate(cfg) -> list[str]:
             v = getattr(getattr(cfg, sec.name), f.name)
             if isinstance(v, float) and not math.isfinite(v):
                 out.append(f"{sec.name}.{f.name}={v} must be a finite number")
+            ints = v if isinstance(v, tuple) else (v,)
+            if any(isinstance(x, int) and not -INT_MAX <= x <= INT_MAX for x in ints):
+                out.append(f"{sec.name}.{f.name}={v} is past the 64-bit integers torch computes with")
     return [*out, *_task(cfg.task), *_labels(cfg.labels), *_train_reward(cfg.train_reward), *_rewards(cfg.rewards),
             *_ppo(cfg.ppo), *_lora(cfg.lora), *_run(cfg), *_sft(cfg), *_dpo(cfg.dpo), *_selection(cfg)]
 
@@ -84,7 +94,7 @@ def _task(t) -> list[str]:
     need(bool(t.initial_model), "task.initial_model must name a model")
     if t.response_length <= 0 or t.query_length <= 0:
         out.append(f"task.query_length={t.query_length} and task.response_length={t.response_length} must be positive")
-    need(t.temperature > 0, f"task.temperature={t.temperature} must be positive")
+    need(t.temperature >= MIN_TEMPERATURE, f"task.temperature={t.temperature} must be at least {MIN_TEMPERATURE:g}")
     need(t.truncate_token is None or t.truncate_token >= 0, f"task.truncate_token={t.truncate_token} must be >= 0")
     need(t.truncate_after >= 0, f"task.truncate_after={t.truncate_after} must be >= 0")
     need(all(x >= 0 for x in t.stop_tokens), f"task.stop_tokens={t.stop_tokens} must be token ids (>= 0)")
@@ -105,7 +115,8 @@ def _labels(lab) -> list[str]:
     need(lab.num_train > 0, f"labels.num_train={lab.num_train} must be positive")
     need(lab.labeler_temperature >= 0, f"labels.labeler_temperature={lab.labeler_temperature} must be >= 0")
     need(0 <= lab.labeler_random_rate <= 1, f"labels.labeler_random_rate={lab.labeler_random_rate} must be in [0, 1]")
-    need(lab.subset_seed is None or lab.subset_seed >= 0, f"labels.subset_seed={lab.subset_seed} must be >= 0")
+    need(lab.subset_seed is None or 0 <= lab.subset_seed <= SEED_MAX,
+         f"labels.subset_seed={lab.subset_seed} must be 0 to {SEED_MAX}")
     need(0 <= lab.heldout_fraction < 1, f"labels.heldout_fraction={lab.heldout_fraction} must be in [0, 1)")
     need(0 <= lab.min_gold_accuracy <= 1, f"labels.min_gold_accuracy={lab.min_gold_accuracy} must be in [0, 1]")
     need(lab.scores_as == "rating" or lab.type == "scalar_rating",
@@ -219,7 +230,7 @@ def _run(cfg) -> list[str]:
     out = _Problems()
     run, lo, p = cfg.run, cfg.lora, cfg.ppo
     need = out.need
-    need(run.seed >= 0, f"run.seed={run.seed} must be >= 0")
+    need(0 <= run.seed <= SEED_MAX, f"run.seed={run.seed} must be 0 to {SEED_MAX}")
     need(run.log_interval > 0, f"run.log_interval={run.log_interval} must be positive")
     need(run.save_interval > 0, f"run.save_interval={run.save_interval} must be positive")
     need(run.threads >= 0, f"run.threads={run.threads} must be >= 0 (0: torch's default)")
@@ -293,3 +304,28 @@ def check_label_type(label_type: str) -> tuple[str, int]:
     if label_type != name:
         raise ValueError(f"label type {label_type!r} must be written {name!r}")
     return value_field, n
+
+
+# keys that act only under another setting: key -> (whether the config lets it act, that setting, as a user sets it)
+ACTS_ONLY_UNDER = {
+    "ppo.rloo_k": (lambda c: c.ppo.estimator != "ppo", "a group ppo.estimator (rloo, grpo, dr_grpo, "
+                   "reinforce_pp_baseline)"),
+    "ppo.rloo_ratio": (lambda c: c.ppo.estimator == "rloo", "ppo.estimator=rloo"),
+    "rewards.kl_horizon": (lambda c: c.rewards.kl_target is not None, "a rewards.kl_target (the adaptive KL)"),
+    "lora.alpha": (lambda c: c.lora.rank > 0, "lora.rank > 0"),
+    "lora.targets": (lambda c: c.lora.rank > 0, "lora.rank > 0"),
+    "lora.layers": (lambda c: c.lora.rank > 0, "lora.rank > 0"),
+}
+
+
+def inert_overrides(cfg, pairs) -> list[str]:
+    """The overrides (dotted key, text) that cfg runs without a word, each as one line: a command that runs cfg as
+    it is (train-policy, quickstart; not an experiment whose arms change the setting) refuses them."""
+    out = []
+    for raw, text in pairs:
+        key = raw.replace("-", "_")
+        acts, needs = ACTS_ONLY_UNDER.get(key, (None, ""))
+        if acts is not None and not acts(cfg):
+            out.append(f"--{raw} {text}: acts only with {needs}, which this config does not set; set it, or drop "
+                       f"--{raw}")  # fmt: skip
+    return out

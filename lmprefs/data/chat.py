@@ -34,6 +34,16 @@ def uses_chat_template(task: TaskConfig, tokenizer) -> bool:
     return has_chat_template(tokenizer) and task.initial_model not in MODEL_ASSETS
 
 
+def chat_template_note(task: TaskConfig, tokenizer, what: str = "queries") -> str | None:
+    """The line a command prints where task.chat_template=auto frames `what` with the model's chat template (the
+    texts a model reads change with it; a user who did not ask for it should know, and how to turn it off); None
+    where the template is not used or was asked for."""
+    if task.chat_template != "auto" or not has_chat_template(tokenizer):
+        return None
+    return (f"task.chat_template=auto: {task.initial_model!r} has a chat template, so {what} are framed as a user "
+            "turn and its answer; task.chat_template=false uses plain text")  # fmt: skip
+
+
 def check_chat_template(task: TaskConfig) -> None:
     """task.chat_template=true for a model without a template, refused from its tokenizer alone, before a command
     writes its run directory (a model that cannot be read is left to the loading that names it)."""

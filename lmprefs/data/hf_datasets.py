@@ -75,12 +75,25 @@ def load_saved(path: Path, split: str | None, what: str):
     datasets = _datasets(what)
     if _is_dict(path) and split not in _split_names(path):
         raise DatasetReadError(f"{what}: no split {split!r} in {path} (splits: {', '.join(_split_names(path))})")
+    one = path / split if split is not None else path  # a DatasetDict's split is a saved Dataset of its own
     try:
-        ds = datasets.load_from_disk(str(path))
-    except (OSError, ValueError, FileNotFoundError) as e:
-        raise DatasetReadError(f"{what}: {path} cannot be read by datasets.load_from_disk "
+        if _no_shards(one):  # load_from_disk ends in an IndexError on a Dataset saved with no rows
+            features = datasets.DatasetInfo.from_directory(str(one)).features or {}
+            return datasets.Dataset.from_dict({k: [] for k in features}, features=features or None)
+        return datasets.load_from_disk(str(one))
+    except (OSError, ValueError, IndexError, KeyError) as e:
+        raise DatasetReadError(f"{what}: {one} cannot be read by datasets.load_from_disk "
                                f"({first_line(e)})") from None  # fmt: skip
-    return ds[split] if split is not None else ds
+
+
+def _no_shards(path: Path) -> bool:
+    """Whether the Dataset saved in `path` has no data files (save_to_disk of a Dataset with no rows)."""
+    import json
+
+    try:
+        return json.loads((path / "state.json").read_text()).get("_data_files") == []
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def load_hub(name: str, split: str, what: str):

@@ -153,8 +153,8 @@ def build_queries(texts: list[str], tokenizer, task: TaskConfig, source: str = "
     if not rows:
         need = (f"each needs start_text={task.start_text!r} and end_text={task.end_text!r}" if crop else
                 "all are empty")  # fmt: skip
-        raise QueryDataError(f"task.query_dataset={source or task.query_dataset!r} yields no queries ({len(texts)} "
-                             f"texts; {need})")  # fmt: skip
+        why = f"{len(texts)} texts; {need}" if texts else "it holds no texts"
+        raise QueryDataError(f"task.query_dataset={source or task.query_dataset!r} yields no queries ({why})")
     return torch.tensor(rows, dtype=torch.long)
 
 

@@ -95,6 +95,8 @@ def _example(where: str, row: object) -> SFTExample:
                                "row has message lists in both prompt and completion)")  # fmt: skip
     if not row[key]:
         raise SFTDataError(f"{where}: field {key!r} is empty: nothing to learn")
+    for k in ("prompt", key):
+        _no_nul(where, k, row[k])
     return SFTExample(where, prompt=row["prompt"], response=row[key])
 
 
@@ -111,8 +113,16 @@ def _messages(where: str, key: str, value: object) -> tuple[dict, ...]:
         if not isinstance(m.get("content"), str):
             got = "no" if m.get("content") is None else f"a {type(m['content']).__name__}"
             raise SFTDataError(f"{where}: {key}[{j}] ({m['role']}) has {got} 'content'; expected a string")
+        _no_nul(where, f"{key}[{j}] content", m["content"])
         out.append({"role": m["role"], "content": m["content"]})
     return tuple(out)
+
+
+def _no_nul(where: str, what: str, text: str) -> None:
+    """A NUL character is no text a model should learn (a binary file's, or a broken export's): refused, as label
+    files refuse it."""
+    if "\0" in text:
+        raise SFTDataError(f"{where}: {what} holds a NUL character at offset {text.index(chr(0))}")
 
 
 def _conversation(where: str, messages: tuple[dict, ...], trained_from: int) -> SFTExample:

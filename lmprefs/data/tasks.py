@@ -52,10 +52,14 @@ class TaskContext:
 
 def stop_tokens(task: TaskConfig, tokenizer) -> tuple[int, ...]:
     """The ids that end a response (task.stop_at_eos): task.stop_tokens, else the tokenizer's EOS; () when off.
-    Checked against the tokenizer before a command writes anything: an id it cannot sample would never stop a row."""
+    Checked against the tokenizer before a command writes anything: an id it cannot sample would never stop a row
+    (and task.truncate_token, which would never cut one)."""
+    vocab = len(tokenizer)
+    if task.truncate_token is not None and task.truncate_token >= vocab:
+        raise UserError(f"task.truncate_token={task.truncate_token} is outside the vocabulary of task.initial_model="
+                        f"{task.initial_model!r} ({vocab} tokens)")  # fmt: skip
     if not task.stop_at_eos:
         return ()
-    vocab = len(tokenizer)
     if task.stop_tokens:
         bad = [t for t in task.stop_tokens if t >= vocab]
         if bad:

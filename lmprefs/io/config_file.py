@@ -30,6 +30,8 @@ def load_config(path: Path) -> Config:
         d = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to be a config") from None
     if isinstance(d, dict) and ("model_type" in d or "architectures" in d):
         raise ConfigError(f"{path}: the config.json of a saved model, not of an lmprefs run{_run_hint(path.parent)}")
     if isinstance(d, dict):

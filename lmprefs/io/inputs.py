@@ -4,18 +4,35 @@ directories a command will make, refused where a file stands at or above them.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from lmprefs.errors import UserError
 from lmprefs.io.run_owner import refuse_other
 
 
+def path_kind(p: Path, what: str, path: str | Path) -> str:
+    """"dir", "file", "other" or "none" for what stands at `p`; a path the system cannot look up (too long, a loop
+    of links, a folder it may not enter) is a UserError naming `what`, and a link to nothing is named as one."""
+    try:
+        if p.is_dir():
+            return "dir"
+        if p.exists():
+            return "file" if p.is_file() else "other"
+        if p.is_symlink():
+            raise UserError(f"{what} {path}: a link to {os.readlink(p)}, which does not exist")
+    except OSError as e:
+        raise UserError(f"{what} {str(path)[:100]}: {e.strerror}") from None
+    return "none"
+
+
 def input_file(path: str | Path, what: str) -> Path:
     """`path` as a Path, or a UserError saying that `what` (e.g. "--sft.data") names nothing or a directory."""
     p = Path(path)
-    if p.is_dir():
+    kind = path_kind(p, what, path)
+    if kind == "dir":
         raise UserError(f"{what} {path}: is a directory, expected a file")
-    if not p.is_file():
+    if kind == "none":
         raise UserError(f"{what} {path} does not exist")
     return p
 
@@ -23,9 +40,10 @@ def input_file(path: str | Path, what: str) -> Path:
 def input_dir(path: str | Path, what: str, kind: str = "directory") -> Path:
     """`path` as a Path, or a UserError saying that `what` names nothing or a file (`kind`: what it should be)."""
     p = Path(path)
-    if p.exists() and not p.is_dir():
+    found = path_kind(p, what, path)
+    if found in ("file", "other"):
         raise UserError(f"{what} {path}: is a file, expected a {kind}")
-    if not p.exists():
+    if found == "none":
         raise UserError(f"{what} {path} does not exist")
     return p
 
@@ -65,8 +83,45 @@ def output_dir(path: str | Path, what: str, command: str | None = None) -> Path:
     where a file stands in the way (`file_in_the_way`) or, for `command`, where another command made it
     (run_owner.refuse_other), before the model has loaded."""
     p = Path(path)
+    path_kind(p, what, path)  # a link to nothing ended in FileExistsError where the directory was made
     if (f := file_in_the_way(p)) is not None:
         raise UserError(f"{what} {path}: " + ("is a file" if f == p else f"{f} is a file") + ", not a directory")
     if command is not None:
         refuse_other(p, command, what)
     return p
+
+
+LM_DIRS_OF_A_RUN = ("policy", "sft_model")  # where a run keeps the language model it trained
+
+
+def lm_dir_problem(path: Path) -> str | None:
+    """What keeps the directory `path` from being a language model to start from or sample: a run directory (its
+    config.json is lmprefs' config of the run, not a model's) or a reward model (lmprefs.json says so, or its
+    config.json is a sequence classifier's); None where neither is the case."""
+    import json
+
+    def read(name: str) -> dict:
+        try:
+            d = json.loads((path / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return d if isinstance(d, dict) else {}
+
+    config = read("config.json")
+    if "task" in config and "model_type" not in config:
+        inside = [path / d for d in LM_DIRS_OF_A_RUN if (path / d).is_dir()]
+        return (f"is a run directory, not a model; give the model it trained, {inside[0]}" if inside else
+                f"is a run directory, not a model, and holds no {' or '.join(LM_DIRS_OF_A_RUN)}/")  # fmt: skip
+    archs = config.get("architectures") or []
+    if read("lmprefs.json").get("kind") == "reward_model" or (
+            archs and all(str(a).endswith("ForSequenceClassification") for a in archs)):  # fmt: skip
+        return "is a reward model (a sequence classifier that scores texts), not a language model that writes them"
+    return None
+
+
+def lm_dir(value: str, what: str) -> None:
+    """A UserError naming `what` (e.g. "task.initial_model=") and `value` where `value` is a directory that is not
+    a language model (lm_dir_problem); names of assets or hub models, and anything else, pass."""
+    p = Path(value).expanduser()
+    if p.is_dir() and (problem := lm_dir_problem(p)) is not None:
+        raise UserError(f"{what}{value}: {problem}")

@@ -32,6 +32,8 @@ def json_rows(path: Path) -> tuple[str, list[tuple[str, object]]]:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise JsonRowsError(f"{path.name}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+        except RecursionError:
+            raise JsonRowsError(f"{path.name}: JSON nested too deeply to read") from None
         return "json", [(f"row {i}", row) for i, row in enumerate(data)]
     return "jsonl", [(f"line {n}", row) for n, row in jsonl_lines(text, path.name)]
 
@@ -46,6 +48,8 @@ def jsonl_lines(text: str, where: str) -> list[tuple[int, Any]]:
                 rows.append((n, json.loads(line)))
             except json.JSONDecodeError as e:
                 raise JsonRowsError(f"{where} line {n}: invalid JSON at column {e.colno}: {e.msg}") from e
+            except RecursionError:
+                raise JsonRowsError(f"{where} line {n}: JSON nested too deeply to read") from None
     return rows
 
 

@@ -72,6 +72,10 @@ def add_adapter(model: nn.Module, cfg: LoraConfig, name: str, seed: int = 0) -> 
                    and (allowed is None or id(m) in allowed)]  # fmt: skip
         if not targets:
             raise UserError(f"lora.targets={','.join(cfg.targets)} match no Linear layer of {type(model).__name__}")
+        width = min(min(m.weight.shape) for _, m in targets)
+        if cfg.rank > width:  # a rank past the layers' width adds nothing but memory (and can exhaust it)
+            raise UserError(f"lora.rank={cfg.rank} exceeds the width of the layers it adapts ({width}); a rank is "
+                            "a few to a few dozen")  # fmt: skip
         for n, m in targets:
             parent = model.get_submodule(n.rsplit(".", 1)[0]) if "." in n else model
             setattr(parent, n.split(".")[-1], LoRALinear(m, cfg.rank, cfg.alpha))

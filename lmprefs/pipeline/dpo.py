@@ -25,7 +25,7 @@ from lmprefs.models.model_card import CardInfo
 from lmprefs.models.policy import Policy
 from lmprefs.pipeline.labeling import label_source
 from lmprefs.pipeline.reward_model import TrainingLabels, training_labels
-from lmprefs.pipeline.task import Task
+from lmprefs.pipeline.task import Task, note_chat_template
 from lmprefs.runtime.device import setup_torch
 from lmprefs.runtime.runlog import RunLogger, check_trackers
 from lmprefs.training.dpo_train import checkpoint_step, train_dpo
@@ -46,6 +46,7 @@ def dpo_task(cfg: Config) -> Task:
                         f"{cfg.task.response_length} = {total} tokens exceeds the model's context of "
                         f"{max_positions(model)}")  # fmt: skip
     none = torch.zeros(0, cfg.task.query_length, dtype=torch.long)
+    note_chat_template(cfg, tok)
     return Task(cfg, device, dtype, model, tok, none, none, prefix, suffix, template_lengths(cfg.task, tok))
 
 

@@ -3,6 +3,7 @@ checked; and the true reward tracked beside it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 from lmprefs.assets.tokenizers import load_tokenizer
 from lmprefs.config import Config
 from lmprefs.data.tasks import decode, query_texts, response_texts, stop_tokens
-from lmprefs.errors import UserError
+from lmprefs.errors import UserError, first_line
 from lmprefs.io.inputs import input_dir
 from lmprefs.labels.labelers import SCORE_FNS, score_fn, score_texts
 from lmprefs.models import parallel
@@ -33,7 +34,8 @@ def reward_function(reward, flag: str = "--reward") -> tuple[str, object]:
 
     if callable(reward):
         mod, name = getattr(reward, "__module__", None), getattr(reward, "__qualname__", "")
-        return (f"{mod}:{name}" if mod and "<" not in name else "callable"), reward
+        name = f"{mod}:{name}" if mod and "<" not in name else "callable"
+        return name, _guarded(reward, f"reward {name}")
     if reward in SCORE_FNS:
         return reward, score_fn(reward)
     if ":" not in reward:
@@ -48,7 +50,40 @@ def reward_function(reward, flag: str = "--reward") -> tuple[str, object]:
         raise UserError(f"{flag} {reward}: module {mod_name!r} has no {fn_name!r}") from None
     if not callable(fn):
         raise UserError(f"{flag} {reward}: {fn_name!r} is not a function")
-    return reward, fn
+    return reward, _guarded(fn, f"{flag} {reward}")
+
+
+def _guarded(fn, where: str):
+    """A user's reward function whose failure is one line naming `where` (the flag and the function): what it
+    raised, or what it returned that is not one finite number per text (a NaN was averaged into the scores and
+    written into results.json as a bare NaN)."""
+    import functools
+
+    @functools.wraps(fn)  # keeps fn.reads_query
+    def call(texts, *queries):
+        try:
+            out = fn(texts, *queries)
+        except Exception as e:  # the user's code: any error is theirs to fix, named in one line
+            raise UserError(f"{where}: raised {first_line(e)}") from None
+        return finite_scores(out, texts, where)
+
+    return call
+
+
+def finite_scores(out, texts: list[str], where: str) -> list[float]:
+    """`out`, a reward's scores of `texts`, as floats; a UserError naming `where` unless it is one finite number
+    per text."""
+    try:
+        scores = [float(x) for x in out]
+    except (TypeError, ValueError) as e:
+        raise UserError(f"{where}: must return a list of floats, one per text ({e})") from None
+    if len(scores) != len(texts):
+        raise UserError(f"{where}: returned {len(scores)} values for {len(texts)} texts")
+    bad = next((i for i, x in enumerate(scores) if not math.isfinite(x)), None)
+    if bad is not None:
+        raise UserError(f"{where}: returned {scores[bad]} for text {bad} ({texts[bad][:40]!r}); a reward must be a "
+                        "finite number")  # fmt: skip
+    return scores
 
 
 def check_trained_model(cfg: Config, tok) -> None:
@@ -171,14 +206,7 @@ def checked_scores(fn, texts: list[str], name: str, queries: list[str] | None = 
     """fn(texts) (or fn(texts, queries) for a judge that reads the query) as float64 [len(texts)], or a UserError
     saying what the reward function returned instead."""
 
-    try:
-        out = torch.tensor([float(x) for x in score_texts(fn, texts, queries)], dtype=torch.float64)
-    except (TypeError, ValueError) as e:
-        raise UserError(f"reward {name}: must return a list of floats, one per text ({e})") from None
-    if out.shape != (len(texts),) or not torch.isfinite(out).all():
-        raise UserError(f"reward {name}: returned {tuple(out.shape)} values for {len(texts)} texts, or non-finite "
-                        "ones")  # fmt: skip
-    return out
+    return torch.tensor(finite_scores(score_texts(fn, texts, queries), texts, f"reward {name}"), dtype=torch.float64)
 
 
 def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from lmprefs.config import Config
-from lmprefs.data.chat import template_lengths
+from lmprefs.data.chat import chat_template_note, template_lengths
 from lmprefs.data.queries import task_queries
 from lmprefs.data.tasks import TaskContext, stop_tokens
+from lmprefs.errors import UserError
 from lmprefs.models.loading import load_lm, max_positions
+from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import setup_torch
 
 if TYPE_CHECKING:
@@ -51,4 +53,24 @@ def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
     model, tok = load_lm(cfg.task.initial_model, device)
     stop_tokens(cfg.task, tok)  # a bad stop token is refused before the command writes anything
     train, heldout, prefix, suffix = task_queries(cfg.task, tok, max_positions(model), n_heldout)
+    note_chat_template(cfg, tok)
     return Task(cfg, device, dtype, model, tok, train, heldout, prefix, suffix, template_lengths(cfg.task, tok))
+
+
+_NOTED: set[str] = set()  # the models whose chat framing this process has announced (a command may set up twice)
+
+
+def note_chat_template(cfg: Config, tok) -> None:
+    """Print chat_template_note once per model and process, on the main rank, where the template frames queries."""
+    line = chat_template_note(cfg.task, tok) if template_lengths(cfg.task, tok) != (0, 0) else None
+    if line and cfg.task.initial_model not in _NOTED and dist.is_main():
+        _NOTED.add(cfg.task.initial_model)
+        print(line, flush=True)
+
+
+def check_heldout(t: Task, n: int, flag: str) -> None:
+    """A UserError naming `flag` where n held-out queries are asked for and the task sets aside fewer (the rest
+    would be evaluated on fewer without a word)."""
+    if len(t.heldout_queries) < n:
+        raise UserError(f"{flag} {n}: task.query_dataset={t.cfg.task.query_dataset!r} sets aside only "
+                        f"{len(t.heldout_queries)} held-out queries")  # fmt: skip

@@ -23,7 +23,7 @@ from lmprefs.data.queries import build_queries, load_texts
 from lmprefs.data.tasks import decode, show
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
-from lmprefs.io.inputs import input_dir
+from lmprefs.io.inputs import input_dir, lm_dir
 from lmprefs.models.artifacts import adapter_base, load_policy, load_reward_model
 from lmprefs.models.ensemble import is_ensemble_dir, is_reward_dir, load_reward_ensemble, read_manifest
 from lmprefs.models.loading import load_lm
@@ -184,9 +184,13 @@ def check_inputs(target_dir: str, reward: str | None, reward_model: str | None, 
     if queries is not None and not (queries in BUILTIN_QUERIES or queries.startswith("hf:")):
         if not split_spec(queries)[0].exists():
             raise UserError(f"--queries {queries} does not exist")
-    input_dir(target_dir, "RUN_OR_MODEL", "run or model directory")
+    path = input_dir(target_dir, "RUN_OR_MODEL", "run or model directory")
+    if not _is_run_dir(path):
+        lm_dir(target_dir, "RUN_OR_MODEL ")
     if reference is not None and reference.startswith(("/", ".", "~")):  # a path, not an asset or hub name
         input_dir(os.path.expanduser(reference), "--reference", "model directory")
+    if reference is not None:
+        lm_dir(reference, "--reference ")
 
 
 

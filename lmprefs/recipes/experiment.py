@@ -35,7 +35,7 @@ from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.policy import run_train_policy
 from lmprefs.pipeline.reward_model import shared_reward_prefixes
 from lmprefs.pipeline.rewards import reward_function
-from lmprefs.pipeline.task import setup_task
+from lmprefs.pipeline.task import check_heldout, setup_task
 from lmprefs.recipes.plan import POOL_FACTOR, store_questions
 from lmprefs.runtime.runlog import read_metrics
 from lmprefs.training.prefix_share import SharedPrefixes
@@ -79,12 +79,6 @@ def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, sam
     print(f"[{name}] true reward {ev['mean']:+.4f} +/- {ev['stderr']:.4f}, KL {ev['kl']:.2f} +/- "
           f"{ev['kl_stderr']:.2f} nats", flush=True)  # fmt: skip
     return ev
-
-
-def check_heldout(t, n: int, flag: str) -> None:
-    if len(t.heldout_queries) < n:
-        raise UserError(f"{flag} {n}: task.query_dataset={t.cfg.task.query_dataset!r} sets aside only "
-                        f"{len(t.heldout_queries)} held-out queries")  # fmt: skip
 
 
 # --- Figure 2 ----------------------------------------------------------------------------------------------------

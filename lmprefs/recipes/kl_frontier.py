@@ -18,11 +18,10 @@ from lmprefs.config import Config
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text
 from lmprefs.pipeline.evaluation import evaluate_policy
-from lmprefs.pipeline.task import setup_task
+from lmprefs.pipeline.task import check_heldout, setup_task
 from lmprefs.recipes.experiment import (
     R,
     Results,
-    check_heldout,
     seed_key,
     summarize_seeds,
     train_arm,

@@ -63,7 +63,29 @@ def plan(run: Path, repo: str, what: str) -> list[Upload]:
     if what == "reward-model" or (what == "all" and _saved(run / "reward_model")):
         ups.append(Upload("reward-model", run / "reward_model", repo if what == "reward-model" else
                           f"{repo}-reward-model"))  # fmt: skip
+    for up in ups:
+        _check_whole(up.source, f"RUN {run}")
     return ups
+
+
+# a model directory's weights: a full model (one file or shards), or LoRA adapters (a policy's adapter/, a reward
+# model's own adapter files)
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter",
+           "adapter_model.safetensors")
+
+
+def _check_whole(d: Path, named: str) -> None:
+    """A model directory as it was written: every file its manifest lists, unchanged, and its weights (a directory
+    from before manifests has only the weights to check); else one line, before anything is uploaded."""
+    from lmprefs.io.publish import MANIFEST, DamagedDirectory, verify
+
+    try:
+        if (d / MANIFEST).is_file():
+            verify(d)
+    except DamagedDirectory as e:
+        raise UserError(f"{named}: {e}; nothing was uploaded") from None
+    if not any((d / w).exists() for w in WEIGHTS):
+        raise UserError(f"{named}: {d} holds no weights (none of {', '.join(WEIGHTS)}); nothing was uploaded")
 
 
 def _saved(d: Path) -> bool:

@@ -32,7 +32,7 @@ from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.policy import policy_for
 from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
-from lmprefs.pipeline.task import Task, setup_task
+from lmprefs.pipeline.task import Task, check_heldout, setup_task
 from lmprefs.recipes.experiment import Results
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import compiles_forwards
@@ -149,6 +149,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int, eval_samples: int) -
     t0 = time.time()
     say("[1/6] preparing assets and queries", flush=True)
     t = setup_task(cfg, n_heldout=n_eval)  # a bad model or query dataset is refused before run_dir is made
+    check_heldout(t, n_eval, "--eval-queries")
     setup_seconds = time.time() - t0
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
     # shares of each global batch, the held-out queries are evaluated in shares and gathered; rank 0 writes

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.config.validate import MIN_TEMPERATURE
 from lmprefs.data.queries import task_queries
 from lmprefs.data.tasks import apply_penalty, decode, format_queries, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
@@ -18,7 +19,7 @@ from lmprefs.models.ensemble import is_ensemble_dir, is_reward_dir, load_reward,
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.pipeline.rewards import check_same_tokenizer, checked_scores, reward_function
-from lmprefs.pipeline.task import HELDOUT_QUERIES
+from lmprefs.pipeline.task import HELDOUT_QUERIES, note_chat_template
 from lmprefs.runtime.device import autocast, setup_torch
 
 
@@ -27,14 +28,15 @@ def _setup(cfg, n: int, policy_dir: Path | None, temperature: float | None, seed
     the temperature, device, dtype) for `lmprefs sample`."""
     device, dtype = setup_torch(cfg.run)
     temperature = temperature if temperature is not None else cfg.task.temperature
-    if not (math.isfinite(temperature) and temperature > 0):  # nan and inf sample nothing but end-of-text tokens
-        raise UserError(f"--temperature {temperature}: must be a positive finite number")
+    if not (math.isfinite(temperature) and temperature >= MIN_TEMPERATURE):  # nan, inf and 1e-300 sample nothing
+        raise UserError(f"--temperature {temperature}: must be a finite number of at least {MIN_TEMPERATURE:g}")
     if policy_dir is not None:
         policy = load_policy(policy_dir, device, temperature)
         model, tok = policy.lm, policy.tokenizer
     else:
         model, tok = load_lm(cfg.task.initial_model, device)
     train, heldout, prefix, suffix = task_queries(cfg.task, tok, max_positions(model), HELDOUT_QUERIES)
+    note_chat_template(cfg, tok)
     pool = heldout if split == "heldout" else train
     if n > len(pool):  # randperm(...)[:n] would print fewer than asked, without a word
         raise UserError(f"--n {n}: the {split} split of task.query_dataset={cfg.task.query_dataset!r} has only "

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from lmprefs.config import PRESETS, Config, preset
 from lmprefs.config.overrides import ConfigError, all_keys, apply_overrides, set_value
 from lmprefs.io.config_file import load_config
+from lmprefs.io.inputs import lm_dir
 from lmprefs.runtime.device import pick_device
 from lmprefs.runtime.runlog import check_trackers
 
@@ -40,9 +42,14 @@ def resolve_config(preset_name: str, pairs=(), config_file: str | Path | None = 
 
 
 def check_runnable(cfg: Config) -> None:
-    """A UserError when this machine cannot run cfg: a tracker of run.report_to not installed, or a CUDA device
-    asked for where there is none (checked before any work, so an hour of training never ends in it)."""
+    """A UserError when this machine cannot run cfg: a tracker of run.report_to not installed, a CUDA device asked
+    for where there is none, more run.threads than it has CPUs, or a task.initial_model directory that holds no
+    language model (a run, a reward model); checked before any work, so an hour of training never ends in it."""
 
     check_trackers(cfg.run.report_to)
+    lm_dir(cfg.task.initial_model, "task.initial_model=")  # a run or a reward model loads as no language model
+    cpus = os.cpu_count()
+    if cpus and cfg.run.threads > cpus:  # torch starts every one of them (or overflows past 32 bits)
+        raise ConfigError(f"run.threads={cfg.run.threads}: this machine has {cpus} CPUs; 0 uses torch's default")
     if cfg.run.device.startswith("cuda"):
         pick_device(cfg.run.device, "run.device")

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from lmprefs.assets.models import resolve_model
 from lmprefs.config import Config
+from lmprefs.data.chat import chat_template_note
 from lmprefs.data.conversations import sft_uses_template
 from lmprefs.data.sft_data import encode_examples, read_sft_data
 from lmprefs.data.tasks import PAD
@@ -33,6 +34,7 @@ from lmprefs.models.loading import load_lm, max_positions, vocab_size
 from lmprefs.models.lora import add_adapter, merged_copy, using
 from lmprefs.models.token_logprobs import token_logprobs
 from lmprefs.models.trunk import model_inputs
+from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import autocast, setup_torch
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.optim import TFAdam
@@ -138,6 +140,8 @@ def train_sft(cfg: Config, out_dir: Path, log=None, *, data: str | None = None, 
     vocab = vocab_size(tok)
     max_length = min(s.max_length or max_positions(model), max_positions(model))
     chat = any(e.messages for e in examples) and sft_uses_template(cfg.task, tok)
+    if chat and (line := chat_template_note(cfg.task, tok, "conversations")) and dist.is_main():
+        print(line, flush=True)
     tokens, mask = encode_examples(examples, tok, max_length, chat)
     adapter = "sft" if cfg.lora.rank > 0 else None
     if adapter:

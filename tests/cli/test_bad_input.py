@@ -9,12 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from refusals import assert_refused
 
 from lmprefs.cli.dispatch import main
-
-
-def _tree(root: Path) -> dict[str, float]:
-    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")}
 
 
 @pytest.fixture(scope="module")
@@ -273,19 +270,7 @@ ROWS = [
 @pytest.mark.parametrize("argv,needle", ROWS, ids=[" ".join(r[0]) for r in ROWS])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, needle, workdir, capsys, monkeypatch):
     monkeypatch.chdir(workdir)
-    before = _tree(workdir)
-    try:
-        code = main(argv)
-    except SystemExit as e:  # must not happen: argparse errors are UserErrors too
-        code = f"SystemExit({e.code})"
-    out, err = capsys.readouterr()
-    lines = err.strip().splitlines()
-    assert code == 2, f"exit {code}; stderr: {err}"
-    assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"lmprefs {argv[0]}"), lines[0]
-    assert needle in lines[0], lines[0]
-    assert _tree(workdir) == before, "a failed command wrote or changed files"
-    assert not os.path.exists(workdir / "runs")
+    assert_refused(argv, needle, workdir, capsys)
 
 
 def test_score_names_stdin_that_is_not_utf8(workdir, capsys, monkeypatch):

@@ -97,3 +97,22 @@ def test_a_tiny_run_with_the_template_trains(tmp_path):
     assert main(argv) == 0
     samples = read_jsonl(run / "samples.jsonl")
     assert samples and "<|im_start|>" not in samples[0]["query"]  # the plain query text
+
+
+def test_auto_says_in_one_line_when_it_frames_queries_with_a_template(tmp_path, capsys):
+    from lmprefs.cli.dispatch import main
+    from lmprefs.pipeline import task
+
+    model = tmp_path / "chat-model"
+    shutil.copytree(tiny_gpt2_austen_dir(), model)
+    tok = copy.deepcopy(load_tokenizer(model))
+    tok.chat_template = TEMPLATE
+    tok.save_pretrained(model)
+    note = f"task.chat_template=auto: '{model}' has a chat template, so queries are framed as a user turn"
+    for framing, said in (("auto", 1), ("false", 0), ("auto", 0)):  # the third: said once per process already
+        task._NOTED.discard(str(model)) if said else None
+        assert main(["sample", "--preset", "tiny", "--n", "1", "--task.initial-model", str(model),
+                     "--task.chat-template", framing]) == 0  # fmt: skip
+        assert capsys.readouterr().out.count(note) == said, framing
+    assert main(["sample", "--preset", "tiny", "--n", "1"]) == 0  # an asset: the original's raw text, no line
+    assert "task.chat_template" not in capsys.readouterr().out

@@ -3,7 +3,8 @@
 
 - standard, explicit prompt: {"prompt": str, "chosen": str, "rejected": str};
 - standard, implicit prompt: {"chosen": str, "rejected": str}, the full texts: the prompt is their common beginning,
-  cut before the space that starts the first differing word (as TRL's `extract_prompt` cuts it);
+  cut before the space that starts the first differing word (as TRL's `extract_prompt` cuts it; two texts with no
+  common beginning are refused, not stored under an empty prompt);
 - conversational: {"prompt": [messages], "chosen": [messages], "rejected": [messages]} with messages
   {"role", "content"}, or without "prompt", the conversations sharing their first messages (implicit).
 
@@ -34,6 +35,9 @@ def pair_texts(name: str, where: str, row: object) -> tuple[str, str, str]:
     if "prompt" in row or chosen == rejected:  # the same two texts: refused as such by the reader, not as empty
         return row.get("prompt", ""), chosen, rejected
     cut = _common_start(chosen, rejected)
+    if not chosen[:cut].strip():
+        raise LabelFileError(f"{name} {where}: 'chosen' and 'rejected' have no beginning in common, the implicit "
+                             "prompt of a row without 'prompt'; add a 'prompt' field")  # fmt: skip
     return chosen[:cut], chosen[cut:], rejected[cut:]
 
 

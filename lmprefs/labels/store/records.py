@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -144,6 +145,8 @@ def sha(text: str) -> str:
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > 100 or name != name.strip():
         raise ValueError(f"labeler name {name!r} must be 1-100 characters without surrounding spaces")
+    if any(unicodedata.category(ch) == "Cc" for ch in name):  # a NUL or a newline: no name to show or type
+        raise ValueError(f"labeler name {name!r} holds a control character")
     return name
 
 

@@ -48,6 +48,7 @@ import sqlite3
 from pathlib import Path
 
 from lmprefs.errors import UserError
+from lmprefs.io.inputs import path_kind
 
 SCHEMA_VERSION = 9
 SCHEMA = """
@@ -176,9 +177,12 @@ def check_store_path(path: str | Path, *, must_exist: bool, flag: str = "--db") 
     inside sqlite3) or empty (opening it would turn it into a store)."""
 
     p = Path(path)
-    if p.is_dir():
+    kind = path_kind(p, flag, path)  # a path too long to look up, a link to nothing: named as the flag's
+    if kind == "dir":
         raise UserError(f"{flag} {p}: is a directory; give a label store file (.sqlite)")
-    if not p.exists():
+    if kind == "other":  # a pipe or a device: opening it to read its header would wait for a writer
+        raise UserError(f"{flag} {p}: not a regular file; give a label store file (.sqlite)")
+    if kind == "none":
         if must_exist:
             raise UserError(f"{flag} {p}: label store does not exist; create it with `lmprefs label` or "
                             "`lmprefs import-labels`")  # fmt: skip
