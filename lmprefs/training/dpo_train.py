@@ -133,6 +133,16 @@ def trained_parameters(policy: Policy) -> list[torch.nn.Parameter]:
     return [p for m in lora_modules(policy.lm) for p in (m.A[policy.adapter], m.B[policy.adapter])]
 
 
+def log_step(log, stats: dict[str, float], step: int, cfg: Config, what: str) -> None:
+    """A step's stats refused when one is not finite (the run diverged), else logged every run.log_interval steps
+    under phase dpo, with the crash point the resume tests stop at."""
+    if not all(math.isfinite(v) for v in stats.values()):
+        raise FloatingPointError(f"{what} diverged at step {step}: {stats}")
+    if log is not None and step % max(1, cfg.run.log_interval) == 0:
+        log.scalars(stats, step, phase="dpo")
+        crash_point("dpo:logged")
+
+
 def checkpoint_step(run_dir: Path) -> int | None:
     """The optimizer steps done at the run's last good DPO checkpoint (None: no checkpoint)."""
     found = latest_good(Path(run_dir) / "checkpoint")
@@ -222,11 +232,7 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
                 opt.step()
                 stats = {f"dpo/{k}": v for k, v in sums.items()} | {"dpo/lr": opt.param_groups[0]["lr"],
                                                                      "dpo/epoch": epoch + start / n}  # fmt: skip
-                if not all(math.isfinite(v) for v in stats.values()):
-                    raise FloatingPointError(f"DPO diverged at step {step}: {stats}")
-                if log is not None and step % max(1, cfg.run.log_interval) == 0:
-                    log.scalars(stats, step, phase="dpo")
-                    crash_point("dpo:logged")
+                log_step(log, stats, step, cfg, "DPO")
                 bar.update(1)
                 bar.set_postfix(loss=f"{stats['dpo/loss']:.3f}", acc=f"{stats['dpo/accuracy']:.2f}")
                 step += 1

@@ -12,7 +12,6 @@ padding after a stop token counting nothing, as train-dpo's.
 
 from __future__ import annotations
 
-import math
 import time
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from lmprefs.models.policy import Policy
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.dpo import preference_stats
-from lmprefs.training.dpo_train import STATS, losses, response_logprobs, trained_parameters
+from lmprefs.training.dpo_train import STATS, log_step, losses, response_logprobs, trained_parameters
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.policy_run import ScoreFn
 from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
@@ -109,11 +108,7 @@ def train_online_dpo(cfg: Config, policy: Policy, score_fn: ScoreFn, stream: Que
             stats |= {"dpo/lr": opt.param_groups[0]["lr"], "objective/kl": sums["kl"],
                       "objective/score": scores.mean().item(),
                       "objective/score_best": scores.max(1).values.mean().item()}  # fmt: skip
-            if not all(math.isfinite(v) for v in stats.values()):
-                raise FloatingPointError(f"online DPO diverged at step {step}: {stats}")
-            if log is not None and step % max(1, cfg.run.log_interval) == 0:
-                log.scalars(stats, step, phase="dpo")
-                crash_point("dpo:logged")
+            log_step(log, stats, step, cfg, "online DPO")
             bar.update(1)
             bar.set_postfix(loss=f"{stats['dpo/loss']:.3f}", score=f"{stats['objective/score']:.2f}")
             if run_dir is not None and (step + 1) % max(1, cfg.run.save_interval) == 0 and step + 1 < total:
