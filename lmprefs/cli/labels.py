@@ -34,7 +34,9 @@ def cmd_label(argv: list[str]) -> int:
 
     cfg = resolve_config(a.preset, pairs, a.config)
     labeler = a.labeler or cfg.labels.labeler
-    db = check_store_path(a.db, must_exist=False)
+    # rank 0 alone reads and writes the store: another rank checking it could see the file rank 0 is creating,
+    # empty for a moment, and refuse it as an empty file
+    db = check_store_path(a.db, must_exist=False) if dist.is_main() else Path(a.db)
     if labeler != "none":
         from lmprefs.labels.labelers import score_fn
 
