@@ -64,7 +64,8 @@ from lmprefs.io import publish  # noqa: E402
 from lmprefs.labels.labelers import SCORE_FNS, ScoreFn  # noqa: E402
 from lmprefs.labels.store import LabelStore  # noqa: E402
 from lmprefs.pipeline.labeling import collect_labels, open_store  # noqa: E402
-from lmprefs.pipeline.reward_model import load_examples, train_reward_model  # noqa: E402
+from lmprefs.pipeline.reward_model import load_examples  # noqa: E402
+from lmprefs.pipeline.reward_training import train_reward_model  # noqa: E402
 from lmprefs.pipeline.task import Task, setup_task  # noqa: E402
 from lmprefs.training.reward import Comparisons  # noqa: E402
 

@@ -42,7 +42,7 @@ from _common import (  # noqa: E402
 
 from lmprefs.config import PRESETS, preset  # noqa: E402
 from lmprefs.pipeline.labeling import collect_labels, open_store  # noqa: E402
-from lmprefs.pipeline.reward_model import train_reward_model  # noqa: E402
+from lmprefs.pipeline.reward_training import train_reward_model  # noqa: E402
 from lmprefs.pipeline.task import setup_task  # noqa: E402
 
 R = dataclasses.replace

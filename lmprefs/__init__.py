@@ -60,7 +60,7 @@ def label(cfg, db: str | Path, n: int, *, labeler: str | None = None, seed: int 
 def train_reward(cfg, labels: str | Path, run_dir: str | Path) -> dict:
     """Train a reward model from a label store (or a label file) into run_dir/reward_model; its held-out figures."""
     from lmprefs.pipeline.labeling import label_source
-    from lmprefs.pipeline.reward_model import train_reward_model
+    from lmprefs.pipeline.reward_training import train_reward_model
     from lmprefs.pipeline.task import setup_task
     from lmprefs.runtime.runlog import RunLogger
 

@@ -20,7 +20,8 @@ def cmd_train_reward(argv: list[str]) -> int:
     a = p.parse_args(argv)
     from lmprefs.io.locks import run_lock
     from lmprefs.pipeline.labeling import label_source
-    from lmprefs.pipeline.reward_model import reward_logger, train_reward_model, training_labels
+    from lmprefs.pipeline.reward_model import reward_logger, training_labels
+    from lmprefs.pipeline.reward_training import train_reward_model
     from lmprefs.pipeline.task import setup_task
     from lmprefs.runtime import distributed as dist
 

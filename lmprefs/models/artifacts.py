@@ -12,12 +12,30 @@ from torch import Tensor
 from lmprefs.assets.models import resolve_model
 from lmprefs.assets.tokenizers import load_tokenizer
 from lmprefs.io.publish import MANIFEST, publish_dir, verify
+from lmprefs.models import parallel
 from lmprefs.models.loading import MODEL_NAMES, _trunk_names, base_of, load_lm
 from lmprefs.models.lora import merged_copy, save_peft_adapter
 from lmprefs.models.model_card import CardInfo, write_card
 from lmprefs.models.policy import Policy
 from lmprefs.models.reward_model import RewardModel
+from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.quiet import quiet_transformers
+
+
+@overload
+def whole_for_saving(module: Policy) -> Policy | None: ...
+@overload
+def whole_for_saving(module: RewardModel) -> RewardModel | None: ...
+def whole_for_saving(module: Policy | RewardModel) -> Policy | RewardModel | None:
+    """`module` whole, to save on rank 0: itself where it is not sharded; under FSDP its shards gathered on rank 0
+    into a plain_copy (a collective every rank must join), and None on the other ranks."""
+    if not parallel.is_sharded(module):
+        return module
+    state = parallel.full_state_dict(module)
+    if not dist.is_main():
+        return None
+    assert state is not None  # rank 0 holds the gathered state
+    return plain_copy(module, state)
 
 
 @overload

@@ -25,7 +25,7 @@ from lmprefs.labels.labelers import label_items, make_labeler
 from lmprefs.labels.store import LabelStore
 from lmprefs.models.ensemble import RewardEnsemble, is_ensemble_dir, read_manifest
 from lmprefs.pipeline.labeling import collect_labels
-from lmprefs.pipeline.reward_model import train_reward_model
+from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.selection import Chooser, ensemble_scores
 from lmprefs.pipeline.task import Task
 

@@ -26,7 +26,8 @@ from lmprefs.labels.types import get as get_label_type
 from lmprefs.models.ensemble import RewardEnsemble
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.labeling import collect_labels
-from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model, training_labels
+from lmprefs.pipeline.reward_model import RewardState, reward_frame, training_labels
+from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.selection import Chooser, ensemble_scores
 from lmprefs.runtime.device import compiles_forwards
 from lmprefs.training.policy_run import ScoreFn

@@ -18,8 +18,6 @@ from lmprefs.labels.quality import describe_labelers as describe
 from lmprefs.labels.quality import select_labelers
 from lmprefs.labels.types import PickBest
 from lmprefs.labels.types import get as get_label_type
-from lmprefs.models import parallel
-from lmprefs.models.artifacts import plain_copy, save_reward_model
 from lmprefs.models.ensemble import RewardEnsemble, member_seed
 from lmprefs.models.lora import add_adapter, reset_adapter
 from lmprefs.models.model_card import CardInfo
@@ -125,34 +123,6 @@ def training_labels(t: Task, store, exclude_items: Set[int] = frozenset(), *, ev
         raise UserError(f"no labels left for training: all {len(data)} are held out ({measured}; labels.heldout_by="
                         f"{cfg.labels.heldout_by}, heldout_fraction {cfg.labels.heldout_fraction})")  # fmt: skip
     return TrainingLabels(train, held, measured, by_labeler)
-
-
-def train_reward_model(t: Task, store, out_dir: Path, log=None, exclude_items: Set[int] = frozenset(),
-                       labels: TrainingLabels | None = None) -> tuple[RewardModel | RewardEnsemble, dict]:  # fmt: skip
-    """Normalize, train (train_reward.epochs passes), normalize, evaluate on the held-out labels, save to out_dir.
-    -> (rm, summary). `labels`: training_labels(t, store, exclude_items), when the caller has them already.
-    With train_reward.ensemble K > 1, K members (`reward_ensemble.train_ensemble`), saved as an ensemble directory
-    and returned as a RewardEnsemble."""
-    labels = labels or training_labels(t, store, exclude_items)
-    if t.cfg.train_reward.ensemble > 1:
-        from lmprefs.pipeline.reward_ensemble import train_ensemble
-
-        return train_ensemble(t, labels, out_dir, log)
-    rm, summary = train_member(t, labels, log)
-    whole: RewardModel | None = rm
-    if parallel.is_sharded(rm):  # FSDP: the whole model gathered on rank 0 (a collective)
-        state = parallel.full_state_dict(rm)
-        if dist.is_main():
-            assert state is not None  # rank 0 holds the gathered state
-            whole = plain_copy(rm, state)
-        else:
-            whole = None
-    if dist.is_main():
-        assert whole is not None  # rank 0's (plain, or gathered above)
-        save_reward_model(whole, out_dir, extra=member_meta(t, summary), merged=t.cfg.lora.merged_reward_model,
-                          card=reward_model_card(t.cfg, summary))  # fmt: skip
-    dist.barrier()  # every rank may read it once this returns
-    return rm, summary
 
 
 def train_member(t: Task, labels: TrainingLabels, log=None, member: int = 0, norm_memo: dict | None = None,

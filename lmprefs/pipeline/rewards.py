@@ -18,7 +18,8 @@ from lmprefs.labels.labelers import SCORE_FNS, score_fn, score_texts
 from lmprefs.models import parallel
 from lmprefs.models.ensemble import is_ensemble_dir, is_reward_dir, load_reward, read_manifest
 from lmprefs.pipeline.labeling import label_source
-from lmprefs.pipeline.reward_model import RewardState, TrainingLabels, reward_frame, reward_logger, train_reward_model
+from lmprefs.pipeline.reward_model import RewardState, TrainingLabels, reward_frame, reward_logger
+from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import compiles_forwards

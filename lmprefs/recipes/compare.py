@@ -29,7 +29,8 @@ from lmprefs.models.ensemble import load_reward
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.pipeline.dpo import dpo_labels, run_train_dpo
 from lmprefs.pipeline.labeling import collect_labels, label_source, open_store
-from lmprefs.pipeline.reward_model import reward_logger, train_reward_model
+from lmprefs.pipeline.reward_model import reward_logger
+from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.task import Task, check_heldout, setup_task
 from lmprefs.recipes.experiment import (
     R,

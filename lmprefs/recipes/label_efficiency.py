@@ -45,7 +45,8 @@ from lmprefs.labels.types import PickBest
 from lmprefs.labels.types import get as get_label_type
 from lmprefs.pipeline.evaluation import evaluate_arm
 from lmprefs.pipeline.labeling import collect_labels, open_store
-from lmprefs.pipeline.reward_model import TrainingLabels, load_examples, train_reward_model
+from lmprefs.pipeline.reward_model import TrainingLabels, load_examples
+from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.selection import Chooser, ensemble_scores, pool_size
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.recipes.experiment import Results, check_heldout, seed_key, train_arm, true_reward_fn

@@ -30,7 +30,8 @@ from lmprefs.models.artifacts import load_reward_model
 from lmprefs.pipeline.evaluation import evaluate_policy, plot_curves, true_reward_name
 from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.policy import policy_for
-from lmprefs.pipeline.reward_model import RewardState, reward_frame, train_reward_model
+from lmprefs.pipeline.reward_model import RewardState, reward_frame
+from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
 from lmprefs.pipeline.task import Task, check_heldout, setup_task
 from lmprefs.recipes.experiment import Results

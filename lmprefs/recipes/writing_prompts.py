@@ -39,7 +39,8 @@ from lmprefs.models.sampling import sampler_options
 from lmprefs.pipeline.evaluation import evaluate_policy
 from lmprefs.pipeline.labeling import open_store
 from lmprefs.pipeline.policy import run_train_policy
-from lmprefs.pipeline.reward_model import reward_logger, train_reward_model
+from lmprefs.pipeline.reward_model import reward_logger
+from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.rewards import reward_function
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime.runlog import RunLogger, progress

@@ -28,9 +28,8 @@ from lmprefs.data.tasks import TaskContext, decode, response_texts, show
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text, crash_point
 from lmprefs.models import parallel
-from lmprefs.models.artifacts import plain_copy, save_policy
+from lmprefs.models.artifacts import save_policy, whole_for_saving
 from lmprefs.models.model_card import CardInfo
-from lmprefs.models.policy import Policy
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import compiles_forwards
 from lmprefs.runtime.runlog import progress, read_metrics
@@ -166,15 +165,7 @@ def train_policy(cfg: Config, run: PolicyRun, score_fn: ScoreFn, log, run_dir: P
         bar.set_postfix(score=f"{stats['objective/score']:+.3f}", kl=f"{stats['objective/kl']:.2f}",
                         beta=f"{stats['objective/kl_coef']:.3f}")  # fmt: skip
     bar.close()
-    policy: Policy | None
-    policy = run.policy
-    if parallel.is_sharded(policy):
-        state = parallel.full_state_dict(policy)  # a collective
-        if dist.is_main():
-            assert state is not None  # rank 0 holds the gathered state
-            policy = plain_copy(policy, state)
-        else:
-            policy = None
+    policy = whole_for_saving(run.policy)  # under FSDP a collective
     if dist.is_main():
         assert policy is not None  # rank 0 keeps its policy, plain or gathered
         save_policy(policy, Path(run_dir) / "policy", card=policy_card(cfg, stats, run.update))

@@ -10,7 +10,8 @@ import torch
 from lmprefs.config import preset
 from lmprefs.pipeline import reward_model as rm_mod
 from lmprefs.pipeline.labeling import collect_labels, open_store
-from lmprefs.pipeline.reward_model import RewardState, shared_reward_prefixes, train_reward_model
+from lmprefs.pipeline.reward_model import RewardState, shared_reward_prefixes
+from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.task import setup_task
 
 R = dataclasses.replace

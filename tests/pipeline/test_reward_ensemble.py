@@ -22,7 +22,8 @@ from lmprefs.pipeline import reward_ensemble as ens_mod
 from lmprefs.pipeline import reward_model as rm_mod
 from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.reward_ensemble import bootstrap_rows
-from lmprefs.pipeline.reward_model import RewardState, train_reward_model
+from lmprefs.pipeline.reward_model import RewardState
+from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.task import setup_task
 from lmprefs.training import prefix_share
 from lmprefs.training import reward as reward_mod

@@ -78,7 +78,7 @@ def test_config_switch_is_checked():
 
 @pytest.mark.parametrize("scores_as", ["rating", "comparisons"])
 def test_reward_model_learns_from_scores_either_way(tmp_path, scores_as):
-    from lmprefs.pipeline.reward_model import train_reward_model
+    from lmprefs.pipeline.reward_training import train_reward_model
     from lmprefs.pipeline.task import setup_task
 
     store = LabelStore(tmp_path / "l.sqlite")
