@@ -16,7 +16,9 @@ COMMANDS = {
     "experiment": "mock-sentiment: Figure 2 (reward models from N labels vs direct access, over seeds); kl-frontier: "
     "Figure 3 (KL vs true reward of PPO runs beside the optimal policy); compare: PPO, RLOO, DPO and best-of-n from "
     "one label store on Figure 3's axes; label-efficiency: random against uncertainty-directed queries at several "
-    "label budgets, and how many labels the directed ones save; writing-prompts: SFT, a reward model from scores, PPO "
+    "label budgets, and how many labels the directed ones save; overoptimization: proxy and true reward over KL for "
+    "best-of-n and PPO against single and ensemble reward models (mean, min, uwo), Gao et al.'s protocol; "
+    "writing-prompts: SFT, a reward model from scores, PPO "
     "with a separate value model; resumable",
     "quickstart": "the paper's mock-sentiment experiment end to end: label, reward model, PPO, evaluation, report",
     "assets": "list or prepare the offline assets (SmolLM2, the GPT-2 BPE, Austen, the news articles, MiniLM, the "

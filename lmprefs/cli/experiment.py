@@ -9,6 +9,7 @@ from pathlib import Path
 
 from lmprefs.cli import compare
 from lmprefs.cli import label_efficiency as label_eff
+from lmprefs.cli import overoptimization as overopt
 from lmprefs.cli.common import (
     ArgumentParser,
     check_seeds_and_eval,
@@ -29,18 +30,22 @@ DEFAULT_KL_COEFS = "0.01,0.03,0.1,0.3"  # fixed betas that spread the arms' KL o
 FLAGS = {"mock-sentiment": ("labels", "seeds", "eval_queries", "eval_samples"),
          "kl-frontier": ("queries", "samples", "betas", "kl_targets", "kl_coefs", "true_reward", "min_ess", "figure2",
                          "eval_samples", "fit_cut", "seeds"),
-         "compare": compare.FLAGS, "label-efficiency": label_eff.FLAGS}  # fmt: skip
+         "compare": compare.FLAGS, "label-efficiency": label_eff.FLAGS,
+         "overoptimization": overopt.FLAGS}  # fmt: skip
 
 
 def _parser() -> ArgumentParser:
     p = command_parser("experiment", "lmprefs experiment {mock-sentiment,kl-frontier,compare,label-efficiency,"
-                       "writing-prompts} "
+                       "overoptimization,writing-prompts} "
                        "[PRESET] [--run-dir DIR] [...]")  # fmt: skip
-    p.add_argument("name", choices=["mock-sentiment", "kl-frontier", "compare", "label-efficiency", "writing-prompts"],
+    p.add_argument("name", choices=["mock-sentiment", "kl-frontier", "compare", "label-efficiency", "overoptimization",
+                                    "writing-prompts"],
                    help="mock-sentiment: the paper's Figure 2 (reward models from N labels vs direct access); "
                    "kl-frontier: Figure 3 (KL vs true reward of PPO runs beside the optimal policy); compare: PPO, "
                    "PPO with a separate value model, RLOO, DPO and best-of-n from one label store on Figure 3's axes; "
                    "label-efficiency: random against uncertainty-directed queries at several label budgets; "
+                   "overoptimization: Gao et al.'s protocol (proxy and true reward over KL for best-of-n and PPO "
+                   "against reward models from N labels, single and ensembles under mean, min and uwo); "
                    "writing-prompts: "
                    "SFT, a reward model from scores and PPO with a separate value model (lmprefs experiment "
                    "writing-prompts --help)")  # fmt: skip
@@ -77,6 +82,7 @@ def _parser() -> ArgumentParser:
                    "up to this many nats and predict those beyond (default: each set's median KL)")  # fmt: skip
     compare.add_flags(p)
     label_eff.add_flags(p)
+    overopt.add_flags(p)
     return p
 
 
@@ -103,13 +109,15 @@ def cmd_experiment(argv: list[str]) -> int:
     if a.plan or "plan_minutes" in given:
         if a.name == "label-efficiency":
             return label_eff.plan(a, resolve_config(preset_name, pairs), _plan_minutes(a.plan_minutes))
+        if a.name == "overoptimization":
+            return overopt.plan(a, resolve_config(preset_name, pairs), _plan_minutes(a.plan_minutes))
         if a.name != "mock-sentiment":
-            raise UserError(f"--plan is an option of `experiment mock-sentiment` and `label-efficiency`, not of "
-                            f"`experiment {a.name}`")  # fmt: skip
+            raise UserError(f"--plan is an option of `experiment mock-sentiment`, `label-efficiency` and "
+                            f"`overoptimization`, not of `experiment {a.name}`")  # fmt: skip
         return _plan(a, resolve_config(preset_name, pairs))
     if a.name == "compare" and a.db:  # saved with the run: a rerun from elsewhere reads the same store
         a.db = str(Path(a.db).resolve())
-    if a.name in ("mock-sentiment", "compare"):  # they label: with random questions
+    if a.name in ("mock-sentiment", "compare", "overoptimization"):  # they label: with random questions
         random_questions_only(resolve_config(preset_name, pairs), f"experiment {a.name}")
     owner = f"experiment {a.name}"
     run_dir = run_dir_for(a.run_dir, resolve_config(preset_name, []), "experiment", a.name, owner)
@@ -119,7 +127,7 @@ def cmd_experiment(argv: list[str]) -> int:
     if a.eval_samples < 1:
         raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
     run = {"mock-sentiment": _mock_sentiment, "kl-frontier": _kl_frontier, "compare": compare.compare,
-           "label-efficiency": label_eff.label_efficiency}[a.name]  # fmt: skip
+           "label-efficiency": label_eff.label_efficiency, "overoptimization": overopt.overoptimization}[a.name]
     out = run(a, cfg, run_dir, on_start)
     print(f"figure: {out['figure']}")
     return 0
