@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -166,7 +165,7 @@ def run_overoptimization(cfg: Config, run_dir: Path, plan: Plan, on_start: Calla
                 best_of_n_arms(ts, rm_dir, run_dir, s, n, plan, res)
             for method, proxy in plan.arms():
                 if method == "ppo":
-                    ppo_arm(ts, rm_dir, run_dir, s, n, proxy, plan, res)
+                    ppo_arm(ts, rm_dir, run_dir, s, n, proxy=proxy, plan=plan, res=res)
     res.save("summary", summarize(res.data, plan))
     fig = plot(run_dir, res.data, plan)
     report = write_report(run_dir, res.data, plan, cfg)
@@ -174,12 +173,12 @@ def run_overoptimization(cfg: Config, run_dir: Path, plan: Plan, on_start: Calla
 
 
 def reward_models(t: Task, pool: SeedPool, run_dir: Path, s: int, n: int, members: int, res: Results) -> Path:
-    """Seed s's ensemble of `members` on its first n labels (in the pool's seeded order), trained once."""
+    """Seed s's ensemble of `members` on its first n labels (in the pool's seeded order), trained once: its
+    directory is published whole (atomic_dir), so a run killed while it trains trains it again, the same."""
     key = seed_key(f"rm-{n}", s)
     rm_dir = run_dir / key
     if key not in res.data:
         print(f"[{key}] an ensemble of {members} reward models on {n} labels", flush=True)
-        shutil.rmtree(rm_dir, ignore_errors=True)  # a killed run's part-trained ensemble: trained again, the same
         cfg = R(t.cfg, train_reward=R(t.cfg.train_reward, ensemble=members))
         rm, summary = train_reward_model(Task(**{**t.__dict__, "cfg": cfg}), None, rm_dir,
                                          labels=pool.labels(pool.random_order[:n]))  # fmt: skip
@@ -234,7 +233,7 @@ def bon_curve(true: torch.Tensor, proxy: torch.Tensor, ns: list[int]) -> list[di
 
 
 def best_of_n_arms(t: Task, rm_dir: Path, run_dir: Path, s: int, n: int, plan: Plan, res: Results) -> None:
-    """Seed s's pool of samples scored by the true reward and count n's ensemble (kept in pool_scores.json), and
+    """Seed s's pool of samples scored by the true reward and count n's ensemble (kept in pool-N.json), and
     every best-of-n arm's curve from it."""
     names = [seed_key(arm_name("bon", p, n), s) for p in plan.proxies]
     if all(k in res.data for k in names):
@@ -280,7 +279,7 @@ def ppo_curve(rows: list[dict], chunks: int = CHUNKS) -> list[dict]:
     return out
 
 
-def ppo_arm(t: Task, rm_dir: Path, run_dir: Path, s: int, n: int, proxy: str, plan: Plan, res: Results) -> None:
+def ppo_arm(t: Task, rm_dir: Path, run_dir: Path, s: int, n: int, *, proxy: str, plan: Plan, res: Results) -> None:
     """One PPO arm against a proxy of count n's ensemble (resumed from its checkpoint), its curve and held-out
     end point."""
     key = seed_key(arm_name("ppo", proxy, n), s)

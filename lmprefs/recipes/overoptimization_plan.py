@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from lmprefs.config import Config, label_type_shape
+from lmprefs.config import Config
 from lmprefs.models import flops as F
 from lmprefs.recipes.plan import MEASURED_GFLOPS, MODEL_LOAD_S, Counts, Shape, stage_flops
 
 
 def plan_overoptimization(cfg: Config, facts: F.ModelFacts, shape: Shape, plan, *, pool: int, held: int,
-                          rates: dict[str, float] | None = None, load_s: float = MODEL_LOAD_S) -> list[dict]:  # fmt: skip
+                          rates: dict[str, float] | None = None,
+                          load_s: float = MODEL_LOAD_S) -> list[dict]:  # fmt: skip
     """[{stage, runs, gflop, seconds}] of `plan` (an overoptimization.Plan): per seed one store of pool + held
     questions labeled; per seed and label count an ensemble of plan.members reward models, and (with bon) the
     initial policy's plan.samples samples on plan.queries held-out queries drawn and scored by every member; per
     PPO arm a model load, a PPO run (an ensemble proxy scores each rollout with every member) and its final
     evaluation."""
     rates = rates or MEASURED_GFLOPS
-    K, S, T = plan.members, label_type_shape(cfg.labels.type)[1], cfg.task.response_length
+    K, T = plan.members, cfg.task.response_length
     ad = F.Adapters.from_lora(facts, cfg.lora)
     start = ad.start if ad else 0
 

@@ -34,7 +34,7 @@ def seed_curves(data: dict, name: str, seeds: int) -> list[list[dict]]:
 def gao_fit(method: str, kl: list[float], gain: list[float]) -> dict:
     """Gao et al.'s form of the method (best-of-n: d (alpha - beta d); RL: d (alpha - beta log d), d = sqrt KL)
     fitted to the points up to the median KL, predicting those beyond; with the KL where the fitted form peaks (None
-    where it rises for ever: beta <= 0)."""
+    where it has no positive peak)."""
     form = "bon" if method == "bon" else "rl"
     cut = sorted(kl)[(len(kl) - 1) // 2]
     try:
@@ -42,7 +42,10 @@ def gao_fit(method: str, kl: list[float], gain: list[float]) -> dict:
     except ValueError as e:
         return {"form": form, "error": str(e)}
     a, b = fit["alpha"], fit["beta"]
-    d = (a / (2 * b) if form == "bon" else math.exp(min(a / b - 1, 50.0))) if b > 0 else None
+    # bon: d* = alpha / (2 beta); rl: alpha - beta (log d + 1) = 0 at d* = exp(alpha / beta - 1); neither peaks
+    # with beta <= 0, and bon's gain is never positive with alpha <= 0
+    d = (None if b <= 0 or (form == "bon" and a <= 0) else a / (2 * b) if form == "bon"
+         else math.exp(min(a / b - 1, 50)))  # fmt: skip
     return {k: fit[k] for k in ("form", "alpha", "beta", "cut", "fitted", "predicted", "rmse_beyond")} | {
         "peak_kl": d * d if d is not None else None}
 
@@ -61,8 +64,8 @@ def summarize_arm(curves: list[list[dict]], method: str, base: float, true_std: 
     peak = max(range(pts), key=lambda i: mean[i]["true"])
     fall, fall_half = interval([c[peak]["true"] - c[-1]["true"] for c in curves])
     t0, p0 = mean[0]["true"], mean[0]["proxy"]
-    part = next((m["kl"] for m in mean if m["proxy"] - p0 > 0 and (m["true"] - t0) / true_std < PART * (m["proxy"] - p0)),
-                None)  # fmt: skip
+    part = next((m["kl"] for m in mean
+                 if m["proxy"] - p0 > 0 and (m["true"] - t0) / true_std < PART * (m["proxy"] - p0)), None)  # fmt: skip
     fit = gao_fit(method, [m["kl"] for m in mean], [m["true"] - base for m in mean])
     return {"seeds": len(curves), "curve": mean, "peak_kl": mean[peak]["kl"], "peak_true": mean[peak]["true"],
             "peaked": peak < pts - 1, "last_kl": mean[-1]["kl"], "last_true": mean[-1]["true"], "fall": fall,
@@ -183,8 +186,8 @@ def plot(run_dir: Path, data: dict, plan) -> Path:
                 x, c = [p["sqrt_kl"] for p in a["curve"]], colors[proxy]
                 y, h = [p["true"] for p in a["curve"]], [p["true_ci95"] or 0.0 for p in a["curve"]]
                 ax.plot(x, y, "-o", ms=3, color=c, label=f"{proxy}: true")
-                ax.fill_between(x, [u - v for u, v in zip(y, h, strict=True)], [u + v for u, v in zip(y, h, strict=True)],
-                                color=c, alpha=0.15)  # fmt: skip
+                lo, hi = [u - v for u, v in zip(y, h, strict=True)], [u + v for u, v in zip(y, h, strict=True)]
+                ax.fill_between(x, lo, hi, color=c, alpha=0.15)
                 ax.plot([math.sqrt(max(a["peak_kl"], 0))], [a["peak_true"]], "*", color=c, ms=11)
                 px.plot(x, [p["proxy"] for p in a["curve"]], "--", color=c, lw=1, label=f"{proxy}: proxy")
             ax.set_title(f"{METHOD_NAMES[method]}, {n} labels")
