@@ -78,8 +78,6 @@ def overoptimization(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dic
 
     random_questions_only(cfg, "experiment overoptimization")
     plan = plan_from_args(a, cfg)
-    for arm in plan.gated():
-        print(f"{arm}: not run (PPO in this lmprefs optimizes no rewards.ensemble_reduce); best-of-n covers it")
     out = run_overoptimization(cfg, run_dir, plan, on_start)
     for line in out["results"]["summary"]["lines"].values():
         print(f"  {line}")
@@ -111,7 +109,5 @@ def plan(a: argparse.Namespace, cfg, minutes: float) -> int:
           f"seed(s), {p.members}-member ensembles, best-of-n up to {p.samples} on {p.queries} held-out queries, "
           f"{cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size} at beta {p.kl_coef:g}, "
           f"{cfg.task.initial_model}")  # fmt: skip
-    for arm in p.gated():
-        print(f"{arm}: not run (PPO in this lmprefs optimizes no rewards.ensemble_reduce)")
     print(format_plan(plan_overoptimization(cfg, facts, shape, p, pool=pool, held=held), minutes * 60))
     return 0

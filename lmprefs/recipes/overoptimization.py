@@ -19,7 +19,7 @@ Arms, per proxy:
 - PPO (method `ppo`): a train-policy run against the proxy at a small fixed KL coefficient (--kl-coef, no target),
   run for the preset's ppo.total_episodes; its curve is every update's rollouts (objective/kl, objective/score, the
   proxy it optimizes, and objective/true_reward) averaged in CHUNKS consecutive windows; its end point is evaluated
-  on the Q held-out queries. min and uwo need PPO to take rewards.ensemble_reduce (ppo_reductions).
+  on the Q held-out queries; an ensemble proxy is rewards.ensemble_reduce of its members' scores.
 
 results.json is rewritten after every stage; a killed run started again with its command line skips what is done,
 remakes a seed's pool scores or a reward model it stopped in, and resumes a PPO arm from its checkpoint (each
@@ -36,7 +36,6 @@ from pathlib import Path
 import torch
 
 from lmprefs.config import Config
-from lmprefs.config.schema import RewardsConfig
 from lmprefs.data.tasks import apply_penalty, decode, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import atomic_write_text, crash_point
@@ -59,13 +58,6 @@ CHUNKS = 10  # windows a PPO run's updates are averaged in (at most): one point 
 MIN_UPDATES = 3
 DEFAULT_LABELS = (64, 256)
 DEFAULT_MEMBERS = 4
-
-
-def ppo_reductions() -> tuple[str, ...]:
-    """The ensemble reductions PPO can optimize: every one where rewards.ensemble_reduce exists, else mean (a
-    RewardEnsemble's forward)."""
-    fields = {f.name for f in dataclasses.fields(RewardsConfig)}
-    return REDUCTIONS if "ensemble_reduce" in fields else ("mean",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,14 +89,8 @@ class Plan:
         return [2**i for i in range(self.samples.bit_length()) if 2**i <= self.samples]
 
     def arms(self) -> list[tuple[str, str]]:
-        """(method, proxy) of every arm that runs: PPO only with the reductions it can optimize."""
-        ppo = ("single", *ppo_reductions())
-        return [(m, p) for m in self.methods for p in self.proxies if m == "bon" or p in ppo]
-
-    def gated(self) -> list[str]:
-        """PPO arms asked for that this lmprefs cannot run."""
-        ppo = ("single", *ppo_reductions())
-        return [f"ppo-{p}" for p in self.proxies if "ppo" in self.methods and p not in ppo]
+        """(method, proxy) of every arm."""
+        return [(m, p) for m in self.methods for p in self.proxies]
 
 
 def arm_name(method: str, proxy: str, n: int) -> str:
@@ -120,10 +106,10 @@ def check_grid(t: Task, plan: Plan) -> tuple[int, int]:
         raise UserError(f"ppo.total_episodes={cfg.ppo.total_episodes}: {cfg.ppo.num_updates} PPO update(s) of "
                         f"{cfg.ppo.batch_size}; a PPO arm's curve needs at least {MIN_UPDATES} to show a peak and a "
                         "fall (or leave ppo out of --methods)")  # fmt: skip
-    if not plan.arms():
-        raise UserError(f"--methods {','.join(plan.methods)} --proxies {','.join(plan.proxies)}: no arm can run; PPO "
-                        f"optimizes single and {', '.join(ppo_reductions())} in this lmprefs (add bon, or a "
-                        "proxy PPO takes)")  # fmt: skip
+    if cfg.rewards.ensemble_reduce != "mean":
+        raise UserError(f"rewards.ensemble_reduce={cfg.rewards.ensemble_reduce}: experiment overoptimization "
+                        "optimizes each reduction itself; name them with --proxies (and uwo's lambda with "
+                        "--uwo-lambda)")  # fmt: skip
     check_heldout(t, plan.queries, "--queries")
     pool, held = max(plan.labels), heldout_questions(cfg, plan.labels)
     if pool + held > len(t.train_queries):
@@ -258,9 +244,10 @@ def ppo_config(cfg: Config, rm_dir: Path, proxy: str, plan: Plan) -> Config:
     """A PPO arm's config: the proxy as its reward, a fixed small beta, no andon cord on the true reward (the
     experiment wants to see it fall)."""
     rm = rm_dir / member_name(0) if proxy == "single" else rm_dir
-    rewards = R(cfg.rewards, trained_model=str(rm), kl_coef=plan.kl_coef, kl_target=None)
-    if proxy in ("min", "uwo"):
-        rewards = R(rewards, ensemble_reduce=proxy, **({"uwo_lambda": plan.uwo_lambda} if proxy == "uwo" else {}))
+    rewards = R(cfg.rewards, trained_model=str(rm), kl_coef=plan.kl_coef, kl_target=None,
+                ensemble_reduce="mean" if proxy == "single" else proxy)  # fmt: skip
+    if proxy == "uwo":
+        rewards = R(rewards, uwo_lambda=plan.uwo_lambda)
     return R(cfg, rewards=rewards, ppo=R(cfg.ppo, overoptimization_stop=None))
 
 

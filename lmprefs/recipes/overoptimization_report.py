@@ -227,8 +227,6 @@ def write_report(run_dir: Path, data: dict, plan, cfg: Config) -> Path:
         part = f"{a['part_kl']:.2f}" if a["part_kl"] is not None else "-"
         lines.append(f"| {name} | {a['seeds']} | {a['peak_kl']:.2f} | {a['peak_true']:+.4f} | {a['last_kl']:.2f} | "
                      f"{pm(a['fall'], a['fall_ci95'])} | {part} | {fit} |")  # fmt: skip
-    if plan.gated():
-        lines += ["", f"Not run: {', '.join(plan.gated())} (PPO in this lmprefs optimizes no rewards.ensemble_reduce)"]
     lines += ["", "![true and proxy reward over KL](overoptimization.png)", ""]
     path = run_dir / "report.md"
     atomic_write_text(path, "\n".join(lines))

@@ -12,7 +12,6 @@ import torch
 from refusals import assert_refused
 
 from lmprefs.cli.dispatch import main
-from lmprefs.recipes.overoptimization import ppo_reductions
 from tests.crash import killed
 
 # 2-member ensembles on 8 labels, best-of-n up to 8 on 4 held-out queries, PPO of 4 updates of 16
@@ -34,16 +33,19 @@ def test_the_experiment_traces_every_proxy_over_kl_and_reports(tmp_path, capsys)
         assert [x["n"] for x in bon["mean"]] == [1, 2, 4, 8]
         assert [x["kl"] for x in bon["mean"]] == pytest.approx([np.log(n) - (n - 1) / n for n in (1, 2, 4, 8)])
         # n = 1 takes every sample alike whatever ranks them: one pool, the same initial-policy reward
-        assert bon["single"][0]["true"] == pytest.approx(bon["mean"][0]["true"]) == pytest.approx(bon["min"][0]["true"])
+        firsts = [bon[p][0]["true"] for p in ("single", "mean", "min")]
+        assert firsts == pytest.approx([firsts[0]] * 3)
         # the worst member scores a chosen sample at most as the mean does, in every subset
         assert all(a["proxy"] <= b["proxy"] + 1e-6 for a, b in zip(bon["min"], bon["mean"], strict=True))
         ppo = res[f"ppo-mean-8{suffix}"]
         assert len(ppo["curve"]) == 4 and [x["update"] for x in ppo["curve"]] == [1, 2, 3, 4]
         assert "kl" in ppo["heldout"] and res[f"rm-8{suffix}"]["labels_train"] == 8
-    cfg = json.loads((run_dir / "ppo-single-8" / "config.json").read_text())
-    assert cfg["rewards"]["kl_coef"] == 0.01 and cfg["rewards"]["kl_target"] is None
-    assert cfg["rewards"]["trained_model"].endswith("rm-8/member-0")
-    assert json.loads((run_dir / "ppo-mean-8" / "config.json").read_text())["rewards"]["trained_model"].endswith("rm-8")
+    rewards = {p: json.loads((run_dir / f"ppo-{p}-8" / "config.json").read_text())["rewards"]
+               for p in ("single", "mean", "min")}  # fmt: skip
+    assert rewards["single"]["kl_coef"] == 0.01 and rewards["single"]["kl_target"] is None
+    assert rewards["single"]["trained_model"].endswith("rm-8/member-0")
+    assert rewards["mean"]["trained_model"].endswith("rm-8") and rewards["mean"]["ensemble_reduce"] == "mean"
+    assert rewards["min"]["trained_model"].endswith("rm-8") and rewards["min"]["ensemble_reduce"] == "min"
     arm = res["summary"]["arms"]["bon-mean-8"]
     assert arm["seeds"] == 2 and arm["curve"][0]["true_ci95"] is not None and arm["gao"]["form"] == "bon"
     assert set(res["summary"]["lines"]) == {"bon-8", "ppo-8"}
@@ -74,9 +76,6 @@ def test_a_killed_experiment_resumes_to_the_uninterrupted_result(tmp_path, monke
     assert steps == sorted(set(steps)), "a logged update written twice"
 
 
-GATED = "min" not in ppo_reductions()
-
-
 @pytest.mark.parametrize("extra,needle", [
     (["--uwo-lambda", "-0.5"], "--uwo-lambda -0.5: must be a finite number >= 0"),
     (["--members", "1"], "--members 1: an ensemble needs at least 2 members"),
@@ -91,7 +90,8 @@ GATED = "min" not in ppo_reductions()
     (["--betas", "1"], "--betas is not an option of `experiment overoptimization`"),
     (["--labels.select", "bald", "--train-reward.ensemble", "2"],
      "labels.select=bald: experiment overoptimization asks random questions"),
-    *([(["--methods", "ppo", "--proxies", "min,uwo"], "no arm can run")] if GATED else []),
+    (["--rewards.ensemble-reduce", "min", "--train-reward.ensemble", "2"],
+     "rewards.ensemble_reduce=min: experiment overoptimization optimizes each reduction itself"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, extra, needle):
     monkeypatch.chdir(tmp_path)
