@@ -55,7 +55,7 @@ def summarize_arm(curves: list[list[dict]], method: str, base: float, true_std: 
     true reward and its fall to the last point (per-seed differences at those two points), where proxy and true
     reward part, and the Gao fit of the true reward's gain over `base`."""
     pts = len(curves[0])
-    mean = []
+    mean: list[dict] = []
     for i in range(pts):
         kl, _ = interval([c[i]["kl"] for c in curves])
         true, half = interval([c[i]["true"] for c in curves])
@@ -84,7 +84,9 @@ def summarize(data: dict, plan) -> dict:
     """{"arms": per arm summarize_arm, "holds": per method and count each conservative proxy's last true reward
     against mean's and single's (paired across seeds), "lines": per method and count its finding, "verdict"}."""
     init = data["initial"]
-    arms, holds, lines = {}, {}, {}
+    arms: dict[str, dict] = {}
+    holds: dict[str, dict] = {}
+    lines: dict[str, str] = {}
     for n in plan.labels:
         for method in plan.methods:
             names = {p: f"{method}-{p}-{n}" for m, p in plan.arms() if m == method}
