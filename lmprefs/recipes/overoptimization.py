@@ -11,11 +11,11 @@ first N of them in a seeded order (train_reward.ensemble K). The proxies of a co
 
 Arms, per proxy:
 
-- best-of-n (method `bon`): M samples of the initial policy on each of Q held-out queries, drawn once per seed and
-  scored by the true reward and every member (pool-N.json); for n = 1, 2, 4, ... M the expected true and proxy
-  reward of the sample the proxy ranks first among n (the unbiased estimate over every n-subset of the M,
-  training.scaling_laws.bon_weights), at KL log n - (n - 1)/n. Every proxy reads the same samples: free beside the
-  first.
+- best-of-n (method `bon`): M samples of the initial policy on each of Q held-out queries, drawn once per seed
+  with their true reward (samples.json) and scored by every member of each count's ensemble (pool-N.json); for
+  n = 1, 2, 4, ... M the expected true and proxy reward of the sample the proxy ranks first among n (the unbiased
+  estimate over every n-subset of the M, training.scaling_laws.bon_weights), at KL log n - (n - 1)/n. Every proxy
+  reads the same scores: free beside the first.
 - PPO (method `ppo`): a train-policy run against the proxy at a small fixed KL coefficient (--kl-coef, no target),
   run for the preset's ppo.total_episodes; its curve is every update's rollouts (objective/kl, objective/score, the
   proxy it optimizes, and objective/true_reward) averaged in CHUNKS consecutive windows; its end point is evaluated
@@ -175,25 +175,37 @@ def reward_models(t: Task, pool: SeedPool, run_dir: Path, s: int, n: int, member
 
 
 @torch.no_grad()
-def pool_scores(t: Task, rm, queries: torch.Tensor, m: int, seed: int, batch_size: int = 64) -> dict:
-    """M samples of the initial policy per query, scored as a rollout scores them: {"true": [Q, M] the true
-    reward, "members": [K, Q, M] each member's normalized score (the task's penalty applied)}."""
+def pool_samples(t: Task, queries: torch.Tensor, m: int, seed: int, batch_size: int = 64) -> dict:
+    """M samples of the initial policy per query as a rollout makes them (truncated): {"responses": [Q * M, T]
+    tokens, query-major, "true": [Q, M] their true reward}."""
     task, true_fn = t.cfg.task, true_reward_fn(t.cfg.labels.labeler)
     gen = torch.Generator(device=t.device).manual_seed(seed)
-    true, members = [], []
-    step = max(1, batch_size // m)
-    for i in range(0, len(queries), step):
-        q = queries[i : i + step].to(t.device)
-        formatted = t.ctx.format(q)
+    responses, true = [], []
+    for i in range(0, len(queries), max(1, batch_size // m)):
+        q = queries[i : i + max(1, batch_size // m)].to(t.device)
         with t.ctx.autocast():
-            r, _ = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen, repeats=m,
-                          stop_tokens=stop_tokens(task, t.tok), **sampler_options(t.cfg.run))  # fmt: skip
-            post = truncate_responses(r, task.truncate_token, task.truncate_after)
-            k_scores = rm.member_scores(formatted, post, repeats=m).float()  # [K, rows]
-        members.append(apply_penalty(k_scores, post, task).cpu().view(-1, len(q), m))
+            r, _ = sample(t.model, t.ctx.format(q), task.response_length, task.temperature, len(t.tok), gen,
+                          repeats=m, stop_tokens=stop_tokens(task, t.tok), **sampler_options(t.cfg.run))  # fmt: skip
+        post = truncate_responses(r, task.truncate_token, task.truncate_after)
         articles = [x for x in decode(t.tok, q) for _ in range(m)]  # a judge may read the query
         true.append(torch.tensor(score_texts(true_fn, response_texts(t.tok, post, task), articles)).view(len(q), m))
-    return {"true": torch.cat(true).tolist(), "members": torch.cat(members, 1).tolist()}
+        responses.append(post.cpu())
+    return {"responses": torch.cat(responses).tolist(), "true": torch.cat(true).tolist()}
+
+
+@torch.no_grad()
+def member_scores(t: Task, rm, queries: torch.Tensor, responses: torch.Tensor, batch_size: int = 64) -> torch.Tensor:
+    """[K, Q, M] each member's normalized score of the M responses [Q * M, T] to each of queries [Q], with the task's
+    penalty, as a rollout scores them."""
+    m = len(responses) // len(queries)
+    out = []
+    for i in range(0, len(queries), max(1, batch_size // m)):
+        q = queries[i : i + max(1, batch_size // m)].to(t.device)
+        post = responses[i * m : (i + len(q)) * m].to(t.device)
+        with t.ctx.autocast():
+            k_scores = rm.member_scores(t.ctx.format(q), post, repeats=m).float()  # [K, len(q) * m]
+        out.append(apply_penalty(k_scores, post, t.cfg.task).cpu().view(-1, len(q), m))
+    return torch.cat(out, 1)
 
 
 def proxy_scores(members: torch.Tensor, proxy: str, uwo_lambda: float) -> torch.Tensor:
@@ -218,23 +230,33 @@ def bon_curve(true: torch.Tensor, proxy: torch.Tensor, ns: list[int]) -> list[di
     return out
 
 
+def seed_samples(t: Task, run_dir: Path, s: int, plan: Plan) -> dict:
+    """Seed s's pool of the initial policy's samples on the held-out queries and their true reward, drawn once
+    (samples[-seedS].json) for every label count's proxies."""
+    path = run_dir / f"{seed_key('samples', s)}.json"
+    if not path.is_file():
+        print(f"[{seed_key('samples', s)}] sampling {plan.samples} responses of the initial policy for each of "
+              f"{plan.queries} held-out queries", flush=True)  # fmt: skip
+        atomic_write_text(path, json.dumps(pool_samples(t, t.heldout_queries[: plan.queries], plan.samples,
+                                                        t.cfg.run.seed + 7)))  # fmt: skip
+        crash_point("overoptimization:samples")
+    return json.loads(path.read_text())
+
+
 def best_of_n_arms(t: Task, rm_dir: Path, run_dir: Path, s: int, n: int, plan: Plan, res: Results) -> None:
-    """Seed s's pool of samples scored by the true reward and count n's ensemble (kept in pool-N.json), and
-    every best-of-n arm's curve from it."""
+    """The seed's pool scored by count n's ensemble (kept in pool-N.json), and every best-of-n arm's curve from it."""
     names = [seed_key(arm_name("bon", p, n), s) for p in plan.proxies]
     if all(k in res.data for k in names):
         return
+    pool = seed_samples(t, run_dir, s, plan)
     path = run_dir / f"{seed_key(f'pool-{n}', s)}.json"  # beside the ensemble: its directory is a manifest's
     if not path.is_file():
-        print(f"[{seed_key(f'bon-{n}', s)}] sampling {plan.samples} responses of the initial policy for each of "
-              f"{plan.queries} held-out queries; scoring them with the true reward and {plan.members} members",
-              flush=True)  # fmt: skip
+        print(f"[{seed_key(f'bon-{n}', s)}] scoring the pool with {plan.members} members", flush=True)
         rm = load_reward(rm_dir, t.device).eval().requires_grad_(False)
-        scores = pool_scores(t, rm, t.heldout_queries[: plan.queries], plan.samples, t.cfg.run.seed + 7)
-        atomic_write_text(path, json.dumps(scores))
+        scores = member_scores(t, rm, t.heldout_queries[: plan.queries], torch.tensor(pool["responses"]))
+        atomic_write_text(path, json.dumps(scores.tolist()))
         crash_point("overoptimization:pool")
-    scores = json.loads(path.read_text())
-    true, members = torch.tensor(scores["true"]), torch.tensor(scores["members"])
+    true, members = torch.tensor(pool["true"]), torch.tensor(json.loads(path.read_text()))
     for proxy, key in zip(plan.proxies, names, strict=True):
         curve = bon_curve(true, proxy_scores(members, proxy, plan.uwo_lambda), plan.ns())
         res.save(key, {"method": "bon", "proxy": proxy, "labels": n, "seed": t.cfg.run.seed, "curve": curve})

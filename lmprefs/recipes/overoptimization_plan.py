@@ -14,9 +14,9 @@ def plan_overoptimization(cfg: Config, facts: F.ModelFacts, shape: Shape, plan, 
                           rates: dict[str, float] | None = None,
                           load_s: float = MODEL_LOAD_S) -> list[dict]:  # fmt: skip
     """[{stage, runs, gflop, seconds}] of `plan` (an overoptimization.Plan): per seed one store of pool + held
-    questions labeled; per seed and label count an ensemble of plan.members reward models, and (with bon) the
-    initial policy's plan.samples samples on plan.queries held-out queries drawn and scored by every member; per
-    PPO arm a model load, a PPO run (an ensemble proxy scores each rollout with every member) and its final
+    questions labeled and (with bon) the initial policy's plan.samples samples on each of plan.queries held-out
+    queries drawn; per seed and label count an ensemble of plan.members reward models, which scores those samples;
+    per PPO arm a model load, a PPO run (an ensemble proxy scores each rollout with every member) and its final
     evaluation."""
     rates = rates or MEASURED_GFLOPS
     K, T = plan.members, cfg.task.response_length
@@ -51,7 +51,7 @@ def plan_overoptimization(cfg: Config, facts: F.ModelFacts, shape: Shape, plan, 
                                                              + F.scalar_head_flops(facts, q * m)))  # fmt: skip
         sample = F.sample_flops(facts, q, shape.q_len, T, m, static=cfg.run.kv_cache != "dynamic")
         runs = seeds * len(counts)
-        rows.append(row(f"best-of-n pool: sample {q} x {m}", runs, runs * sample, "evaluate initial"))
+        rows.append(row(f"best-of-n pool: sample {q} x {m}", seeds, seeds * sample, "evaluate initial"))
         rows.append(row(f"best-of-n pool: score by {K} members", runs, runs * score, "train reward model"))
     if ppo_arms:
         ppo = top["PPO"]

@@ -54,7 +54,19 @@ def test_the_experiment_traces_every_proxy_over_kl_and_reports(tmp_path, capsys)
     assert (run_dir / "overoptimization.png").read_bytes()[:4] == b"\x89PNG"
     assert main(args(run_dir, "--seeds", "2", "--methods", "bon,ppo", "--proxies", "single,mean,min")) == 0
     out = capsys.readouterr().out
-    assert "[ppo-mean-8-seed1] done" in out and "training" not in out and "sampling" not in out
+    assert "[ppo-mean-8-seed1] done" in out and "training" not in out
+    assert "sampling" not in out and "scoring" not in out
+
+
+def test_best_of_n_draws_one_pool_per_seed_for_every_label_count(tmp_path, capsys):
+    run_dir = tmp_path / "ovo"
+    assert main(args(run_dir, "--methods", "bon", "--labels", "8,16", "--proxies", "single,uwo")) == 0
+    res = json.loads((run_dir / "results.json").read_text())
+    assert capsys.readouterr().out.count("[samples] sampling 8 responses") == 1
+    assert (run_dir / "pool-8.json").is_file() and (run_dir / "pool-16.json").is_file()
+    # the same samples under another count's proxies: the same initial-policy reward at n = 1
+    assert res["bon-uwo-16"]["curve"][0]["true"] == pytest.approx(res["bon-single-8"]["curve"][0]["true"])
+    assert not any(k.startswith("ppo-") for k in res) and set(res["summary"]["lines"]) == {"bon-8", "bon-16"}
 
 
 def test_a_killed_experiment_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):
@@ -62,6 +74,7 @@ def test_a_killed_experiment_resumes_to_the_uninterrupted_result(tmp_path, monke
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main(args(full, *grid)) == 0
     killed(monkeypatch, args(cut, *grid), "overoptimization:reward-model")
+    killed(monkeypatch, args(cut, *grid), "overoptimization:samples")
     killed(monkeypatch, args(cut, *grid), "overoptimization:pool")
     assert "bon-mean-8" not in json.loads((cut / "results.json").read_text())
     killed(monkeypatch, args(cut, *grid), "train:saved", nth=2)  # the first PPO arm, after its second update
