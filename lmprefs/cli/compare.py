@@ -137,3 +137,41 @@ def compare(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
         print(f"arms that {still}")
     print(f"report: {out['report']}")
     return out
+
+
+def plan(a: argparse.Namespace, cfg, minutes: float) -> int:
+    """--plan: the stages' estimated seconds from the task's shape; nothing is written."""
+    from lmprefs.models.flops import ModelFacts
+    from lmprefs.models.trunk import shares_queries
+    from lmprefs.pipeline.dpo import dpo_labels
+    from lmprefs.pipeline.labeling import label_source
+    from lmprefs.pipeline.task import check_heldout, setup_task
+    from lmprefs.recipes.compare import DEFAULT_EVAL_QUERIES, questions_to_label
+    from lmprefs.recipes.plan import Shape, format_plan
+    from lmprefs.recipes.plan_compare import Sizes, plan_compare
+
+    p = plan_from_args(a)
+    cfg = dataclasses.replace(cfg, labels=dataclasses.replace(cfg.labels, num_train=p.labels or cfg.labels.num_train))
+    p = checked_plan(a, cfg)
+    t = setup_task(cfg, p.n_eval or DEFAULT_EVAL_QUERIES)
+    n_eval = p.n_eval or min(DEFAULT_EVAL_QUERIES, len(t.heldout_queries))
+    check_heldout(t, n_eval, "--eval-queries")
+    questions = questions_to_label(t) if p.db is None else 0
+    if p.db is not None:
+        dpo_labels(t, label_source(str(p.db)), f"--db {a.db}")  # the store is refused as the run would refuse it
+    try:
+        facts = ModelFacts.from_config(t.model.config)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    shape = Shape(len(t.prefix) + cfg.task.query_length + len(t.suffix), len(t.train_queries), shares_queries(t.model))
+    n = cfg.labels.num_train
+    held = round(n * cfg.labels.heldout_fraction / (1 - cfg.labels.heldout_fraction))
+    beta0 = f" (beta-0 kinds: evaluated after {','.join(map(str, p.lengths))} updates)" if p.lengths else ""
+    print(f"experiment compare: {','.join(p.arms)}; {p.seeds} seed(s); kl_coef {','.join(map(format, p.kl_coefs))}"
+          f"{beta0}; dpo.beta {','.join(map(format, p.dpo_betas))}; best-of {','.join(map(str, p.best_of))}; "
+          f"{n} labels{f' of {a.db}' if p.db else ''}; frontier and evaluations on {n_eval} held-out queries "
+          f"({p.samples} samples of rho, {p.eval_samples} per arm); {cfg.ppo.num_updates} PPO updates of "
+          f"{cfg.ppo.batch_size}; {cfg.task.initial_model}")  # fmt: skip
+    rows = plan_compare(cfg, facts, shape, p, Sizes(questions, n, held, n_eval))
+    print(format_plan(rows, minutes * 60))
+    return 0

@@ -127,7 +127,7 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
     run_dir.mkdir(parents=True, exist_ok=True)
     if "labels" not in res.data:
         if plan.db is None:
-            n = math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction))
+            n = questions_to_label(t)
             print(f"[labels] sampling and labeling {n} questions with {true_name}", flush=True)
             collect_labels(t, open_store(store_path), n, source="experiment")
         res.save("labels", {"store": str(store_path), "num_train": cfg.labels.num_train})
@@ -202,17 +202,25 @@ def _run_arm(cfg: Config, run_dir: Path, res: Results, plan: Plan, arm: tuple[st
         put(*_best_of_n_arm(cfg, rm_dir, key, int(value), plan, true_fn))
 
 
+def questions_to_label(t: Task) -> int:
+    """The questions sampled and labeled for the store's labels.num_train (with the held-out fraction), refused in
+    one line where the task's training queries cannot give them."""
+    n = math.ceil(t.cfg.labels.num_train / (1 - t.cfg.labels.heldout_fraction))
+    if n > len(t.train_queries):
+        raise UserError(f"--labels {t.cfg.labels.num_train}: the task's {len(t.train_queries)} training queries "
+                        f"(task.query_dataset={t.cfg.task.query_dataset!r}) give at most "
+                        f"{int(len(t.train_queries) * (1 - t.cfg.labels.heldout_fraction))} labels")  # fmt: skip
+    return n
+
+
 def _check_store(t: Task, plan: Plan, run_dir: Path, res: Results) -> Path:
     """The label store the arms learn from: --db (refused, naming it, without best-of-N or pairwise labels), or one
     sampled and labeled into run_dir (refused when the task's training queries cannot give its labels)."""
     started = res.data.get("labels", {}).get("store")
     if plan.db is None:
         path = run_dir / "labels.sqlite"
-        n = math.ceil(t.cfg.labels.num_train / (1 - t.cfg.labels.heldout_fraction))
-        if started is None and n > len(t.train_queries):
-            raise UserError(f"--labels {t.cfg.labels.num_train}: the task's {len(t.train_queries)} training queries "
-                            f"(task.query_dataset={t.cfg.task.query_dataset!r}) give at most "
-                            f"{int(len(t.train_queries) * (1 - t.cfg.labels.heldout_fraction))} labels")  # fmt: skip
+        if started is None:
+            questions_to_label(t)
     else:
         path = Path(plan.db).resolve()
         dpo_labels(t, label_source(str(path)), f"--db {plan.db}")  # the check train-dpo makes, before any work
