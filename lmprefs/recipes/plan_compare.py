@@ -12,6 +12,8 @@ from lmprefs.models import flops as F
 from lmprefs.recipes.compare import BETA0_KINDS, PPO_FAMILY, Plan
 from lmprefs.recipes.plan import MEASURED_GFLOPS, MODEL_LOAD_S, Counts, Passes, Shape, prefix_cache_bytes, stage_flops
 
+R = dataclasses.replace
+
 # GFLOP/s of `train-dpo quickstart --labels.num-train 256` on the 2-core AMD EPYC in bf16 (docs/results.md, "DPO on
 # SmolLM2: the frozen blocks once"): 94.5 s in all, of them about 5 s loading the model and the store; dpo_flops
 # counts 21,045 GFLOP for that run (256 labels trained, 105 held out, 4 responses each)
@@ -82,8 +84,8 @@ def plan_compare(cfg: Config, facts: F.ModelFacts, shape: Shape, plan: Plan, n: 
         row(f"reward model, {n.labels_train} labels", 1, sum(base["train reward model"].values()),
             rates["train reward model"])  # fmt: skip
     for kind in ppo_kinds:
-        ppo = dataclasses.replace(cfg.ppo, **PPO_FAMILY[BETA0_KINDS.get(kind, kind)])
-        flops = sum(stage_flops(dataclasses.replace(cfg, ppo=ppo), facts, counts)["PPO"].values())
+        ppo = R(cfg.ppo, **PPO_FAMILY[BETA0_KINDS.get(kind, kind)])
+        flops = sum(stage_flops(R(cfg, ppo=ppo), facts, counts)["PPO"].values())
         knob = "kl_coef 0" if kind in BETA0_KINDS else f"{len(plan.kl_coefs)} kl_coef"
         row(f"{kind}, {knob}, {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", runs[kind],
             runs[kind] * flops, rates["PPO"])  # fmt: skip
