@@ -71,7 +71,7 @@ class Plan:
     queries (0: 64, or all the task sets aside if fewer); db: an existing store instead of sampling and labeling
     one."""
 
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[str, ...] = (*PPO_FAMILY, "dpo-pairwise", "dpo-listwise", "best-of-n")
     kl_coefs: tuple[float, ...] = (0.03, 0.1, 0.3)
     dpo_betas: tuple[float, ...] = (0.03, 0.1, 0.3)
     best_of: tuple[int, ...] = (2, 4, 8, 16)
