@@ -197,6 +197,12 @@ class RewardsConfig:
     initial-policy samples before using it, as lmprefs normalizes its own when it trains them (the original's
     set_reward_norm): kl_coef and the KL target are set for rewards of that scale. false: its raw scores. Either way
     the run prints the mean and std of its scores on those samples."""
+    ensemble_reduce: Literal["mean", "min", "uwo"] = "mean"
+    """How a reward-model ensemble's members' (each normalized) scores become the reward (Coste et al. 2023): mean;
+    min, the worst member (WCO); uwo, the mean minus rewards.uwo_lambda times the members' variance. min and uwo
+    need an ensemble (train_reward.ensemble > 1); with one member all three are its score."""
+    uwo_lambda: float = 1.0
+    """The variance weight lambda of rewards.ensemble_reduce=uwo (1.0 in Coste et al.'s PPO runs)."""
 
 
 @dataclass(frozen=True)
@@ -240,8 +246,12 @@ class PPOConfig:
     """Andon cord for over-optimization: stop when the running mean of a signal the reward model cannot fool falls
     this far below its best, in that signal's own units, while the reward model's score may still rise (None =
     never). The signals: the true reward (objective/true_reward, logged where one is known: quickstart, experiments,
-    train-policy --true-reward) and, in an online run, the scoring reward model's agreement with labels on the
-    policy's fresh samples that it was not trained on (online/rm_agreement, a fraction of questions)."""
+    train-policy --true-reward); in an online run, the scoring reward model's agreement with labels on the policy's
+    fresh samples that it was not trained on (online/rm_agreement, a fraction of questions); and, scored by a
+    reward-model ensemble (train_reward.ensemble >= 2), the members' disagreement on the policy's own samples
+    (objective/score_members_std, in reward-std units: each member is normalized to std 1), which warns by rising
+    this far above its lowest running mean as the policy leaves the labels' distribution. An error all members
+    share moves no signal but the true reward."""
     estimator: Literal["ppo", "rloo", "grpo", "dr_grpo", "reinforce_pp_baseline"] = "ppo"
     """ppo: the original's value head, GAE and clipped value loss. The group estimators answer each query with
     ppo.rloo_k samples, train no value model (the value head is left untrained) and use PPO's clipped ratio (per

@@ -172,6 +172,8 @@ def _rewards(rw) -> list[str]:
     need(rw.kl_coef >= 0, f"rewards.kl_coef={rw.kl_coef} must be >= 0")
     need(rw.kl_target is None or rw.kl_target > 0, f"rewards.kl_target={rw.kl_target} must be positive or None")
     need(rw.kl_horizon > 0, f"rewards.kl_horizon={rw.kl_horizon} must be positive")
+    need(math.isfinite(rw.uwo_lambda) and rw.uwo_lambda >= 0,
+         f"rewards.uwo_lambda={rw.uwo_lambda} must be a finite number >= 0")
     return out
 
 
@@ -312,6 +314,7 @@ ACTS_ONLY_UNDER = {
                    "reinforce_pp_baseline)"),
     "ppo.rloo_ratio": (lambda c: c.ppo.estimator == "rloo", "ppo.estimator=rloo"),
     "rewards.kl_horizon": (lambda c: c.rewards.kl_target is not None, "a rewards.kl_target (the adaptive KL)"),
+    "rewards.uwo_lambda": (lambda c: c.rewards.ensemble_reduce == "uwo", "rewards.ensemble_reduce=uwo"),
     "lora.alpha": (lambda c: c.lora.rank > 0, "lora.rank > 0"),
     "lora.targets": (lambda c: c.lora.rank > 0, "lora.rank > 0"),
     "lora.layers": (lambda c: c.lora.rank > 0, "lora.rank > 0"),

@@ -6,9 +6,11 @@ Interface (for query selection and anything else that needs the members' disagre
   repeats=1) -> Tensor [K, B]` takes what `RewardModel.forward` takes (formatted queries [B / k, Q] with the task's
   prefix and suffix, `TaskContext.format`, and token responses [B, T], PAD right; `repeats` = k responses per
   query) and gives each member's normalized reward. `forward(...)` is their mean [B], so an ensemble scores
-  wherever a reward model does (`rm_rewards`, `evaluate`, `rm_score_fn`). `mean(scores)` / `spread(scores)` [B]:
-  the mean and the standard deviation over members (population, over K). Members that are LoRA adapters on one
-  base share its frozen prefix: the blocks below the adapters run once per batch for all K.
+  wherever a reward model does (`rm_rewards`, `evaluate`); `forward(..., members=True)` is `member_scores`, what
+  `rm_score_fn` scores a policy's rollouts with (reduced by rewards.ensemble_reduce, training/conservative.py).
+  `mean(scores)` / `spread(scores)` [B]: the mean and the standard deviation over members (population, over K).
+  Members that are LoRA adapters on one base share its frozen prefix: the blocks below the adapters run once per
+  batch for all K.
 - `lmprefs.training.reward.member_rewards(rm, queries, responses, ctx, batch_size, repeats)` -> [K, B * k]: the
   same in batches, from unformatted queries [B, Q] (PAD right) as the label store and the samplers hold them.
 - `train_reward_model(t, store, out_dir)` (lmprefs.pipeline.reward_model) returns a RewardEnsemble when
@@ -106,10 +108,12 @@ class RewardEnsemble(nn.Module):
                 prefix = frozen_prefix(self.lm, torch.cat([queries.repeat_interleave(repeats, 0), responses], dim=1))
         return torch.stack([m(queries, responses, prefix, repeats) for m in self.models()])  # [K, B]
 
-    def forward(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
-                repeats: int = 1) -> Tensor:  # fmt: skip
-        """The members' mean reward [B]."""
-        return self.member_scores(queries, responses, prefix, repeats).mean(0)
+    def forward(self, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None, repeats: int = 1,
+                members: bool = False) -> Tensor:  # fmt: skip
+        """The members' mean reward [B]; members: their scores [K, B] (`member_scores` through the module's call,
+        which FSDP's hooks and torch.compile see)."""
+        scores = self.member_scores(queries, responses, prefix, repeats)
+        return scores if members else scores.mean(0)
 
     @staticmethod
     def mean(scores: Tensor) -> Tensor:

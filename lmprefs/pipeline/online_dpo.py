@@ -16,7 +16,7 @@ from lmprefs.io.locks import run_lock
 from lmprefs.models.artifacts import save_policy
 from lmprefs.models.model_card import CardInfo
 from lmprefs.pipeline.dpo import RUN_FILE, dpo_policy
-from lmprefs.pipeline.rewards import check_trained_model, reward_for_policy, reward_function
+from lmprefs.pipeline.rewards import check_ensemble_reduce, check_trained_model, reward_for_policy, reward_function
 from lmprefs.pipeline.task import setup_task
 from lmprefs.runtime.runlog import RunLogger, check_trackers
 from lmprefs.training.dpo_train import checkpoint_step
@@ -45,6 +45,7 @@ def run_online_dpo(cfg: Config, run_dir: Path, *, reward=None, resume: bool = Fa
     elif (run_dir / "checkpoint").exists() or (run_dir / RUN_FILE).exists():
         raise UserError(f"{run_dir} already holds a train-dpo run; pass --resume to continue it, or another --run-dir")
     judge = online_judge(cfg, reward)
+    check_ensemble_reduce(cfg, None if judge == "model" else reward)
     t = setup_task(cfg)
     check_trained_model(cfg, t.tok)
     check_trackers(cfg.run.report_to)

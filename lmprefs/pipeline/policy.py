@@ -25,6 +25,7 @@ from lmprefs.pipeline.labeling import label_source, open_store
 from lmprefs.pipeline.online import OnlineRewards, online_summary
 from lmprefs.pipeline.reward_model import training_labels
 from lmprefs.pipeline.rewards import (
+    check_ensemble_reduce,
     check_trained_model,
     reward_for_policy,
     reward_function,
@@ -94,6 +95,7 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     online, labeler, store_path = meta["online"], meta.get("labeler"), meta.get("store")
     dist.barrier()  # every rank has checked the run directory before rank 0 writes into it
     t = t or setup_task(cfg)
+    check_ensemble_reduce(cfg, reward, found is not None)
     if reward in (None, "model"):
         check_trained_model(cfg, t.tok)
     if online and dist.world() > 1:

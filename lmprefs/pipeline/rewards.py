@@ -101,6 +101,34 @@ def check_trained_model(cfg: Config, tok) -> None:
     check_same_tokenizer(first, tok, f"rewards.trained_model={rm_dir}")
 
 
+def check_ensemble_reduce(cfg: Config, reward, resume: bool = False) -> None:
+    """rewards.ensemble_reduce min and uwo reduce a reward-model ensemble's members' scores: a UserError, before any
+    work, where the run's reward is none (a reward function, a single reward model in rewards.trained_model, or one
+    this run trains with train_reward.ensemble 1). A rewards.trained_model that is no reward model at all is left
+    to check_trained_model to name."""
+    how = cfg.rewards.ensemble_reduce
+    if how == "mean":
+        return
+    source, rm_dir = reward_source(cfg, reward, resume), cfg.rewards.trained_model
+    if source == "function":
+        what = f"--reward {reward if isinstance(reward, str) else 'callable'} is a reward function"
+    elif rm_dir:
+        if is_ensemble_dir(Path(rm_dir)) or not is_reward_dir(Path(rm_dir)):
+            return
+        what = f"rewards.trained_model={rm_dir} is a single reward model"
+    elif cfg.train_reward.ensemble > 1:
+        return
+    else:
+        what = f"train_reward.ensemble={cfg.train_reward.ensemble} trains a single reward model"
+    raise UserError(no_ensemble(how, what))
+
+
+def no_ensemble(how: str, what: str) -> str:
+    """The refusal of rewards.ensemble_reduce `how` (min, uwo) for a reward that is no ensemble (`what` says why)."""
+    return (f"rewards.ensemble_reduce={how} reduces a reward-model ensemble's members' scores, but {what}; give an "
+            "ensemble (train_reward.ensemble >= 2, or an ensemble directory) or keep mean")
+
+
 def reward_source(cfg: Config, reward, resume: bool, kept: bool = False) -> str:
     """Where reward_for_policy takes the reward from: "function" (`--reward NAME`), "saved" (rewards.trained_model,
     or this run's reward_model/ when resuming from a checkpoint written before checkpoints kept a fully fine-tuned

@@ -46,6 +46,7 @@ from lmprefs.recipes.experiment import (
 from lmprefs.recipes.kl_frontier import frontier_scores, plot_frontier, save_frontier
 from lmprefs.recipes.matched import check_reach, matched_kl, matched_table, verdicts
 from lmprefs.runtime.runlog import read_metrics
+from lmprefs.training.conservative import reduced_scores
 from lmprefs.training.frontier import DEFAULT_BETAS
 from lmprefs.training.rollout import rm_score_fn
 from lmprefs.training.scaling_laws import bon_kl
@@ -265,8 +266,9 @@ def _best_of_n_arm(cfg: Config, rm_dir: Path, key: str, n: int, plan: Plan, true
 def best_of_n_policy(t: Task, rm, queries: torch.Tensor, true_fn, n: int, samples: int, seed: int, *,
                      batch_size: int = 64) -> dict:  # fmt: skip
     """The true reward of best-of-n as a policy: per query `samples` times the first of the highest reward-model
-    score among n samples of rho, scored as a rollout scores them (truncated, the task's penalty); mean +/- s.e.
-    over queries of each query's mean, and KL(best-of-n, rho) = log n - (n-1)/n (analytic, for distinct scores)."""
+    score (an ensemble's reduced by rewards.ensemble_reduce) among n samples of rho, scored as a rollout scores them
+    (truncated, the task's penalty); mean +/- s.e. over queries of each query's mean, and KL(best-of-n, rho) =
+    log n - (n-1)/n (analytic, for distinct scores)."""
     task, k = t.cfg.task, n * samples
     gen = torch.Generator(device=t.device).manual_seed(seed)
     score, per_query = rm_score_fn(rm), []
@@ -278,7 +280,9 @@ def best_of_n_policy(t: Task, rm, queries: torch.Tensor, true_fn, n: int, sample
             r, _ = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen, repeats=k,
                           stop_tokens=stop_tokens(task, t.tok), **sampler_options(t.cfg.run))  # fmt: skip
             post = truncate_responses(r, task.truncate_token, task.truncate_after)
-            proxy = apply_penalty(score(formatted.repeat_interleave(k, 0), post, None).float(), post, task)
+            out = score(formatted.repeat_interleave(k, 0), post, None)  # an ensemble's: [K, B]
+            rw = t.cfg.rewards
+            proxy = apply_penalty(reduced_scores(out, rw.ensemble_reduce, rw.uwo_lambda)[0], post, task)
         articles = [x for x in decode(t.tok, q) for _ in range(k)]  # a judge may read the query
         true = torch.tensor(score_texts(true_fn, response_texts(t.tok, post, task), articles), dtype=torch.float64)
         pick = proxy.view(len(q), samples, n).argmax(2, keepdim=True).cpu()  # the first of the highest

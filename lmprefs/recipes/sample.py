@@ -9,18 +9,20 @@ from pathlib import Path
 
 import torch
 
+from lmprefs.config import RewardsConfig
 from lmprefs.config.validate import MIN_TEMPERATURE
 from lmprefs.data.queries import task_queries
 from lmprefs.data.tasks import apply_penalty, decode, format_queries, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_dir
 from lmprefs.models.artifacts import load_policy
-from lmprefs.models.ensemble import is_ensemble_dir, is_reward_dir, load_reward, read_manifest
+from lmprefs.models.ensemble import RewardEnsemble, is_ensemble_dir, is_reward_dir, load_reward, read_manifest
 from lmprefs.models.loading import load_lm, max_positions
 from lmprefs.models.sampling import sample, sampler_options
-from lmprefs.pipeline.rewards import check_same_tokenizer, checked_scores, reward_function
+from lmprefs.pipeline.rewards import check_same_tokenizer, checked_scores, no_ensemble, reward_function
 from lmprefs.pipeline.task import HELDOUT_QUERIES, note_chat_template
 from lmprefs.runtime.device import autocast, setup_torch
+from lmprefs.training.conservative import reduced_scores
 
 
 def _setup(cfg, n: int, policy_dir: Path | None, temperature: float | None, seed: int | None, split: str):
@@ -60,10 +62,14 @@ def sample_texts(cfg, n: int, policy_dir: Path | None = None, temperature: float
     return list(zip(decode(tok, queries), response_texts(tok, responses, cfg.task), strict=True))
 
 
-def reward_scorer(tok, device, reward_model: Path | None = None, reward: str | None = None, stop: tuple = ()):
+def reward_scorer(tok, device, reward_model: Path | None = None, reward: str | None = None, stop: tuple = (),
+                  rewards: RewardsConfig | None = None):  # fmt: skip
     """score(formatted queries [B, Q], responses [B, T], query texts) -> [B] float: a reward model's (it reads the
-    policy's token ids, so it must share its tokenizer) or a reward function's (vader, module:function) scores, on
-    the texts without a stop token that ended them (`stop`)."""
+    policy's token ids, so it must share its tokenizer), an ensemble's members' scores reduced by
+    `rewards`.ensemble_reduce (default mean), or a reward function's (vader, module:function) scores, on the texts
+    without a stop token that ended them (`stop`)."""
+    rewards = rewards or RewardsConfig()
+    check_reduce(rewards, reward_model, reward)
     if reward_model is not None:
         path = input_dir(reward_model, "--reward-model", "reward-model directory")
         if not is_reward_dir(path):
@@ -71,10 +77,24 @@ def reward_scorer(tok, device, reward_model: Path | None = None, reward: str | N
                             "num_labels=1) nor a reward-model ensemble (no ensemble.json)")  # fmt: skip
         first = path / read_manifest(path)["members"][0] if is_ensemble_dir(path) else path
         check_same_tokenizer(first, tok, f"--reward-model {path}")
-        rm = load_reward(path, device).eval().requires_grad_(False)  # an ensemble: its members' mean
-        return lambda q, r, texts: rm(q, r).float()
+        rm = load_reward(path, device).eval().requires_grad_(False)
+        members = {"members": True} if isinstance(rm, RewardEnsemble) else {}
+        how, lam = rewards.ensemble_reduce, rewards.uwo_lambda
+        return lambda q, r, texts: reduced_scores(rm(q, r, **members), how, lam)[0]
     name, fn = reward_function(reward)
     return lambda q, r, texts: checked_scores(fn, decode(tok, r, stop), name, texts).float().to(r.device)
+
+
+def check_reduce(rewards: RewardsConfig, reward_model: Path | None, reward) -> None:
+    """rewards.ensemble_reduce min or uwo needs an ensemble directory as --reward-model: a UserError otherwise (a
+    --reward-model that is no reward model at all is reward_scorer's to name)."""
+    how = rewards.ensemble_reduce
+    if how == "mean" or (reward_model is not None and is_ensemble_dir(Path(reward_model))):
+        return
+    if reward_model is None:
+        raise UserError(no_ensemble(how, f"--reward {reward} is a reward function"))
+    if is_reward_dir(Path(reward_model)):
+        raise UserError(no_ensemble(how, f"--reward-model {reward_model} is a single reward model"))
 
 
 def best_of_n(cfg, n: int, best_of: int, policy_dir: Path | None = None, temperature: float | None = None,
@@ -86,9 +106,10 @@ def best_of_n(cfg, n: int, best_of: int, policy_dir: Path | None = None, tempera
     its score (`responses`, `scores`, in draw order)."""
     if best_of < 1:
         raise UserError(f"--best-of {best_of}: must be at least 1")
+    check_reduce(cfg.rewards, reward_model, reward)  # before any model loads
     model, tok, queries, prefix, suffix, gen, temperature, device, dtype = _setup(cfg, n, policy_dir, temperature,
                                                                                    seed, split)  # fmt: skip
-    score = reward_scorer(tok, device, reward_model, reward, stop_tokens(cfg.task, tok))
+    score = reward_scorer(tok, device, reward_model, reward, stop_tokens(cfg.task, tok), cfg.rewards)
     task, q = cfg.task, format_queries(queries, prefix, suffix)
     with autocast(device, dtype):
         responses, _ = sample(model, q, task.response_length, temperature, len(tok), gen, repeats=best_of,

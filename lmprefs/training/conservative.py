@@ -31,3 +31,14 @@ def ensemble_reduce(scores: Tensor, how: str = "mean", uwo_lambda: float = 1.0) 
 def members_std(scores: Tensor) -> Tensor:
     """scores [K, B] -> [B]: the members' population standard deviation, the disagreement that UWO penalizes."""
     return scores.std(0, unbiased=False)
+
+
+def reduced_scores(out: Tensor, how: str = "mean", uwo_lambda: float = 1.0) -> tuple[Tensor, Tensor | None]:
+    """A score function's output -> (the reward [B], the members' scores [K, B] or None), both float32: a reward
+    model's (or a reward function's) scores [B] as they are; an ensemble's member scores [K, B] reduced by
+    `ensemble_reduce`. With one member every reduction is that member's score, bitwise what the ensemble's forward
+    (the members' mean) gives."""
+    if out.dim() == 1:
+        return out.float(), None
+    members = out.float()  # [K, B]
+    return ensemble_reduce(members, how, uwo_lambda), members

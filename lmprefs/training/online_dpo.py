@@ -26,6 +26,7 @@ from lmprefs.models.lora import using
 from lmprefs.models.policy import Policy
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.runtime.runlog import progress
+from lmprefs.training.conservative import reduced_scores
 from lmprefs.training.dpo import preference_stats
 from lmprefs.training.dpo_train import STATS, log_step, losses, response_logprobs, trained_parameters
 from lmprefs.training.optim import TFAdam
@@ -47,7 +48,8 @@ def judged_samples(policy: Policy, score_fn: ScoreFn, queries: Tensor, cfg: Conf
                               stop_tokens=stop_tokens(task, policy.tokenizer), **sampler_options(cfg.run))  # fmt: skip
     post = truncate_responses(responses, task.truncate_token, task.truncate_after)
     with ctx.autocast():
-        raw = score_fn(q.repeat_interleave(S, 0), post, None).float()  # [b * S]
+        out = score_fn(q.repeat_interleave(S, 0), post, None)
+    raw = reduced_scores(out, cfg.rewards.ensemble_reduce, cfg.rewards.uwo_lambda)[0]  # [b * S]
     scores = apply_penalty(raw, post, task).view(-1, S)  # [b, S]
     return responses.view(len(queries), S, -1), scores, scores.argmax(1)
 

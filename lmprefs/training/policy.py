@@ -62,26 +62,35 @@ def running_mean(ema: float | None, best: float, x: float) -> tuple[float, float
 
 # the signals of over-optimization, by metric: each is watched where a run logs it
 WATCHED = {"objective/true_reward": "the true reward",
-           "online/rm_agreement": "the reward model's agreement with labels it has not seen"}  # fmt: skip
+           "online/rm_agreement": "the reward model's agreement with labels it has not seen",
+           "objective/score_members_std": "the reward-model ensemble's disagreement on the policy's samples"}
+# the signals that warn by rising above their lowest running mean (the others warn by falling below their best): the
+# members agree where their labels were and part as the policy's samples leave that distribution
+RISING = {"objective/score_members_std"}
 
 
 def overoptimized(run: PolicyRun, stats: dict, stop: float | None) -> str | None:
     """Why the run must stop for over-optimization, or None: the running mean of a signal that the reward model's
     score cannot fool (WATCHED: the true reward where one is known; in an online run, the scoring reward model's
     agreement with the labelers on fresh samples it was not trained on) has fallen more than `stop` below its best,
-    the score being no guide any more (Gao et al. 2022: the true reward peaks and falls while the proxy keeps
-    rising)."""
+    or that of one that rises as the policy leaves the distribution its reward model was trained on (RISING: a
+    reward-model ensemble's disagreement on the policy's own samples, in the members' normalized units) has risen
+    more than `stop` above its lowest; the score being no guide any more (Gao et al. 2022: the true reward peaks
+    and falls while the proxy keeps rising). run.watched keeps each signal's [running mean, best or lowest]."""
     reason = None
     for key, what in WATCHED.items():
         x = stats.get(key)
         if x is None or not math.isfinite(x):
             continue
-        prev, top = run.watched.get(key, (None, -math.inf))
-        ema, best = running_mean(prev, top, x)
-        run.watched[key] = [ema, best]
-        if reason is None and stop is not None and best - ema > stop:
-            reason = (f"over-optimization: {what}'s running mean {ema:+.3f} is {best - ema:.3f} below its best "
-                      f"{best:+.3f} (ppo.overoptimization_stop = {stop})")  # fmt: skip
+        rising = key in RISING
+        prev, edge = run.watched.get(key, (None, math.inf if rising else -math.inf))
+        ema, best = running_mean(prev, edge, x)
+        edge = min(edge, ema) if rising else best
+        run.watched[key] = [ema, edge]
+        moved, way = (ema - edge, "above its lowest") if rising else (edge - ema, "below its best")
+        if reason is None and stop is not None and moved > stop:
+            reason = (f"over-optimization: {what}'s running mean {ema:+.3f} is {moved:.3f} {way} {edge:+.3f} "
+                      f"(ppo.overoptimization_stop = {stop})")  # fmt: skip
     return reason
 
 

@@ -25,7 +25,8 @@ from lmprefs.training.ppo import KLController, make_kl_controller
 if TYPE_CHECKING:
     from lmprefs.data.queries import QueryStream
 
-# (formatted queries [B, Q'], truncated responses [B, T], FrozenPrefix of the rollout or None) -> scores [B]
+# (formatted queries [B, Q'], truncated responses [B, T], FrozenPrefix of the rollout or None) -> scores [B], or a
+# reward-model ensemble's member scores [K, B] (rm_score_fn), which the caller reduces by rewards.ensemble_reduce
 ScoreFn = Callable[[Tensor, Tensor, FrozenPrefix | None], Tensor]
 
 

@@ -20,11 +20,13 @@ from lmprefs.data.tasks import (
     truncate_responses,
 )
 from lmprefs.models import parallel
+from lmprefs.models.ensemble import RewardEnsemble
 from lmprefs.models.lora import using
 from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.models.token_logprobs import token_logprobs
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix, response_logits_hidden
 from lmprefs.runtime.device import compiles_forwards
+from lmprefs.training.conservative import members_std, reduced_scores
 from lmprefs.training.grpo import dr_grpo_advantages, grpo_advantages, reinforce_pp_baseline_advantages
 from lmprefs.training.masked import partial_mask
 from lmprefs.training.policy_run import PolicyRun, ScoreFn
@@ -33,13 +35,16 @@ from lmprefs.training.rloo import rloo_advantages, rloo_returns
 
 
 def rm_score_fn(rm, compile: bool = False) -> ScoreFn:
-    """Scores from a reward model; a reward adapter on the policy's base reuses the rollout's frozen prefix.
-    compile: its forward under torch.compile (`compiles_forwards`), a graph per batch shape."""
+    """Scores from a reward model [B], or a RewardEnsemble's member scores [K, B] (each member normalized), which
+    the caller reduces (`reduced_scores`, by rewards.ensemble_reduce); a reward adapter on the policy's base reuses
+    the rollout's frozen prefix. compile: its forward under torch.compile (`compiles_forwards`), a graph per batch
+    shape."""
     call = torch.compile(rm, dynamic=False) if compile else rm
+    members = {"members": True} if isinstance(rm, RewardEnsemble) else {}
 
     def score(queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None) -> Tensor:
         with torch.no_grad():
-            return call(queries, responses, prefix).float()
+            return call(queries, responses, prefix, **members).float()
 
     return score
 
@@ -124,7 +129,8 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         ref, values = torch.where(keep, ref, 0), torch.where(keep, values, 0)
     post = truncate_responses(responses, task.truncate_token, task.truncate_after)  # 3. score the truncated text
     with ctx.autocast():
-        raw = score_fn(q, post, prefix).float()  # a reward model reads each row's last real token
+        out = score_fn(q, post, prefix)  # a reward model reads each row's last real token
+    raw, members = reduced_scores(out, cfg.rewards.ensemble_reduce, cfg.rewards.uwo_lambda)  # [B], [K, B] | None
     scores = apply_penalty(raw, post, task)
     rewards, non_score, kl = kl_penalized_rewards(logprobs, ref, scores, run.kl_ctl.value, mask)  # 4.
     stats = {  # record_step_stats (train_policy.py#L241)
@@ -136,6 +142,8 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
         "objective/penalized_fraction": (scores != raw).float().mean().item(),
         "objective/response_length": real.sum(1).mean().item(),  # sampled tokens, the stop token included
     }
+    if members is not None:  # an ensemble: objective/score is its reduced score (rewards.ensemble_reduce)
+        stats |= member_stats(members, post, task)
     advantages, loss_kl_coef = None, None
     if k > 1:
         advantages, group_stats = group_advantages(cfg, scores, kl, run.kl_ctl.value, mask)
@@ -144,6 +152,16 @@ def make_rollout(run: PolicyRun, score_fn: ScoreFn, queries: Tensor, cfg: Config
             loss_kl_coef = torch.full_like(scores, run.kl_ctl.value)
     rollout = Rollout(q, responses, logprobs, ref, values, scores, rewards, prefix, advantages, mask, loss_kl_coef)
     return rollout, stats, {"responses": post, "kl": kl.sum(1)}
+
+
+def member_stats(members: Tensor, post: Tensor, task) -> dict[str, float]:
+    """An ensemble's members' scores [K, B] of the truncated responses `post` [B, T], as stats:
+    objective/score_members_mean, the members' mean with the task's penalty (objective/score under
+    ensemble_reduce=mean), and objective/score_members_std, their disagreement: the population std over members of
+    each response's scores, averaged over the batch, in the members' normalized units (std 1 on the labels'
+    distribution). It is taken on every response, penalized or not: the penalty is no member's opinion."""
+    return {"objective/score_members_mean": apply_penalty(members.mean(0), post, task).mean().item(),
+            "objective/score_members_std": members_std(members).mean().item()}  # fmt: skip
 
 
 def group_advantages(cfg: Config, scores: Tensor, kl: Tensor, kl_coef: float,

@@ -164,6 +164,26 @@ ROWS = [
     (["quickstart", "--preset", "tiny", "--lora.alpha", "8", "--run-dir", "qs"], "--lora.alpha 8: acts only with"),
     (["train-policy", "tiny", "--reward", "vader", "--rewards.trained-model", "rm", "--run-dir", "out"],
      "--reward vader and rewards.trained_model=rm both give the reward; give one"),
+    # conservative ensemble rewards without an ensemble, and a negative variance weight
+    (["train-policy", "tiny", "--rewards.ensemble-reduce", "min", "--run-dir", "out"],
+     "rewards.ensemble_reduce=min reduces a reward-model ensemble's members' scores, but train_reward.ensemble=1 "
+     "trains a single reward model"),
+    (["train-policy", "tiny", "--rewards.trained-model", "rm", "--rewards.ensemble-reduce", "uwo", "--run-dir", "out"],
+     "rewards.ensemble_reduce=uwo reduces a reward-model ensemble's members' scores, but rewards.trained_model=rm is "
+     "a single reward model"),
+    (["train-policy", "tiny", "--reward", "vader", "--rewards.ensemble-reduce", "min", "--run-dir", "out"],
+     "but --reward vader is a reward function"),
+    (["train-dpo", "tiny", "--online", "--reward", "vader", "--rewards.ensemble-reduce", "min", "--run-dir", "out"],
+     "but --reward vader is a reward function"),
+    (["sample", "--preset", "tiny", "--best-of", "2", "--reward-model", "rm", "--rewards.ensemble-reduce", "min"],
+     "rewards.ensemble_reduce=min reduces a reward-model ensemble's members' scores, but --reward-model rm is a "
+     "single reward model"),
+    (["sample", "--preset", "tiny", "--best-of", "2", "--reward", "vader", "--rewards.ensemble-reduce", "uwo"],
+     "but --reward vader is a reward function"),
+    (["train-policy", "tiny", "--train-reward.ensemble", "2", "--rewards.ensemble-reduce", "uwo",
+      "--rewards.uwo-lambda", "-1", "--run-dir", "out"], "rewards.uwo_lambda=-1.0 must be a finite number >= 0"),
+    (["sample", "--preset", "tiny", "--rewards.ensemble-reduce", "uwo", "--rewards.uwo-lambda", "nan"],
+     "rewards.uwo_lambda=nan must be a finite number >= 0"),
     # label and SFT data that cannot be trained on
     (["import-labels", "no_common.jsonl", "--db", "new.sqlite"], "no_common.jsonl line 1: 'chosen' and 'rejected' "
                                                                  "have no beginning in common"),

@@ -207,6 +207,37 @@ def test_a_run_with_its_own_reward_model_resumes_bitwise(tmp_path, monkeypatch, 
     assert_same_run(d, full)
 
 
+def test_a_conservative_ensemble_run_logs_its_members_and_resumes_its_alarm_bitwise(tmp_path, monkeypatch):
+    """rewards.ensemble_reduce min against a two-member ensemble trained in the run, with the over-optimization
+    cord watching the members' disagreement (a stop too wide to pull): killed after its second checkpoint, the
+    resumed run logs what the uninterrupted one does, each step once, and its checkpoint holds the same alarm state,
+    the running mean and lowest running mean of objective/score_members_std."""
+    from lmprefs.training.policy_checkpoint import find_checkpoint
+
+    db = tmp_path / "labels.sqlite"
+    assert main(["label", "tiny", "--db", str(db), "--n", "40"]) == 0
+    args = TINY + ["--db", str(db), "--lora.rank", "4", "--train-reward.ensemble", "2", "--rewards.ensemble-reduce",
+                   "min", "--ppo.overoptimization-stop", "100", "--ppo.total-episodes", str(16 * 4)]  # fmt: skip
+    full, d = tmp_path / "full", tmp_path / "killed"
+    assert main(args + ["--run-dir", str(full)]) == 0
+    killed_in_process(monkeypatch, args + ["--run-dir", str(d)], "train:saved@2")
+    assert main(["train-policy", "tiny", "--resume", "--run-dir", str(d)]) == 0
+    assert_same_run(d, full)
+    rows = [r for r in read_jsonl(full / "metrics.jsonl") if r.get("phase") == "policy"]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    std = [r["objective/score_members_std"] for r in rows]
+    assert all(x > 0 for x in std) and all(r["objective/score"] <= r["objective/score_members_mean"] for r in rows)
+    ema, lowest = None, float("inf")  # the cord's smoothing (training/policy.py running_mean)
+    for x in std:
+        ema = x if ema is None else 0.8 * ema + 0.2 * x
+        lowest = min(lowest, ema)
+    for run in (full, d):
+        found = find_checkpoint(run)
+        assert found is not None
+        state = torch.load(found[0] / "state.pt", weights_only=True)
+        assert state["watched"]["objective/score_members_std"] == [ema, lowest]
+
+
 # -- 6. logs after resume -------------------------------------------------------------------------------------------
 
 
