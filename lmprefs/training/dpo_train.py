@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lmprefs.config import Config
+from lmprefs.config import Config, DPOConfig
 from lmprefs.data.tasks import PAD, TaskContext
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
@@ -57,7 +57,7 @@ FREE_SHARE = 8
 """...and at most this fraction of the memory free at the start: a step held about 4.4 times its logits."""
 
 
-def dpo_microbatch(d, samples: int, positions: int, vocab: int, device: torch.device) -> int:
+def dpo_microbatch(d: DPOConfig, samples: int, positions: int, vocab: int, device: torch.device) -> int:
     """Labels per forward of a DPO step (DPOConfig `d`) whose labels hold `samples` responses of `positions` tokens
     each over a `vocab`-wide head: dpo.microbatch where set (0: the whole batch); None: the whole batch on a GPU, on
     a CPU the largest power of two of labels whose fp32 logits fit LOGITS_BYTES and 1 / FREE_SHARE of the free
