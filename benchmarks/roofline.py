@@ -41,6 +41,7 @@ from _common import ArgumentParser, cpu_name, positive_int, run_main, source_fin
 from lmprefs.models.attention import SDPA_LIKE
 from lmprefs.models.flops import ModelFacts
 from lmprefs.recipes.plan import Counts, stage_flops
+from lmprefs.runtime.peak import matmul_peak
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,37 +51,6 @@ STAGES = ("assets and model", "evaluate initial", "sample and label", "train rew
 # the reduced run: about a quarter of the quickstart preset's labels (800), PPO updates (20) and held-out queries (256)
 REDUCED = {"labels": 200, "updates": 5, "eval_queries": 64}
 EVAL_SAMPLES = 2  # the quickstart's default --eval-samples
-
-
-def matmul_peak(device: str, dtype: str, threads: int, size: int, reps: int) -> float:
-    """GFLOP/s of the best of `reps` [size, size] @ [size, size] matmuls in `dtype` on `device` at `threads` threads,
-    after one warm-up; on a CPU the best of torch.mm and oneDNN's linear, which ran an fp32 matmul faster than
-    torch.mm (MKL) on an AMD EPYC: the floor is what the fastest kernel at hand allows."""
-    import torch
-
-    torch.set_num_threads(threads)
-    dev = torch.device(device)
-    g = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(size, size, generator=g).to(dev, getattr(torch, dtype)) for _ in range(2))
-    c = torch.empty_like(a)  # the output torch.mm writes into; each kernel's first call is its warm-up
-    kernels = [lambda: torch.mm(a, b, out=c)]
-    if dev.type == "cpu" and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        kernels.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
-
-    def sync():
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-
-    best = math.inf
-    for kernel in kernels:
-        kernel()
-        for _ in range(reps):
-            sync()
-            t0 = time.perf_counter()
-            kernel()
-            sync()
-            best = min(best, time.perf_counter() - t0)
-    return 2 * size**3 / best / 1e9
 
 
 def device_name(device: str) -> str:

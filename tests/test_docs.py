@@ -49,4 +49,4 @@ def test_pages_read_as_plain_markdown_show_no_include_lines_and_the_site_include
     page = (ROOT / "docs" / "getting-started.md").read_text()
     built = hook.include_readme(page, README.read_text())
     assert "<!-- README section:" in page and "<!-- README section:" not in built
-    assert "| `lmprefs quickstart [--preset P]` |" in built and "lmprefs.make_config(" in built
+    assert "| `lmprefs quickstart [--preset P] [--plan]` |" in built and "lmprefs.make_config(" in built

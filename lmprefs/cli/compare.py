@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections import Counter
 from pathlib import Path
 
 from lmprefs.cli.common import parse_numbers
@@ -13,7 +15,7 @@ DEFAULT_ARMS = "ppo,ppo-separate,rloo,dpo-pairwise,dpo-listwise,best-of-n"
 DEFAULT_BETAS = "0.03,0.1,0.3"  # KL coefficients of the PPO-family arms and DPO's betas alike
 DEFAULT_BEST_OF = "2,4,8,16"
 FLAGS = ("arms", "labels", "seeds", "eval_queries", "eval_samples", "samples", "betas", "min_ess", "kl_coefs",
-         "dpo_betas", "best_of", "db", "match_kl")  # fmt: skip
+         "dpo_betas", "best_of", "db", "match_kl", "lengths")  # fmt: skip
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -28,6 +30,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    "sampled and labeled by labels.labeler")  # fmt: skip
     g.add_argument("--match-kl", default=None, help="KL values (nats) at which the arm kinds are compared, each "
                    "kind's true reward interpolated per seed (default: 3 inside the range every kind reached)")
+    g.add_argument("--lengths", default=None, help="PPO updates after which each beta-0 kind's run (--arms "
+                   "grpo-beta0, ...: rewards.kl_coef 0, its KL set by how long it trains) is evaluated, its curve's "
+                   "points; its end always among them (default: after each quarter of it)")
 
 
 def _positive(text: str, flag: str, what: str, kind=float) -> tuple:
@@ -76,40 +81,54 @@ def plan_from_args(a: argparse.Namespace):
     check_min_ess(a.min_ess)
     kl_coefs = _positive(_given(a.kl_coefs, DEFAULT_BETAS), "--kl-coefs", "KL coefficient")
     dpo_betas = _positive(_given(a.dpo_betas, DEFAULT_BETAS), "--dpo-betas", "beta")
-    match_kl = _check_match_kl(a.match_kl, arms, kl_coefs, dpo_betas, best_of) if a.match_kl is not None else ()
-    return Plan(arms=arms, seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
+    match_kl = tuple(sorted(_positive(a.match_kl, "--match-kl", "KL value"))) if a.match_kl is not None else ()
+    lengths = _positive(a.lengths, "--lengths", "update count", int) if a.lengths is not None else ()
+    return Plan(arms=arms, lengths=tuple(sorted(set(lengths))), seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
                 kl_coefs=kl_coefs, dpo_betas=dpo_betas, labels=labels, match_kl=match_kl,
                 n_eval=a.eval_queries or 0, eval_samples=a.eval_samples, samples=a.samples,
                 betas=_positive(a.betas, "--betas", "beta") if a.betas is not None else FRONTIER_BETAS,
                 min_ess=a.min_ess, db=Path(a.db).resolve() if a.db else None)  # fmt: skip
 
 
-def _check_match_kl(text: str, arms: tuple, kl_coefs: tuple, dpo_betas: tuple, best_of: tuple) -> tuple:
-    """--match-kl's values, refused where no comparison can hold: fewer than two arm kinds with a curve (two or more
-    settings), or a value outside best-of-n's analytic KL range (log n - (n-1)/n over --best-of)."""
+def checked_plan(a: argparse.Namespace, cfg):
+    """The Plan of the command line with its beta-0 lengths resolved against the preset's run length, after the
+    checks that need the config."""
+    from lmprefs.recipes.compare_lengths import resolve_lengths
+
+    plan = plan_from_args(a)
+    ppo = f"ppo.total_episodes {cfg.ppo.total_episodes} / ppo.batch_size {cfg.ppo.batch_size}"
+    plan = dataclasses.replace(plan, lengths=resolve_lengths(plan.lengths, plan.arms, cfg.ppo.num_updates, ppo))
+    if plan.match_kl:
+        _check_match_kl(a.match_kl, plan)
+    return plan
+
+
+def _check_match_kl(text: str, plan) -> None:
+    """--match-kl refused where no comparison can hold: fewer than two arm kinds with a curve (two or more settings,
+    or a beta-0 kind's two or more lengths), or a value outside best-of-n's analytic KL range (log n - (n-1)/n over
+    --best-of)."""
+    from lmprefs.recipes.compare import arm_list
     from lmprefs.training.scaling_laws import bon_kl
 
-    values = _positive(text, "--match-kl", "KL value")
-    settings = {"best-of-n": len(best_of)} | {k: len(dpo_betas) if k.startswith("dpo-") else len(kl_coefs)
-                                              for k in arms if k != "best-of-n"}  # fmt: skip
-    curves = [k for k in dict.fromkeys(arms) if settings[k] > 1]
+    values, best_of = plan.match_kl, plan.best_of
+    settings = Counter(kind for _, kind, _, _ in arm_list(plan))
+    curves = [k for k in dict.fromkeys(plan.arms) if settings[k] > 1]
     if len(curves) < 2:
         raise UserError(f"--match-kl {text}: matched KL needs two or more arm kinds with two or more KL settings "
-                        "each (--kl-coefs, --dpo-betas, --best-of)")  # fmt: skip
+                        "each (--kl-coefs, --dpo-betas, --best-of, --lengths)")  # fmt: skip
     if "best-of-n" in curves:
         lo, hi = bon_kl(min(best_of)), bon_kl(max(best_of))
         out = [v for v in values if not lo <= v <= hi]
         if out:
             raise UserError(f"--match-kl {text}: best-of-n reaches KL {lo:.2f}-{hi:.2f} nats only (--best-of "
                             f"{','.join(map(str, best_of))}), not {out[0]:g}")  # fmt: skip
-    return tuple(sorted(values))
 
 
 def compare(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
     from lmprefs.recipes.compare import run_compare, table, unmoved
     from lmprefs.recipes.matched import verdicts
 
-    plan = plan_from_args(a)
+    plan = checked_plan(a, cfg)
     out = run_compare(cfg, run_dir, plan, on_start)
     print("\n".join(table(out["results"], plan)))
     print("\n".join(verdicts(out["results"]["matched_kl"], plan.seeds)))
@@ -118,3 +137,41 @@ def compare(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
         print(f"arms that {still}")
     print(f"report: {out['report']}")
     return out
+
+
+def plan(a: argparse.Namespace, cfg, minutes: float) -> int:
+    """--plan: the stages' estimated seconds from the task's shape; nothing is written."""
+    from lmprefs.models.flops import ModelFacts
+    from lmprefs.models.trunk import shares_queries
+    from lmprefs.pipeline.dpo import dpo_labels
+    from lmprefs.pipeline.labeling import label_source
+    from lmprefs.pipeline.task import check_heldout, setup_task
+    from lmprefs.recipes.compare import DEFAULT_EVAL_QUERIES, questions_to_label
+    from lmprefs.recipes.plan import Shape, format_plan
+    from lmprefs.recipes.plan_compare import Sizes, plan_compare
+
+    p = plan_from_args(a)
+    cfg = dataclasses.replace(cfg, labels=dataclasses.replace(cfg.labels, num_train=p.labels or cfg.labels.num_train))
+    p = checked_plan(a, cfg)
+    t = setup_task(cfg, p.n_eval or DEFAULT_EVAL_QUERIES)
+    n_eval = p.n_eval or min(DEFAULT_EVAL_QUERIES, len(t.heldout_queries))
+    check_heldout(t, n_eval, "--eval-queries")
+    questions = questions_to_label(t) if p.db is None else 0
+    if p.db is not None:
+        dpo_labels(t, label_source(str(p.db)), f"--db {a.db}")  # the store is refused as the run would refuse it
+    try:
+        facts = ModelFacts.from_config(t.model.config)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    shape = Shape(len(t.prefix) + cfg.task.query_length + len(t.suffix), len(t.train_queries), shares_queries(t.model))
+    n = cfg.labels.num_train
+    held = round(n * cfg.labels.heldout_fraction / (1 - cfg.labels.heldout_fraction))
+    beta0 = f" (beta-0 kinds: evaluated after {','.join(map(str, p.lengths))} updates)" if p.lengths else ""
+    print(f"experiment compare: {','.join(p.arms)}; {p.seeds} seed(s); kl_coef {','.join(map(format, p.kl_coefs))}"
+          f"{beta0}; dpo.beta {','.join(map(format, p.dpo_betas))}; best-of {','.join(map(str, p.best_of))}; "
+          f"{n} labels{f' of {a.db}' if p.db else ''}; frontier and evaluations on {n_eval} held-out queries "
+          f"({p.samples} samples of rho, {p.eval_samples} per arm); {cfg.ppo.num_updates} PPO updates of "
+          f"{cfg.ppo.batch_size}; {cfg.task.initial_model}")  # fmt: skip
+    rows = plan_compare(cfg, facts, shape, p, Sizes(questions, n, held, n_eval))
+    print(format_plan(rows, minutes * 60))
+    return 0

@@ -107,12 +107,12 @@ def cmd_experiment(argv: list[str]) -> int:
     if wrong:
         raise UserError(f"{wrong[0]} is not an option of `experiment {a.name}` (see lmprefs experiment --help)")
     if a.plan or "plan_minutes" in given:
-        if a.name == "label-efficiency":
-            return label_eff.plan(a, resolve_config(preset_name, pairs), _plan_minutes(a.plan_minutes))
-        if a.name == "overoptimization":
-            return overopt.plan(a, resolve_config(preset_name, pairs), _plan_minutes(a.plan_minutes))
+        if a.name in ("label-efficiency", "compare", "overoptimization"):
+            planner = {"label-efficiency": label_eff.plan, "compare": compare.plan,
+                       "overoptimization": overopt.plan}[a.name]  # fmt: skip
+            return planner(a, resolve_config(preset_name, pairs), _plan_minutes(a.plan_minutes))
         if a.name != "mock-sentiment":
-            raise UserError(f"--plan is an option of `experiment mock-sentiment`, `label-efficiency` and "
+            raise UserError(f"--plan is an option of `experiment mock-sentiment`, `label-efficiency`, `compare` and "
                             f"`overoptimization`, not of `experiment {a.name}`")  # fmt: skip
         return _plan(a, resolve_config(preset_name, pairs))
     if a.name == "compare" and a.db:  # saved with the run: a rerun from elsewhere reads the same store

@@ -19,6 +19,9 @@ def cmd_quickstart(argv: list[str]) -> int:
     p.add_argument("--run-dir", default=None, help="output directory (default runs/quickstart-PRESET-TIME)")
     p.add_argument("--eval-queries", type=int, default=256, help="held-out queries for the true-reward evaluation")
     p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query")
+    p.add_argument("--plan", action="store_true", help="print this machine's matmul peak and each stage's estimated "
+                   "seconds (FLOP counts at the share of the peak each stage reached when measured); runs and writes "
+                   "nothing")  # fmt: skip
     help_with_config(p, argv, "quickstart", pairs)
     a = p.parse_args(argv)
     from lmprefs.recipes.quickstart import chance, run_quickstart, true_reward_name
@@ -32,6 +35,8 @@ def cmd_quickstart(argv: list[str]) -> int:
     if inert := inert_overrides(cfg, pairs):
         raise UserError(inert[0])
     random_questions_only(cfg, "quickstart")
+    if a.plan:
+        return _plan(cfg, a.preset, a.eval_queries, a.eval_samples)
     run_dir = run_dir_for(a.run_dir, cfg, "quickstart", a.preset)
     try:
         out = run_quickstart(cfg, run_dir, a.eval_queries, a.eval_samples)
@@ -53,4 +58,49 @@ def cmd_quickstart(argv: list[str]) -> int:
         print(f"mean response length: {b['response_length']:.1f} -> {f['response_length']:.1f} tokens "
               f"(cap {cfg.task.response_length})")
     print(f"report: {out['report']}")
+    return 0
+
+
+def _plan(cfg, preset: str, n_eval: int, samples: int) -> int:
+    """--plan: the model and queries loaded as the quickstart's first stage loads them (timed: that stage's
+    estimate), this machine's matmul peak at the run's dtype and threads, and each later stage's FLOPs at its
+    measured share of that peak; no run directory is made."""
+    import time
+
+    import torch
+
+    from lmprefs.models.flops import ModelFacts
+    from lmprefs.models.trunk import shares_queries
+    from lmprefs.pipeline.task import check_heldout, setup_task
+    from lmprefs.recipes.plan import Shape, format_plan
+    from lmprefs.recipes.quickstart_plan import PEAK_REPS, PEAK_SIZE, SHARES_SOURCE, plan_quickstart, quickstart_counts
+    from lmprefs.runtime.device import cpu_info
+    from lmprefs.runtime.peak import matmul_peak
+
+    t0 = time.time()
+    t = setup_task(cfg, n_heldout=n_eval)
+    check_heldout(t, n_eval, "--eval-queries")
+    load_s = time.time() - t0
+    cuda = t.device.type == "cuda"
+    try:
+        facts = ModelFacts.from_config(t.model.config, cuda=cuda)
+    except ValueError as e:
+        raise UserError(f"task.initial_model={cfg.task.initial_model}: {e}") from None
+    dtype, threads = str(t.dtype).removeprefix("torch."), torch.get_num_threads()
+    size = 4 * PEAK_SIZE if cuda else PEAK_SIZE
+    peak = matmul_peak(str(t.device), dtype, threads, size, PEAK_REPS)
+    shape = Shape(len(t.prefix) + cfg.task.query_length + len(t.suffix), len(t.train_queries), shares_queries(t.model))
+    counts = quickstart_counts(cfg, shape, facts.d, n_eval, samples)
+    rows = plan_quickstart(cfg, facts, counts, peak=peak, dtype=dtype, load_s=load_s)
+    where = torch.cuda.get_device_name(t.device) if cuda else (cpu_info()[0] or "this CPU")
+    print(f"lmprefs quickstart --preset {preset}: {cfg.labels.num_train} labels ({counts.questions} questions), "
+          f"{cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}, {n_eval} held-out queries x {samples} "
+          f"samples, {cfg.task.initial_model}")  # fmt: skip
+    print(f"this machine: {where}, {threads} threads, {dtype} (run.dtype={cfg.run.dtype}); matmul peak {peak:.1f} "
+          f"GFLOP/s ({dtype} {size}x{size}, best of {PEAK_REPS})")  # fmt: skip
+    source = SHARES_SOURCE.get(dtype, SHARES_SOURCE["float32"])
+    print(format_plan(rows, basis=f"assets and model: timed now, as the quickstart loads them; the other stages: "
+                      f"their FLOPs at the share of this peak each reached in {source}"
+                      f"{' (measured on CPUs: on a GPU a rougher guess)' if cuda else ''}. "
+                      "An estimate, not a measurement"))  # fmt: skip
     return 0

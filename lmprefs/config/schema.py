@@ -351,9 +351,11 @@ class DPOConfig:
     is for full fine-tuning; LoRA adapters want a larger one."""
     batch_size: int = 64
     """Labels per optimizer step (the paper's 64)."""
-    microbatch: int = 0
+    microbatch: int | None = None
     """Labels per forward pass; their gradients add up to one batch_size step (0 = the whole batch at once). Lowers
-    peak memory, not the result."""
+    peak memory, not the result (the sum's order changes: equal within float rounding). None: on a CPU the most
+    labels, a power of two, whose logits (fp32, the step's largest tensors) fit 512 MiB and an eighth of the
+    memory free at the start (16 of the quickstart's best-of-4 labels); on a GPU the whole batch."""
     epochs: int = 1
     """Passes over the training labels."""
     online_samples: int = 2

@@ -269,7 +269,8 @@ def _dpo(d) -> list[str]:
     need(d.beta > 0, f"dpo.beta={d.beta} must be positive")
     need(d.lr > 0, f"dpo.lr={d.lr} must be positive")
     need(d.batch_size > 0, f"dpo.batch_size={d.batch_size} must be positive")
-    need(d.microbatch >= 0, f"dpo.microbatch={d.microbatch} must be >= 0 (0: the whole batch)")
+    need(d.microbatch is None or d.microbatch >= 0,
+         f"dpo.microbatch={d.microbatch} must be >= 0 (0: the whole batch; None: chosen from the memory)")
     need(d.epochs > 0, f"dpo.epochs={d.epochs} must be positive")
     need(d.online_samples >= 2, f"dpo.online_samples={d.online_samples} must be at least 2 (a choice needs two)")
     need(d.online_steps > 0, f"dpo.online_steps={d.online_steps} must be positive")

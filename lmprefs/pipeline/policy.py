@@ -81,10 +81,12 @@ def _before_any_work(run_dir: Path) -> bool:
 def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = None, store_path: str | None = None,
                          resume: bool = False, t: Task | None = None, true_reward: str | None = None,
                          online: bool = False, labeler: str | None = None, preset: str | None = None,
-                         changes: list[str] | None = None) -> dict:  # fmt: skip
+                         changes: list[str] | None = None, on_update=None) -> dict:  # fmt: skip
     """online: judgments are requested from the current policy during training and the reward model is retrained.
     resume without a checkpoint starts the run over in the same directory. changes: with resume, continue a run
-    the andon cord stopped from its last good checkpoint with this changed config ('key old -> new' lines)."""
+    the andon cord stopped from its last good checkpoint with this changed config ('key old -> new' lines).
+    on_update(run, stats): called after each update, before its checkpoint (an experiment evaluating the policy
+    along the run)."""
     meta, found, andon = _start(cfg, run_dir, resume, changes, reward=reward, online=online, labeler=labeler,
                                 store=store_path, preset=preset, true_reward=true_reward)  # fmt: skip
     true_reward = meta.get("true_reward") or true_reward  # a resumed run keeps the one it was started with
@@ -108,7 +110,7 @@ def _train_policy_locked(cfg: Config, run_dir: Path, *, reward: str | None = Non
     if dist.is_main():  # before any training, so that a run killed while its reward model trains can be resumed
         save_config(cfg, run_dir / "config.json")  # first: `--resume` reads it, and a run.json implies it
         atomic_write_text(run_dir / "run.json", json.dumps(meta))
-    hooks, extras = [], {}
+    hooks, extras = [on_update] if on_update is not None else [], {}
     if online:
         store_path = str(Path(store_path or cfg.labels.source or run_dir / "labels.sqlite").resolve())
         onl = OnlineRewards(t, open_store(store_path), run_dir, labeler)

@@ -13,6 +13,7 @@ the reward model are made once, a PPO or DPO arm resumes from its checkpoint, an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -32,6 +33,7 @@ from lmprefs.pipeline.labeling import collect_labels, label_source, open_store
 from lmprefs.pipeline.reward_model import reward_logger
 from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.task import Task, check_heldout, setup_task
+from lmprefs.recipes.compare_lengths import BETA0, check_begun, is_beta0, resolve_lengths
 from lmprefs.recipes.experiment import (
     R,
     Results,
@@ -42,7 +44,7 @@ from lmprefs.recipes.experiment import (
     true_reward_fn,
 )
 from lmprefs.recipes.kl_frontier import frontier_scores, plot_frontier, save_frontier
-from lmprefs.recipes.matched import matched_kl, matched_table, verdicts
+from lmprefs.recipes.matched import check_reach, matched_kl, matched_table, verdicts
 from lmprefs.runtime.runlog import read_metrics
 from lmprefs.training.conservative import reduced_scores
 from lmprefs.training.frontier import DEFAULT_BETAS
@@ -57,8 +59,10 @@ PPO_FAMILY = {"ppo": {"value_model": "shared", "estimator": "ppo"},
               "grpo-kl-reward": {"value_model": "shared", "estimator": "grpo", "kl_in": "reward"},
               "dr-grpo": {"value_model": "shared", "estimator": "dr_grpo"},
               "reinforce-pp-baseline": {"value_model": "shared", "estimator": "reinforce_pp_baseline"}}  # fmt: skip
-ARMS = (*PPO_FAMILY, "dpo-pairwise", "dpo-listwise", "best-of-n")
-NEEDS_RM = {*PPO_FAMILY, "best-of-n"}
+# each PPO-family kind at beta 0 too, swept over its training length (compare_lengths)
+BETA0_KINDS = {k + BETA0: k for k in PPO_FAMILY}
+ARMS = (*PPO_FAMILY, *BETA0_KINDS, "dpo-pairwise", "dpo-listwise", "best-of-n")
+NEEDS_RM = {*PPO_FAMILY, *BETA0_KINDS, "best-of-n"}
 DEFAULT_EVAL_QUERIES = 64
 
 
@@ -68,7 +72,7 @@ class Plan:
     queries (0: 64, or all the task sets aside if fewer); db: an existing store instead of sampling and labeling
     one."""
 
-    arms: tuple[str, ...] = ARMS
+    arms: tuple[str, ...] = (*PPO_FAMILY, "dpo-pairwise", "dpo-listwise", "best-of-n")
     kl_coefs: tuple[float, ...] = (0.03, 0.1, 0.3)
     dpo_betas: tuple[float, ...] = (0.03, 0.1, 0.3)
     best_of: tuple[int, ...] = (2, 4, 8, 16)
@@ -81,14 +85,18 @@ class Plan:
     min_ess: float = 10.0
     db: Path | None = None
     match_kl: tuple[float, ...] = ()
+    lengths: tuple[int, ...] = ()
+    """Updates after which each beta-0 kind's run is evaluated (resolve_lengths: its end always among them)."""
 
 
 def arm_list(plan: Plan) -> list[tuple[str, str, str, float]]:
     """(name, kind, setting, value) of every arm, in plan.arms' order: one per KL coefficient of a PPO-family kind,
-    one per dpo.beta of a DPO kind, one per n of best-of-n."""
+    one per dpo.beta of a DPO kind, one per n of best-of-n, one per length of a beta-0 kind (one run of them all)."""
     out = []
     for kind in plan.arms:
-        if kind in PPO_FAMILY:
+        if is_beta0(kind):
+            out += [(f"{kind}-u{u}", kind, f"kl_coef 0, {u} updates", float(u)) for u in plan.lengths]
+        elif kind in PPO_FAMILY:
             out += [(f"{kind}-beta{c:g}", kind, f"kl_coef {c:g}", c) for c in plan.kl_coefs]
         elif kind.startswith("dpo-"):
             out += [(f"{kind}-beta{b:g}", kind, f"dpo.beta {b:g}", b) for b in plan.dpo_betas]
@@ -109,12 +117,18 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
     check_heldout(t, plan.n_eval, "--eval-queries")
     res = Results(run_dir)
     store_path = _check_store(t, plan, run_dir, res)
+    plan = dataclasses.replace(plan, lengths=resolve_lengths(plan.lengths, plan.arms, cfg.ppo.num_updates,
+                                                             "ppo.total_episodes / ppo.batch_size"))  # fmt: skip
+    begun = [seed_key(k, s) for k in plan.arms if is_beta0(k) for s in range(plan.seeds)
+             if (run_dir / seed_key(k, s) / "run.json").is_file()]  # fmt: skip
+    check_begun(res.data, plan.lengths, begun)
+    check_reach(res.data, arm_list(plan), plan.arms, plan.seeds, plan.match_kl)
     if on_start:
         on_start()
     run_dir.mkdir(parents=True, exist_ok=True)
     if "labels" not in res.data:
         if plan.db is None:
-            n = math.ceil(cfg.labels.num_train / (1 - cfg.labels.heldout_fraction))
+            n = questions_to_label(t)
             print(f"[labels] sampling and labeling {n} questions with {true_name}", flush=True)
             collect_labels(t, open_store(store_path), n, source="experiment")
         res.save("labels", {"store": str(store_path), "num_train": cfg.labels.num_train})
@@ -131,29 +145,16 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
             log.close()
         res.save("reward_model", {k: v for k, v in summary.items() if isinstance(v, int | float)})
     del t
+    if plan.lengths:
+        res.save("lengths", list(plan.lengths))
     for s in range(plan.seeds):
         for name, kind, setting, value in arm_list(plan):
             key = seed_key(name, s)
             if key in res.data:
                 print(f"[{key}] done: {res.data[key]['mean']:+.4f} at KL {res.data[key]['kl']:.2f}", flush=True)
-                continue
-            arm_cfg = R(cfg, run=R(cfg.run, seed=cfg.run.seed + s))
-            t0 = time.time()
-            if kind in PPO_FAMILY:
-                rewards = R(cfg.rewards, kl_coef=value, kl_target=None, trained_model=str(rm_dir))
-                arm_cfg = R(arm_cfg, ppo=R(cfg.ppo, **PPO_FAMILY[kind]), rewards=rewards)
-                ev = train_arm(arm_cfg, run_dir / key, key, f"{kind}, {setting}", plan.n_eval, plan.eval_samples,
-                               true_name)  # fmt: skip
-                episodes = arm_cfg.ppo.num_updates * arm_cfg.ppo.batch_size
-            elif kind.startswith("dpo-"):
-                arm_cfg = R(arm_cfg, dpo=R(cfg.dpo, beta=value, loss=kind.removeprefix("dpo-")))
-                ev, episodes = _dpo_arm(arm_cfg, run_dir / key, key, store_path, plan, true_fn)
             else:
-                ev, episodes = _best_of_n_arm(arm_cfg, rm_dir, key, int(value), plan, true_fn)
-            wall = time.time() - t0
-            res.save(key, ev | {"arm": kind, "setting": setting, "value": value, "seed": arm_cfg.run.seed,
-                                "labels": cfg.labels.num_train, "seconds": wall, "episodes": episodes,
-                                "episodes_per_s": episodes / wall})  # fmt: skip
+                seeded = R(cfg, run=R(cfg.run, seed=cfg.run.seed + s))
+                _run_arm(seeded, run_dir, res, plan, (name, kind, setting, value), s, store_path)
     names = [a[0] for a in arm_list(plan)]
     res.save("summary", summarize_seeds(res.data, names, plan.seeds))
     res.save("matched_kl", matched_kl(res.data, arm_list(plan), plan.arms, plan.seeds, plan.match_kl))
@@ -162,17 +163,65 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
     return {"results": res.data, "figure": fig, "report": report}
 
 
+def _run_arm(cfg: Config, run_dir: Path, res: Results, plan: Plan, arm: tuple[str, str, str, float], s: int,
+             store_path: Path) -> None:  # fmt: skip
+    """One arm of seed s (cfg: that seed's), its figures saved in results.json; a beta-0 arm runs its kind's one
+    run, which saves every length's."""
+    name, kind, setting, value = arm
+    key, rm_dir, true_name, t0 = seed_key(name, s), run_dir / "reward_model", cfg.labels.labeler, time.time()
+    true_fn = true_reward_fn(true_name)
+
+    def put(ev: dict, episodes: int, at: str = key, u: int | None = None) -> None:
+        wall = time.time() - t0
+        where = {"setting": f"kl_coef 0, {u} updates", "value": float(u)} if u else {"setting": setting,
+                                                                                      "value": value}  # fmt: skip
+        res.save(at, ev | {"arm": kind, **where, "seed": cfg.run.seed, "labels": cfg.labels.num_train,
+                           "seconds": wall, "episodes": episodes, "episodes_per_s": episodes / wall})  # fmt: skip
+
+    if kind in PPO_FAMILY or is_beta0(kind):
+        base = BETA0_KINDS.get(kind, kind)
+        rewards = R(cfg.rewards, kl_coef=0.0 if is_beta0(kind) else value, kl_target=None, trained_model=str(rm_dir))
+        cfg = R(cfg, ppo=R(cfg.ppo, **PPO_FAMILY[base]), rewards=rewards)
+        B, last = cfg.ppo.batch_size, cfg.ppo.num_updates
+        if not is_beta0(kind):
+            put(train_arm(cfg, run_dir / key, key, f"{kind}, {setting}", plan.n_eval, plan.eval_samples, true_name),
+                last * B)  # fmt: skip
+            return
+        # one run for every length: the points before its end evaluated along the way
+        keys = {u: seed_key(f"{kind}-u{u}", s) for u in plan.lengths}
+        along = {u: functools.partial(put, episodes=u * B, at=keys[u], u=u) for u in plan.lengths
+                 if u < last and keys[u] not in res.data}  # fmt: skip
+        run_key = seed_key(kind, s)
+        ev = train_arm(cfg, run_dir / run_key, run_key, f"{base}, kl_coef 0, evaluated after "
+                       f"{','.join(map(str, plan.lengths))} updates", plan.n_eval, plan.eval_samples, true_name,
+                       along=along)  # fmt: skip
+        put(ev, last * B, keys[last], last)
+    elif kind.startswith("dpo-"):
+        cfg = R(cfg, dpo=R(cfg.dpo, beta=value, loss=kind.removeprefix("dpo-")))
+        put(*_dpo_arm(cfg, run_dir / key, key, store_path, plan, true_fn))
+    else:
+        put(*_best_of_n_arm(cfg, rm_dir, key, int(value), plan, true_fn))
+
+
+def questions_to_label(t: Task) -> int:
+    """The questions sampled and labeled for the store's labels.num_train (with the held-out fraction), refused in
+    one line where the task's training queries cannot give them."""
+    n = math.ceil(t.cfg.labels.num_train / (1 - t.cfg.labels.heldout_fraction))
+    if n > len(t.train_queries):
+        raise UserError(f"--labels {t.cfg.labels.num_train}: the task's {len(t.train_queries)} training queries "
+                        f"(task.query_dataset={t.cfg.task.query_dataset!r}) give at most "
+                        f"{int(len(t.train_queries) * (1 - t.cfg.labels.heldout_fraction))} labels")  # fmt: skip
+    return n
+
+
 def _check_store(t: Task, plan: Plan, run_dir: Path, res: Results) -> Path:
     """The label store the arms learn from: --db (refused, naming it, without best-of-N or pairwise labels), or one
     sampled and labeled into run_dir (refused when the task's training queries cannot give its labels)."""
     started = res.data.get("labels", {}).get("store")
     if plan.db is None:
         path = run_dir / "labels.sqlite"
-        n = math.ceil(t.cfg.labels.num_train / (1 - t.cfg.labels.heldout_fraction))
-        if started is None and n > len(t.train_queries):
-            raise UserError(f"--labels {t.cfg.labels.num_train}: the task's {len(t.train_queries)} training queries "
-                            f"(task.query_dataset={t.cfg.task.query_dataset!r}) give at most "
-                            f"{int(len(t.train_queries) * (1 - t.cfg.labels.heldout_fraction))} labels")  # fmt: skip
+        if started is None:
+            questions_to_label(t)
     else:
         path = Path(plan.db).resolve()
         dpo_labels(t, label_source(str(path)), f"--db {plan.db}")  # the check train-dpo makes, before any work
@@ -264,10 +313,13 @@ def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
                      key=lambda d: d["kl"])  # fmt: skip
         if not pts:
             continue
-        what = "analytic KL" if kind == "best-of-n" else "measured KL"
+        what = "analytic KL" if kind == "best-of-n" else "measured KL, along one run" if is_beta0(kind) else \
+            "measured KL"
+        # best-of-n's points and a beta-0 run's are joined: one curve each; the other kinds' settings are points
+        fmt = "-o" if kind == "best-of-n" else "--s" if is_beta0(kind) else "o"
         ax.errorbar([d["kl"] for d in pts], [d["mean"] for d in pts], xerr=[d["kl_stderr"] for d in pts],
-                    yerr=[d["stderr"] for d in pts], fmt="-o" if kind == "best-of-n" else "o", capsize=3, lw=0.8,
-                    color=COLORS[kind], label=f"{kind} ({what})")  # fmt: skip
+                    yerr=[d["stderr"] for d in pts], fmt=fmt, capsize=3, lw=0.8,
+                    color=COLORS[BETA0_KINDS.get(kind, kind)], label=f"{kind} ({what})")  # fmt: skip
     for kl in data.get("matched_kl", {}).get("kls", []):  # where the kinds are compared
         ax.axvline(kl, color="0.6", ls=":", lw=0.8)
     ax.set_xlabel("KL(pi, rho), nats")

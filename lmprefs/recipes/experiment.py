@@ -24,7 +24,7 @@ import dataclasses
 import json
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from lmprefs.config import Config
@@ -62,18 +62,28 @@ def true_reward_fn(name: str):
 
 def train_arm(cfg: Config, arm_dir: Path, name: str, what: str, n_eval: int, samples: int, true_name: str, *,
               reward: str | None = None, store_path: Path | None = None,
-              shared: SharedPrefixes | None = None, before: dict | None = None) -> dict:  # fmt: skip
+              shared: SharedPrefixes | None = None, before: dict | None = None,
+              along: Mapping[int, Callable[[dict], object]] | None = None) -> dict:  # fmt: skip
     """One arm: a train-policy run in arm_dir (resumed if begun before), evaluated on the first n_eval held-out
     queries with the true reward and its KL from the initial policy. `shared`: frozen prefixes its reward model
     takes its rows from (shared_reward_prefixes), instead of computing them again; `before`: the untrained reward
-    models' figures, kept across arms (reward_model.before_training)."""
+    models' figures, kept across arms (reward_model.before_training); `along`: {update: put}, the policy evaluated
+    the same way after that many updates of the run, before its checkpoint there, and handed to put."""
 
     resume = (arm_dir / "run.json").is_file()  # begun before: resume (from its checkpoint, or over)
     print(f"[{name}] {'resuming' if resume else 'training'} ({what})", flush=True)
     t = setup_task(cfg, n_eval)  # a fresh model per arm: adapters must not carry over between arms
     t.shared_prefixes, t.shared_before = shared, before
+
+    def evaluate_along(run, _stats) -> None:
+        put = (along or {}).get(run.update)
+        if put is not None:
+            put(evaluate_arm(t, run.policy, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
+                             cfg.run.seed + 5, f"{name} after {run.update} updates"))  # fmt: skip
+
     out = run_train_policy(cfg, arm_dir, reward=reward, store_path=str(store_path) if store_path else None,
-                           resume=resume, t=t, true_reward=true_name)  # fmt: skip
+                           resume=resume, t=t, true_reward=true_name,
+                           on_update=evaluate_along if along else None)  # fmt: skip
     ev = evaluate_arm(t, out["run"].policy, t.heldout_queries[:n_eval], true_reward_fn(true_name), samples,
                       cfg.run.seed + 5, name)  # fmt: skip
     print(f"[{name}] true reward {ev['mean']:+.4f} +/- {ev['stderr']:.4f}, KL {ev['kl']:.2f} +/- "

@@ -6,8 +6,9 @@ are apart."""
 
 from __future__ import annotations
 
+from lmprefs.errors import UserError
 from lmprefs.recipes.experiment import ci95, mean_se, seed_key
-from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched
+from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched, reach
 
 MATCHED_POINTS = 3  # KL values inside the common range, when none are given
 
@@ -22,6 +23,21 @@ def kind_curves(data: dict, arms: list[tuple[str, str, str, float]], kinds: tupl
             continue
         out[kind] = [[(d["kl"], d["mean"]) for n in names if (d := data.get(seed_key(n, s)))] for s in range(seeds)]
     return out
+
+
+def check_reach(data: dict, arms: list[tuple[str, str, str, float]], kinds: tuple[str, ...], seeds: int,
+                at: tuple[float, ...]) -> None:  # fmt: skip
+    """Refuse, before anything is written, --match-kl values outside the KL range a kind whose every arm and seed has
+    finished reached in every seed (its curve can no longer grow there), naming the value and the kinds' ranges."""
+    finished = {k: c for k, c in kind_curves(data, arms, kinds, seeds).items()
+                if all(seed_key(a[0], s) in data for a in arms if a[1] == k for s in range(seeds))}  # fmt: skip
+    for kind, curves in finished.items():
+        span = reach(curves)
+        out = [v for v in at if span is None or not span[0] <= v <= span[1]]
+        if out:
+            where = f"{span[0]:.2f}-{span[1]:.2f} nats" if span else "no KL range common to its seeds"
+            raise UserError(f"--match-kl {','.join(f'{v:g}' for v in at)}: {kind}, finished, reached {where} in every "
+                            f"seed, not {out[0]:g} (ranges: {_ranges(finished)})")  # fmt: skip
 
 
 def matched_kl(data: dict, arms: list[tuple[str, str, str, float]], kinds: tuple[str, ...], seeds: int,

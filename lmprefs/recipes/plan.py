@@ -60,7 +60,7 @@ def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
       noptepochs passes of forward and backward over the batch; at the end the policy's adapters are merged for
       its export.
     """
-    p = _Passes(cfg, facts, n)
+    p = Passes(cfg, facts, n)
     m = n.eval_samples
     out: dict[str, dict[str, int]] = {"assets and model": {}}
     out["evaluate initial"] = {"sample": p.sample(n.eval_queries, m)}
@@ -74,7 +74,7 @@ def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
     return out
 
 
-class _Passes:
+class Passes:
     """The shapes of one run and the passes stage_flops counts at them."""
 
     def __init__(self, cfg, facts: F.ModelFacts, n: Counts):
@@ -112,7 +112,7 @@ class _Passes:
                 + F.trunk_backward(self.facts, segments, lo, None, adapter, read))  # fmt: skip
 
 
-def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
+def _reward_model_flops(p: Passes, cache_bytes: int) -> dict[str, int]:
     """A reward model's stages, or an ensemble's (train_reward.ensemble K): K members scoring, evaluating and
     training, the normalization samples drawn once, and with LoRA one frozen prefix for all of them over the
     training and held-out rows, and the held-out evaluation of their mean."""
@@ -150,19 +150,23 @@ def _reward_model_flops(p: _Passes, cache_bytes: int) -> dict[str, int]:
     return rm
 
 
-def _ppo_flops(p: _Passes) -> dict[str, int]:
+def _ppo_flops(p: Passes) -> dict[str, int]:
+    """PPO's stage; under a group estimator (ppo.rloo_k samples of each of B / k queries) the sampler and the
+    reference run each query once for its k samples and no value is read."""
     cfg, facts, ad, T, L, start = p.cfg, p.facts, p.ad, p.T, p.L, p.start
     B, P = cfg.ppo.batch_size, cfg.ppo.noptepochs * cfg.ppo.batch_size  # rollout rows; rows trained per update
+    k = cfg.ppo.samples_per_query
     rows = F.plain_segments(B, L)
-    separate = cfg.ppo.value_model == "separate"
+    grouped = p.qr(B // k, k) if k > 1 else rows
+    separate = cfg.ppo.value_model == "separate" and k == 1
     # a separate value model: an adapter above the prefix, or with full fine-tuning a whole trunk of its own
     value_lo = start if ad else 0
     ppo = {
-        "rollout: sample": p.sample(B, 1, ad, keep=True),
+        "rollout: sample": p.sample(B // k, k, ad, keep=True),
         "rollout: frozen prefix": F.trunk_flops(facts, rows, 0, start) if start and not p.kept else 0,
-        "rollout: values": F.scalar_head_flops(facts, B * T)
+        "rollout: values": (F.scalar_head_flops(facts, B * T) if k == 1 else 0)
         + (F.trunk_flops(facts, rows, value_lo, None, ad, p.policy(B)) if separate else 0),
-        "rollout: reference": F.trunk_flops(facts, rows, start, read=p.policy(B)) + F.lm_head_flops(facts, B * T),
+        "rollout: reference": F.trunk_flops(facts, grouped, start, read=p.policy(B)) + F.lm_head_flops(facts, B * T),
         "rollout: reward model": F.trunk_flops(facts, rows, start, None, ad, p.reward(B))
         + F.scalar_head_flops(facts, B),
     }
@@ -330,8 +334,9 @@ def prefix_cache_bytes() -> int:
     return PREFIX_CACHE_BYTES
 
 
-def format_plan(rows: list[dict], limit_s: float | None = None) -> str:
-    """The plan as a table, its total, and against `limit_s` its margin; labelled as the estimate it is."""
+def format_plan(rows: list[dict], limit_s: float | None = None, basis: str | None = None) -> str:
+    """The plan as a table, its total, and against `limit_s` its margin; labelled as the estimate it is, with
+    `basis` saying what its rates are (default: the SmolLM2 quickstart's stages on a 2-core AMD EPYC in bf16)."""
     lines = [f"{'stage':48s} {'runs':>5s} {'GFLOP':>10s} {'seconds':>9s}"]
     lines += [f"{r['stage']:48s} {r['runs']:5d} {r['gflop']:10,.0f} {r['seconds']:9.0f}" for r in rows]
     total = sum(r["seconds"] for r in rows)
@@ -340,6 +345,6 @@ def format_plan(rows: list[dict], limit_s: float | None = None) -> str:
     if limit_s:
         lines.append(f"against {limit_s / 60:.0f} min: {'fits' if total <= limit_s else 'does not fit'}, margin "
                      f"{(limit_s - total) / limit_s:+.0%}")  # fmt: skip
-    lines.append("estimated from FLOP counts at the GFLOP/s the SmolLM2 quickstart's stages reached on a 2-core AMD "
-                 "EPYC in bf16 (docs/results.md); not a measurement")  # fmt: skip
+    lines.append(basis or "estimated from FLOP counts at the GFLOP/s the SmolLM2 quickstart's stages reached on a "
+                 "2-core AMD EPYC in bf16 (docs/results.md); not a measurement")  # fmt: skip
     return "\n".join(lines)

@@ -65,3 +65,16 @@ def release_freed_memory() -> bool:
         return False
     lib.malloc_trim(0)
     return True
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel could give this process now without swapping (MemAvailable of /proc/meminfo: free memory
+    plus the caches it can drop); None where it does not say (not Linux)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

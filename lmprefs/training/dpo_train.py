@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lmprefs.config import Config
+from lmprefs.config import Config, DPOConfig
 from lmprefs.data.tasks import PAD, TaskContext
 from lmprefs.errors import UserError
 from lmprefs.io.atomic import crash_point
@@ -27,6 +27,7 @@ from lmprefs.models.lora import lora_modules, using
 from lmprefs.models.policy import Policy
 from lmprefs.models.token_logprobs import token_logprobs
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth, response_logits_hidden
+from lmprefs.runtime.memory import available_memory
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.dpo import (
     implicit_rewards,
@@ -47,6 +48,28 @@ from lmprefs.training.sft import epoch_order
 from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
 
 STATS = ("loss", "accuracy", "margin", "chosen_reward", "rejected_reward")
+
+LOGITS_BYTES = 512 << 20
+"""What the fp32 logits of one forward may take when dpo.microbatch is None, on a CPU. The logits [labels x S x T,
+V] and their gradient are a DPO step's largest tensors: a 64-label step of the quickstart's best-of-4 labels (1.2
+GB of logits) peaked at 6.7 GB, 16 labels a forward at 2.7 GB (docs/results.md)."""
+FREE_SHARE = 8
+"""...and at most this fraction of the memory free at the start: a step held about 4.4 times its logits."""
+
+
+def dpo_microbatch(d: DPOConfig, samples: int, positions: int, vocab: int, device: torch.device) -> int:
+    """Labels per forward of a DPO step (DPOConfig `d`) whose labels hold `samples` responses of `positions` tokens
+    each over a `vocab`-wide head: dpo.microbatch where set (0: the whole batch); None: the whole batch on a GPU, on
+    a CPU the largest power of two of labels whose fp32 logits fit LOGITS_BYTES and 1 / FREE_SHARE of the free
+    memory, at least 1 and at most the batch."""
+    if d.microbatch is not None:
+        return d.microbatch or d.batch_size
+    if device.type != "cpu":
+        return d.batch_size
+    free = available_memory()
+    budget = min(LOGITS_BYTES, free // FREE_SHARE) if free else LOGITS_BYTES
+    fits = max(1, budget // (samples * positions * vocab * 4))
+    return min(d.batch_size, 1 << (fits.bit_length() - 1))
 
 
 def response_logprobs(policy: Policy, queries: Tensor, samples: Tensor, ctx: TaskContext, *, reference: bool = False,
@@ -113,13 +136,14 @@ def all_logprobs(policy: Policy, data: Comparisons, ctx: TaskContext, batch_size
     return torch.cat(out) if out else torch.zeros(0, S)
 
 
-def evaluate(policy: Policy, data: Comparisons, ref: Tensor, cfg: Config, ctx: TaskContext,
+def evaluate(policy: Policy, data: Comparisons, ref: Tensor, cfg: Config, ctx: TaskContext, micro: int,
              prefix: QuestionPrefixes | None = None) -> dict:  # fmt: skip
     """The held-out labels' mean loss, accuracy (the chosen response's implicit reward above every other's),
-    margin and mean implicit rewards of the chosen and the other responses; {} without held-out labels."""
+    margin and mean implicit rewards of the chosen and the other responses, `micro` labels a forward; {} without
+    held-out labels."""
     if len(data) == 0:
         return {}
-    logp = all_logprobs(policy, data, ctx, cfg.dpo.microbatch or cfg.dpo.batch_size, reference=False, prefix=prefix)
+    logp = all_logprobs(policy, data, ctx, micro, reference=False, prefix=prefix)
     each, h = losses(logp, ref, chosen(data), cfg)
     stats = {"loss": each.mean()} | preference_stats(h, chosen(data))
     return {f"heldout/{k}": float(stats[k]) for k in STATS} | {"heldout/n": len(data)}
@@ -171,11 +195,10 @@ def _load_checkpoint(run_dir: Path, cfg: Config, params, opt, labels: str) -> tu
 
 
 def _step(policy: Policy, train: Comparisons, ref: Tensor, idx: Tensor, cfg: Config, ctx: TaskContext,
-          prefix: QuestionPrefixes | None) -> dict:  # fmt: skip
-    """Forward and backward of one batch `idx` of the training labels, in microbatches of dpo.microbatch whose
-    gradients add up to the batch's mean loss (weighted by labels.weight_by_gold where set); its mean stats.
-    prefix: frozen_prefixes(train)."""
-    micro = cfg.dpo.microbatch or len(idx)
+          prefix: QuestionPrefixes | None, *, micro: int) -> dict:  # fmt: skip
+    """Forward and backward of one batch `idx` of the training labels, in microbatches of `micro` labels
+    (dpo_microbatch) whose gradients add up to the batch's mean loss (weighted by labels.weight_by_gold where set);
+    its mean stats. prefix: frozen_prefixes(train)."""
     sums = dict.fromkeys(STATS, 0.0)
     for m0 in range(0, len(idx), micro):
         sub = idx[m0 : m0 + micro]
@@ -201,11 +224,13 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
     d, t0 = cfg.dpo, time.time()
     params = trained_parameters(policy)
     opt = TFAdam(params, lr=d.lr)
-    ref_batch = d.microbatch or d.batch_size
-    cache, held_cache = (frozen_prefixes(policy, data, ctx, ref_batch) for data in (train, held))
+    # chosen once, before any tensor of the run is held: every step and pass of the run (and of its resumption on
+    # the same machine) sums in the same order
+    micro = dpo_microbatch(d, train.samples.shape[1], train.samples.shape[2], policy.vocab, ctx.device)
+    cache, held_cache = (frozen_prefixes(policy, data, ctx, micro) for data in (train, held))
     bar = progress(len(train) + len(held), "reference log-probabilities")
-    ref = all_logprobs(policy, train, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar, prefix=cache)  # [N, S]
-    held_ref = all_logprobs(policy, held, ctx, ref_batch, reference=True, ref_lm=ref_lm, bar=bar, prefix=held_cache)
+    ref = all_logprobs(policy, train, ctx, micro, reference=True, ref_lm=ref_lm, bar=bar, prefix=cache)  # [N, S]
+    held_ref = all_logprobs(policy, held, ctx, micro, reference=True, ref_lm=ref_lm, bar=bar, prefix=held_cache)
     bar.close()
     n, bs, digest = len(train), d.batch_size, labels_digest(train, held)
     total = math.ceil(n / bs) * d.epochs
@@ -215,7 +240,7 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
         done, initial = _load_checkpoint(run_dir, cfg, params, opt, digest)
         print(f"resuming {run_dir} at step {done}/{total}", flush=True)
     else:
-        done, initial = 0, evaluate(policy, held, held_ref, cfg, ctx, held_cache)
+        done, initial = 0, evaluate(policy, held, held_ref, cfg, ctx, micro, held_cache)
     policy.train()  # dropout is off in the config (load_lm); train() only for modules that check the mode
     bar, step, stats = progress(total, "train-dpo", initial=done), 0, {}
     try:
@@ -228,7 +253,7 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
                 for group in opt.param_groups:  # linear decay to 0, as every lmprefs trainer
                     group["lr"] = d.lr * (1 - step / total)
                 opt.zero_grad(set_to_none=True)
-                sums = _step(policy, train, ref, perm[start : start + bs], cfg, ctx, cache)
+                sums = _step(policy, train, ref, perm[start : start + bs], cfg, ctx, cache, micro=micro)
                 opt.step()
                 stats = {f"dpo/{k}": v for k, v in sums.items()} | {"dpo/lr": opt.param_groups[0]["lr"],
                                                                      "dpo/epoch": epoch + start / n}  # fmt: skip
@@ -242,7 +267,7 @@ def train_dpo(cfg: Config, policy: Policy, train: Comparisons, held: Comparisons
     finally:
         bar.close()
     policy.eval()
-    final = evaluate(policy, held, held_ref, cfg, ctx, held_cache)
+    final = evaluate(policy, held, held_ref, cfg, ctx, micro, held_cache)
     summary = {f"initial_{k}": v for k, v in initial.items()} | final
     summary |= {"dpo/labels_train": n, "dpo/steps": total, "elapsed/time": time.time() - t0}
     if log is not None:

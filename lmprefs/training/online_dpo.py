@@ -28,7 +28,7 @@ from lmprefs.models.sampling import sample, sampler_options
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.conservative import reduced_scores
 from lmprefs.training.dpo import preference_stats
-from lmprefs.training.dpo_train import STATS, log_step, losses, response_logprobs, trained_parameters
+from lmprefs.training.dpo_train import STATS, dpo_microbatch, log_step, losses, response_logprobs, trained_parameters
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.policy_run import ScoreFn
 from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
@@ -55,12 +55,11 @@ def judged_samples(policy: Policy, score_fn: ScoreFn, queries: Tensor, cfg: Conf
 
 
 def online_step(policy: Policy, samples: Tensor, queries: Tensor, best: Tensor, cfg: Config, ctx: TaskContext,
-                ref_lm=None) -> dict[str, float]:  # fmt: skip
-    """Forward and backward of one step's judged samples [b, S, T], in microbatches of dpo.microbatch queries whose
-    gradients add up to the step's mean loss; the step's stats, with the policy's KL from the reference on its own
-    samples (the summed log-ratio, nats per response)."""
+                ref_lm=None, *, micro: int) -> dict[str, float]:  # fmt: skip
+    """Forward and backward of one step's judged samples [b, S, T], in microbatches of `micro` queries
+    (dpo_microbatch) whose gradients add up to the step's mean loss; the step's stats, with the policy's KL from the
+    reference on its own samples (the summed log-ratio, nats per response)."""
     b = len(queries)
-    micro = cfg.dpo.microbatch or b
     sums = dict.fromkeys((*STATS, "kl"), 0.0)
     for m0 in range(0, b, micro):
         sl = slice(m0, m0 + micro)
@@ -94,6 +93,8 @@ def train_online_dpo(cfg: Config, policy: Policy, score_fn: ScoreFn, stream: Que
         gen.set_state(state["sampling"])
         stream.load_state_dict(state["queries"])
         print(f"resuming {run_dir} at step {done}/{total}", flush=True)
+    # chosen once per process: dpo.online_samples responses of task.response_length tokens a query
+    micro = dpo_microbatch(d, d.online_samples, cfg.task.response_length, policy.vocab, ctx.device)
     bar, stats = progress(total, "train-dpo --online", initial=done), {}
     try:
         for step in range(done, total):
@@ -104,7 +105,7 @@ def train_online_dpo(cfg: Config, policy: Policy, score_fn: ScoreFn, stream: Que
             samples, scores, best = judged_samples(policy, score_fn, queries, cfg, ctx, gen)
             policy.train()
             opt.zero_grad(set_to_none=True)
-            sums = online_step(policy, samples, queries, best, cfg, ctx, ref_lm)
+            sums = online_step(policy, samples, queries, best, cfg, ctx, ref_lm, micro=micro)
             opt.step()
             stats = {f"dpo/{k}": v for k, v in sums.items() if k != "kl"}
             stats |= {"dpo/lr": opt.param_groups[0]["lr"], "objective/kl": sums["kl"],

@@ -159,9 +159,12 @@ def member_stats(members: Tensor, post: Tensor, task) -> dict[str, float]:
     objective/score_members_mean, the members' mean with the task's penalty (objective/score under
     ensemble_reduce=mean), and objective/score_members_std, their disagreement: the population std over members of
     each response's scores, averaged over the batch, in the members' normalized units (std 1 on the labels'
-    distribution). It is taken on every response, penalized or not: the penalty is no member's opinion."""
+    distribution). It is taken on every response, penalized or not: the penalty is no member's opinion. Each
+    member's own mean score, with the penalty, is objective/score_member_k."""
+    own = apply_penalty(members, post, task).mean(1)  # [K]
     return {"objective/score_members_mean": apply_penalty(members.mean(0), post, task).mean().item(),
-            "objective/score_members_std": members_std(members).mean().item()}  # fmt: skip
+            "objective/score_members_std": members_std(members).mean().item()} | {
+        f"objective/score_member_{k}": v for k, v in enumerate(own.tolist())}  # fmt: skip
 
 
 def group_advantages(cfg: Config, scores: Tensor, kl: Tensor, kl_coef: float,

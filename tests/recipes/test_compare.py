@@ -73,6 +73,11 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
      "--match-kl 1: matched KL needs two or more arm kinds with two or more KL settings"),
     (["--match-kl", "0.3,9", "--best-of", "2,16"], "best-of-n reaches KL 0.19-1.84 nats only (--best-of 2,16), not 9"),
     (["--match-kl", "nan"], "--match-kl 'nan': every KL value must be a positive number"),
+    (["--arms", "ppo", "--lengths", "1"], "--lengths 1: no arm is swept over training length"),
+    (["--arms", "grpo-beta0", "--lengths", "1,9"], "--lengths 1,9: 9 is past the run's 2 updates"),
+    (["--arms", "grpo-beta0", "--lengths", "0"], "--lengths '0': every update count must be a positive number"),
+    (["--arms", "ppo,grpo-beta0", "--kl-coefs", "0.1", "--lengths", "2", "--match-kl", "1"],
+     "--match-kl 1: matched KL needs two or more arm kinds with two or more KL settings"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, argv, needle):
     monkeypatch.chdir(tmp_path)
@@ -104,3 +109,59 @@ def test_an_arm_that_did_not_move_the_policy_is_named_in_the_report(tmp_path):
     assert f"**Arms that {line}.**" in report
     assert unmoved({**data, "dpo-pairwise-beta0.1": arm | {"kl": 0.4}, "dpo-pairwise-beta0.3": arm | {"kl": 0.3}},
                    plan, cfg) is None  # fmt: skip
+
+
+BETA0 = [*SMALL, "--arms", "grpo-beta0,best-of-n", "--best-of", "2,4", "--lengths", "1,2",
+         "--ppo.total-episodes", "64", "--labels.heldout-fraction", "0.2"]  # fmt: skip
+
+
+def test_a_beta0_kind_is_one_run_evaluated_along_the_way_and_resumes(tmp_path, capsys, monkeypatch):
+    """grpo-beta0: rewards.kl_coef 0, one run of the 4 updates, its policy evaluated after 1, 2 and 4 of them: three
+    points of one curve. Killed after its third checkpoint, the rerun resumes it and keeps the points already saved;
+    the evaluations along the way leave the training as it was (the same end as a run evaluated at its end only);
+    a rerun with other --lengths is refused, nothing written."""
+    run_dir = tmp_path / "cmp"
+    args = ["experiment", "compare", *BETA0, "--run-dir", str(run_dir)]
+    killed(monkeypatch, args, "train:saved", 3)
+    res = json.loads((run_dir / "results.json").read_text())
+    assert {"grpo-beta0-u1", "grpo-beta0-u2"} <= set(res) and "grpo-beta0-u4" not in res
+    assert json.loads((run_dir / "grpo-beta0" / "config.json").read_text())["rewards"]["kl_coef"] == 0
+    early = res["grpo-beta0-u1"]
+    capsys.readouterr()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "[grpo-beta0] resuming" in out and "| grpo-beta0 | kl_coef 0, 2 updates |" in out
+    res = json.loads((run_dir / "results.json").read_text())
+    assert res["grpo-beta0-u1"] == early and res["lengths"] == [1, 2, 4]
+    for u in (1, 2, 4):
+        d = res[f"grpo-beta0-u{u}"]
+        assert d["episodes"] == 16 * u and d["value"] == u and math.isfinite(d["kl"]), d
+    assert "grpo-beta0" in json.dumps(res["matched_kl"])  # a curve of its own: a range, or the rows at matched KL
+    # evaluated at its end only: the same training, so the same end
+    assert main(["experiment", "compare", *BETA0[:-6], "--lengths", "4", *BETA0[-4:], "--run-dir",
+                 str(tmp_path / "end")]) == 0  # fmt: skip
+    end = json.loads((tmp_path / "end" / "results.json").read_text())
+    assert {k: end["grpo-beta0-u4"][k] for k in ("mean", "kl")} == {k: res["grpo-beta0-u4"][k] for k in ("mean", "kl")}
+    assert "grpo-beta0-u1" not in end
+    before = (run_dir / "results.json").read_text()
+    capsys.readouterr()
+    assert main([*args[:-2], "--lengths", "2", "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "were evaluated after 1,2,4 updates; rerun with --lengths 1,2,4" in err and len(err.splitlines()) == 1
+    assert (run_dir / "results.json").read_text() == before
+
+
+def test_a_match_kl_value_outside_a_finished_kinds_range_is_refused():
+    from lmprefs.errors import UserError
+    from lmprefs.recipes.compare import Plan, arm_list
+    from lmprefs.recipes.matched import check_reach
+
+    plan = Plan(arms=("ppo", "grpo-beta0"), kl_coefs=(0.1, 0.3), lengths=(2, 4), seeds=2)
+    kls = {"ppo-beta0.1": 3.0, "ppo-beta0.3": 1.0, "grpo-beta0-u2": 0.5, "grpo-beta0-u4": 2.5}
+    data = {f"{k}-seed1" if s else k: {"kl": v + 0.1 * s, "mean": 0.1} for k, v in kls.items() for s in range(2)}
+    check_reach(data, arm_list(plan), plan.arms, 2, (1.5, 2.5))
+    with pytest.raises(UserError, match=r"--match-kl 1.5,2.7: grpo-beta0, finished, reached 0.60-2.50 nats in every "
+                       r"seed, not 2.7 \(ranges: ppo 1.00-3.10, grpo-beta0 0.50-2.60 nats\)"):  # fmt: skip
+        check_reach(data, arm_list(plan), plan.arms, 2, (1.5, 2.7))
+    del data["ppo-beta0.1-seed1"]  # ppo not finished: its range may still grow
+    check_reach(data, arm_list(plan), plan.arms, 2, (1.5, 2.5))

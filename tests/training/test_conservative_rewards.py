@@ -112,8 +112,31 @@ def test_a_policy_trained_against_a_one_member_ensemble_is_todays_bitwise(tmp_pa
     a, b = read_jsonl(tmp_path / "a" / "metrics.jsonl"), read_jsonl(tmp_path / "b" / "metrics.jsonl")
     clock = ("elapsed/fps", "elapsed/time")
     assert [{k: v for k, v in r.items() if k not in clock} for r in a] == [
-        {k: v for k, v in r.items() if k not in clock and "members" not in k} for r in b]
+        {k: v for k, v in r.items() if k not in clock and "score_member" not in k} for r in b]
     for row in b:  # the ensemble's own tags: its one member's mean is the score, and it disagrees with no one
         assert row["objective/score_members_mean"] == row["objective/score"]
         assert row["objective/score_members_std"] == 0.0
+        assert row["objective/score_member_0"] == row["objective/score"]
     assert all("objective/score_members_std" not in r for r in a)
+
+
+def test_best_of_n_ranks_by_the_reduced_ensemble_score(tmp_path, members):
+    """sample --best-of N --reward-model ENSEMBLE with rewards.ensemble_reduce min: from the same draws, each
+    sample's score is the lower of the two members' (each scored alone), and the pick is the highest of those."""
+    import dataclasses
+
+    from lmprefs.recipes.sample import best_of_n
+
+    for k in range(2):
+        save_reward_model(members[k], tmp_path / f"m{k}", extra={"task": {}})
+    save_reward_ensemble(members[:2], tmp_path / "ens", [{"task": {}}] * 2, {"seeds": [0, 1]})
+    cfg = preset("tiny")
+    cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, truncate_token=None))  # no penalty scores
+    alone = [best_of_n(cfg, 2, 4, seed=7, reward_model=tmp_path / f"m{k}") for k in range(2)]
+    cfg = dataclasses.replace(cfg, rewards=dataclasses.replace(cfg.rewards, ensemble_reduce="min"))
+    both = best_of_n(cfg, 2, 4, seed=7, reward_model=tmp_path / "ens")
+    for row, a, b in zip(both, *alone, strict=True):
+        assert row["responses"] == a["responses"] == b["responses"]
+        assert row["scores"] == [min(x, y) for x, y in zip(a["scores"], b["scores"], strict=True)]
+        assert all(x != y for x, y in zip(a["scores"], b["scores"], strict=True))  # so min is not their mean
+        assert row["score"] == max(row["scores"])

@@ -227,6 +227,9 @@ def test_a_conservative_ensemble_run_logs_its_members_and_resumes_its_alarm_bitw
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     std = [r["objective/score_members_std"] for r in rows]
     assert all(x > 0 for x in std) and all(r["objective/score"] <= r["objective/score_members_mean"] for r in rows)
+    for r in rows:  # under min the reward is at most each member's own mean score, which is logged too
+        own = [r["objective/score_member_0"], r["objective/score_member_1"]]
+        assert r["objective/score"] <= min(own) + 1e-6 and abs(sum(own) / 2 - r["objective/score_members_mean"]) < 1e-5
     ema, lowest = None, float("inf")  # the cord's smoothing (training/policy.py running_mean)
     for x in std:
         ema = x if ema is None else 0.8 * ema + 0.2 * x

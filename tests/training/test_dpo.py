@@ -153,3 +153,64 @@ def test_lora_dpo_runs_the_frozen_blocks_once_with_the_full_forwards_log_probabi
         torch.testing.assert_close(a, b)
     full = replace(cfg, lora=replace(cfg.lora, rank=0))
     assert frozen_prefixes(dpo_policy(dpo_task(full))[0], train, t.ctx, 4) is None  # every block trains
+
+
+def test_the_default_microbatch_bounds_a_cpu_steps_logits_by_the_free_memory(monkeypatch):
+    """dpo.microbatch None: on a CPU the most labels (a power of two) whose fp32 logits fit 512 MiB and an eighth
+    of the free memory; the whole batch on a GPU; a value given is kept (0: the whole batch)."""
+    from dataclasses import replace
+
+    from lmprefs.config import preset
+    from lmprefs.training import dpo_train
+
+    d = preset("quickstart").dpo
+    assert d.microbatch is None and d.batch_size == 64
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    shape = (4, 24, 49152)  # the quickstart's best-of-4 labels of 24 tokens, SmolLM2's vocabulary: 18.9 MB a label
+    free = {"bytes": 64 << 30}
+    monkeypatch.setattr(dpo_train, "available_memory", lambda: free["bytes"])
+    assert dpo_train.dpo_microbatch(d, *shape, cpu) == 16  # 512 MiB hold 28 labels' logits
+    free["bytes"] = 1 << 30  # 128 MiB for logits: 7 labels
+    assert dpo_train.dpo_microbatch(d, *shape, cpu) == 4
+    free["bytes"] = 1 << 20  # next to nothing: one label a forward, never none
+    assert dpo_train.dpo_microbatch(d, *shape, cpu) == 1
+    free["bytes"] = None  # not Linux: the fixed bound alone
+    assert dpo_train.dpo_microbatch(d, *shape, cpu) == 16
+    assert dpo_train.dpo_microbatch(d, *shape, gpu) == 64
+    assert dpo_train.dpo_microbatch(d, 2, 8, 50257, cpu) == 64  # small logits: the whole batch
+    assert dpo_train.dpo_microbatch(replace(d, microbatch=0), *shape, cpu) == 64
+    assert dpo_train.dpo_microbatch(replace(d, microbatch=8), *shape, gpu) == 8
+
+
+def test_a_microbatched_dpo_step_equals_the_whole_batch_step():
+    """The same labels in one forward or in forwards of 3 + 3 + 2 labels: the same gradients and stats within float
+    rounding (the sum's order differs), weighted labels included."""
+    from dataclasses import replace
+
+    from lmprefs.config import preset
+    from lmprefs.pipeline.dpo import dpo_policy, dpo_task
+    from lmprefs.training.dpo_train import _step
+    from lmprefs.training.reward import Comparisons
+
+    cfg = preset("tiny")
+    cfg = replace(cfg, labels=replace(cfg.labels, type="best_of_4"), run=replace(cfg.run, dtype="float32"))
+    t = dpo_task(cfg)
+    policy, _ = dpo_policy(t)
+    g = torch.Generator().manual_seed(0)
+    n, q, r = 8, cfg.task.query_length, cfg.task.response_length
+    data = Comparisons(torch.randint(0, 5000, (n, q), generator=g), torch.randint(0, 5000, (n, 4, r), generator=g),
+                       torch.randint(0, 4, (n,), generator=g), weights=torch.rand(n, generator=g) + 0.5)  # fmt: skip
+    ref = torch.randn(n, 4, generator=g) - 40  # a reference other than the policy: losses away from log 2
+    idx = torch.tensor([5, 2, 7, 0, 1, 6, 3, 4])
+    out = []
+    for micro in (8, 3):
+        policy.zero_grad(set_to_none=True)
+        stats = _step(policy, data, ref, idx, cfg, t.ctx, None, micro=micro)
+        out.append((stats, [p.grad.clone() for p in policy.parameters() if p.grad is not None]))
+    (whole, gw), (parts, gp) = out
+    assert len(gw) == len(gp) > 0
+    for a, b in zip(gw, gp, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    assert whole.keys() == parts.keys()
+    for k in whole:
+        assert parts[k] == pytest.approx(whole[k], rel=1e-5, abs=1e-6), k
