@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from lmprefs.cli.common import command_parser, help_with_config
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import output_dir
-from lmprefs.io.run_owner import claim
+from lmprefs.io.run_owner import claim, recorded_argv
 
 USAGE = ("lmprefs evaluate RUN_OR_MODEL (--reward NAME | --reward-model DIR) [--reference MODEL] [--queries FILE] "
          "[--eval-queries N] [--eval-samples K] [--out DIR] [--preset P] [--section.key V ...]")  # fmt: skip
@@ -46,12 +47,17 @@ def cmd_evaluate(argv: list[str]) -> int:
     out = output_dir(a.out or default_run_dir("evaluate", Path(a.target).resolve().name), "--out", "evaluate")
     if (out / "report.md").exists():  # written last: an evaluation stopped before it is done again in place
         raise UserError(f"--out {out}: already holds an evaluation (report.md); choose another --out")
+    line = command_line(a, pairs, out)
+    begun = recorded_argv(out)
+    if begun is not None and begun != line:  # only its own command line finishes it: else two evaluations mix
+        raise UserError(f"--out {out}: holds an evaluation begun by `lmprefs {shlex.join(begun)}`, which stopped "
+                        "before report.md; rerun that command line to finish it, or choose another --out")
     target = resolve_target(a.target, a.preset, pairs, a.reference)
     if (out / "results.json").exists():
         print(f"--out {out}: its evaluation stopped before report.md; evaluating again in place", flush=True)
     s = evaluate(target, a.reward, a.reward_model, a.queries, a.eval_queries, a.eval_samples, out,
                  reference_given=a.reference is not None,
-                 before_write=lambda: claim(out, "evaluate", "--out"))  # fmt: skip
+                 before_write=lambda: claim(out, "evaluate", "--out", line))  # fmt: skip
     r, q, d = s["reference_eval"], s["policy_eval"], s["difference"]
     print(f"{s['reward']} on {s['n_queries']} {s['queries']} x {s['samples_per_query']} samples:")
     print(f"  reference {r['mean']:+.4f} +/- {r['stderr']:.4f}, policy {q['mean']:+.4f} +/- {q['stderr']:.4f} "
@@ -59,3 +65,20 @@ def cmd_evaluate(argv: list[str]) -> int:
     print(f"  KL(policy || reference) {q['kl']:.3f} +/- {q['kl_stderr']:.3f} nats")
     print(f"report: {out / 'report.md'}")
     return 0
+
+
+def command_line(a, pairs, out: Path) -> list[str]:
+    """The evaluation `a` asks for as one command line, paths made absolute: the same evaluation, whichever
+    directory it is run from and however its flags are ordered, gives the same list."""
+
+    def path(given: str) -> str:
+        return str(Path(given).absolute()) if Path(given).exists() else given  # else a name (vader, an asset)
+
+    line = ["evaluate", path(a.target)]
+    for flag, value in (("--reward", a.reward), ("--reward-model", a.reward_model), ("--reference", a.reference),
+                        ("--queries", a.queries), ("--eval-queries", a.eval_queries),
+                        ("--eval-samples", a.eval_samples), ("--preset", a.preset)):  # fmt: skip
+        if value is not None:
+            line += [flag, path(str(value)) if flag in ("--reward-model", "--reference", "--queries") else str(value)]
+    line += [x for k, v in sorted(pairs) for x in (f"--{k.replace('_', '-')}", v)]
+    return [*line, "--out", str(out.absolute())]

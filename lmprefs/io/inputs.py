@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from lmprefs.errors import UserError
-from lmprefs.io.run_owner import refuse_other
+from lmprefs.io.run_owner import refuse_inside, refuse_other
 
 
 def path_kind(p: Path, what: str, path: str | Path) -> str:
@@ -81,13 +81,15 @@ def file_in_the_way(path: Path) -> Path | None:
 def output_dir(path: str | Path, what: str, command: str | None = None) -> Path:
     """`path` as a Path for a directory a command makes (or reuses), or a UserError naming `what` (e.g. "--run-dir")
     where a file stands in the way (`file_in_the_way`) or, for `command`, where another command made it
-    (run_owner.refuse_other), before the model has loaded."""
+    (run_owner.refuse_other) or it lies inside a run directory (run_owner.refuse_inside), before the model has
+    loaded."""
     p = Path(path)
     path_kind(p, what, path)  # a link to nothing ended in FileExistsError where the directory was made
     if (f := file_in_the_way(p)) is not None:
         raise UserError(f"{what} {path}: " + ("is a file" if f == p else f"{f} is a file") + ", not a directory")
     if command is not None:
         refuse_other(p, command, what)
+        refuse_inside(p, what)
     return p
 
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from lmprefs.errors import UserError
-from lmprefs.io.run_owner import claim, refuse_other
+from lmprefs.io.run_owner import MARKER, claim, refuse_other
 
 
 @contextlib.contextmanager
@@ -22,6 +22,7 @@ def run_lock(run_dir: Path, command: str | None = None):
     run_dir = Path(run_dir)
     if command is not None:
         refuse_other(run_dir, command, "--run-dir")  # before the lock file is made in another command's directory
+    made, claimed = not run_dir.exists(), not (run_dir / MARKER).exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / ".lock"
     f = open(path, "a+")
@@ -39,5 +40,21 @@ def run_lock(run_dir: Path, command: str | None = None):
         if command is not None:  # checked again once held: another process may have claimed it meanwhile
             claim(run_dir, command)
         yield
+    except BaseException:
+        _undo_start(run_dir, made, claimed)
+        raise
     finally:
         f.close()
+
+
+def _undo_start(run_dir: Path, made: bool, claimed: bool) -> None:
+    """After a run failed before it wrote anything of its own (a refusal once the lock was held), take away what
+    run_lock put there: the record that would mark the directory as a run, the lock file, the directory it made. A
+    run that wrote more keeps its directory, to be continued."""
+    if {p.name for p in run_dir.iterdir()} - {".lock", MARKER}:
+        return
+    if claimed:
+        (run_dir / MARKER).unlink(missing_ok=True)
+    if made:
+        (run_dir / ".lock").unlink(missing_ok=True)
+        run_dir.rmdir()

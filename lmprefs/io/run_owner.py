@@ -44,16 +44,39 @@ def refuse_other(run_dir: Path, command: str, what: str) -> None:
                         f"{what}")  # fmt: skip
 
 
-def claim(run_dir: Path, command: str, what: str = "--run-dir") -> None:
+ARTIFACTS = ("policy", "sft_model", "reward_model", "checkpoint", "logs")  # the folders a run keeps its work in
+
+
+def refuse_inside(path: Path, what: str) -> None:
+    """A UserError naming path (given by the flag `what`) where it lies inside a run directory: one that records its
+    command, or one whose files tell it (inferred_owner) where path goes into one of its ARTIFACTS: a command
+    writing there would mix its files into another run's."""
+    given = Path(path).absolute()
+    for above, below in zip(given.parents, [given, *given.parents], strict=False):
+        if (above / MARKER).is_file() or (below.name in ARTIFACTS and inferred_owner(above) is not None):
+            raise UserError(f"{what} {path}: inside {above}, a run directory of `lmprefs {owner(above)}`; choose "
+                            f"a {what} outside it")  # fmt: skip
+
+
+def claim(run_dir: Path, command: str, what: str = "--run-dir", argv: list[str] | None = None) -> None:
     """Make run_dir (and its parents) for `command` and record it there (atomically, once), after refusing a
-    directory another command made. Called where a command first writes into its directory."""
+    directory another command made; `argv`: the command line that made it, recorded beside the command (for a
+    command that continues only its own command line, `recorded_argv`). Called where a command first writes into
+    its directory."""
     from lmprefs.io.atomic import atomic_write_text
 
     run_dir = Path(run_dir)
     refuse_other(run_dir, command, what)
     if not (run_dir / MARKER).is_file():
         run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / MARKER, json.dumps({"command": command}) + "\n")
+        record = {"command": command} | ({"argv": argv} if argv is not None else {})
+        atomic_write_text(run_dir / MARKER, json.dumps(record) + "\n")
+
+
+def recorded_argv(run_dir: Path) -> list[str] | None:
+    """The command line recorded in run_dir's command.json by `claim`; None where none was (or no record is)."""
+    argv = _json(Path(run_dir) / MARKER).get("argv")
+    return [str(a) for a in argv] if isinstance(argv, list) else None
 
 
 # experiment-args.json keys that only one experiment saves

@@ -62,21 +62,27 @@ def lora_modules(model: nn.Module) -> list[LoRALinear]:
     return [m for m in model.modules() if isinstance(m, LoRALinear)]
 
 
+def adapted_layers(model: nn.Module, cfg: LoraConfig) -> list[tuple[str, nn.Module]]:
+    """The (name, layer) pairs add_adapter(model, cfg) wraps, or a UserError naming lora.targets (none match) or
+    lora.rank (wider than a layer): checked where the model loads, before a command writes anything."""
+    allowed = _top_block_modules(model, cfg.layers)
+    targets = [(n, m) for n, m in model.named_modules()
+               if n.split(".")[-1] in cfg.targets and type(m).__name__ in ("Linear", "Conv1D")
+               and (allowed is None or id(m) in allowed)]  # fmt: skip
+    if not targets:
+        raise UserError(f"lora.targets={','.join(cfg.targets)} match no Linear layer of {type(model).__name__}")
+    width = min(min(m.weight.shape) for _, m in targets)
+    if cfg.rank > width:  # a rank past the layers' width adds nothing but memory (and can exhaust it)
+        raise UserError(f"lora.rank={cfg.rank} exceeds the width of the layers it adapts ({width}); a rank is "
+                        "a few to a few dozen")  # fmt: skip
+    return targets
+
+
 def add_adapter(model: nn.Module, cfg: LoraConfig, name: str, seed: int = 0) -> list[nn.Parameter]:
     """Wrap the target layers once (freezing the base), then add adapter `name`; returns its parameters."""
     if not lora_modules(model):
         model.requires_grad_(False)
-        allowed = _top_block_modules(model, cfg.layers)
-        targets = [(n, m) for n, m in model.named_modules()
-                   if n.split(".")[-1] in cfg.targets and type(m).__name__ in ("Linear", "Conv1D")
-                   and (allowed is None or id(m) in allowed)]  # fmt: skip
-        if not targets:
-            raise UserError(f"lora.targets={','.join(cfg.targets)} match no Linear layer of {type(model).__name__}")
-        width = min(min(m.weight.shape) for _, m in targets)
-        if cfg.rank > width:  # a rank past the layers' width adds nothing but memory (and can exhaust it)
-            raise UserError(f"lora.rank={cfg.rank} exceeds the width of the layers it adapts ({width}); a rank is "
-                            "a few to a few dozen")  # fmt: skip
-        for n, m in targets:
+        for n, m in adapted_layers(model, cfg):
             parent = model.get_submodule(n.rsplit(".", 1)[0]) if "." in n else model
             setattr(parent, n.split(".")[-1], LoRALinear(m, cfg.rank, cfg.alpha))
     g = torch.Generator().manual_seed(seed)

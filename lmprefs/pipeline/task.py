@@ -13,6 +13,7 @@ from lmprefs.data.queries import task_queries
 from lmprefs.data.tasks import TaskContext, stop_tokens
 from lmprefs.errors import UserError
 from lmprefs.models.loading import load_lm, max_positions
+from lmprefs.models.lora import adapted_layers
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import setup_torch
 
@@ -52,6 +53,8 @@ def setup_task(cfg: Config, n_heldout: int = HELDOUT_QUERIES) -> Task:
     torch.manual_seed(cfg.run.seed)
     model, tok = load_lm(cfg.task.initial_model, device)
     stop_tokens(cfg.task, tok)  # a bad stop token is refused before the command writes anything
+    if cfg.lora.rank > 0:
+        adapted_layers(model, cfg.lora)  # and so are LoRA targets or a rank the model's layers do not take
     train, heldout, prefix, suffix = task_queries(cfg.task, tok, max_positions(model), n_heldout)
     note_chat_template(cfg, tok)
     return Task(cfg, device, dtype, model, tok, train, heldout, prefix, suffix, template_lengths(cfg.task, tok))

@@ -198,7 +198,8 @@ def evaluate(target: Target, reward: str | None, reward_model: str | None, queri
              n_eval: int | None, samples: int, out: Path, *, reference_given: bool = False,
              before_write=None) -> dict:  # fmt: skip
     """Evaluate target's policy and its reference on the same queries with the same seed; write the report into
-    `out`. Every input is checked (and `before_write()` called) before `out` is made."""
+    `out`. Every input is checked before `out` is made, and `before_write()` is called once the evaluation is done,
+    before its first file: an evaluation that fails (a reward function that raises, say) leaves nothing behind."""
     t = setup_reference(target, given=reference_given)
     qs, where = eval_queries(t, queries_file, n_eval)
     policy, tok = load_evaluated(target, t.device)
@@ -209,8 +210,6 @@ def evaluate(target: Target, reward: str | None, reward_model: str | None, queri
         name, fn = f"reward model {reward_model}", scoring_model(t, Path(reward_model))
     else:
         name, fn = text_reward(reward or "")
-    if before_write is not None:
-        before_write()
     seed = target.cfg.run.seed + 5  # the quickstart's and the experiments' evaluation seed
     ref = evaluate_model(t, None, qs, fn, samples, seed, "reference")
     pol = evaluate_model(t, policy, qs, fn, samples, seed, "policy")
@@ -222,6 +221,8 @@ def evaluate(target: Target, reward: str | None, reward_model: str | None, queri
                "queries": where, "n_queries": len(qs), "samples_per_query": samples, "seed": seed,
                "reference_eval": _figures(ref), "policy_eval": _figures(pol),
                "difference": {"mean": gain, "stderr": gain_se}}  # fmt: skip
+    if before_write is not None:
+        before_write()
     out.mkdir(parents=True, exist_ok=True)
     write_outputs(out, summary, ref, pol, decode(t.tok, qs))
     return summary

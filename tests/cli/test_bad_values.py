@@ -74,8 +74,7 @@ def workdir(tmp_path_factory):
 
 
 MODEL = str(tiny_gpt2_austen_dir())  # a saved model evaluated with a preset's config: no training needed
-# --out outside the checked folder: a run directory claimed before the reward failed is the run directory's business
-EVAL = ["--preset", "tiny", "--eval-queries", "2", "--eval-samples", "1", "--out", "../ev-bad-reward"]
+EVAL = ["--preset", "tiny", "--eval-queries", "2", "--eval-samples", "1", "--out", "ev"]  # failed: left no ev/
 ROWS = [
     # save_to_disk datasets with no rows (an IndexError inside datasets)
     (["evaluate", "run", "--reward", "vader", "--queries", "empty_texts"], "--queries empty_texts yields no queries "
@@ -250,3 +249,21 @@ def test_a_lora_rank_past_the_layers_width_is_one_line_not_an_allocation():
     model, _ = load_lm("tiny-gpt2-austen")
     with pytest.raises(UserError, match=r"lora.rank=1000000000 exceeds the width of the layers it adapts \(\d+\)"):
         add_adapter(model, LoraConfig(rank=10**9), "policy")
+
+
+def test_a_lora_rank_past_the_layers_width_is_refused_before_the_run_directory_is_made(tmp_path, monkeypatch, capsys):
+    """Refused where the model loads, not where the adapter is added: by then the run directory held its config."""
+    from lmprefs.cli.dispatch import main
+
+    monkeypatch.chdir(tmp_path)
+    pairs = "".join(json.dumps({"prompt": f"q{i}", "chosen": "a good one", "rejected": "a bad one"}) + "\n"
+                    for i in range(8))  # fmt: skip
+    (tmp_path / "pairs.jsonl").write_text(pairs)
+    assert main(["import-labels", "pairs.jsonl", "--db", "pairs.sqlite"]) == 0
+    capsys.readouterr()
+    argv = ["train-reward", "tiny", "--db", "pairs.sqlite", "--labels.type", "best_of_2", "--lora.rank", "64"]
+    assert main([*argv, "--run-dir", "out"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "lmprefs train-reward: error: lora.rank=64 exceeds the width of the layers it adapts (32); a rank " \
+                  "is a few to a few dozen"  # fmt: skip
+    assert not (tmp_path / "out").exists()

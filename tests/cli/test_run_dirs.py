@@ -71,6 +71,20 @@ def test_another_commands_run_directory_is_refused_and_left_as_it_was(runs, caps
     assert _tree(runs) == before  # nothing written: not a file, not a label, not a lock
 
 
+@pytest.mark.parametrize("inside", ["{dpo}/policy", "{qs}/reward_model/ev", "{qs}/new"])
+def test_an_out_inside_another_runs_directory_is_refused_and_left_as_it_was(runs, capsys, inside):
+    out = inside.format(qs=runs / "qs", dpo=runs / "dpo")
+    gc.collect()
+    before = _tree(runs)
+    assert main(["evaluate", str(runs / "qs"), "--reward", "vader", "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    run = Path(out).parent if out.endswith(("policy", "new")) else Path(out).parent.parent
+    owner = "train-dpo" if run.name == "dpo" else "quickstart"
+    assert err == f"lmprefs evaluate: error: --out {out}: inside {run}, a run directory of `lmprefs {owner}`; " \
+                  "choose a --out outside it"  # fmt: skip
+    assert _tree(runs) == before
+
+
 def test_a_directory_of_an_earlier_lmprefs_is_told_by_what_it_holds(runs, tmp_path, capsys):
     old = tmp_path / "dpo"
     shutil.copytree(runs / "dpo", old, symlinks=True)
@@ -98,13 +112,21 @@ def test_an_evaluation_killed_before_its_report_is_done_again_by_its_command_lin
     stale.write_text("half a line")
     first = json.loads((out / "results.json").read_text())
     capsys.readouterr()
+    before = _tree(out)
+    other = [*args[:4], "--eval-queries", "6", "--out", str(out)]  # another evaluation would mix into its files
+    assert main(other) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {out}: holds an evaluation begun by `lmprefs evaluate " \
+        f"{runs / 'qs'} --reward vader --eval-queries 8 --eval-samples 2 --out {out}`, which stopped before " \
+        "report.md; rerun that command line" in err, err  # fmt: skip
+    assert _tree(out) == before
     assert main(args) == 0
     assert "evaluating again in place" in capsys.readouterr().out
     for f in ("report.md", "samples.jsonl", "evaluation.png"):
         assert (out / f).is_file(), f
     assert not list(out.glob("*.tmp-*"))
     assert json.loads((out / "results.json").read_text()) == first  # the same evaluation, done again
-    assert json.loads((out / "command.json").read_text()) == {"command": "evaluate"}
+    assert json.loads((out / "command.json").read_text())["command"] == "evaluate"
     assert main(args) == 2  # finished: refused
 
 
