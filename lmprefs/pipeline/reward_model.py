@@ -45,7 +45,8 @@ from lmprefs.training.reward import (
 
 def reward_logger(run_dir: Path, cfg: Config):
     """The logger of a reward model trained in a run directory. A reward model is trained again from its start after
-    a kill, so the rows of phase "reward" an earlier attempt logged are dropped first: the log holds each step once."""
+    a kill, so the rows of phase "reward" an earlier attempt logged are dropped first: the log holds each step once
+    (an ensemble's members that finished before the kill write their staged rows again, `ensemble_staging`)."""
     again = (Path(run_dir) / "metrics.jsonl").exists()
     return open_logger(run_dir, cfg, resume_step=-1 if again else None, resume_phase="reward")
 
