@@ -37,7 +37,8 @@ from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.prefix_share import SharedPrefixes
-from lmprefs.training.reward import PREFIX_CACHE_BYTES, Comparisons, evaluate, prefix_bytes
+from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES, prefix_bytes
+from lmprefs.training.reward import Comparisons, evaluate
 
 
 def bootstrap_rows(n: int, seed: int, member: int) -> torch.Tensor:

@@ -27,16 +27,13 @@ from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger, progress
 from lmprefs.training.prefix_share import SharedPrefixes
+from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES, QuestionPrefixes, label_prefixes, prefix_bytes
 from lmprefs.training.reward import (
-    PREFIX_CACHE_BYTES,
     Comparisons,
-    QuestionPrefixes,
     evaluate,
     examples_to_comparisons,
-    label_prefixes,
     normalize,
     pairs_from_scores,
-    prefix_bytes,
     split_heldout_mask,
     tokenizer_id,
     train_epoch,
