@@ -25,7 +25,8 @@ from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.prefix_share import SharedPrefixes
-from lmprefs.training.reward import PREFIX_CACHE_BYTES, sample_comparisons, tokenizer_id
+from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES
+from lmprefs.training.reward import sample_comparisons, tokenizer_id
 
 
 def open_store(path: str | Path):

@@ -2,7 +2,8 @@
 initialization seed and, with train_reward.bootstrap, by a bootstrap resample of the training labels. Everything
 that does not depend on a member is done once for all of them: the frozen prefix of every labeled row (with LoRA
 the members are adapters on one frozen base, so the blocks below the adapters see the same inputs for each), and
-the initial policy's samples that normalization scores. Saved as one ensemble directory (`save_reward_ensemble`)."""
+the initial policy's samples that normalization scores. Saved as one ensemble directory (`save_reward_ensemble`).
+Each member is staged as it finishes (`ensemble_staging`), so a run killed while a later one trains keeps it."""
 
 from __future__ import annotations
 
@@ -14,7 +15,16 @@ import torch
 
 from lmprefs.errors import UserError
 from lmprefs.models.ensemble import RewardEnsemble, member_seed, save_reward_ensemble
+from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.trunk import frozen_depth
+from lmprefs.pipeline.ensemble_staging import (
+    drop_staging,
+    load_member_tensors,
+    member_identity,
+    stage_member,
+    staged_member,
+    staging_dir,
+)
 from lmprefs.pipeline.reward_model import (
     TrainingLabels,
     member_frame,
@@ -27,7 +37,8 @@ from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import progress
 from lmprefs.training.prefix_share import SharedPrefixes
-from lmprefs.training.reward import PREFIX_CACHE_BYTES, Comparisons, evaluate, prefix_bytes
+from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES, prefix_bytes
+from lmprefs.training.reward import Comparisons, evaluate
 
 
 def bootstrap_rows(n: int, seed: int, member: int) -> torch.Tensor:
@@ -40,16 +51,20 @@ def bootstrap_rows(n: int, seed: int, member: int) -> torch.Tensor:
 class _MemberLog:
     """A run logger seen by member k: its steps (labels seen) follow the earlier members' (offset), so that the
     reward phase's steps stay distinct; its training curves keep their names (train_reward/...) with the member's
-    index beside them, its summary figures are named memberK/... (the ensemble's own go under the plain names)."""
+    index beside them, its summary figures are named memberK/... (the ensemble's own go under the plain names).
+    `rows`: what it wrote, (row, step, phase), kept with the staged member."""
 
     def __init__(self, log, member: int, offset: int):
         self.log, self.member, self.offset = log, member, offset
+        self.rows: list[tuple[dict, int, str]] = []
 
     def scalars(self, stats: dict[str, float], step: int, phase: str = "policy") -> None:
         # a member's wall-clock seconds are left out: the ensemble's row has the whole (elapsed/time)
         row = {(k if k.startswith("train_reward/") else f"member{self.member}/{k}"): v for k, v in stats.items()
                if k != "elapsed/time"}  # fmt: skip
-        self.log.scalars(row | {"train_reward/member": float(self.member)}, step + self.offset, phase)
+        row |= {"train_reward/member": float(self.member)}
+        self.rows.append((row, step + self.offset, phase))
+        self.log.scalars(row, step + self.offset, phase)
 
 
 def ensemble_prefixes(t: Task, labels: TrainingLabels) -> SharedPrefixes | None:
@@ -85,13 +100,12 @@ def train_ensemble(t: Task, labels: TrainingLabels, out_dir: Path, log=None) -> 
     if caller_prefixes is None:
         t.shared_prefixes = ensemble_prefixes(t, labels)
     memo: dict = {}  # the normalization samples, drawn once for all members
+    staging = staging_dir(out_dir)  # members finished by an earlier attempt that was killed
     members, summaries = [], []
     total = len(labels.train) * tr.epochs
     try:
         for k in range(K):
-            train = labels.train[bootstrap_rows(len(labels.train), cfg.run.seed, k)] if tr.bootstrap else None
-            member_log = _MemberLog(log, k, k * total) if log is not None else None
-            rm, summary = train_member(t, labels, member_log, member=k, norm_memo=memo, train=train)
+            rm, summary = _member(t, labels, k, log, memo, staging)
             members.append(rm.freeze())
             summaries.append(summary)
         ens = RewardEnsemble(members).eval()
@@ -118,5 +132,27 @@ def train_ensemble(t: Task, labels: TrainingLabels, out_dir: Path, log=None) -> 
         save_reward_ensemble(members, out_dir, [member_meta(t, s) for s in summaries], manifest,
                              merged=cfg.lora.merged_reward_model,
                              cards=[reward_model_card(cfg, s) for s in summaries])  # fmt: skip
+    drop_staging(staging)
     dist.barrier()
     return ens, summary
+
+
+def _member(t: Task, labels: TrainingLabels, k: int, log, memo: dict, staging: Path) -> tuple[RewardModel, dict]:
+    """Member k, trained and staged, or as an earlier attempt staged it (its log rows written again): the same
+    weights and summary. Nothing an earlier member leaves behind changes a later one: its init, batch order and
+    normalization draws follow its own seed and fresh generators, and `memo` only spares drawing samples again."""
+    cfg = t.cfg
+    identity = member_identity(cfg, labels, k, log is not None)
+    found = staged_member(staging, k, identity)
+    if found is not None:
+        rm = member_frame(t, k)
+        load_member_tensors(rm, found.tensors)
+        for row, step, phase in found.rows if log is not None else []:
+            log.scalars(row, step, phase)
+        return rm.eval(), found.summary
+    total = len(labels.train) * cfg.train_reward.epochs
+    train = labels.train[bootstrap_rows(len(labels.train), cfg.run.seed, k)] if cfg.train_reward.bootstrap else None
+    member_log = _MemberLog(log, k, k * total) if log is not None else None
+    rm, summary = train_member(t, labels, member_log, member=k, norm_memo=memo, train=train)
+    stage_member(staging, k, identity, rm, summary, member_log.rows if member_log is not None else [])
+    return rm, summary

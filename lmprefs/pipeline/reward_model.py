@@ -27,16 +27,13 @@ from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger, progress
 from lmprefs.training.prefix_share import SharedPrefixes
+from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES, QuestionPrefixes, label_prefixes, prefix_bytes
 from lmprefs.training.reward import (
-    PREFIX_CACHE_BYTES,
     Comparisons,
-    QuestionPrefixes,
     evaluate,
     examples_to_comparisons,
-    label_prefixes,
     normalize,
     pairs_from_scores,
-    prefix_bytes,
     split_heldout_mask,
     tokenizer_id,
     train_epoch,
@@ -45,7 +42,8 @@ from lmprefs.training.reward import (
 
 def reward_logger(run_dir: Path, cfg: Config):
     """The logger of a reward model trained in a run directory. A reward model is trained again from its start after
-    a kill, so the rows of phase "reward" an earlier attempt logged are dropped first: the log holds each step once."""
+    a kill, so the rows of phase "reward" an earlier attempt logged are dropped first: the log holds each step once
+    (an ensemble's members that finished before the kill write their staged rows again, `ensemble_staging`)."""
     again = (Path(run_dir) / "metrics.jsonl").exists()
     return open_logger(run_dir, cfg, resume_step=-1 if again else None, resume_phase="reward")
 

@@ -329,7 +329,7 @@ def plan_label_efficiency(cfg: Config, facts: F.ModelFacts, shape: Shape, budget
 
 
 def prefix_cache_bytes() -> int:
-    from lmprefs.training.reward import PREFIX_CACHE_BYTES  # torch: only when a plan is made
+    from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES  # torch: only when a plan is made
 
     return PREFIX_CACHE_BYTES
 

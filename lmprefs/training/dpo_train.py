@@ -37,13 +37,8 @@ from lmprefs.training.dpo import (
     sequence_logprobs,
 )
 from lmprefs.training.optim import TFAdam
-from lmprefs.training.reward import (
-    PREFIX_CACHE_BYTES,
-    Comparisons,
-    QuestionPrefixes,
-    label_prefixes,
-    prefix_bytes,
-)
+from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES, QuestionPrefixes, label_prefixes, prefix_bytes
+from lmprefs.training.reward import Comparisons
 from lmprefs.training.sft import epoch_order
 from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
 

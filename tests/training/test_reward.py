@@ -10,12 +10,11 @@ from lmprefs.data.tasks import PAD, TaskContext
 from lmprefs.labels.types import get as get_label_type
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.pipeline.task import setup_task
+from lmprefs.training.question_prefixes import QuestionPrefixes, label_prefixes
 from lmprefs.training.reward import (
     Comparisons,
-    QuestionPrefixes,
     evaluate,
     heldout_mask,
-    label_prefixes,
     normalize,
     rm_rewards,
     train_epoch,
