@@ -22,7 +22,8 @@ def run_lock(run_dir: Path, command: str | None = None):
     run_dir = Path(run_dir)
     if command is not None:
         refuse_other(run_dir, command, "--run-dir")  # before the lock file is made in another command's directory
-    made, claimed = not run_dir.exists(), not (run_dir / MARKER).exists()
+    made = [d for d in [run_dir, *run_dir.parents] if not d.exists()]  # the folders mkdir makes, deepest first
+    claimed = not (run_dir / MARKER).exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / ".lock"
     f = open(path, "a+")
@@ -47,14 +48,19 @@ def run_lock(run_dir: Path, command: str | None = None):
         f.close()
 
 
-def _undo_start(run_dir: Path, made: bool, claimed: bool) -> None:
+def _undo_start(run_dir: Path, made: list[Path], claimed: bool) -> None:
     """After a run failed before it wrote anything of its own (a refusal once the lock was held), take away what
-    run_lock put there: the record that would mark the directory as a run, the lock file, the directory it made. A
-    run that wrote more keeps its directory, to be continued."""
+    run_lock put there: the record that would mark the directory as a run, the lock file, the folders it made (a
+    default run directory's runs/ too, where it made that). A run that wrote more keeps its directory, to be
+    continued."""
     if {p.name for p in run_dir.iterdir()} - {".lock", MARKER}:
         return
     if claimed:
         (run_dir / MARKER).unlink(missing_ok=True)
     if made:
         (run_dir / ".lock").unlink(missing_ok=True)
-        run_dir.rmdir()
+        for d in made:  # deepest first; one another process has put something in meanwhile stays
+            try:
+                d.rmdir()
+            except OSError:
+                break
