@@ -3,6 +3,7 @@ resume tests stop runs at an exact moment this way rather than after a timed del
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import pytest
@@ -36,3 +37,7 @@ def killed(monkeypatch, args: list[str], point: str, nth: int = 1) -> None:
     with pytest.raises(Killed):
         main(args)
     monkeypatch.setattr(atomic, "crash_hook", None)
+    # TensorBoard reads a log directory's event files in name order, events.out.tfevents.<second>.<host>.<pid>.<n>:
+    # the resumed run's writer in this same process may fall in the same second with a count that sorts first (10
+    # before 9), and its purge would then not cover the killed attempt's events. A new process starts seconds later.
+    time.sleep(1.01 - time.time() % 1.0)

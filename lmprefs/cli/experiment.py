@@ -94,6 +94,11 @@ def cmd_experiment(argv: list[str]) -> int:
         return _writing_prompts(argv[1:])
     argv, pairs = split_overrides(argv)
     p = _parser()
+    if argv[:1] and argv[0] in FLAGS:  # `experiment NAME --help` shows NAME's own flags, not every experiment's
+        other = {d for name, dests in FLAGS.items() if name != argv[0] for d in dests} - set(FLAGS[argv[0]])
+        for act in p._actions:
+            if act.dest in other:
+                act.help = argparse.SUPPRESS
     help_with_config(p, argv, "quickstart", pairs)
     a = p.parse_args(argv)
     if a.preset and a.preset_arg and a.preset != a.preset_arg:
