@@ -34,6 +34,11 @@ FLAGS = {"mock-sentiment": ("labels", "seeds", "eval_queries", "eval_samples"),
          "overoptimization": overopt.FLAGS}  # fmt: skip
 
 
+def _others_flags(name: str) -> set[str]:
+    """The flags (dests) of the other experiments that experiment `name` does not share."""
+    return {d for other, dests in FLAGS.items() if other != name for d in dests} - set(FLAGS[name])
+
+
 def _parser() -> ArgumentParser:
     p = command_parser("experiment", "lmprefs experiment {mock-sentiment,kl-frontier,compare,label-efficiency,"
                        "overoptimization,writing-prompts} "
@@ -95,7 +100,7 @@ def cmd_experiment(argv: list[str]) -> int:
     argv, pairs = split_overrides(argv)
     p = _parser()
     if argv[:1] and argv[0] in FLAGS:  # `experiment NAME --help` shows NAME's own flags, not every experiment's
-        other = {d for name, dests in FLAGS.items() if name != argv[0] for d in dests} - set(FLAGS[argv[0]])
+        other = _others_flags(argv[0])
         for act in p._actions:
             if act.dest in other:
                 act.help = argparse.SUPPRESS
@@ -107,8 +112,7 @@ def cmd_experiment(argv: list[str]) -> int:
     if a.name == "writing-prompts":  # its own flags: parsed when it comes first
         raise UserError("writing-prompts: put it right after `experiment` (lmprefs experiment writing-prompts --help)")
     given = given_flags(p, argv)
-    other = {d for name, dests in FLAGS.items() if name != a.name for d in dests} - set(FLAGS[a.name])
-    wrong = [act.option_strings[0] for act in p._actions if act.dest in other & given]
+    wrong = [act.option_strings[0] for act in p._actions if act.dest in _others_flags(a.name) & given]
     if wrong:
         raise UserError(f"{wrong[0]} is not an option of `experiment {a.name}` (see lmprefs experiment --help)")
     if a.plan or "plan_minutes" in given:

@@ -5,7 +5,6 @@ the adapters see the same inputs at every epoch (and for every reward model on o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -13,10 +12,7 @@ from torch import Tensor
 from lmprefs.data.tasks import TaskContext
 from lmprefs.models.loading import hidden_size
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth, frozen_prefix_shared
-
-if TYPE_CHECKING:
-    from lmprefs.training.reward import Comparisons
-
+from lmprefs.training.comparisons import Comparisons
 
 PREFIX_CACHE_BYTES = 4 << 30
 """Training on labels keeps the frozen blocks' outputs of every labeled row (`label_prefixes`) up to this size."""
