@@ -23,8 +23,12 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     shared with the other experiments."""
     g = p.add_argument_group("compare (also --labels N: the store's label count, --seeds, --eval-queries, "
                              "--samples, --betas, --min-ess, --kl-coefs)")  # fmt: skip
-    g.add_argument("--arms", default=None, help=f"arms to run (default {DEFAULT_ARMS})")
-    g.add_argument("--dpo-betas", default=None, help=f"dpo.beta of each DPO arm (default {DEFAULT_BETAS})")
+    g.add_argument("--arms", default=None, help=f"arms to run (default {DEFAULT_ARMS}; also grpo, "
+                   "grpo-kl-reward, dr-grpo, reinforce-pp-baseline, any PPO-family kind with -beta0, and dpo-online: "
+                   "online DPO on its own samples judged by the reward model, ppo.num_updates steps of "
+                   "ppo.batch_size samples)")  # fmt: skip
+    g.add_argument("--dpo-betas", default=None, help=f"dpo.beta of each DPO arm, offline and online (default "
+                   f"{DEFAULT_BETAS})")  # fmt: skip
     g.add_argument("--best-of", default=None, help=f"n of each best-of-n arm (default {DEFAULT_BEST_OF})")
     g.add_argument("--db", default=None, help="an existing label store (.sqlite or a label file) instead of one "
                    "sampled and labeled by labels.labeler")  # fmt: skip
@@ -58,7 +62,7 @@ def check_min_ess(value: float) -> None:
 
 def plan_from_args(a: argparse.Namespace):
     """The Plan of the command line, or one line naming the bad value."""
-    from lmprefs.recipes.compare import ARMS, Plan
+    from lmprefs.recipes.compare_arms import ARMS, Plan
     from lmprefs.training.frontier import DEFAULT_BETAS as FRONTIER_BETAS
 
     arms = tuple(split_items(_given(a.arms, DEFAULT_ARMS), "--arms"))
@@ -93,11 +97,13 @@ def plan_from_args(a: argparse.Namespace):
 def checked_plan(a: argparse.Namespace, cfg):
     """The Plan of the command line with its beta-0 lengths resolved against the preset's run length, after the
     checks that need the config."""
+    from lmprefs.recipes.compare_dpo import check_online
     from lmprefs.recipes.compare_lengths import resolve_lengths
 
     plan = plan_from_args(a)
     ppo = f"ppo.total_episodes {cfg.ppo.total_episodes} / ppo.batch_size {cfg.ppo.batch_size}"
     plan = dataclasses.replace(plan, lengths=resolve_lengths(plan.lengths, plan.arms, cfg.ppo.num_updates, ppo))
+    check_online(cfg, plan.arms)
     if plan.match_kl:
         _check_match_kl(a.match_kl, plan)
     return plan
@@ -107,7 +113,7 @@ def _check_match_kl(text: str, plan) -> None:
     """--match-kl refused where no comparison can hold: fewer than two arm kinds with a curve (two or more settings,
     or a beta-0 kind's two or more lengths), or a value outside best-of-n's analytic KL range (log n - (n-1)/n over
     --best-of)."""
-    from lmprefs.recipes.compare import arm_list
+    from lmprefs.recipes.compare_arms import arm_list
     from lmprefs.training.scaling_laws import bon_kl
 
     values, best_of = plan.match_kl, plan.best_of
@@ -125,7 +131,8 @@ def _check_match_kl(text: str, plan) -> None:
 
 
 def compare(a: argparse.Namespace, cfg, run_dir: Path, on_start) -> dict:
-    from lmprefs.recipes.compare import run_compare, table, unmoved
+    from lmprefs.recipes.compare import run_compare
+    from lmprefs.recipes.compare_report import table, unmoved
     from lmprefs.recipes.matched import verdicts
 
     plan = checked_plan(a, cfg)
@@ -146,7 +153,8 @@ def plan(a: argparse.Namespace, cfg, minutes: float) -> int:
     from lmprefs.pipeline.dpo import dpo_labels
     from lmprefs.pipeline.labeling import label_source
     from lmprefs.pipeline.task import check_heldout, setup_task
-    from lmprefs.recipes.compare import DEFAULT_EVAL_QUERIES, questions_to_label
+    from lmprefs.recipes.compare import questions_to_label
+    from lmprefs.recipes.compare_arms import DEFAULT_EVAL_QUERIES
     from lmprefs.recipes.plan import Shape, format_plan
     from lmprefs.recipes.plan_compare import Sizes, plan_compare
 

@@ -17,7 +17,7 @@ from lmprefs.models.artifacts import save_policy
 from lmprefs.models.model_card import CardInfo
 from lmprefs.pipeline.dpo import RUN_FILE, dpo_policy
 from lmprefs.pipeline.rewards import check_ensemble_reduce, check_trained_model, reward_for_policy, reward_function
-from lmprefs.pipeline.task import setup_task
+from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.runtime.runlog import RunLogger, check_trackers
 from lmprefs.training.dpo_train import checkpoint_step
 from lmprefs.training.online_dpo import train_online_dpo
@@ -34,9 +34,10 @@ def online_judge(cfg: Config, reward) -> str:
     return "model"
 
 
-def run_online_dpo(cfg: Config, run_dir: Path, *, reward=None, resume: bool = False) -> dict:
+def run_online_dpo(cfg: Config, run_dir: Path, *, reward=None, resume: bool = False, t: Task | None = None) -> dict:
     """Online DPO into run_dir/policy; resume: continue run_dir from its checkpoint, judged as it started (from step
-    0 when it was stopped before its first checkpoint). Every input is checked before anything is written."""
+    0 when it was stopped before its first checkpoint); t: the task set up already (its training queries; None:
+    setup_task's). Every input is checked before anything is written."""
     run_dir = Path(run_dir)
     if (run_dir / "policy").exists():
         raise UserError(f"{run_dir} already holds a trained policy; choose another --run-dir")
@@ -46,7 +47,7 @@ def run_online_dpo(cfg: Config, run_dir: Path, *, reward=None, resume: bool = Fa
         raise UserError(f"{run_dir} already holds a train-dpo run; pass --resume to continue it, or another --run-dir")
     judge = online_judge(cfg, reward)
     check_ensemble_reduce(cfg, None if judge == "model" else reward)
-    t = setup_task(cfg)
+    t = setup_task(cfg) if t is None else t
     check_trained_model(cfg, t.tok)
     check_trackers(cfg.run.report_to)
     with run_lock(run_dir, "train-dpo"):

@@ -1,13 +1,16 @@
 """`lmprefs experiment compare`: the methods lmprefs implements, side by side on the axes of the paper's Figure 3
 (KL(pi, rho) against the true reward on held-out queries), from one label store and one true reward.
 
-Arms: PPO with the shared value head, PPO with a separate value model and RLOO, each against one reward model trained
-once from the store (every arm reads it through rewards.trained_model), at fixed KL coefficients; DPO with the
-pairwise and the listwise loss on the same store, at several dpo.beta; best-of-n against the same reward model (no
-training; its KL is the analytic log n - (n-1)/n). Every arm is evaluated on the same held-out queries with the true
-reward (the labeler's), beside the sampled optimal frontier (lmprefs.training.frontier) from M samples of rho on those
-queries. It resumes like the other experiments (lmprefs.recipes.experiment): the store, the frontier's samples and
-the reward model are made once, a PPO or DPO arm resumes from its checkpoint, and finished arms are skipped.
+Arms (compare_arms): PPO with the shared value head, PPO with a separate value model, RLOO and the GRPO family, each
+against one reward model trained once from the store (every arm reads it through rewards.trained_model), at fixed KL
+coefficients or at beta 0 over their training length (compare_lengths); DPO with the pairwise and the listwise loss on
+the same store, and online DPO on its own samples judged by the same reward model, at several dpo.beta
+(compare_dpo); best-of-n against the same reward model (best_of_n: no training; its KL is the analytic log n -
+(n-1)/n). Every arm is evaluated on the same held-out queries with the true reward (the labeler's), beside the
+sampled optimal frontier (lmprefs.training.frontier) from M samples of rho on those queries; compare_report draws and
+writes the outcome. It resumes like the other experiments (lmprefs.recipes.experiment): the store, the frontier's
+samples and the reward model are made once, a PPO or DPO arm resumes from its checkpoint, and finished arms are
+skipped.
 """
 
 from __future__ import annotations
@@ -19,90 +22,30 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from lmprefs.config import Config
-from lmprefs.data.tasks import apply_penalty, decode, response_texts, stop_tokens, truncate_responses
 from lmprefs.errors import UserError
-from lmprefs.labels.labelers import score_texts
-from lmprefs.models.artifacts import load_policy
-from lmprefs.models.ensemble import load_reward
-from lmprefs.models.sampling import sample, sampler_options
-from lmprefs.pipeline.dpo import dpo_labels, run_train_dpo
+from lmprefs.pipeline.dpo import dpo_labels
 from lmprefs.pipeline.labeling import collect_labels, label_source, open_store
 from lmprefs.pipeline.reward_model import reward_logger
 from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.task import Task, check_heldout, setup_task
-from lmprefs.recipes.compare_lengths import BETA0, check_begun, is_beta0, resolve_lengths
-from lmprefs.recipes.experiment import (
-    R,
-    Results,
-    evaluate_arm,
-    seed_key,
-    summarize_seeds,
-    train_arm,
-    true_reward_fn,
+from lmprefs.recipes.best_of_n import best_of_n_arm
+from lmprefs.recipes.compare_arms import (
+    BETA0_KINDS,
+    DEFAULT_EVAL_QUERIES,
+    NEEDS_RM,
+    OFFLINE_DPO,
+    ONLINE_DPO,
+    PPO_FAMILY,
+    Plan,
+    arm_list,
 )
-from lmprefs.recipes.kl_frontier import frontier_scores, plot_frontier, save_frontier
-from lmprefs.recipes.matched import check_reach, matched_kl, matched_table, verdicts
-from lmprefs.runtime.runlog import read_metrics
-from lmprefs.training.conservative import reduced_scores
-from lmprefs.training.frontier import DEFAULT_BETAS
-from lmprefs.training.rollout import rm_score_fn
-from lmprefs.training.scaling_laws import bon_kl
-
-# the PPO-family arms: what each changes in the ppo section
-PPO_FAMILY = {"ppo": {"value_model": "shared", "estimator": "ppo"},
-              "ppo-separate": {"value_model": "separate", "estimator": "ppo"},
-              "rloo": {"value_model": "shared", "estimator": "rloo"},
-              "grpo": {"value_model": "shared", "estimator": "grpo", "kl_in": "loss"},
-              "grpo-kl-reward": {"value_model": "shared", "estimator": "grpo", "kl_in": "reward"},
-              "dr-grpo": {"value_model": "shared", "estimator": "dr_grpo"},
-              "reinforce-pp-baseline": {"value_model": "shared", "estimator": "reinforce_pp_baseline"}}  # fmt: skip
-# each PPO-family kind at beta 0 too, swept over its training length (compare_lengths)
-BETA0_KINDS = {k + BETA0: k for k in PPO_FAMILY}
-ARMS = (*PPO_FAMILY, *BETA0_KINDS, "dpo-pairwise", "dpo-listwise", "best-of-n")
-NEEDS_RM = {*PPO_FAMILY, *BETA0_KINDS, "best-of-n"}
-DEFAULT_EVAL_QUERIES = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What `experiment compare` runs. labels: the store's label count (None: labels.num_train); n_eval: held-out
-    queries (0: 64, or all the task sets aside if fewer); db: an existing store instead of sampling and labeling
-    one."""
-
-    arms: tuple[str, ...] = (*PPO_FAMILY, "dpo-pairwise", "dpo-listwise", "best-of-n")
-    kl_coefs: tuple[float, ...] = (0.03, 0.1, 0.3)
-    dpo_betas: tuple[float, ...] = (0.03, 0.1, 0.3)
-    best_of: tuple[int, ...] = (2, 4, 8, 16)
-    seeds: int = 1
-    labels: int | None = None
-    n_eval: int = 0
-    eval_samples: int = 2
-    samples: int = 256
-    betas: tuple[float, ...] = DEFAULT_BETAS
-    min_ess: float = 10.0
-    db: Path | None = None
-    match_kl: tuple[float, ...] = ()
-    lengths: tuple[int, ...] = ()
-    """Updates after which each beta-0 kind's run is evaluated (resolve_lengths: its end always among them)."""
-
-
-def arm_list(plan: Plan) -> list[tuple[str, str, str, float]]:
-    """(name, kind, setting, value) of every arm, in plan.arms' order: one per KL coefficient of a PPO-family kind,
-    one per dpo.beta of a DPO kind, one per n of best-of-n, one per length of a beta-0 kind (one run of them all)."""
-    out = []
-    for kind in plan.arms:
-        if is_beta0(kind):
-            out += [(f"{kind}-u{u}", kind, f"kl_coef 0, {u} updates", float(u)) for u in plan.lengths]
-        elif kind in PPO_FAMILY:
-            out += [(f"{kind}-beta{c:g}", kind, f"kl_coef {c:g}", c) for c in plan.kl_coefs]
-        elif kind.startswith("dpo-"):
-            out += [(f"{kind}-beta{b:g}", kind, f"dpo.beta {b:g}", b) for b in plan.dpo_betas]
-        else:
-            out += [(f"best-of-{n}", kind, f"n {n}", float(n)) for n in plan.best_of]
-    return out
+from lmprefs.recipes.compare_dpo import check_online, dpo_arm, online_dpo_arm
+from lmprefs.recipes.compare_lengths import check_begun, is_beta0, resolve_lengths
+from lmprefs.recipes.compare_report import plot_compare, write_report
+from lmprefs.recipes.experiment import R, Results, seed_key, summarize_seeds, train_arm, true_reward_fn
+from lmprefs.recipes.kl_frontier import frontier_scores, save_frontier
+from lmprefs.recipes.matched import check_reach, matched_kl
 
 
 def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], None] | None = None) -> dict:
@@ -123,6 +66,7 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
              if (run_dir / seed_key(k, s) / "run.json").is_file()]  # fmt: skip
     check_begun(res.data, plan.lengths, begun)
     check_reach(res.data, arm_list(plan), plan.arms, plan.seeds, plan.match_kl)
+    check_online(cfg, plan.arms)
     if on_start:
         on_start()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -196,11 +140,13 @@ def _run_arm(cfg: Config, run_dir: Path, res: Results, plan: Plan, arm: tuple[st
                        f"{','.join(map(str, plan.lengths))} updates", plan.n_eval, plan.eval_samples, true_name,
                        along=along)  # fmt: skip
         put(ev, last * B, keys[last], last)
-    elif kind.startswith("dpo-"):
+    elif kind in OFFLINE_DPO:
         cfg = R(cfg, dpo=R(cfg.dpo, beta=value, loss=kind.removeprefix("dpo-")))
-        put(*_dpo_arm(cfg, run_dir / key, key, store_path, plan, true_fn))
+        put(*dpo_arm(cfg, run_dir / key, key, store_path, plan, true_fn))
+    elif kind == ONLINE_DPO:
+        put(*online_dpo_arm(R(cfg, dpo=R(cfg.dpo, beta=value)), run_dir / key, key, rm_dir, plan, true_fn))
     else:
-        put(*_best_of_n_arm(cfg, rm_dir, key, int(value), plan, true_fn))
+        put(*best_of_n_arm(cfg, rm_dir, key, int(value), plan, true_fn))
 
 
 def questions_to_label(t: Task) -> int:
@@ -232,164 +178,4 @@ def _check_store(t: Task, plan: Plan, run_dir: Path, res: Results) -> Path:
     if had != t.cfg.labels.num_train:  # its reward model and finished arms learned from that many
         raise UserError(f"--labels {t.cfg.labels.num_train}: {run_dir} is an experiment on {had} labels; rerun it "
                         "with its own --labels, or choose another --run-dir")  # fmt: skip
-    return path
-
-
-def _dpo_arm(cfg: Config, arm_dir: Path, key: str, store_path: Path, plan: Plan, true_fn) -> tuple[dict, int]:
-    """A train-dpo run in arm_dir (resumed if begun before; skipped once its policy is saved), evaluated as the PPO
-    arms are. Episodes: the labels it trained on, times dpo.epochs."""
-    if not (arm_dir / "policy").exists():
-        resume = (arm_dir / "run.json").is_file()
-        print(f"[{key}] {'resuming' if resume else 'training'} (DPO {cfg.dpo.loss}, beta {cfg.dpo.beta:g})",
-              flush=True)  # fmt: skip
-        run_train_dpo(cfg, arm_dir, store_path=str(store_path), resume=resume)
-    t = setup_task(cfg, plan.n_eval)
-    policy = load_policy(arm_dir / "policy", t.device, cfg.task.temperature)
-    ev = evaluate_arm(t, policy, t.heldout_queries[: plan.n_eval], true_fn, plan.eval_samples, cfg.run.seed + 5, key)
-    rows = [r for r in read_metrics(arm_dir / "metrics.jsonl", "dpo") if "dpo/labels_train" in r]
-    print(f"[{key}] true reward {ev['mean']:+.4f} +/- {ev['stderr']:.4f}, KL {ev['kl']:.2f} +/- "
-          f"{ev['kl_stderr']:.2f} nats", flush=True)  # fmt: skip
-    return ev, int(rows[-1]["dpo/labels_train"]) * cfg.dpo.epochs if rows else 0
-
-
-def _best_of_n_arm(cfg: Config, rm_dir: Path, key: str, n: int, plan: Plan, true_fn) -> tuple[dict, int]:
-    """Best-of-n against the reward model on the held-out queries; episodes: the samples it drew."""
-    print(f"[{key}] sampling {n} x {plan.eval_samples} responses per held-out query", flush=True)
-    t = setup_task(cfg, plan.n_eval)
-    rm = load_reward(rm_dir, t.device).eval().requires_grad_(False)
-    ev = best_of_n_policy(t, rm, t.heldout_queries[: plan.n_eval], true_fn, n, plan.eval_samples, cfg.run.seed + 5)
-    print(f"[{key}] true reward {ev['mean']:+.4f} +/- {ev['stderr']:.4f}, KL {ev['kl']:.2f} (analytic)", flush=True)
-    return ev, n * plan.eval_samples * ev["n_queries"]
-
-
-@torch.no_grad()
-def best_of_n_policy(t: Task, rm, queries: torch.Tensor, true_fn, n: int, samples: int, seed: int, *,
-                     batch_size: int = 64) -> dict:  # fmt: skip
-    """The true reward of best-of-n as a policy: per query `samples` times the first of the highest reward-model
-    score (an ensemble's reduced by rewards.ensemble_reduce) among n samples of rho, scored as a rollout scores them
-    (truncated, the task's penalty); mean +/- s.e. over queries of each query's mean, and KL(best-of-n, rho) =
-    log n - (n-1)/n (analytic, for distinct scores)."""
-    task, k = t.cfg.task, n * samples
-    gen = torch.Generator(device=t.device).manual_seed(seed)
-    score, per_query = rm_score_fn(rm), []
-    step = max(1, batch_size // k)
-    for i in range(0, len(queries), step):
-        q = queries[i : i + step].to(t.device)
-        formatted = t.ctx.format(q)
-        with t.ctx.autocast():
-            r, _ = sample(t.model, formatted, task.response_length, task.temperature, len(t.tok), gen, repeats=k,
-                          stop_tokens=stop_tokens(task, t.tok), **sampler_options(t.cfg.run))  # fmt: skip
-            post = truncate_responses(r, task.truncate_token, task.truncate_after)
-            out = score(formatted.repeat_interleave(k, 0), post, None)  # an ensemble's: [K, B]
-            rw = t.cfg.rewards
-            proxy = apply_penalty(reduced_scores(out, rw.ensemble_reduce, rw.uwo_lambda)[0], post, task)
-        articles = [x for x in decode(t.tok, q) for _ in range(k)]  # a judge may read the query
-        true = torch.tensor(score_texts(true_fn, response_texts(t.tok, post, task), articles), dtype=torch.float64)
-        pick = proxy.view(len(q), samples, n).argmax(2, keepdim=True).cpu()  # the first of the highest
-        per_query += true.view(len(q), samples, n).gather(2, pick).squeeze(2).mean(1).tolist()
-    x = torch.tensor(per_query, dtype=torch.float64)
-    return {"mean": x.mean().item(), "stderr": (x.std() / math.sqrt(len(x))).item(), "n_queries": len(x),
-            "samples_per_query": samples, "kl": bon_kl(n), "kl_stderr": 0.0, "kl_analytic": True}  # fmt: skip
-
-
-COLORS = {"ppo": "tab:blue", "ppo-separate": "tab:cyan", "rloo": "tab:green", "dpo-pairwise": "tab:red",
-          "dpo-listwise": "tab:orange", "best-of-n": "tab:purple", "grpo": "tab:olive", "grpo-kl-reward": "tab:brown",
-          "dr-grpo": "tab:pink", "reinforce-pp-baseline": "tab:gray"}  # fmt: skip
-
-
-def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
-    """compare.png: every arm's held-out true reward against its KL (mean +/- s.e.; across seeds with several),
-    one colour per kind, beside the sampled optimal frontier and the initial policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    plot_frontier(ax, data)
-    summary = data.get("summary", {})
-    for kind in plan.arms:
-        pts = sorted((summary[a[0]] for a in arm_list(plan) if a[1] == kind and a[0] in summary),
-                     key=lambda d: d["kl"])  # fmt: skip
-        if not pts:
-            continue
-        what = "analytic KL" if kind == "best-of-n" else "measured KL, along one run" if is_beta0(kind) else \
-            "measured KL"
-        # best-of-n's points and a beta-0 run's are joined: one curve each; the other kinds' settings are points
-        fmt = "-o" if kind == "best-of-n" else "--s" if is_beta0(kind) else "o"
-        ax.errorbar([d["kl"] for d in pts], [d["mean"] for d in pts], xerr=[d["kl_stderr"] for d in pts],
-                    yerr=[d["stderr"] for d in pts], fmt=fmt, capsize=3, lw=0.8,
-                    color=COLORS[BETA0_KINDS.get(kind, kind)], label=f"{kind} ({what})")  # fmt: skip
-    for kl in data.get("matched_kl", {}).get("kls", []):  # where the kinds are compared
-        ax.axvline(kl, color="0.6", ls=":", lw=0.8)
-    ax.set_xlabel("KL(pi, rho), nats")
-    ax.set_ylabel("true reward on held-out queries")
-    ax.set_title(f"one label store, one reward model: {plan.seeds} seed{'s' if plan.seeds > 1 else ''}, "
-                 f"{plan.n_eval} held-out queries")  # fmt: skip
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # beside: no point hidden
-    fig.tight_layout()
-    path = run_dir / "compare.png"
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def table(data: dict, plan: Plan) -> list[str]:
-    """The markdown table of every finished arm and seed (and the initial policy)."""
-    init = data["initial"]
-    lines = ["| arm | setting | seed | true reward | KL (nats) | wall time (s) | episodes/s |",
-             "|---|---|---|---|---|---|---|",
-             f"| initial | - | - | {init['mean']:+.4f} +/- {init['stderr']:.4f} | 0 | - | - |"]  # fmt: skip
-    for s in range(plan.seeds):
-        for name, kind, setting, _ in arm_list(plan):
-            d = data.get(seed_key(name, s))
-            if d is None:
-                continue
-            kl = f"{d['kl']:.2f} (analytic)" if d.get("kl_analytic") else f"{d['kl']:.2f} +/- {d['kl_stderr']:.2f}"
-            lines.append(f"| {kind} | {setting} | {d['seed']} | {d['mean']:+.4f} +/- {d['stderr']:.4f} | {kl} | "
-                         f"{d['seconds']:.1f} | {d['episodes_per_s']:.1f} |")  # fmt: skip
-    return lines
-
-
-# an arm whose held-out KL from the initial policy stays under this many nats did not move it: its figures are the
-# initial policy's, whatever its setting promised (DPO at the paper's lr 1e-6 on a small model moves ~1e-5 nats)
-STILL_KL = 0.01
-
-
-def unmoved(data: dict, plan: Plan, cfg: Config | None = None) -> str | None:
-    """One line naming the finished arms that did not move the policy (KL under STILL_KL nats) and what moves one,
-    or None when every arm moved."""
-    still = [seed_key(name, s) for s in range(plan.seeds) for name, kind, _, _ in arm_list(plan)
-             if kind != "best-of-n" and seed_key(name, s) in data and data[seed_key(name, s)]["kl"] < STILL_KL]
-    if not still:
-        return None
-    dpo = f" (now {cfg.dpo.lr:g})" if cfg is not None else ""
-    return (f"did not move the policy (KL from it under {STILL_KL:g} nats, so their figures are the initial "
-            f"policy's): {', '.join(still)}; a larger --dpo.lr{dpo} or --dpo.epochs moves DPO, a larger --ppo.lr or "
-            "--ppo.total-episodes PPO and RLOO")
-
-
-def write_report(run_dir: Path, data: dict, plan: Plan, cfg: Config | None = None) -> Path:
-    fr = data["frontier"]
-    rm = data.get("reward_model", {})
-    acc = f", held-out accuracy {rm['heldout/accuracy']:.3f}" if "heldout/accuracy" in rm else ""
-    lines = ["# lmprefs experiment compare", "",
-             f"Label store `{data['labels']['store']}` ({data['labels']['num_train']} training labels); reward model "
-             f"trained once from it{acc}. Every arm evaluated on the same {plan.n_eval} held-out queries x "
-             f"{plan.eval_samples} samples: true reward mean +/- s.e. over queries, KL(pi, rho) +/- s.e. over its own "
-             "samples (best-of-n: the analytic log n - (n-1)/n). Wall time: the arm's training and evaluation in the "
-             "run that finished it; episodes: rollouts (PPO, RLOO), labels x epochs (DPO), samples drawn "
-             "(best-of-n).", "", *table(data, plan), "",
-             *([f"**Arms that {still}.**", ""] if (still := unmoved(data, plan, cfg)) else []),
-             f"Optimal frontier from {fr['queries']} queries x {fr['samples_per_query']} samples of rho (trusted up "
-             f"to mean ESS {fr['min_ess']:g}).", "", "![KL vs true reward](compare.png)", ""]  # fmt: skip
-    m = data.get("matched_kl", {"kls": [], "note": "not computed"})
-    lines += ["## At matched KL", "",
-              "Each kind's true reward interpolated on its own curve over its KL settings, per seed, at KL values "
-              f"every kind reached in every seed ({m.get('ranges', '')}); mean across seeds +/- the 95% interval's "
-              "half-width (Student's t), seeds in brackets; the frontier at that KL where trusted (dotted lines in "
-              "the figure).", "", *matched_table(m), "", *verdicts(m, plan.seeds), ""]  # fmt: skip
-    path = run_dir / "report.md"
-    path.write_text("\n".join(lines))
     return path

@@ -1,6 +1,7 @@
 """What `experiment compare` costs before it runs (`plan_compare`, behind its `--plan`): the seconds of each of its
 stages from their matmul FLOPs (lmprefs.recipes.plan's counts) at the GFLOP/s the SmolLM2 quickstart's stages
-reached, and DPO's at the rate a SmolLM2 train-dpo run reached (DPO_GFLOPS). An estimate, not a measurement."""
+reached, and DPO's at the rate a SmolLM2 train-dpo run reached (DPO_GFLOPS); online DPO, which samples, scores and
+trains as PPO does, at PPO's rate. An estimate, not a measurement."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import NamedTuple
 
 from lmprefs.config import Config
 from lmprefs.models import flops as F
-from lmprefs.recipes.compare import BETA0_KINDS, PPO_FAMILY, Plan
+from lmprefs.recipes.compare_arms import BETA0_KINDS, OFFLINE_DPO, ONLINE_DPO, PPO_FAMILY, Plan
 from lmprefs.recipes.plan import MEASURED_GFLOPS, MODEL_LOAD_S, Counts, Passes, Shape, prefix_cache_bytes, stage_flops
 
 R = dataclasses.replace
@@ -53,13 +54,30 @@ def dpo_flops(cfg: Config, facts: F.ModelFacts, shape: Shape, train: int, held: 
             + (F.merge_flops(facts, ad) if ad else 0))  # fmt: skip
 
 
+def online_dpo_flops(cfg: Config, facts: F.ModelFacts, shape: Shape) -> int:
+    """One online-DPO arm as compare runs it (compare_dpo.online_config): ppo.num_updates steps, each sampling
+    ppo.batch_size responses from the policy, S = dpo.online_samples to each of B / S queries (keeping no frozen
+    prefix), the reward model scoring every one whole, then the reference's log-probabilities and the policy's
+    forward and backward over them, each query once for its S samples; with LoRA the adapter merged at the end."""
+    n = Counts(shape.q_len, shape.train_queries, 0, 1, 0, 0, 0, cfg.ppo.num_updates, shape.shared_queries, False)
+    p = Passes(cfg, facts, n)
+    B, S, ad = cfg.ppo.batch_size, cfg.dpo.online_samples, p.ad
+    segments, head = p.qr(B // S, S), F.lm_head_flops(facts, B * p.T)
+    step = (p.sample(B // S, S, ad)
+            + F.trunk_flops(facts, F.plain_segments(B, p.L), 0, None, ad, p.reward(B)) + F.scalar_head_flops(facts, B)
+            + F.trunk_flops(facts, segments, 0, read=p.policy(B)) + head
+            + p.fwd_bwd(segments, 0, ad, p.policy(B)) + head + F.head_backward(head, ad is None))  # fmt: skip
+    return cfg.ppo.num_updates * step + (F.merge_flops(facts, ad) if ad else 0)
+
+
 def plan_compare(cfg: Config, facts: F.ModelFacts, shape: Shape, plan: Plan, n: Sizes, *,
                  rates: dict[str, float] | None = None, dpo_rate: float = DPO_GFLOPS,
                  load_s: float = MODEL_LOAD_S) -> list[dict]:  # fmt: skip
     """[{stage, runs, gflop, seconds}] of `experiment compare` with `plan` (its lengths resolved): the store's
     questions sampled and labeled once, the frontier's samples of rho once, one reward model; per seed each
-    PPO-family kind's run per KL coefficient (a beta-0 kind's one run), each DPO kind's per dpo.beta, each best-of-n
-    n's samples and their scores; and every trained arm's evaluation (a beta-0 run's at each of plan.lengths)."""
+    PPO-family kind's run per KL coefficient (a beta-0 kind's one run), each DPO kind's per dpo.beta (offline
+    and online), each best-of-n n's samples and their scores; and every trained arm's evaluation (a beta-0 run's at
+    each of plan.lengths)."""
     rates = rates or MEASURED_GFLOPS
     T = cfg.task.response_length
     counts = Counts(shape.q_len, shape.train_queries, n.n_eval, plan.eval_samples, n.questions, n.labels_train,
@@ -71,16 +89,18 @@ def plan_compare(cfg: Config, facts: F.ModelFacts, shape: Shape, plan: Plan, n: 
         rows.append({"stage": stage, "runs": runs, "gflop": flops / 1e9, "seconds": flops / 1e9 / rate})
 
     ppo_kinds = [k for k in plan.arms if k in PPO_FAMILY or k in BETA0_KINDS]
-    dpo_kinds = [k for k in plan.arms if k.startswith("dpo-")]
+    dpo_kinds = [k for k in plan.arms if k in OFFLINE_DPO]
+    online = plan.seeds * len(plan.dpo_betas) if ONLINE_DPO in plan.arms else 0
     bon = plan.best_of if "best-of-n" in plan.arms else ()
     runs = {k: plan.seeds * (1 if k in BETA0_KINDS else len(plan.kl_coefs)) for k in ppo_kinds}
-    loads = 1 + sum(runs.values()) + plan.seeds * (2 * len(dpo_kinds) * len(plan.dpo_betas) + len(bon))
+    # an online arm loads its task, the reward model and the task it is evaluated in
+    loads = 1 + sum(runs.values()) + plan.seeds * (2 * len(dpo_kinds) * len(plan.dpo_betas) + len(bon)) + 3 * online
     rows.append({"stage": "model loads", "runs": loads, "gflop": 0.0, "seconds": loads * load_s})
     if n.questions:
         row(f"label {n.questions} questions", 1, sum(base["sample and label"].values()), rates["sample and label"])
     frontier = F.sample_flops(facts, n.n_eval, shape.q_len, T, plan.samples, static=cfg.run.kv_cache != "dynamic")
     row(f"frontier: {n.n_eval} queries x {plan.samples} samples of rho", 1, frontier, rates["evaluate initial"])
-    if ppo_kinds or bon:
+    if ppo_kinds or bon or online:
         row(f"reward model, {n.labels_train} labels", 1, sum(base["train reward model"].values()),
             rates["train reward model"])  # fmt: skip
     for kind in ppo_kinds:
@@ -93,11 +113,14 @@ def plan_compare(cfg: Config, facts: F.ModelFacts, shape: Shape, plan: Plan, n: 
     if dpo_runs:
         row(f"DPO: {','.join(dpo_kinds)}, {len(plan.dpo_betas)} beta, {cfg.dpo.epochs} epoch(s)", dpo_runs,
             dpo_runs * dpo_flops(cfg, facts, shape, n.labels_train, n.labels_heldout), dpo_rate)  # fmt: skip
+    if online:
+        row(f"{ONLINE_DPO}, {len(plan.dpo_betas)} beta, {cfg.ppo.num_updates} steps of {cfg.ppo.batch_size}", online,
+            online * online_dpo_flops(cfg, facts, shape), rates["PPO"])  # fmt: skip
     if bon:
         row(f"best-of-n, n {','.join(map(str, bon))}", plan.seeds * len(bon),
             plan.seeds * sum(_best_of_n_flops(cfg, facts, shape, n.n_eval, m * plan.eval_samples) for m in bon),
             rates["evaluate final"])  # fmt: skip
-    evals = dpo_runs + sum(runs[k] * (len(plan.lengths) if k in BETA0_KINDS else 1) for k in ppo_kinds)
+    evals = dpo_runs + online + sum(runs[k] * (len(plan.lengths) if k in BETA0_KINDS else 1) for k in ppo_kinds)
     if evals:
         row(f"evaluations, {n.n_eval} x {plan.eval_samples}", evals, evals * sum(base["evaluate final"].values()),
             rates["evaluate final"])  # fmt: skip

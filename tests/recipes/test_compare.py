@@ -76,6 +76,8 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     (["--arms", "ppo", "--lengths", "1"], "--lengths 1: no arm is swept over training length"),
     (["--arms", "grpo-beta0", "--lengths", "1,9"], "--lengths 1,9: 9 is past the run's 2 updates"),
     (["--arms", "grpo-beta0", "--lengths", "0"], "--lengths '0': every update count must be a positive number"),
+    (["--arms", "dpo-online", "--dpo.online-samples", "3"], "dpo.online_samples=3: the dpo-online arm samples "
+     "ppo.batch_size=16 responses a step, as the PPO-family arms do"),
     (["--arms", "ppo,grpo-beta0", "--kl-coefs", "0.1", "--lengths", "2", "--match-kl", "1"],
      "--match-kl 1: matched KL needs two or more arm kinds with two or more KL settings"),
 ])  # fmt: skip
@@ -92,7 +94,8 @@ def test_an_arm_that_did_not_move_the_policy_is_named_in_the_report(tmp_path):
     """A DPO arm at the paper's lr 1e-6 on a small model ends at KL -4e-6 nats: its figures are the initial
     policy's, and the report says so in one line, with what moves it; arms that moved, and best-of-n, are not named."""
     from lmprefs.config import preset
-    from lmprefs.recipes.compare import Plan, unmoved, write_report
+    from lmprefs.recipes.compare_arms import Plan
+    from lmprefs.recipes.compare_report import unmoved, write_report
 
     plan = Plan(arms=("ppo", "dpo-pairwise", "best-of-n"), kl_coefs=(0.1,), dpo_betas=(0.1, 0.3), best_of=(4,),
                 n_eval=4, eval_samples=1)  # fmt: skip
@@ -153,7 +156,7 @@ def test_a_beta0_kind_is_one_run_evaluated_along_the_way_and_resumes(tmp_path, c
 
 def test_a_match_kl_value_outside_a_finished_kinds_range_is_refused():
     from lmprefs.errors import UserError
-    from lmprefs.recipes.compare import Plan, arm_list
+    from lmprefs.recipes.compare_arms import Plan, arm_list
     from lmprefs.recipes.matched import check_reach
 
     plan = Plan(arms=("ppo", "grpo-beta0"), kl_coefs=(0.1, 0.3), lengths=(2, 4), seeds=2)

@@ -8,9 +8,9 @@ import pytest
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.models.flops import ModelFacts
-from lmprefs.recipes.compare import Plan
+from lmprefs.recipes.compare_arms import Plan
 from lmprefs.recipes.plan import Shape
-from lmprefs.recipes.plan_compare import DPO_GFLOPS, Sizes, dpo_flops, plan_compare
+from lmprefs.recipes.plan_compare import DPO_GFLOPS, Sizes, dpo_flops, online_dpo_flops, plan_compare
 
 R = dataclasses.replace
 SMOLLM2 = {"model_type": "llama", "hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
@@ -57,6 +57,22 @@ def test_the_estimate_grows_with_seeds_settings_and_arms():
     assert "label 889 questions" not in stages(sizes=SIZES._replace(questions=0))
 
 
+def test_the_online_dpo_arm_costs_its_episode_budget():
+    """dpo-online: one run per seed and dpo.beta, at PPO's rate, its FLOPs growing with ppo.total_episodes as PPO's
+    do; it needs the reward model and adds its evaluations."""
+    cfg, facts = preset("quickstart"), ModelFacts.from_config(SMOLLM2)
+    plan = R(PLAN, arms=("dpo-online", "dpo-pairwise"))
+    base = stages(plan)
+    assert base["dpo-online"]["runs"] == 3 * 2 and base["dpo-online"]["gflop"] == pytest.approx(
+        3 * 2 * online_dpo_flops(cfg, facts, SHAPE) / 1e9)  # fmt: skip
+    assert "reward model" in base and base["evaluations"]["runs"] == 3 * 2 + 3 * 2
+    twice = R(cfg, ppo=R(cfg.ppo, total_episodes=2 * cfg.ppo.total_episodes))
+    assert online_dpo_flops(twice, facts, SHAPE) == pytest.approx(2 * online_dpo_flops(cfg, facts, SHAPE), rel=1e-3)
+    four = R(cfg, dpo=R(cfg.dpo, online_samples=4))  # the same responses, half the queries: the prefill shared more
+    assert online_dpo_flops(four, facts, SHAPE) < online_dpo_flops(cfg, facts, SHAPE)
+    assert "reward model" not in stages(R(PLAN, arms=("dpo-pairwise",)))
+
+
 def test_dpos_rate_is_the_measured_runs():
     """docs/results.md: train-dpo quickstart on 256 labels (105 held out) took 94.5 s, about 5 s of it loading."""
     seconds = dpo_flops(preset("quickstart"), ModelFacts.from_config(SMOLLM2), SHAPE, 256, 105) / 1e9 / DPO_GFLOPS
@@ -82,6 +98,8 @@ def test_plan_prints_an_estimate_and_writes_nothing(tmp_path, capsys, monkeypatc
     (["--arms", "grpo-beta0", "--lengths", "9"], "--lengths 9: 9 is past the run's 2 updates"),
     (["--plan-minutes", "-1"], "--plan-minutes -1: must be a positive number of minutes"),
     (["--labels", "100000"], "--labels 100000: the task's"),
+    (["--arms", "dpo-online", "--dpo.online-samples", "3"], "dpo.online_samples=3: the dpo-online arm samples "
+     "ppo.batch_size=16 responses a step"),
 ])  # fmt: skip
 def test_plan_bad_input_is_one_line(tmp_path, capsys, monkeypatch, argv, needle):
     monkeypatch.chdir(tmp_path)
