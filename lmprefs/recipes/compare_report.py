@@ -9,7 +9,7 @@ from lmprefs.config import Config
 from lmprefs.recipes.compare_arms import BETA0_KINDS, Plan, arm_list
 from lmprefs.recipes.compare_lengths import is_beta0
 from lmprefs.recipes.experiment import seed_key
-from lmprefs.recipes.kl_frontier import plot_frontier
+from lmprefs.recipes.kl_frontier import plot_frontier, save_kl_figure
 from lmprefs.recipes.matched import matched_table, verdicts
 
 COLORS = {"ppo": "tab:blue", "ppo-separate": "tab:cyan", "rloo": "tab:green", "dpo-pairwise": "tab:red",
@@ -42,17 +42,8 @@ def plot_compare(run_dir: Path, data: dict, plan: Plan) -> Path:
                     color=COLORS[BETA0_KINDS.get(kind, kind)], label=f"{kind} ({what})")  # fmt: skip
     for kl in data.get("matched_kl", {}).get("kls", []):  # where the kinds are compared
         ax.axvline(kl, color="0.6", ls=":", lw=0.8)
-    ax.set_xlabel("KL(pi, rho), nats")
-    ax.set_ylabel("true reward on held-out queries")
-    ax.set_title(f"one label store, one reward model: {plan.seeds} seed{'s' if plan.seeds > 1 else ''}, "
-                 f"{plan.n_eval} held-out queries")  # fmt: skip
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # beside: no point hidden
-    fig.tight_layout()
-    path = run_dir / "compare.png"
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_kl_figure(fig, ax, f"one label store, one reward model: {plan.seeds} seed"
+                          f"{'s' if plan.seeds > 1 else ''}, {plan.n_eval} held-out queries", run_dir / "compare.png")
 
 
 def table(data: dict, plan: Plan) -> list[str]:

@@ -208,13 +208,21 @@ def plot_figure3(run_dir: Path, data: dict, arms: list[str]) -> Path:
         ax.errorbar(d["kl"], d["mean"], xerr=d["kl_stderr"], yerr=d["stderr"], fmt="^", capsize=3,
                     label=f"Figure 2 arm {name} ({d['seeds']} seeds, {d['n_queries']} queries)")  # fmt: skip
     _plot_yardsticks(ax, data)
+    return save_kl_figure(fig, ax, "KL vs true reward (dashed: log M, the most KL M samples can show)",
+                          run_dir / "figure3.png")  # fmt: skip
+
+
+def save_kl_figure(fig, ax, title: str, path: Path) -> Path:
+    """A figure on Figure 3's axes (KL(pi, rho) against the held-out true reward) titled, its legend beside the plot
+    so that it hides no point, saved as a PNG at `path` and closed."""
+    import matplotlib.pyplot as plt
+
     ax.set_xlabel("KL(pi, rho), nats")
     ax.set_ylabel("true reward on held-out queries")
-    ax.set_title("KL vs true reward (dashed: log M, the most KL M samples can show)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # beside: no point hidden
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     fig.tight_layout()
-    path = run_dir / "figure3.png"
     fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return path
