@@ -47,7 +47,8 @@ def _parser() -> ArgumentParser:
                                     "writing-prompts"],
                    help="mock-sentiment: the paper's Figure 2 (reward models from N labels vs direct access); "
                    "kl-frontier: Figure 3 (KL vs true reward of PPO runs beside the optimal policy); compare: PPO, "
-                   "PPO with a separate value model, RLOO, DPO and best-of-n from one label store on Figure 3's axes; "
+                   "PPO with a separate value model, RLOO, the GRPO family, DPO (offline and online) and best-of-n "
+                   "from one label store on Figure 3's axes; "
                    "label-efficiency: random against uncertainty-directed queries at several label budgets; "
                    "overoptimization: Gao et al.'s protocol (proxy and true reward over KL for best-of-n and PPO "
                    "against reward models from N labels, single and ensembles under mean, min and uwo); "
