@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from lmprefs.training.masked import masked_mean, masked_var
+from lmprefs.training.surrogate import clipped_surrogate
 
 GRPO_EPS = 1e-4
 # how each estimator reduces its per-token loss [b, T] to a scalar: over every token of the minibatch, over each
@@ -103,10 +104,7 @@ def group_losses(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, v
     Returns (loss, stats) under PPO's names for the shared stats.
     """
     adv = advantages[:, None] if advantages.dim() == 1 else advantages  # [b, 1] or [b, T]
-    ratio = torch.exp(logprobs - old_logprobs)  # [b, T]
-    pg_losses = -adv * ratio
-    pg_losses2 = -adv * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    pg = torch.max(pg_losses, pg_losses2)  # [b, T]
+    pg, clipped = clipped_surrogate(torch.exp(logprobs - old_logprobs), adv, cliprange)  # [b, T] each
     pg_loss = reduce_loss(pg, normalizer, mask)
     kl = k3(logprobs, ref_logprobs)  # [b, T]
     kl_loss = reduce_loss(kl, normalizer, mask)
@@ -120,6 +118,6 @@ def group_losses(logprobs: Tensor, old_logprobs: Tensor, ref_logprobs: Tensor, v
             "ppo/loss/kl": kl_loss,
             "ppo/loss/total": loss,
             "ppo/policy/approxkl": 0.5 * mean((logprobs - old_logprobs) ** 2),
-            "ppo/policy/clipfrac": mean((pg_losses2 > pg_losses).to(pg_losses.dtype)),
+            "ppo/policy/clipfrac": mean(clipped),
         }
     return loss, {k: v.detach() for k, v in stats.items()}

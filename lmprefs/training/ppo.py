@@ -24,6 +24,7 @@ from torch import Tensor
 from lmprefs.training.grpo import NORMALIZERS, group_losses
 from lmprefs.training.masked import masked_mean, masked_var, partial_mask
 from lmprefs.training.rloo import rloo_losses
+from lmprefs.training.surrogate import clipped_surrogate
 
 if TYPE_CHECKING:
     from lmprefs.config import PPOConfig, RewardsConfig
@@ -170,10 +171,8 @@ def ppo_losses(  # noqa: PLR0917 (the original's loss inputs, one by one, as in 
     vf_loss = 0.5 * mean(torch.max(vf_losses1, vf_losses2))
 
     # Policy loss, pessimistic clipped surrogate (#L350-L355)
-    ratio = torch.exp(logprobs - old_logprobs)
-    pg_losses = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    pg_loss = mean(torch.max(pg_losses, pg_losses2))
+    pg_losses, clipped = clipped_surrogate(torch.exp(logprobs - old_logprobs), advantages, cliprange)
+    pg_loss = mean(pg_losses)
 
     loss = pg_loss + vf_coef * vf_loss  # #L357
 
@@ -183,7 +182,7 @@ def ppo_losses(  # noqa: PLR0917 (the original's loss inputs, one by one, as in 
             "ppo/loss/value": vf_loss,
             "ppo/loss/total": loss,
             "ppo/policy/approxkl": 0.5 * mean((logprobs - old_logprobs) ** 2),
-            "ppo/policy/clipfrac": mean((pg_losses2 > pg_losses).to(pg_losses.dtype)),
+            "ppo/policy/clipfrac": mean(clipped),
             "ppo/returns/mean": mean(returns),
             "ppo/returns/var": var(returns),
             "ppo/val/vpred": mean(vpred),

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from lmprefs.training.masked import masked_mean
+from lmprefs.training.surrogate import clipped_surrogate
 
 
 def rloo_returns(scores: Tensor, kl: Tensor, kl_coef: float) -> Tensor:
@@ -61,15 +62,14 @@ def rloo_losses(logprobs: Tensor, old_logprobs: Tensor, vpred: Tensor, advantage
         adv, term_mean = advantages, (lambda x: x.mean())
     else:
         ratio, adv, term_mean = torch.exp(diff), advantages[:, None], mean  # [b, T]; adv [b, 1] broadcast over T
-    pg_losses = -adv * ratio
-    pg_losses2 = -adv * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    pg_loss = term_mean(torch.max(pg_losses, pg_losses2))
+    pg_losses, clipped = clipped_surrogate(ratio, adv, cliprange)
+    pg_loss = term_mean(pg_losses)
     loss = pg_loss + 0.0 * vpred.sum()
     with torch.no_grad():
         stats = {
             "ppo/loss/policy": pg_loss,
             "ppo/loss/total": pg_loss,
             "ppo/policy/approxkl": 0.5 * mean(diff**2),
-            "ppo/policy/clipfrac": term_mean((pg_losses2 > pg_losses).to(pg_losses.dtype)),
+            "ppo/policy/clipfrac": term_mean(clipped),
         }
     return loss, {k: v.detach() for k, v in stats.items()}
