@@ -80,7 +80,8 @@ def fit_gao(form: str, kl, gain, cut: float) -> dict:
     inside = kl <= cut
     if int(inside.sum()) < 2:
         raise ValueError(f"a fit needs at least 2 points with KL <= {cut:g}; {int(inside.sum())} are")
-    x = _features(form, kl[inside].sqrt())  # [P_in, 2]
+    # a measured KL can be a hair below 0 (the estimator's noise at the start of a run): its d is 0, not nan
+    x = _features(form, kl[inside].clamp_min(0).sqrt())  # [P_in, 2]
     coef = torch.linalg.lstsq(x, gain[inside][:, None]).solution[:, 0]  # [2]
     pred = gao_reward(form, kl, coef[0].item(), coef[1].item())  # [P]
     beyond = ~inside

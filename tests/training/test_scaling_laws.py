@@ -64,3 +64,13 @@ def test_a_fit_needs_two_points_inside_the_cut():
         fit_gao("rl", [0.2, 1.0, 2.0], [0.1, 0.2, 0.3], cut=0.5)
     with pytest.raises(ValueError, match="best-of-9"):
         bon_weights(4, 9)
+
+
+@pytest.mark.parametrize("form", ["bon", "rl"])
+def test_a_measured_kl_a_hair_below_zero_fits_as_zero(form):
+    # a PPO curve's first window can measure KL -0.001: its d is 0, so the fit equals the one with that KL at 0
+    kl, gain = [-1e-3, 0.5, 1.5, 3.0, 6.0], [0.0, 0.3, 0.5, 0.6, 0.55]
+    fit = fit_gao(form, kl, gain, cut=4.0)
+    assert np.isfinite([fit["alpha"], fit["beta"], fit["rmse_beyond"]]).all()
+    at_zero = fit_gao(form, [0.0, *kl[1:]], gain, cut=4.0)
+    assert (fit["alpha"], fit["beta"]) == (at_zero["alpha"], at_zero["beta"])
