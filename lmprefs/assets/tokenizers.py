@@ -88,19 +88,37 @@ def gpt2_tokenizer():
 
 
 _TOKENIZERS: dict[tuple, object] = {}
+# files of a model directory that no tokenizer reads: a reward model or policy saved by a run holds the base model's
+# tokenizer files byte for byte beside a config.json of its own
+_NOT_TOKENIZER = {"generation_config.json", "lmprefs.json", "manifest.json", "reward_model.json",
+                  "model.safetensors.index.json"}  # fmt: skip
+
+
+def _tokenizer_key(p: Path) -> tuple:
+    """What a directory's tokenizer is made of: the name and bytes of each file that may define it (config.json only
+    where tokenizer_config.json does not name the tokenizer class, which is when transformers reads it)."""
+    files = [f for pat in ("*.json", "*.txt", "*.model", "*.jinja") for f in sorted(p.glob(pat))
+             if f.name not in _NOT_TOKENIZER]  # fmt: skip
+    tok_cfg = p / "tokenizer_config.json"
+    if tok_cfg.is_file() and '"tokenizer_class"' in tok_cfg.read_text(encoding="utf-8"):
+        files = [f for f in files if f.name != "config.json"]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
+    return ("files", digest.hexdigest())
 
 
 def load_tokenizer(path: str | Path):
-    """The Hugging Face tokenizer of a model directory (or hub name), read once per process and version of its
-    files: building GPT-2's BPE takes ~0.4 s and a run loads the same one for the policy, the reward model and the
-    labels, while nothing in lmprefs changes a tokenizer after loading, so all of them can share one object."""
+    """The Hugging Face tokenizer of a model directory (or hub name), read once per process and content of its
+    files: building GPT-2's BPE takes ~0.1-0.4 s and a run loads the same one for the policy, each reward model it
+    saved and the labels, while nothing in lmprefs changes a tokenizer after loading, so all of them can share one
+    object (which also makes check_same_tokenizer's comparison of two vocabularies an identity check)."""
     from transformers import AutoTokenizer
 
     p = Path(path)
-    files = sorted(p.glob("*.json")) + sorted(p.glob("*.txt")) + sorted(p.glob("*.model")) if p.is_dir() else []
-    key = (str(p.resolve()) if p.is_dir() else str(path), tuple((f.name, f.stat().st_mtime_ns) for f in files))
+    key = _tokenizer_key(p) if p.is_dir() else ("name", str(path))
     if key not in _TOKENIZERS:
-        if len(_TOKENIZERS) >= 16:  # a long-lived process (the tests, an experiment) loads many run directories
+        if len(_TOKENIZERS) >= 16:  # a long-lived process (the tests, an experiment) loads many tokenizers
             _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
         _TOKENIZERS[key] = AutoTokenizer.from_pretrained(str(path))
     return _TOKENIZERS[key]

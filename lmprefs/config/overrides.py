@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import functools
 import inspect
 import re
 import textwrap
@@ -24,7 +25,10 @@ class ConfigError(UserError):
     pass
 
 
+@functools.cache
 def _hints(cls) -> dict[str, Any]:
+    """The field types of a config class (get_type_hints evaluates every annotation string: slow, and asked for each
+    field of each class whenever a command reads its flags)."""
     return typing.get_type_hints(cls)
 
 

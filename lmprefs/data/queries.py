@@ -107,7 +107,12 @@ def crops(task: TaskConfig) -> bool:
 
 def encode_query(tokenizer, text: str, task: TaskConfig, start_token: int | None, end_token: int | None):
     """A query's tokens (unpadded, <= query_length) or None if the text has no start or end token."""
-    tokens = tokenizer(text, add_special_tokens=False).input_ids
+    return crop_query(tokenizer(text, add_special_tokens=False).input_ids, task, start_token, end_token)
+
+
+def crop_query(tokens: list[int], task: TaskConfig, start_token: int | None, end_token: int | None):
+    """A text's tokens cut to the query: after the start token, at most query_length, through the last end token;
+    None if a start or end token is asked for and missing."""
     if start_token is not None:
         if start_token not in tokens:
             return None
@@ -146,8 +151,11 @@ def build_queries(texts: list[str], tokenizer, task: TaskConfig, source: str = "
     start = single_token(tokenizer, task.start_text, "start_text") if crop else None
     end = single_token(tokenizer, task.end_text, "end_text") if crop else None
     rows = []
-    for text in texts:
-        tokens = encode_query(tokenizer, without_suffix(text, task.query_suffix), task, start, end)
+    # one call for all texts: the tokenizer's per-call overhead, not the BPE, is most of the cost of short texts
+    stripped = [without_suffix(t, task.query_suffix) for t in texts]
+    encoded = tokenizer(stripped, add_special_tokens=False).input_ids if texts else []
+    for ids in encoded:
+        tokens = crop_query(ids, task, start, end)
         if tokens:
             rows.append(tokens + [PAD] * (task.query_length - len(tokens)))
     if not rows:

@@ -246,7 +246,7 @@ def check_same_tokenizer(model_dir: Path, tok, what: str) -> None:
     except (OSError, ValueError) as e:
         why = str(e).splitlines()[0][:100]
         raise UserError(f"{what}: no tokenizer to compare with the policy's ({why})") from None
-    if other.get_vocab() != tok.get_vocab():
+    if other is not tok and other.get_vocab() != tok.get_vocab():
         raise UserError(f"{what}: its tokenizer ({len(other)} tokens) differs from the policy's "
                         f"({len(tok)} tokens, task.initial_model); train the reward model on the same base model")
 

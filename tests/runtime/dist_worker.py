@@ -25,6 +25,7 @@ import dataclasses
 import io
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -188,12 +189,17 @@ def run_step(step: dict, first: bool):
     return {"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue()}
 
 
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
 def main(plan_file: str) -> None:
     plan = json.loads(Path(plan_file).read_text())
     d, r = Path(plan["dir"]), os.environ["RANK"]
     for i, step in enumerate(plan["steps"]):
-        t0 = time.time()
-        record = run_step(step, first=i == 0) | {"seconds": time.time() - t0}
+        t0, c0 = time.time(), _cpu_seconds()
+        record = run_step(step, first=i == 0) | {"seconds": time.time() - t0, "cpu_s": _cpu_seconds() - c0}
         (d / f"{step['name']}.rank{r}.json").write_text(json.dumps(record))
 
 

@@ -1,0 +1,79 @@
+"""A pytest plugin, off by default, that records each test's CPU-seconds (user+sys of the test process and of the
+children it waited for) for its set-up, call and tear-down: wall time says little on a shared or loaded machine.
+
+    PYTHONPATH=$PWD:$PWD/tests python -m pytest -p cputime --cputime-out=cpu.jsonl -n 0 tests/training
+
+Each line of the output is {"test": nodeid, "phase": "setup"|"call"|"teardown", "cpu_s": ...}; a session-scoped
+fixture's cost lands on the set-up of the first test that uses it. `python tests/cputime.py cpu.jsonl` sums them per
+test and per module, costliest first."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from collections import defaultdict
+
+import pytest
+
+
+def _cpu_seconds() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def pytest_addoption(parser):
+    parser.addoption("--cputime-out", default="cputime.jsonl", help="JSONL file the per-test CPU-seconds go to")
+
+
+def _record(item, phase: str, start: float) -> None:
+    with open(item.config.getoption("--cputime-out"), "a", encoding="utf-8") as out:
+        out.write(json.dumps({"test": item.nodeid, "phase": phase, "cpu_s": round(_cpu_seconds() - start, 3)}) + "\n")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    start = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        _record(item, "setup", start)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    start = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        _record(item, "call", start)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    start = _cpu_seconds()
+    try:
+        return (yield)
+    finally:
+        _record(item, "teardown", start)
+
+
+def summarise(path: str, top: int = 40) -> None:
+    per_test: dict[str, float] = defaultdict(float)
+    per_module: dict[str, float] = defaultdict(float)
+    with open(path, encoding="utf-8") as lines:
+        for line in lines:
+            row = json.loads(line)
+            per_test[row["test"]] += row["cpu_s"]
+            per_module[row["test"].split("::")[0]] += row["cpu_s"]
+    print(f"{len(per_test)} tests, {sum(per_test.values()):.1f} CPU-s")
+    for name, seconds in sorted(per_module.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{seconds:8.1f}  {name}")
+    print()
+    for name, seconds in sorted(per_test.items(), key=lambda kv: -kv[1])[:top]:
+        print(f"{seconds:8.1f}  {name}")
+
+
+if __name__ == "__main__":
+    summarise(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40)
