@@ -36,9 +36,10 @@ from lmprefs.pipeline.reward_model import (
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import progress
+from lmprefs.training.comparisons import Comparisons
 from lmprefs.training.prefix_share import SharedPrefixes
 from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES, prefix_bytes
-from lmprefs.training.reward import Comparisons, evaluate
+from lmprefs.training.reward import evaluate
 
 
 def bootstrap_rows(n: int, seed: int, member: int) -> torch.Tensor:

@@ -26,10 +26,10 @@ from lmprefs.models.trunk import frozen_depth
 from lmprefs.pipeline.task import Task
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.runlog import open_logger, progress
+from lmprefs.training.comparisons import Comparisons
 from lmprefs.training.prefix_share import SharedPrefixes
 from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES, QuestionPrefixes, label_prefixes, prefix_bytes
 from lmprefs.training.reward import (
-    Comparisons,
     evaluate,
     examples_to_comparisons,
     normalize,

@@ -50,7 +50,7 @@ from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.selection import Chooser, ensemble_scores, pool_size
 from lmprefs.pipeline.task import Task, setup_task
 from lmprefs.recipes.experiment import Results, check_heldout, seed_key, train_arm, true_reward_fn
-from lmprefs.training.reward import Comparisons
+from lmprefs.training.comparisons import Comparisons
 
 R = dataclasses.replace
 DEFAULT_BUDGETS = (64, 128, 256, 512)

@@ -29,6 +29,7 @@ from lmprefs.models.token_logprobs import token_logprobs
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth, response_logits_hidden
 from lmprefs.runtime.memory import available_memory
 from lmprefs.runtime.runlog import progress
+from lmprefs.training.comparisons import Comparisons
 from lmprefs.training.dpo import (
     implicit_rewards,
     listwise_losses,
@@ -38,7 +39,6 @@ from lmprefs.training.dpo import (
 )
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.question_prefixes import PREFIX_CACHE_BYTES, QuestionPrefixes, label_prefixes, prefix_bytes
-from lmprefs.training.reward import Comparisons
 from lmprefs.training.sft import epoch_order
 from lmprefs.training.step_checkpoint import load_step_checkpoint, save_step_checkpoint
 

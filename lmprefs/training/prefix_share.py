@@ -21,8 +21,8 @@ from lmprefs.data.tasks import TaskContext
 from lmprefs.models.ensemble import RewardEnsemble
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.models.trunk import FrozenPrefix, frozen_depth
+from lmprefs.training.comparisons import Comparisons
 from lmprefs.training.question_prefixes import QuestionPrefixes, label_prefixes
-from lmprefs.training.reward import Comparisons
 
 
 @dataclass

@@ -13,7 +13,8 @@ from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.labels.formats import import_file
 from lmprefs.labels.store import LabelStore
-from lmprefs.training.reward import Comparisons, pairs_from_scores
+from lmprefs.training.comparisons import Comparisons
+from lmprefs.training.reward import pairs_from_scores
 
 R = dataclasses.replace
 def test_import_scores_as_scalar_rating_labels(tmp_path, capsys):

@@ -42,9 +42,10 @@ from lmprefs.models.loading import load_lm
 from lmprefs.models.policy import Policy
 from lmprefs.models.reward_model import RewardModel
 from lmprefs.runtime import distributed as dist
+from lmprefs.training.comparisons import Comparisons
 from lmprefs.training.optim import TFAdam
 from lmprefs.training.ppo import Rollout, kl_penalized_rewards, ppo_update
-from lmprefs.training.reward import Comparisons, train_epoch
+from lmprefs.training.reward import train_epoch
 
 R = dataclasses.replace
 N, S, B = 12, 4, 8  # labeled questions, samples per question, PPO episodes (global)

@@ -189,8 +189,8 @@ def test_a_microbatched_dpo_step_equals_the_whole_batch_step():
 
     from lmprefs.config import preset
     from lmprefs.pipeline.dpo import dpo_policy, dpo_task
+    from lmprefs.training.comparisons import Comparisons
     from lmprefs.training.dpo_train import _step
-    from lmprefs.training.reward import Comparisons
 
     cfg = preset("tiny")
     cfg = replace(cfg, labels=replace(cfg.labels, type="best_of_4"), run=replace(cfg.run, dtype="float32"))
