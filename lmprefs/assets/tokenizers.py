@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 
 from lmprefs.assets.cache import AssetError, _build_dir_atomically, _package_dir, cache_dir
+from lmprefs.io.publish import sha256_file
 
 
 def gpt2_tiktoken_file() -> Path:
@@ -102,10 +103,7 @@ def _tokenizer_key(p: Path) -> tuple:
     tok_cfg = p / "tokenizer_config.json"
     if tok_cfg.is_file() and '"tokenizer_class"' in tok_cfg.read_text(encoding="utf-8"):
         files = [f for f in files if f.name != "config.json"]
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.name.encode() + b"\0" + hashlib.sha256(f.read_bytes()).digest())
-    return ("files", digest.hexdigest())
+    return ("files", *((f.name, sha256_file(f)) for f in files))
 
 
 def load_tokenizer(path: str | Path):

@@ -106,7 +106,7 @@ def train_ensemble(t: Task, labels: TrainingLabels, out_dir: Path, log=None) -> 
     total = len(labels.train) * tr.epochs
     try:
         for k in range(K):
-            rm, summary = _member(t, labels, k, log, memo, staging)
+            rm, summary = _member(t, labels, k, log, memo, staging, k * total)
             members.append(rm.freeze())
             summaries.append(summary)
         ens = RewardEnsemble(members).eval()
@@ -138,10 +138,12 @@ def train_ensemble(t: Task, labels: TrainingLabels, out_dir: Path, log=None) -> 
     return ens, summary
 
 
-def _member(t: Task, labels: TrainingLabels, k: int, log, memo: dict, staging: Path) -> tuple[RewardModel, dict]:
+def _member(t: Task, labels: TrainingLabels, k: int, log, memo: dict, staging: Path,
+            offset: int) -> tuple[RewardModel, dict]:  # fmt: skip
     """Member k, trained and staged, or as an earlier attempt staged it (its log rows written again): the same
-    weights and summary. Nothing an earlier member leaves behind changes a later one: its init, batch order and
-    normalization draws follow its own seed and fresh generators, and `memo` only spares drawing samples again."""
+    weights and summary; `offset`: the steps of the members before it, where its logged steps begin. Nothing an
+    earlier member leaves behind changes a later one: its init, batch order and normalization draws follow its own
+    seed and fresh generators, and `memo` only spares drawing samples again."""
     cfg = t.cfg
     identity = member_identity(cfg, labels, k, log is not None)
     found = staged_member(staging, k, identity)
@@ -151,9 +153,8 @@ def _member(t: Task, labels: TrainingLabels, k: int, log, memo: dict, staging: P
         for row, step, phase in found.rows if log is not None else []:
             log.scalars(row, step, phase)
         return rm.eval(), found.summary
-    total = len(labels.train) * cfg.train_reward.epochs
     train = labels.train[bootstrap_rows(len(labels.train), cfg.run.seed, k)] if cfg.train_reward.bootstrap else None
-    member_log = _MemberLog(log, k, k * total) if log is not None else None
+    member_log = _MemberLog(log, k, offset) if log is not None else None
     rm, summary = train_member(t, labels, member_log, member=k, norm_memo=memo, train=train)
     stage_member(staging, k, identity, rm, summary, member_log.rows if member_log is not None else [])
     return rm, summary
