@@ -13,8 +13,11 @@ import json
 import resource
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
+
+from lmprefs.io.jsonl import read_jsonl
 
 
 def _cpu_seconds() -> float:
@@ -32,41 +35,35 @@ def _record(item, phase: str, start: float) -> None:
         out.write(json.dumps({"test": item.nodeid, "phase": phase, "cpu_s": round(_cpu_seconds() - start, 3)}) + "\n")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
+def _timed(item, phase: str):
     start = _cpu_seconds()
     try:
         return (yield)
     finally:
-        _record(item, "setup", start)
+        _record(item, phase, start)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _timed(item, "setup"))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    start = _cpu_seconds()
-    try:
-        return (yield)
-    finally:
-        _record(item, "call", start)
+    return (yield from _timed(item, "call"))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    start = _cpu_seconds()
-    try:
-        return (yield)
-    finally:
-        _record(item, "teardown", start)
+    return (yield from _timed(item, "teardown"))
 
 
 def summarise(path: str, top: int = 40) -> None:
     per_test: dict[str, float] = defaultdict(float)
     per_module: dict[str, float] = defaultdict(float)
-    with open(path, encoding="utf-8") as lines:
-        for line in lines:
-            row = json.loads(line)
-            per_test[row["test"]] += row["cpu_s"]
-            per_module[row["test"].split("::")[0]] += row["cpu_s"]
+    for row in read_jsonl(Path(path)):
+        per_test[row["test"]] += row["cpu_s"]
+        per_module[row["test"].split("::")[0]] += row["cpu_s"]
     print(f"{len(per_test)} tests, {sum(per_test.values()):.1f} CPU-s")
     for name, seconds in sorted(per_module.items(), key=lambda kv: -kv[1])[:top]:
         print(f"{seconds:8.1f}  {name}")

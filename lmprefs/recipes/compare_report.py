@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmprefs.config import Config
+from lmprefs.io.atomic import atomic_write_text
 from lmprefs.recipes.compare_arms import BETA0_KINDS, Plan, arm_list
 from lmprefs.recipes.compare_lengths import is_beta0
 from lmprefs.recipes.experiment import seed_key
@@ -102,5 +103,5 @@ def write_report(run_dir: Path, data: dict, plan: Plan, cfg: Config | None = Non
               "half-width (Student's t), seeds in brackets; the frontier at that KL where trusted (dotted lines in "
               "the figure).", "", *matched_table(m), "", *verdicts(m, plan.seeds), ""]  # fmt: skip
     path = run_dir / "report.md"
-    path.write_text("\n".join(lines))
+    atomic_write_text(path, "\n".join(lines))
     return path
