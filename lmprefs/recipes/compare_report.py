@@ -97,9 +97,11 @@ def write_report(run_dir: Path, data: dict, plan: Plan, cfg: Config | None = Non
              f"Optimal frontier from {fr['queries']} queries x {fr['samples_per_query']} samples of rho (trusted up "
              f"to mean ESS {fr['min_ess']:g}).", "", "![KL vs true reward](compare.png)", ""]  # fmt: skip
     m = data.get("matched_kl", {"kls": [], "note": "not computed"})
+    where = "where the ranges of two or more kinds meet, each compared among the kinds that reached it in every seed" \
+        if m.get("partial") else "every kind reached in every seed"
     lines += ["## At matched KL", "",
               "Each kind's true reward interpolated on its own curve over its KL settings, per seed, at KL values "
-              f"every kind reached in every seed ({m.get('ranges', '')}); mean across seeds +/- the 95% interval's "
+              f"{where} ({m.get('ranges', '')}); mean across seeds +/- the 95% interval's "
               "half-width (Student's t), seeds in brackets; the frontier at that KL where trusted (dotted lines in "
               "the figure).", "", *matched_table(m), "", *verdicts(m, plan.seeds), ""]  # fmt: skip
     path = run_dir / "report.md"

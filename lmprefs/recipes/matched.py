@@ -1,6 +1,7 @@
 """`experiment compare`'s comparison at matched KL: per arm kind, one curve of (KL, held-out true reward) per seed
 over its KL knob (kl_coef, dpo.beta, best-of-n's n); the true reward read off every curve at KL values all kinds
-reached in every seed (`training.matched_kl`); per value and kind the mean across seeds with a 95% interval
+reached in every seed (`training.matched_kl`), or, where the kinds' ranges share no value, at the KL values where
+two or more of them meet, each compared among those; per value and kind the mean across seeds with a 95% interval
 (Student's t), beside the sampled optimal frontier there; a verdict line per value naming the kinds whose intervals
 are apart."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from lmprefs.errors import UserError
 from lmprefs.recipes.experiment import ci95, mean_se, seed_key
-from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched, reach
+from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched, overlap_kls, reach
 
 MATCHED_POINTS = 3  # KL values inside the common range, when none are given
 
@@ -50,13 +51,16 @@ def matched_kl(data: dict, arms: list[tuple[str, str, str, float]], kinds: tuple
     if len(curves) < 2:
         return {"kls": [], "note": "matched KL needs two or more arm kinds with two or more KL settings each"
                 + (f" ({', '.join(single)} had one)" if single else "")}  # fmt: skip
-    kls = list(at) or common_kls(curves, MATCHED_POINTS)
-    if not kls:
-        return {"kls": [], "note": "the kinds' KL ranges share no value: " + _ranges(curves)}
+    kls, groups = list(at) or common_kls(curves, MATCHED_POINTS), None
+    if not kls:  # no value common to all: where two or more meet, each value compares the kinds that reached it
+        pieces = overlap_kls(curves)
+        if not pieces:
+            return {"kls": [], "note": "the kinds' KL ranges share no value: " + _ranges(curves)}
+        kls, groups = [p[0] for p in pieces], [p[1] for p in pieces]
     frontier = [(p["kl"], p["reward"]) for p in data.get("frontier", {}).get("points", []) if p.get("trusted")]
     rows, per_value = [], matched(curves, kls)
     for j, kl in enumerate(kls):
-        per_kind = {kind: per_value[kind][j] for kind in curves}
+        per_kind = {kind: per_value[kind][j] for kind in (groups[j] if groups else curves)}
         cells = {}
         for kind, xs in per_kind.items():
             if not xs:
@@ -67,7 +71,7 @@ def matched_kl(data: dict, arms: list[tuple[str, str, str, float]], kinds: tuple
         intervals = {k: (c["mean"] - c["ci95"], c["mean"] + c["ci95"]) for k, c in cells.items() if c["seeds"] > 1}
         rows.append({"kl": kl, "kinds": cells, "frontier": interpolate(frontier, kl),
                      "apart": [list(p) for p in apart(intervals)]})  # fmt: skip
-    return {"kls": kls, "rows": rows, "left_out": single, "ranges": _ranges(curves)}
+    return {"kls": kls, "rows": rows, "left_out": single, "ranges": _ranges(curves), "partial": groups is not None}
 
 
 def _ranges(curves: dict) -> str:
@@ -84,11 +88,13 @@ def verdicts(m: dict, seeds: int) -> list[str]:
         return [f"Matched KL: no comparison ({m['note']})."]
     if seeds < 2:
         return ["Matched KL: one seed gives no interval across seeds; run --seeds 3 or more for a verdict."]
-    out = []
+    out = [f"No KL value was reached by every kind in every seed ({m['ranges']}): each value below compares only the "
+           "kinds that reached it, named in brackets."] if m.get("partial") else []
     for row in m["rows"]:
         pairs = [f"{a} above {b}" for a, b in row["apart"]]
         said = "; ".join(pairs) if pairs else "no kind's interval is apart from another's: no ranking holds"
-        out.append(f"At KL {row['kl']:.2f} nats: {said}.")
+        among = f" ({', '.join(sorted(row['kinds']))})" if m.get("partial") else ""
+        out.append(f"At KL {row['kl']:.2f} nats{among}: {said}.")
     return out
 
 

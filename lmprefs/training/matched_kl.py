@@ -56,6 +56,22 @@ def common_kls(curves: dict[str, list[Curve]], n: int = 3) -> list[float]:
     return [lo + (hi - lo) * (i + 1) / (n + 1) for i in range(n)]
 
 
+def overlap_kls(curves: dict[str, list[Curve]]) -> list[tuple[float, list[str]]]:
+    """Where no KL value is common to every method: cut the KL axis at every end of a method's reach (the range it
+    reached in every seed, a single KL left out); each piece between two neighbouring cuts is reached by one set of
+    methods, different from its neighbours'. Per piece reached by two or more, its midpoint and those methods, sorted
+    by KL. [] when no two methods' ranges share an interval."""
+    spans = {m: s for m, c in curves.items() if (s := reach(c)) is not None and s[0] < s[1]}
+    cuts = sorted({x for s in spans.values() for x in s})
+    out = []
+    for lo, hi in zip(cuts, cuts[1:], strict=False):
+        mid = (lo + hi) / 2
+        who = sorted(m for m, s in spans.items() if s[0] <= mid <= s[1])
+        if len(who) >= 2:
+            out.append((mid, who))
+    return out
+
+
 def matched(curves: dict[str, list[Curve]], kls: list[float]) -> dict[str, list[list[float]]]:
     """Per method, per KL value of `kls`, the interpolated reward of each seed (a seed whose curve does not reach a
     value is left out of it)."""

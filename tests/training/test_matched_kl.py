@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lmprefs.recipes.matched import matched_kl, matched_table, verdicts
-from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched, reach
+from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched, overlap_kls, reach
 
 
 def test_interpolation_matches_numpy_inside_the_range_and_refuses_outside():
@@ -66,6 +66,31 @@ def test_the_report_names_the_kind_ahead_beyond_the_seeds_noise_and_only_that():
     assert lines[1] == "At KL 2.00 nats: hi above lo." and len(lines) == 3
     assert matched_table(m)[0] == "| KL (nats) | close | hi | lo | optimal frontier |"
     assert verdicts(m, 1)[0].startswith("Matched KL: one seed gives no interval")
+
+
+def test_where_no_value_is_common_each_meeting_of_two_or_more_kinds_is_one_value():
+    two = lambda lo, hi: [[(lo, 0.0), (hi, 1.0)]] * 2  # noqa: E731  (two seeds, one curve)
+    curves = {"a": two(0.02, 0.08), "b": two(0.35, 1.32), "c": two(0.57, 3.67), "d": two(2.06, 2.17)}
+    got = overlap_kls(curves)
+    assert [g[1] for g in got] == [["b", "c"], ["c", "d"]]
+    assert [g[0] for g in got] == pytest.approx([(0.57 + 1.32) / 2, (2.06 + 2.17) / 2])
+    # a kind inside another's range: one value where both are; a kind that reached a single KL is no range
+    assert overlap_kls({"x": two(0.0, 4.0), "y": two(1.0, 3.0), "z": two(2.0, 2.0)}) == [(2.0, ["x", "y"])]
+    assert overlap_kls({"a": two(0.0, 1.0), "b": two(2.0, 3.0)}) == []
+
+
+def test_the_report_compares_the_kinds_that_meet_when_none_is_common_to_all():
+    hi = [[(1.0, 1.0 + e), (3.0, 3.0 + e)] for e in (0.0, 0.01, -0.01)]
+    lo = [[(2.0, 0.0 + e), (4.0, 0.5 + e)] for e in (0.0, 0.02, -0.02)]
+    far = [[(5.0, 9.0 + e), (6.0, 9.0 + e)] for e in (0.0, 0.02, -0.02)]
+    data, arms = _data({"hi": hi, "lo": lo, "far": far})
+    m = matched_kl(data, arms, ("hi", "lo", "far"), 3)
+    assert m["partial"] and m["kls"] == [2.5] and set(m["rows"][0]["kinds"]) == {"hi", "lo"}
+    assert m["rows"][0]["kinds"]["hi"]["mean"] == pytest.approx(2.5) and m["rows"][0]["apart"] == [["hi", "lo"]]
+    lines = verdicts(m, 3)
+    assert lines[0].startswith("No KL value was reached by every kind") and "far 5.00-6.00" in lines[0]
+    assert lines[1] == "At KL 2.50 nats (hi, lo): hi above lo." and len(lines) == 2
+    assert matched_table(m)[0] == "| KL (nats) | hi | lo | optimal frontier |"  # far met no other kind
 
 
 def test_no_comparison_is_said_plainly():
