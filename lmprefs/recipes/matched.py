@@ -7,8 +7,10 @@ are apart."""
 
 from __future__ import annotations
 
+import math
+
 from lmprefs.errors import UserError
-from lmprefs.recipes.experiment import ci95, mean_se, seed_key
+from lmprefs.recipes.experiment import ci95, mean_se, seed_key, t975
 from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched, overlap_kls, reach
 
 MATCHED_POINTS = 3  # KL values inside the common range, when none are given
@@ -67,11 +69,41 @@ def matched_kl(data: dict, arms: list[tuple[str, str, str, float]], kinds: tuple
                 continue
             m, se = mean_se(xs)
             half = ci95(se, len(xs)) if len(xs) > 1 else float("nan")
-            cells[kind] = {"mean": m, "ci95": half, "seeds": len(xs)}
+            cells[kind] = {"mean": m, "ci95": half, "seeds": len(xs), "sd": se * math.sqrt(len(xs))}
         intervals = {k: (c["mean"] - c["ci95"], c["mean"] + c["ci95"]) for k, c in cells.items() if c["seeds"] > 1}
-        rows.append({"kl": kl, "kinds": cells, "frontier": interpolate(frontier, kl),
-                     "apart": [list(p) for p in apart(intervals)]})  # fmt: skip
+        pairs = [list(p) for p in apart(intervals)]
+        rows.append({"kl": kl, "kinds": cells, "frontier": interpolate(frontier, kl), "apart": pairs,
+                     "to_part": to_part(cells, pairs)})  # fmt: skip
     return {"kls": kls, "rows": rows, "left_out": single, "ranges": _ranges(curves), "partial": groups is not None}
+
+
+SEEDS_CAP = 1000  # beyond this many seeds a pair is said not to part at any budget worth planning
+
+
+def seeds_to_part(gap: float, sd_a: float, sd_b: float, cap: int = SEEDS_CAP) -> int | None:
+    """The fewest seeds at which two kinds' 95% intervals (Student's t) would be apart were their means `gap` apart
+    and their spreads across seeds sd_a and sd_b, as now: the smallest n >= 2 with
+    t975(n - 1) (sd_a + sd_b) / sqrt(n) < |gap| (the left side falls as n grows); None when no n up to `cap` does."""
+
+    def parts(n: int) -> bool:
+        return t975(n - 1) * (sd_a + sd_b) / math.sqrt(n) < abs(gap)
+
+    if not parts(cap):
+        return None
+    lo, hi = 1, cap  # parts(hi); lo is below every n that parts
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if parts(mid) else (mid, hi)
+    return hi
+
+
+def to_part(cells: dict, pairs: list[list[str]]) -> list[list]:
+    """[higher, lower, seeds or None] for every pair of kinds with two or more seeds whose intervals are not apart,
+    the seeds at which they would be (seeds_to_part), fewest first, None last."""
+    kinds = sorted((k for k, c in cells.items() if c["seeds"] > 1), key=lambda k: -cells[k]["mean"])
+    out = [[a, b, seeds_to_part(cells[a]["mean"] - cells[b]["mean"], cells[a]["sd"], cells[b]["sd"])]
+           for i, a in enumerate(kinds) for b in kinds[i + 1 :] if [a, b] not in pairs]  # fmt: skip
+    return sorted(out, key=lambda p: (p[2] is None, p[2] or 0))
 
 
 def _ranges(curves: dict) -> str:
@@ -94,6 +126,10 @@ def verdicts(m: dict, seeds: int) -> list[str]:
         pairs = [f"{a} above {b}" for a, b in row["apart"]]
         said = "; ".join(pairs) if pairs else "no kind's interval is apart from another's: no ranking holds"
         among = f" ({', '.join(sorted(row['kinds']))})" if m.get("partial") else ""
+        if row.get("to_part"):
+            a, b, n = row["to_part"][0]
+            said += (f"; of the rest, {a} and {b} come nearest to parting: at these means and spreads, "
+                     + (f"at {n} seeds" if n else f"not within {SEEDS_CAP} seeds"))  # fmt: skip
         out.append(f"At KL {row['kl']:.2f} nats{among}: {said}.")
     return out
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lmprefs.recipes.matched import matched_kl, matched_table, verdicts
+from lmprefs.recipes.experiment import t975
+from lmprefs.recipes.matched import matched_kl, matched_table, seeds_to_part, verdicts
 from lmprefs.training.matched_kl import apart, common_kls, interpolate, matched, overlap_kls, reach
 
 
@@ -63,7 +64,10 @@ def test_the_report_names_the_kind_ahead_beyond_the_seeds_noise_and_only_that():
     assert row["kinds"]["hi"]["mean"] == pytest.approx(2.0) and row["frontier"] == pytest.approx(2.0)
     assert row["apart"] == [["hi", "lo"]]  # close's wide interval overlaps both
     lines = verdicts(m, 3)
-    assert lines[1] == "At KL 2.00 nats: hi above lo." and len(lines) == 3
+    assert lines[1].startswith("At KL 2.00 nats: hi above lo; of the rest, ") and len(lines) == 3
+    # close's mean sits on hi's, so only close and lo could part with more seeds
+    assert [p[:2] for p in row["to_part"]] == [["close", "lo"], ["hi", "close"]] and row["to_part"][1][2] is None
+    assert row["to_part"][0][2] == seeds_to_part(2.0 - 0.25, row["kinds"]["close"]["sd"], row["kinds"]["lo"]["sd"])
     assert matched_table(m)[0] == "| KL (nats) | close | hi | lo | optimal frontier |"
     assert verdicts(m, 1)[0].startswith("Matched KL: one seed gives no interval")
 
@@ -91,6 +95,15 @@ def test_the_report_compares_the_kinds_that_meet_when_none_is_common_to_all():
     assert lines[0].startswith("No KL value was reached by every kind") and "far 5.00-6.00" in lines[0]
     assert lines[1] == "At KL 2.50 nats (hi, lo): hi above lo." and len(lines) == 2
     assert matched_table(m)[0] == "| KL (nats) | hi | lo | optimal frontier |"  # far met no other kind
+
+
+def test_the_seeds_that_would_part_two_kinds_are_the_fewest_whose_intervals_clear_the_gap():
+    assert seeds_to_part(1.0, 0.5, 0.5) == 7  # t975(5) / sqrt(6) = 1.05, t975(6) / sqrt(7) = 0.925 per unit spread
+    for gap, sa, sb in [(0.1, 0.05, 0.2), (0.3, 0.0, 0.1), (0.1, 0.3, 0.3), (-0.5, 0.2, 0.1)]:
+        scan = next(n for n in range(2, 200) if t975(n - 1) * (sa + sb) / np.sqrt(n) < abs(gap))
+        assert seeds_to_part(gap, sa, sb) == scan
+    assert seeds_to_part(0.0, 0.1, 0.1) is None and seeds_to_part(0.2, 0.0, 0.0) == 2
+    assert seeds_to_part(0.01, 0.3, 0.3) is None  # 1.96 * 0.6 / sqrt(1000) = 0.037: not within 1,000 seeds
 
 
 def test_no_comparison_is_said_plainly():
