@@ -3,15 +3,18 @@ children it waited for) for its set-up, call and tear-down: wall time says littl
 
     PYTHONPATH=$PWD:$PWD/tests python -m pytest -p cputime --cputime-out=cpu.jsonl -n 0 tests/training
 
-Each line of the output is {"test": nodeid, "phase": "setup"|"call"|"teardown", "cpu_s": ...}; a session-scoped
-fixture's cost lands on the set-up of the first test that uses it. `python tests/cputime.py cpu.jsonl` sums them per
+Each line of the output is {"test": nodeid, "phase": "setup"|"call"|"teardown", "cpu_s": ..., "end": unix time,
+"worker": xdist's worker id or "main"}; a session-scoped fixture's cost lands on the set-up of the first test that
+uses it. Under xdist (-n 2) each worker appends its own lines. `python tests/cputime.py cpu.jsonl` sums them per
 test and per module, costliest first."""
 
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -31,8 +34,10 @@ def pytest_addoption(parser):
 
 
 def _record(item, phase: str, start: float) -> None:
+    row = {"test": item.nodeid, "phase": phase, "cpu_s": round(_cpu_seconds() - start, 3),
+           "end": round(time.time(), 3), "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}  # fmt: skip
     with open(item.config.getoption("--cputime-out"), "a", encoding="utf-8") as out:
-        out.write(json.dumps({"test": item.nodeid, "phase": phase, "cpu_s": round(_cpu_seconds() - start, 3)}) + "\n")
+        out.write(json.dumps(row) + "\n")
 
 
 def _timed(item, phase: str):
@@ -65,6 +70,12 @@ def summarise(path: str, top: int = 40) -> None:
         per_test[row["test"]] += row["cpu_s"]
         per_module[row["test"].split("::")[0]] += row["cpu_s"]
     print(f"{len(per_test)} tests, {sum(per_test.values()):.1f} CPU-s")
+    ends: dict[str, float] = defaultdict(float)
+    for row in read_jsonl(Path(path)):
+        ends[row.get("worker", "main")] = max(ends[row.get("worker", "main")], row.get("end", 0.0))
+    if len(ends) > 1:  # how long the first worker to finish waited for the last
+        print("workers' last test ended " + ", ".join(f"{w} {max(ends.values()) - t:.1f} s" for w, t in
+                                                       sorted(ends.items())) + " before the last")  # fmt: skip
     for name, seconds in sorted(per_module.items(), key=lambda kv: -kv[1])[:top]:
         print(f"{seconds:8.1f}  {name}")
     print()
