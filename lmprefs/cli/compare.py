@@ -15,7 +15,7 @@ DEFAULT_ARMS = "ppo,ppo-separate,rloo,dpo-pairwise,dpo-listwise,best-of-n"
 DEFAULT_BETAS = "0.03,0.1,0.3"  # KL coefficients of the PPO-family arms and DPO's betas alike
 DEFAULT_BEST_OF = "2,4,8,16"
 FLAGS = ("arms", "labels", "seeds", "eval_queries", "eval_samples", "samples", "betas", "min_ess", "kl_coefs",
-         "dpo_betas", "best_of", "db", "match_kl", "lengths")  # fmt: skip
+         "dpo_betas", "best_of", "db", "match_kl", "lengths", "kl_coefs_of")  # fmt: skip
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -27,6 +27,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    "grpo-kl-reward, dr-grpo, reinforce-pp-baseline, any PPO-family kind with -beta0, and dpo-online: "
                    "online DPO on its own samples judged by the reward model, ppo.num_updates steps of "
                    "ppo.batch_size samples)")  # fmt: skip
+    g.add_argument("--kl-coefs-of", action="append", default=None, metavar="KIND=C1,C2,...",
+                   help="the KL coefficients of one PPO-family kind in place of --kl-coefs (repeat it for others), "
+                   "e.g. grpo-kl-reward=0.1,0.3,1,3 for a kind whose KL barely moves over --kl-coefs")  # fmt: skip
     g.add_argument("--dpo-betas", default=None, help=f"dpo.beta of each DPO arm, offline and online (default "
                    f"{DEFAULT_BETAS})")  # fmt: skip
     g.add_argument("--best-of", default=None, help=f"n of each best-of-n arm (default {DEFAULT_BEST_OF})")
@@ -84,14 +87,31 @@ def plan_from_args(a: argparse.Namespace):
             raise UserError(f"{flag} {v}: must be at least 2 (a standard error needs two)")
     check_min_ess(a.min_ess)
     kl_coefs = _positive(_given(a.kl_coefs, DEFAULT_BETAS), "--kl-coefs", "KL coefficient")
+    kind_kl_coefs = _kind_coefs(a.kl_coefs_of or [], arms)
     dpo_betas = _positive(_given(a.dpo_betas, DEFAULT_BETAS), "--dpo-betas", "beta")
     match_kl = tuple(sorted(_positive(a.match_kl, "--match-kl", "KL value"))) if a.match_kl is not None else ()
     lengths = _positive(a.lengths, "--lengths", "update count", int) if a.lengths is not None else ()
     return Plan(arms=arms, lengths=tuple(sorted(set(lengths))), seeds=a.seeds, best_of=tuple(sorted(set(best_of))),
-                kl_coefs=kl_coefs, dpo_betas=dpo_betas, labels=labels, match_kl=match_kl,
+                kl_coefs=kl_coefs, kind_kl_coefs=kind_kl_coefs, dpo_betas=dpo_betas, labels=labels, match_kl=match_kl,
                 n_eval=a.eval_queries or 0, eval_samples=a.eval_samples, samples=a.samples,
                 betas=_positive(a.betas, "--betas", "beta") if a.betas is not None else FRONTIER_BETAS,
                 min_ess=a.min_ess, db=Path(a.db).resolve() if a.db else None)  # fmt: skip
+
+
+def _kind_coefs(items: list[str], arms: tuple[str, ...]) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """--kl-coefs-of KIND=C1,C2,... (repeated): one PPO-family kind of --arms each, at most once, its own
+    coefficients positive."""
+    from lmprefs.recipes.compare_arms import PPO_FAMILY
+
+    out: dict[str, tuple[float, ...]] = {}
+    for item in items:
+        kind, eq, values = item.partition("=")
+        if not eq or kind not in PPO_FAMILY or kind not in arms or kind in out:
+            why = ("is not KIND=C1,C2,..." if not eq else f"{kind!r} is not a PPO-family kind" if kind not in
+                   PPO_FAMILY else f"{kind} is not in --arms" if kind not in arms else f"{kind} is given twice")
+            raise UserError(f"--kl-coefs-of {item!r}: {why} (PPO-family kinds: {', '.join(PPO_FAMILY)})")
+        out[kind] = _positive(values, f"--kl-coefs-of {kind}", "KL coefficient")
+    return tuple(out.items())
 
 
 def checked_plan(a: argparse.Namespace, cfg):
@@ -175,7 +195,9 @@ def plan(a: argparse.Namespace, cfg, minutes: float) -> int:
     n = cfg.labels.num_train
     held = round(n * cfg.labels.heldout_fraction / (1 - cfg.labels.heldout_fraction))
     beta0 = f" (beta-0 kinds: evaluated after {','.join(map(str, p.lengths))} updates)" if p.lengths else ""
+    own = "".join(f" ({kind}: {','.join(f'{x:g}' for x in c)})" for kind, c in p.kind_kl_coefs)
     print(f"experiment compare: {','.join(p.arms)}; {p.seeds} seed(s); kl_coef {','.join(map(format, p.kl_coefs))}"
+          f"{own}"
           f"{beta0}; dpo.beta {','.join(map(format, p.dpo_betas))}; best-of {','.join(map(str, p.best_of))}; "
           f"{n} labels{f' of {a.db}' if p.db else ''}; frontier and evaluations on {n_eval} held-out queries "
           f"({p.samples} samples of rho, {p.eval_samples} per arm); {cfg.ppo.num_updates} PPO updates of "

@@ -53,6 +53,13 @@ class Plan:
     match_kl: tuple[float, ...] = ()
     lengths: tuple[int, ...] = ()
     """Updates after which each beta-0 kind's run is evaluated (resolve_lengths: its end always among them)."""
+    kind_kl_coefs: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    """(kind, its KL coefficients) of the PPO-family kinds swept over their own, in place of kl_coefs: a kind whose
+    KL barely moves with beta over kl_coefs needs a wider sweep than the others to reach theirs."""
+
+    def coefs(self, kind: str) -> tuple[float, ...]:
+        """The KL coefficients a PPO-family kind is swept over."""
+        return dict(self.kind_kl_coefs).get(kind, self.kl_coefs)
 
 
 def arm_list(plan: Plan) -> list[tuple[str, str, str, float]]:
@@ -64,7 +71,7 @@ def arm_list(plan: Plan) -> list[tuple[str, str, str, float]]:
         if is_beta0(kind):
             out += [(f"{kind}-u{u}", kind, f"kl_coef 0, {u} updates", float(u)) for u in plan.lengths]
         elif kind in PPO_FAMILY:
-            out += [(f"{kind}-beta{c:g}", kind, f"kl_coef {c:g}", c) for c in plan.kl_coefs]
+            out += [(f"{kind}-beta{c:g}", kind, f"kl_coef {c:g}", c) for c in plan.coefs(kind)]
         elif is_dpo(kind):
             out += [(f"{kind}-beta{b:g}", kind, f"dpo.beta {b:g}", b) for b in plan.dpo_betas]
         else:

@@ -92,7 +92,7 @@ def plan_compare(cfg: Config, facts: F.ModelFacts, shape: Shape, plan: Plan, n: 
     dpo_kinds = [k for k in plan.arms if k in OFFLINE_DPO]
     online = plan.seeds * len(plan.dpo_betas) if ONLINE_DPO in plan.arms else 0
     bon = plan.best_of if "best-of-n" in plan.arms else ()
-    runs = {k: plan.seeds * (1 if k in BETA0_KINDS else len(plan.kl_coefs)) for k in ppo_kinds}
+    runs = {k: plan.seeds * (1 if k in BETA0_KINDS else len(plan.coefs(k))) for k in ppo_kinds}
     # an online arm loads its task, the reward model and the task it is evaluated in
     loads = 1 + sum(runs.values()) + plan.seeds * (2 * len(dpo_kinds) * len(plan.dpo_betas) + len(bon)) + 3 * online
     rows.append({"stage": "model loads", "runs": loads, "gflop": 0.0, "seconds": loads * load_s})
@@ -106,7 +106,7 @@ def plan_compare(cfg: Config, facts: F.ModelFacts, shape: Shape, plan: Plan, n: 
     for kind in ppo_kinds:
         ppo = R(cfg.ppo, **PPO_FAMILY[BETA0_KINDS.get(kind, kind)])
         flops = sum(stage_flops(R(cfg, ppo=ppo), facts, counts)["PPO"].values())
-        knob = "kl_coef 0" if kind in BETA0_KINDS else f"{len(plan.kl_coefs)} kl_coef"
+        knob = "kl_coef 0" if kind in BETA0_KINDS else f"{len(plan.coefs(kind))} kl_coef"
         row(f"{kind}, {knob}, {cfg.ppo.num_updates} updates of {cfg.ppo.batch_size}", runs[kind],
             runs[kind] * flops, rates["PPO"])  # fmt: skip
     dpo_runs = plan.seeds * len(dpo_kinds) * len(plan.dpo_betas)

@@ -78,6 +78,12 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     (["--arms", "grpo-beta0", "--lengths", "0"], "--lengths '0': every update count must be a positive number"),
     (["--arms", "dpo-online", "--dpo.online-samples", "3"], "dpo.online_samples=3: the dpo-online arm samples "
      "ppo.batch_size=16 responses a step, as the PPO-family arms do"),
+    (["--arms", "ppo,grpo", "--kl-coefs-of", "grpo:1,3"], "--kl-coefs-of 'grpo:1,3': is not KIND=C1,C2,..."),
+    (["--arms", "ppo,grpo", "--kl-coefs-of", "dpo-online=1"], "'dpo-online' is not a PPO-family kind"),
+    (["--arms", "ppo", "--kl-coefs-of", "grpo=1"], "--kl-coefs-of 'grpo=1': grpo is not in --arms"),
+    (["--arms", "grpo", "--kl-coefs-of", "grpo=1", "--kl-coefs-of", "grpo=3"], "grpo is given twice"),
+    (["--arms", "grpo", "--kl-coefs-of", "grpo=1,-3"], "--kl-coefs-of grpo '1,-3': every KL coefficient must be a "
+     "positive number (not -3)"),
     (["--arms", "ppo,grpo-beta0", "--kl-coefs", "0.1", "--lengths", "2", "--match-kl", "1"],
      "--match-kl 1: matched KL needs two or more arm kinds with two or more KL settings"),
 ])  # fmt: skip

@@ -8,7 +8,7 @@ import pytest
 from lmprefs.cli.dispatch import main
 from lmprefs.config import preset
 from lmprefs.models.flops import ModelFacts
-from lmprefs.recipes.compare_arms import Plan
+from lmprefs.recipes.compare_arms import Plan, arm_list
 from lmprefs.recipes.plan import Shape
 from lmprefs.recipes.plan_compare import DPO_GFLOPS, Sizes, dpo_flops, online_dpo_flops, plan_compare
 
@@ -53,6 +53,14 @@ def test_the_estimate_grows_with_seeds_settings_and_arms():
         base["grpo"]["gflop"] / 2)  # fmt: skip
     assert beta0["evaluations"]["runs"] == base["evaluations"]["runs"] + 3 * 3
     assert total(base) < total(twice) and total(base) < total(beta0) and total(base) < total(more)
+    # a kind swept over its own KL coefficients: its runs and evaluations follow them, the other kinds keep theirs
+    own = stages(R(PLAN, kind_kl_coefs=(("grpo", (0.1, 0.3, 1.0, 3.0)),)))
+    assert own["grpo"]["runs"] == 2 * base["grpo"]["runs"] and own["ppo"] == base["ppo"]
+    assert own["grpo"]["gflop"] == pytest.approx(2 * base["grpo"]["gflop"]) and own["grpo"]["stage"].startswith(
+        "grpo, 4 kl_coef")  # fmt: skip
+    assert own["evaluations"]["runs"] == base["evaluations"]["runs"] + 3 * 2
+    names = [a[0] for a in arm_list(R(PLAN, kind_kl_coefs=(("grpo", (0.1, 1.0)),)))]
+    assert names[:4] == ["ppo-beta0.1", "ppo-beta0.3", "grpo-beta0.1", "grpo-beta1"]  # the finished 0.1 arm is kept
     # an existing store (--db): nothing sampled and labeled
     assert "label 889 questions" not in stages(sizes=SIZES._replace(questions=0))
 
@@ -91,6 +99,9 @@ def test_plan_prints_an_estimate_and_writes_nothing(tmp_path, capsys, monkeypatc
     assert main([*args, "--seeds", "3"]) == 0
     three = float(capsys.readouterr().out.split("total (estimate)")[1].split()[1].replace(",", ""))
     assert three > 2 * one  # the arms triple; the store, frontier and reward model do not
+    assert main([*args[:-4], "--arms", "ppo,grpo", "--kl-coefs", "0.1", "--kl-coefs-of", "grpo=0.1,1"]) == 0
+    out = capsys.readouterr().out
+    assert "kl_coef 0.1 (grpo: 0.1,1)" in out and "grpo, 2 kl_coef" in out and "ppo, 1 kl_coef" in out
     assert list(tmp_path.iterdir()) == []
 
 
