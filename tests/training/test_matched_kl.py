@@ -93,6 +93,11 @@ def test_the_report_compares_the_kinds_that_meet_when_none_is_common_to_all():
     assert m["rows"][0]["kinds"]["hi"]["mean"] == pytest.approx(2.5) and m["rows"][0]["apart"] == [["hi", "lo"]]
     lines = verdicts(m, 3)
     assert lines[0].startswith("No KL value was reached by every kind") and "far 5.00-6.00" in lines[0]
+    assert "hi 1.00-3.00, lo 2.00-4.00" in lines[0]
+    apart_seeds = [[(1.0, 0.0), (2.0, 1.0)], [(3.0, 0.0), (4.0, 1.0)]]  # each seed's range, no value common to both
+    data, arms = _data({"hi": hi, "lo": lo, "split": apart_seeds + apart_seeds[:1]})
+    split = matched_kl(data, arms, ("hi", "lo", "split"), 3)
+    assert "split none common to its seeds (points 1.00-4.00)" in verdicts(split, 3)[0]
     assert lines[1] == "At KL 2.50 nats (hi, lo): hi above lo." and len(lines) == 2
     assert matched_table(m)[0] == "| KL (nats) | hi | lo | optimal frontier |"  # far met no other kind
 
