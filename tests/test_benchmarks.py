@@ -33,6 +33,7 @@ def run_script(name: str, *args: str, timeout: float = 300) -> subprocess.Comple
     return r
 
 
+@pytest.mark.heavy
 def test_gpu_throughput_runs_on_cpu_at_toy_sizes(tmp_path):
     out = tmp_path / "r.json"
     r = run_script("gpu_throughput.py", "--device", "cpu", "--model", "tiny-gpt2", "--batch", "4", "--query-len", "8",
@@ -52,6 +53,7 @@ def test_gpu_throughput_runs_on_cpu_at_toy_sizes(tmp_path):
 @pytest.mark.skipif(not (ROOT.parent / "shared" / "bench" / "_anchor_common.py").is_file(),
                     reason="the speed anchor's harness (../shared/bench: its queries and model) is not beside this "
                     "checkout")  # fmt: skip
+@pytest.mark.heavy
 def test_ppo_throughput_runs_both_value_models_against_an_anchor_result_from_a_file(tmp_path):
     """TRL's side read from a file in the anchor's result format (TRL is not installed here); lmprefs' side runs
     for real: its reward function, both value models, the ratios and the FLOP model."""
@@ -143,6 +145,7 @@ def test_gpu_kernels_measures_on_cuda_and_says_in_one_line_where_it_cannot():
     assert len(heads) == 6 and all(float(t) > 0 and float(f) > 0 for *_, t, f in heads), r.stdout
 
 
+@pytest.mark.heavy
 def test_best_of_n_sampling_runs_at_toy_size(tmp_path):
     out = tmp_path / "r.json"
     r = run_script("best_of_n_sampling.py", "--model", "tiny-gpt2", "--questions", "2", "--n", "3", "--query-len", "8",
@@ -175,6 +178,7 @@ def test_cpu_attention_runs_at_toy_size(tmp_path):
     assert "ratio" in r.stdout and "(eager)" in r.stdout and "(sdpa)" in r.stdout
 
 
+@pytest.mark.heavy
 def test_lora_vs_peft_runs_at_toy_size(tmp_path):
     out = tmp_path / "r.json"
     r = run_script("lora_vs_peft.py", "--model", "tiny-gpt2", "--layers", "1", "--batch", "2", "--seq-len", "8",
@@ -190,6 +194,7 @@ def test_lora_vs_peft_runs_at_toy_size(tmp_path):
     assert "top-1-block forward+backward, batch 2x8, median of 2" in r.stdout
 
 
+@pytest.mark.heavy
 def test_reward_accuracy_runs_on_the_tiny_preset(tmp_path):
     out = tmp_path / "out"
     r = run_script("reward_accuracy.py", "--preset", "tiny", "--labels", "4,8", "--heldout", "8", "--epochs", "1",
@@ -212,6 +217,7 @@ def test_reward_accuracy_runs_on_the_tiny_preset(tmp_path):
     assert not list(out.glob("rm-*")), "a reward model was left in --out-dir without --keep-models"
 
 
+@pytest.mark.heavy
 def test_reward_ensemble_cost_runs_on_the_tiny_preset(tmp_path):
     out = tmp_path / "r.json"
     r = run_script("reward_ensemble_cost.py", "--preset", "tiny", "--labels", "16", "--members", "2", "--reps", "1",
@@ -223,6 +229,7 @@ def test_reward_ensemble_cost_runs_on_the_tiny_preset(tmp_path):
     assert "K=2 vs K=1" in r.stdout
 
 
+@pytest.mark.heavy
 def test_scaling_runs_without_a_launcher_and_under_torchrun_with_two_processes(tmp_path):
     out = tmp_path / "r.json"
     r = run_script("scaling.py", "--models", "tiny", "--parallel", "ddp", "--no-launcher-threads", "1", "--batch", "8",
@@ -243,6 +250,7 @@ ROOFLINE_STAGES = ["assets and model", "evaluate initial", "sample and label", "
                    "evaluate final"]  # fmt: skip
 
 
+@pytest.mark.heavy
 def test_roofline_counts_each_stage_as_flop_counter_mode_does(tmp_path):
     """The tiny quickstart with LoRA in its top block (the frozen block below runs in the sampling passes, which keep
     its outputs for the reward model's epochs and held-out labels and for each PPO batch's forwards), some labels

@@ -20,6 +20,7 @@ KEYS = ["ppo-beta0.1", "ppo-separate-beta0.1", "rloo-beta0.1", "dpo-pairwise-bet
 GRPO_KEYS = ["grpo-beta0.1", "grpo-kl-reward-beta0.1", "dr-grpo-beta0.1", "reinforce-pp-baseline-beta0.1"]
 
 
+@pytest.mark.heavy
 def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys, monkeypatch):
     run_dir = tmp_path / "cmp"
     arms = "ppo,ppo-separate,rloo,grpo,grpo-kl-reward,dr-grpo,reinforce-pp-baseline,dpo-pairwise,dpo-listwise," \

@@ -165,6 +165,7 @@ def test_kl_frontier_runs_resumes_and_writes_its_figure(tmp_path, capsys):
     assert "ppo.total_episodes 16 -> 32 would change what it computes" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 def test_mock_sentiment_seeds_give_error_bars_and_kl(tmp_path, capsys):
     run_dir = tmp_path / "exp"
     args = ["experiment", "mock-sentiment", *TINY, "--labels", "16", "--seeds", "2", "--run-dir", str(run_dir),
@@ -247,6 +248,7 @@ def test_an_arm_killed_while_its_reward_model_trains_is_resumed_by_rerunning_the
     assert {"rm-16", "direct"} <= set(json.loads((run_dir / "results.json").read_text()))
 
 
+@pytest.mark.heavy
 def test_mock_sentiment_runs_with_the_tiny_presets_defaults(tmp_path, capsys):
     # the bundled passages hold too few queries for 4,000 labels or 256 held-out queries: the defaults shrink to
     # what the task can give, and say so

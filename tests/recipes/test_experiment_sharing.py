@@ -17,6 +17,7 @@ LORA = ["--lora.rank", "4", "--lora.layers", "1", "--train-reward.epochs", "2", 
         "--ppo.total-episodes", "16"]  # fmt: skip
 
 
+@pytest.mark.heavy
 def test_arms_share_the_frozen_prefixes_and_train_what_they_would_alone(tmp_path, capsys, monkeypatch):
     from lmprefs.recipes import experiment
 

@@ -18,6 +18,7 @@ def args(run_dir, *extra) -> list[str]:
     return ["experiment", "label-efficiency", "tiny", *SMALL, "--run-dir", str(run_dir), *extra]
 
 
+@pytest.mark.heavy
 def test_the_experiment_runs_both_arms_from_one_pool_and_reports_k(tmp_path, capsys):
     run_dir = tmp_path / "le"
     assert main(args(run_dir, "--seeds", "2", "--ppo.total-episodes", "16")) == 0
@@ -51,6 +52,7 @@ def test_the_experiment_runs_both_arms_from_one_pool_and_reports_k(tmp_path, cap
     assert "[bald-16-seed1] done" in out and "training" not in out and "round 1" not in out
 
 
+@pytest.mark.heavy
 def test_a_killed_experiment_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main(args(full)) == 0

@@ -23,6 +23,7 @@ def args(run_dir, *extra) -> list[str]:
     return ["experiment", "overoptimization", "tiny", *SMALL, "--run-dir", str(run_dir), *extra]
 
 
+@pytest.mark.heavy
 def test_the_experiment_traces_every_proxy_over_kl_and_reports(tmp_path, capsys):
     run_dir = tmp_path / "ovo"
     assert main(args(run_dir, "--seeds", "2", "--methods", "bon,ppo", "--proxies", "single,mean,min")) == 0
@@ -69,6 +70,7 @@ def test_best_of_n_draws_one_pool_per_seed_for_every_label_count(tmp_path, capsy
     assert not any(k.startswith("ppo-") for k in res) and set(res["summary"]["lines"]) == {"bon-8", "bon-16"}
 
 
+@pytest.mark.heavy
 def test_a_killed_experiment_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):
     grid = ["--proxies", "single,mean"]
     full, cut = tmp_path / "full", tmp_path / "cut"

@@ -164,6 +164,7 @@ def worker_results(tmp_path_factory, launch):
     return a, b
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_two_rank_reward_epoch_and_ppo_update_equal_one_rank(worker_results, parallel):
     """The same global batches: 2 ranks with DDP, or with FSDP2 (every block sharded over the 2 ranks, gathered
@@ -180,6 +181,7 @@ def test_two_rank_reward_epoch_and_ppo_update_equal_one_rank(worker_results, par
             assert b[stats][k] == pytest.approx(v, rel=1e-5, abs=1e-6), (stats, k)
 
 
+@pytest.mark.heavy
 def test_heldout_evaluation_is_shared_out_and_gathered(worker_results):
     """The quickstart's held-out evaluation under 2 ranks: each rank samples its share of the 7 queries, and both
     return the same figures over all 7 (not each its own repeat of the whole evaluation)."""
@@ -189,6 +191,7 @@ def test_heldout_evaluation_is_shared_out_and_gathered(worker_results):
     assert all(math.isfinite(x) for x in (r0["mean"], r0["stderr"], r0["kl"]))
 
 
+@pytest.mark.heavy
 def test_label_store_written_once_by_rank_zero(launch):
     from lmprefs.labels.store import LabelStore
 
@@ -198,6 +201,7 @@ def test_label_store_written_once_by_rank_zero(launch):
     assert counts["items"] == 40 and counts["labels"] == 40, counts
 
 
+@pytest.mark.heavy
 def test_two_nodes_train_and_only_rank_zero_writes(launch, one):
     two = launch.dir / "two"
     assert launch.rcs("two") == [0, 0], launch.step("two")
@@ -209,6 +213,7 @@ def test_two_nodes_train_and_only_rank_zero_writes(launch, one):
     assert sum(r["stdout"].count("policy: ") + r["stderr"].count("policy: ") for r in launch.step("two")) == 1
 
 
+@pytest.mark.heavy
 def test_kill_one_rank_fails_the_job_then_resume_matches(killed, launch):
     assert killed["victim"] is not None, "the run finished before it could be killed"
     err = killed["err"]
@@ -223,6 +228,7 @@ def test_kill_one_rank_fails_the_job_then_resume_matches(killed, launch):
     assert _metrics(killed["dir"] / "metrics.jsonl") == _metrics(launch.dir / "two" / "metrics.jsonl")
 
 
+@pytest.mark.heavy
 def test_fsdp_run_resumes_exactly_and_only_rank_zero_writes(launch, one):
     """train-policy under FSDP2 on 2 ranks, both stopped right after the checkpoint of update 4 (by an exception at
     that crash point, the process group destroyed), then resumed on 2 ranks: its metrics equal the 2-rank DDP run's
@@ -245,6 +251,7 @@ def test_fsdp_run_resumes_exactly_and_only_rank_zero_writes(launch, one):
     assert json.loads((d / "config.json").read_text())["run"]["parallel"] == "fsdp"
 
 
+@pytest.mark.heavy
 def test_a_rank_s_user_error_is_one_line_naming_the_rank(launch):
     assert launch.rcs("bad-timeout") == [2, 2], launch.step("bad-timeout")
     lines = [ln for r in launch.step("bad-timeout") for ln in r["stderr"].splitlines()
@@ -293,6 +300,7 @@ def test_optimizer_state_converts_between_positions_and_names():
     assert _optimizer_keys(policy, saved, by_name=False) is saved
 
 
+@pytest.mark.heavy
 def test_whole_state_of_fsdp_models_saves_as_the_usual_directories(worker_results, tmp_path):
     """The whole state gathered from FSDP shards, put in a meta-device twin (plain_copy, no second copy of the
     weights), saves through the usual writers: the reward model's and the policy's directories load back and score
