@@ -43,7 +43,7 @@ def test_score_prints_each_texts_mean_and_spread(ensemble, tmp_path, capsys):
     assert torch.allclose(mean, members.mean(0), atol=1e-4)
     assert torch.allclose(spread, members.std(0, unbiased=False), atol=1e-4) and bool((spread > 0).all())
     api = torch.tensor(lmprefs.score(ensemble, texts, device="cpu"))  # the API: the members' mean
-    assert torch.allclose(api, members.mean(0), atol=1e-5)
+    assert torch.allclose(api, members.mean(0), atol=1e-4)  # the same math batched otherwise: rounding differs
 
 
 def test_train_reward_names_the_ensemble(db, tmp_path, capsys):
