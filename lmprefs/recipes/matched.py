@@ -131,8 +131,8 @@ def verdicts(m: dict, seeds: int) -> list[str]:
         among = f" ({', '.join(sorted(row['kinds']))})" if m.get("partial") else ""
         if row.get("to_part"):
             a, b, n = row["to_part"][0]
-            said += (f"; of the rest, {a} and {b} come nearest to parting: at these means and spreads, "
-                     + (f"at {n} seeds" if n else f"not within {SEEDS_CAP} seeds"))  # fmt: skip
+            said += (f"; of the rest, {a} and {b} would part soonest: " + (f"at {n} seeds" if n else
+                     f"not within {SEEDS_CAP} seeds") + ", were their means and spreads what they are now")
         out.append(f"At KL {row['kl']:.2f} nats{among}: {said}.")
     return out
 

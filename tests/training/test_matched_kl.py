@@ -64,7 +64,8 @@ def test_the_report_names_the_kind_ahead_beyond_the_seeds_noise_and_only_that():
     assert row["kinds"]["hi"]["mean"] == pytest.approx(2.0) and row["frontier"] == pytest.approx(2.0)
     assert row["apart"] == [["hi", "lo"]]  # close's wide interval overlaps both
     lines = verdicts(m, 3)
-    assert lines[1].startswith("At KL 2.00 nats: hi above lo; of the rest, ") and len(lines) == 3
+    assert lines[1].startswith("At KL 2.00 nats: hi above lo; of the rest, close and lo would part soonest: at ")
+    assert lines[1].endswith(" seeds, were their means and spreads what they are now.") and len(lines) == 3
     # close's mean sits on hi's, so only close and lo could part with more seeds
     assert [p[:2] for p in row["to_part"]] == [["close", "lo"], ["hi", "close"]] and row["to_part"][1][2] is None
     assert row["to_part"][0][2] == seeds_to_part(2.0 - 0.25, row["kinds"]["close"]["sd"], row["kinds"]["lo"]["sd"])
