@@ -218,7 +218,7 @@ def experiment_setup(run_dir: Path, owner: str, preset_name: str, pairs, flags: 
     (experiment-config.json, experiment-args.json) once every input has been checked. An existing one resumes: its
     command line may be given again (overrides that leave its math as it is, as `train-policy --resume` allows),
     flags not given keep their saved values, and flags given anew replace them unless `fixed` (then a flag given
-    with another value is refused)."""
+    with another value is refused), saved as the run's own once it finishes (save_experiment_flags)."""
     import json
 
     from lmprefs.config.diff import flat_config, math_changes
@@ -255,6 +255,17 @@ def experiment_setup(run_dir: Path, owner: str, preset_name: str, pairs, flags: 
     flags = {k: flags[k] if k in given or k not in saved else saved[k] for k in flags}
     print(f"resuming {run_dir}", flush=True)
     return cfg, flags, lambda: claim(run_dir, owner)
+
+
+def save_experiment_flags(run_dir: Path, flags: dict) -> None:
+    """Once an experiment has finished: the flags it ran with (its saved ones and those given anew) become its own,
+    so that a bare rerun reports every arm this one did. Not before: a run refused or killed keeps the flags of the
+    last one that finished."""
+    import json
+
+    from lmprefs.io.atomic import atomic_write_text
+
+    atomic_write_text(run_dir / "experiment-args.json", json.dumps(flags))
 
 
 def random_questions_only(cfg, command: str) -> None:

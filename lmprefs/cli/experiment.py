@@ -20,6 +20,7 @@ from lmprefs.cli.common import (
     parse_numbers,
     random_questions_only,
     run_dir_for,
+    save_experiment_flags,
 )
 from lmprefs.errors import UserError
 from lmprefs.io.inputs import input_file
@@ -139,6 +140,7 @@ def cmd_experiment(argv: list[str]) -> int:
     run = {"mock-sentiment": _mock_sentiment, "kl-frontier": _kl_frontier, "compare": compare.compare,
            "label-efficiency": label_eff.label_efficiency, "overoptimization": overopt.overoptimization}[a.name]
     out = run(a, cfg, run_dir, on_start)
+    save_experiment_flags(run_dir, flags)
     print(f"figure: {out['figure']}")
     return 0
 

@@ -57,12 +57,14 @@ def test_every_arm_runs_lands_in_results_and_a_rerun_skips_them(tmp_path, capsys
     assert main(args) == 0
     out = capsys.readouterr().out
     assert all(f"[{k}] done" in out for k in KEYS), out
-    # one kind swept over its own coefficients: its finished setting kept, the new one trained, the others untouched
+    # one kind swept over its own coefficients: its finished setting kept, the new one trained, the others untouched;
+    # once it has finished the flag is the run's own, and a bare rerun reports that arm too
     assert main([*args, "--kl-coefs-of", "grpo=0.1,0.3"]) == 0
     out = capsys.readouterr().out
     assert "[grpo-beta0.1] done" in out and "[grpo-beta0.3] training" in out and "[ppo-beta0.3]" not in out
     assert "grpo-beta0.3" in json.loads((run_dir / "results.json").read_text())
-    assert main([*args, "--kl-coefs-of", "grpo=0.1,0.3"]) == 0 and "[grpo-beta0.3] done" in capsys.readouterr().out
+    assert main(["experiment", "compare", "--run-dir", str(run_dir)]) == 0
+    assert "[grpo-beta0.3] done" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv,needle", [
