@@ -66,13 +66,13 @@ def pytest_runtest_teardown(item, nextitem):
 def summarise(path: str, top: int = 40) -> None:
     per_test: dict[str, float] = defaultdict(float)
     per_module: dict[str, float] = defaultdict(float)
+    ends: dict[str, float] = defaultdict(float)
     for row in read_jsonl(Path(path)):
         per_test[row["test"]] += row["cpu_s"]
         per_module[row["test"].split("::")[0]] += row["cpu_s"]
+        worker = row.get("worker", "main")
+        ends[worker] = max(ends[worker], row.get("end", 0.0))
     print(f"{len(per_test)} tests, {sum(per_test.values()):.1f} CPU-s")
-    ends: dict[str, float] = defaultdict(float)
-    for row in read_jsonl(Path(path)):
-        ends[row.get("worker", "main")] = max(ends[row.get("worker", "main")], row.get("end", 0.0))
     if len(ends) > 1:  # how long the first worker to finish waited for the last
         print("workers' last test ended " + ", ".join(f"{w} {max(ends.values()) - t:.1f} s" for w, t in
                                                        sorted(ends.items())) + " before the last")  # fmt: skip

@@ -223,7 +223,6 @@ def experiment_setup(run_dir: Path, owner: str, preset_name: str, pairs, flags: 
 
     from lmprefs.config.diff import flat_config, math_changes
     from lmprefs.config.overrides import apply_overrides
-    from lmprefs.io.atomic import atomic_write_text
     from lmprefs.io.config_file import load_config, save_config
     from lmprefs.runtime.resolve import check_runnable, resolve_config
 
@@ -234,7 +233,7 @@ def experiment_setup(run_dir: Path, owner: str, preset_name: str, pairs, flags: 
         def on_start() -> None:
             claim(run_dir, owner)
             save_config(cfg, cfg_file)
-            atomic_write_text(args_file, json.dumps(flags))
+            save_experiment_flags(run_dir, flags)
 
         return cfg, flags, on_start
     saved_cfg = load_config(cfg_file)
@@ -246,7 +245,7 @@ def experiment_setup(run_dir: Path, owner: str, preset_name: str, pairs, flags: 
     check_runnable(cfg)
     saved = json.loads(args_file.read_text()) if args_file.exists() else {}
     if not args_file.exists():  # stopped between its two files: the flags of this command line are its own
-        atomic_write_text(args_file, json.dumps(flags))
+        save_experiment_flags(run_dir, flags)
     changed = [k for k in flags if k in given and k in saved and flags[k] != saved[k]]
     if fixed and changed:
         k = changed[0]
@@ -258,9 +257,9 @@ def experiment_setup(run_dir: Path, owner: str, preset_name: str, pairs, flags: 
 
 
 def save_experiment_flags(run_dir: Path, flags: dict) -> None:
-    """Once an experiment has finished: the flags it ran with (its saved ones and those given anew) become its own,
-    so that a bare rerun reports every arm this one did. Not before: a run refused or killed keeps the flags of the
-    last one that finished."""
+    """experiment-args.json: an experiment's flags, written when it starts and again once it has finished, when the
+    flags it ran with (its saved ones and those given anew) become its own, so that a bare rerun reports every arm
+    this one did. Not in between: a run refused or killed keeps the flags of the last one that finished."""
     import json
 
     from lmprefs.io.atomic import atomic_write_text

@@ -53,10 +53,15 @@ def _data(kinds: dict[str, list[list[tuple[float, float]]]]) -> tuple[dict, list
     return data, arms
 
 
+def _three_seeds(a: tuple[float, float], b: tuple[float, float], e: float) -> list[list[tuple[float, float]]]:
+    """Three seeds' curves through the (kl, reward) points a and b, their rewards shifted by 0, +e and -e."""
+    return [[(a[0], a[1] + d), (b[0], b[1] + d)] for d in (0.0, e, -e)]
+
+
 def test_the_report_names_the_kind_ahead_beyond_the_seeds_noise_and_only_that():
-    hi = [[(1.0, 1.0 + e), (3.0, 3.0 + e)] for e in (0.0, 0.01, -0.01)]
-    lo = [[(1.0, 0.0 + e), (3.0, 0.5 + e)] for e in (0.0, 0.02, -0.02)]
-    close = [[(1.0, 1.0 + e), (3.0, 3.0 + e)] for e in (0.0, 1.5, -1.5)]
+    hi = _three_seeds((1.0, 1.0), (3.0, 3.0), 0.01)
+    lo = _three_seeds((1.0, 0.0), (3.0, 0.5), 0.02)
+    close = _three_seeds((1.0, 1.0), (3.0, 3.0), 1.5)
     data, arms = _data({"hi": hi, "lo": lo, "close": close})
     m = matched_kl(data, arms, ("hi", "lo", "close"), 3)
     assert [round(k, 3) for k in m["kls"]] == [1.5, 2.0, 2.5]
@@ -85,9 +90,9 @@ def test_where_no_value_is_common_each_meeting_of_two_or_more_kinds_is_one_value
 
 
 def test_the_report_compares_the_kinds_that_meet_when_none_is_common_to_all():
-    hi = [[(1.0, 1.0 + e), (3.0, 3.0 + e)] for e in (0.0, 0.01, -0.01)]
-    lo = [[(2.0, 0.0 + e), (4.0, 0.5 + e)] for e in (0.0, 0.02, -0.02)]
-    far = [[(5.0, 9.0 + e), (6.0, 9.0 + e)] for e in (0.0, 0.02, -0.02)]
+    hi = _three_seeds((1.0, 1.0), (3.0, 3.0), 0.01)
+    lo = _three_seeds((2.0, 0.0), (4.0, 0.5), 0.02)
+    far = _three_seeds((5.0, 9.0), (6.0, 9.0), 0.02)
     data, arms = _data({"hi": hi, "lo": lo, "far": far})
     m = matched_kl(data, arms, ("hi", "lo", "far"), 3)
     assert m["partial"] and m["kls"] == [2.5] and set(m["rows"][0]["kinds"]) == {"hi", "lo"}
