@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import weakref
 from pathlib import Path
 
 from lmprefs.assets.cache import AssetError, _build_dir_atomically, _package_dir, cache_dir
@@ -120,6 +121,23 @@ def load_tokenizer(path: str | Path):
             _TOKENIZERS.pop(next(iter(_TOKENIZERS)))
         _TOKENIZERS[key] = AutoTokenizer.from_pretrained(str(path))
     return _TOKENIZERS[key]
+
+
+_SAVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def save_tokenizer(tok, out: Path) -> None:
+    """`tok.save_pretrained(out)`, serialized once per tokenizer object: a run saves the same tokenizer into every
+    checkpoint and reward model it writes (GPT-2's tokenizer.json is 3.6 MB of JSON to build each time), and nothing
+    in lmprefs changes a tokenizer after loading it (`load_tokenizer`), so later saves write the first one's bytes."""
+    files = _SAVED.get(tok)
+    if files is None:
+        written = [Path(f) for f in tok.save_pretrained(out) or ()]
+        if written and all(f.parent == Path(out) for f in written):  # else each save goes through save_pretrained
+            _SAVED[tok] = {f.name: f.read_bytes() for f in written}
+        return
+    for name, data in files.items():
+        (Path(out) / name).write_bytes(data)
 
 
 GPT2_TIKTOKEN_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"

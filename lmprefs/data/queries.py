@@ -15,6 +15,8 @@ A text that already ends in task.query_suffix loses it there, as the suffix foll
 
 from __future__ import annotations
 
+import hashlib
+import weakref
 from pathlib import Path
 
 import torch
@@ -145,9 +147,27 @@ def single_token(tokenizer, text: str | None, name: str) -> int | None:
     return ids[0]
 
 
+# queries built per tokenizer object, keyed by the texts' digest and the task's fields that shape a query: an
+# experiment's arms, a sweep's runs and an evaluation after training build the same queries in one process
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def build_queries(texts: list[str], tokenizer, task: TaskConfig, source: str = "") -> torch.Tensor:
     """All usable queries as a [N, query_length] tensor right-padded with PAD (cropped as `crops` says)."""
     crop = crops(task)
+    h = hashlib.blake2b(digest_size=16)
+    for t in texts:
+        h.update(t.encode() + b"\0")
+    key = (h.digest(), crop, task.start_text, task.end_text, task.query_suffix, task.query_length)
+    built = _BUILT.setdefault(tokenizer, {})
+    if key not in built:
+        if len(built) >= 4:
+            built.pop(next(iter(built)))
+        built[key] = _build_queries(texts, tokenizer, task, crop, source)
+    return built[key].clone()
+
+
+def _build_queries(texts: list[str], tokenizer, task: TaskConfig, crop: bool, source: str) -> torch.Tensor:
     start = single_token(tokenizer, task.start_text, "start_text") if crop else None
     end = single_token(tokenizer, task.end_text, "end_text") if crop else None
     rows = []

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from lmprefs.assets.models import resolve_model
-from lmprefs.assets.tokenizers import load_tokenizer
+from lmprefs.assets.tokenizers import load_tokenizer, save_tokenizer
 from lmprefs.io.publish import MANIFEST, publish_dir, verify
 from lmprefs.models import parallel
 from lmprefs.models.loading import MODEL_NAMES, _trunk_names, base_of, load_lm
@@ -111,7 +111,7 @@ def _save_policy(policy: Policy, out: Path, merged: bool = False) -> None:
         _save_lm(policy.lm, out, policy.temperature)
         if policy.value_lm is not None:
             policy.value_lm.save_pretrained(out / "value_model")
-    policy.tokenizer.save_pretrained(out)
+    save_tokenizer(policy.tokenizer, out)
     save_file({k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()},
               out / "value_head.safetensors")  # fmt: skip
     meta = {"kind": "policy", "temperature": policy.temperature, **base_meta(policy.lm)}
@@ -219,7 +219,7 @@ def _save_reward_model(rm: RewardModel, out: Path, extra: dict | None, merged: b
         lm = merged_copy(rm.lm, rm.adapter) if rm.adapter else rm.lm
         seq = to_sequence_classifier(lm, rm)
         seq.to(export_dtype(rm.lm)).save_pretrained(out)
-    rm.tokenizer.save_pretrained(out)
+    save_tokenizer(rm.tokenizer, out)
     (out / "lmprefs.json").write_text(json.dumps(meta, indent=1))
 
 

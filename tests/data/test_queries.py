@@ -20,6 +20,25 @@ def test_start_and_end_text_trimming_as_the_original(tiny_lm):
     assert q.shape == (1, 12) and (q[0, len(tok(" The first sentence.").input_ids):] == PAD).all()
 
 
+def test_queries_built_again_come_from_the_first_build_and_change_with_what_shapes_them(tiny_lm, monkeypatch):
+    """build_queries remembers its result per tokenizer, texts and the fields that shape a query: a second build
+    encodes nothing, a caller changing its copy does not reach the next, other texts or fields are built anew."""
+    _, tok = tiny_lm
+    task = TaskConfig(query_length=12, start_text=".", end_text=".")
+    texts = ["Intro words. The first sentence. The second one is cut", "A. B c d e. f"]
+    first = build_queries(texts, tok, task)
+    first[0, 0] = -7
+    import lmprefs.data.queries as queries
+
+    monkeypatch.setattr(queries, "_build_queries", lambda *a: pytest.fail("built again"))
+    again = build_queries(list(texts), tok, task)
+    assert (again != -7).all() and again.shape == (2, 12)
+    monkeypatch.undo()
+    shorter = build_queries(texts, tok, TaskConfig(query_length=4, start_text=".", end_text="."))
+    assert shorter.shape == (1, 4)  # the first text's query does not end at a '.' within 4 tokens
+    assert len(build_queries(texts[:1], tok, task)) == 1
+
+
 def test_padded_and_unpadded_queries_give_the_same_logits(tiny_lm):
     model, tok = tiny_lm
     ids = tok(" The first sentence of the book.").input_ids
