@@ -161,8 +161,10 @@ def plot_curves(metrics: list[dict], out: Path, labeler: str | None = "vader") -
         ax.plot(steps, ys, marker=".")
         if not any(key in m for m in metrics):
             ax.text(0.5, 0.5, "not logged in this run", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(f"{key}\n{title}", fontsize=10)
+        # y given: matplotlib then skips measuring the axis to lift a title above top tick labels (there are none)
+        ax.set_title(f"{key}\n{title}", fontsize=10, y=1.0)
         ax.set_xlabel("PPO update")
+        ax.locator_params(nbins=5)  # each tick is drawn text, and most of the figure's cost: at most 5 intervals
         ax.ticklabel_format(axis="y", useOffset=False)  # beta moves in its 5th digit: plain values, not an offset
         ax.grid(alpha=0.3)
     # fixed margins that fit two-line titles and 7-digit tick labels: tight_layout measures every text first, a third
