@@ -26,8 +26,13 @@ def chunk_rows(logits: Tensor) -> int:
 
 
 def scaled_logits(logits: Tensor, rows: slice, vocab: int, temperature: float) -> Tensor:
-    """z = logits[rows, :vocab] / temperature as a new fp32 tensor [c, V], which the caller may change in place."""
-    return logits[rows, :vocab].to(torch.float32, copy=True).div_(temperature)
+    """z = logits[rows, :vocab] / temperature as a new fp32 tensor [c, V], which the caller may change in place.
+    fp32 logits are divided into a new tensor, one pass where a copy and an in-place division take two (the same
+    values); others are cast first, so the division is in fp32 as for fp32 logits."""
+    z = logits[rows, :vocab]
+    if z.dtype == torch.float32:
+        return z / temperature
+    return z.to(torch.float32).div_(temperature)
 
 
 class _TokenLogprobs(torch.autograd.Function):
