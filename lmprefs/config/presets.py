@@ -249,7 +249,7 @@ PRESETS: dict[str, tuple[str, Config]] = {
     ),
     "tiny": (
         "For tests: a tiny GPT-2 (2 layers, 32 dims; trained for seconds on the bundled passages) continuing those "
-        "passages; seconds on a CPU; PPO (one epoch an update) raises VADER within 8 updates of 64 at 4 epochs each.",
+        "passages; seconds on a CPU; one PPO epoch an update (at 4 epochs, PPO raises VADER within 8 updates of 64).",
         Config(
             task=TaskConfig(
                 query_dataset="bundled",
@@ -272,8 +272,8 @@ PRESETS: dict[str, tuple[str, Config]] = {
             # lr 3e-3 (was 1e-4): with --ppo.batch-size 64 --ppo.nminibatches 4 --ppo.noptepochs 4, VADER
             # (normalized) rises by 0.7-1.2 from the first 4 of 8 updates to the last 4 (seeds 0-3;
             # tests/training/test_policy.py); two updates of 16 and one epoch here for the tests of mechanics, which
-            # are many: an epoch's second minibatch already steps a policy that has moved, and a tiny run's CPU time
-            # is mostly its PPO epochs (four took 1.2 CPU-s a run, one 0.7)
+            # are many: an epoch's second minibatch already steps a policy that has moved, and four epochs were most
+            # of a tiny run's CPU time (docs/results.md)
             ppo=PPOConfig(total_episodes=32, batch_size=16, nminibatches=2, noptepochs=1, lr=3e-3),
             # the paper's lr 1e-6 and batch 64 (one step on 48 labels) moved this model by ~1e-5 nats; these move it
             # 0.4-0.5 nats in one epoch (experiment compare tiny, dpo.beta 0.03-0.3, both losses)

@@ -150,11 +150,16 @@ def single_token(tokenizer, text: str | None, name: str) -> int | None:
 # queries built per tokenizer object, keyed by the texts' digest and the task's fields that shape a query: an
 # experiment's arms, a sweep's runs and an evaluation after training build the same queries in one process
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+KEPT_BYTES = 64 << 20
+"""Largest query tensor kept for the next build (bounded by texts x query_length x 8 bytes before building): a
+corpus of news articles or posts would be held twice, the kept tensor and the caller's copy."""
 
 
 def build_queries(texts: list[str], tokenizer, task: TaskConfig, source: str = "") -> torch.Tensor:
     """All usable queries as a [N, query_length] tensor right-padded with PAD (cropped as `crops` says)."""
     crop = crops(task)
+    if len(texts) * task.query_length * 8 > KEPT_BYTES:
+        return _build_queries(texts, tokenizer, task, crop, source)
     h = hashlib.blake2b(digest_size=16)
     for t in texts:
         h.update(t.encode() + b"\0")

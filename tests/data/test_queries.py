@@ -22,7 +22,8 @@ def test_start_and_end_text_trimming_as_the_original(tiny_lm):
 
 def test_queries_built_again_come_from_the_first_build_and_change_with_what_shapes_them(tiny_lm, monkeypatch):
     """build_queries remembers its result per tokenizer, texts and the fields that shape a query: a second build
-    encodes nothing, a caller changing its copy does not reach the next, other texts or fields are built anew."""
+    encodes nothing, a caller changing its copy does not reach the next, other texts or fields are built anew, and a
+    tensor that could pass KEPT_BYTES is built every time."""
     _, tok = tiny_lm
     task = TaskConfig(query_length=12, start_text=".", end_text=".")
     texts = ["Intro words. The first sentence. The second one is cut", "A. B c d e. f"]
@@ -37,6 +38,10 @@ def test_queries_built_again_come_from_the_first_build_and_change_with_what_shap
     shorter = build_queries(texts, tok, TaskConfig(query_length=4, start_text=".", end_text="."))
     assert shorter.shape == (1, 4)  # the first text's query does not end at a '.' within 4 tokens
     assert len(build_queries(texts[:1], tok, task)) == 1
+    builds, real = [], queries._build_queries
+    monkeypatch.setattr(queries, "_build_queries", lambda *a: builds.append(1) or real(*a))
+    monkeypatch.setattr(queries, "KEPT_BYTES", 2 * 12 * 8 - 1)  # 2 texts x 12 tokens x 8 bytes: too large to keep
+    assert torch.equal(build_queries(texts, tok, task), build_queries(texts, tok, task)) and len(builds) == 2
 
 
 def test_padded_and_unpadded_queries_give_the_same_logits(tiny_lm):

@@ -234,8 +234,8 @@ def test_tiny_preset_rollouts_score_the_reward_not_the_penalty(tiny_task, tiny_l
 # The tiny preset's learning, measured once over seeds 0-3 (`--run.seed S` with the arguments below; 2-core Xeon
 # under load): the mean objective/score (VADER, normalized on initial-policy samples) of the last 4 updates minus the
 # first 4 was +0.98, +1.16 (seed 1: the preset's, this test's), +1.06, +0.66. An update's mean is over 64 episodes
-# (s.e. about 0.13), so that difference has an s.e. of about 0.09 where the policy does not move. At the preset's
-# own 8 updates of 16 the gains (last 3 minus first 3) were +0.27, +0.30, -0.05, +0.21, -0.16, -0.33 over seeds 0-5,
+# (s.e. about 0.13), so that difference has an s.e. of about 0.09 where the policy does not move. At 8 updates of
+# 16 (4 epochs each) the gains (last 3 minus first 3) were +0.27, +0.30, -0.05, +0.21, -0.16, -0.33 over seeds 0-5,
 # and with the random tiny-gpt2 +0.28, +0.08, +0.22, +0.34 over seeds 0-3: no learning above that noise.
 LEARNING_ARGS = ["--reward", "vader", "--ppo.batch-size", "64", "--ppo.nminibatches", "4", "--ppo.noptepochs", "4",
                  "--ppo.total-episodes", str(64 * 8), "--run.log-interval", "100",
