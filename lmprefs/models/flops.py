@@ -27,9 +27,9 @@ from lmprefs.models.attention import short
 
 # model_type values whose blocks are laid out as Llama's (q/k/v/o projections, a gated MLP of three matrices)
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
-TOP_BLOCK_MODELS = ("llama", "mistral", "qwen2")
-"""model_types whose top block `trunk.top_block_at` runs at the read positions alone: the Llama layout with no norm
-on the queries and keys (Qwen3 has one)."""
+TOP_BLOCK_MODELS = ("gpt2", "llama", "mistral", "qwen2")
+"""model_types whose top block `trunk.top_block_at` runs at the read positions alone: GPT-2 and the Llama layout with
+no norm on the queries and keys (Qwen3 has one)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,9 @@ class ModelFacts:
         if kind == "gpt2":
             d, heads = int(c["n_embd"]), int(c["n_head"])
             inner = int(c.get("n_inner") or 4 * d)
-            linears = (Linear("c_attn", d, 3 * d, True), Linear("c_proj", d, d, False),
+            # c_attn makes the keys and values, so in a top block run at the read positions alone it runs at every
+            # position, its query third included (`trunk.top_block_at`)
+            linears = (Linear("c_attn", d, 3 * d, True, True), Linear("c_proj", d, d, False),
                        Linear("c_fc", d, inner, False), Linear("c_proj", inner, d, False))  # fmt: skip
             n_layers, head_dim = int(c["n_layer"]), d // heads
         elif kind in LLAMA_LIKE:

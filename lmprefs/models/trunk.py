@@ -305,13 +305,13 @@ def response_logits_hidden(model, queries: Tensor, responses: Tensor, prefix: Fr
 # never used: only its keys and values are, at every position.
 
 def top_block_reads(model) -> bool:
-    """Whether `top_block_at` runs this model's top block: a Llama-style block (no norm on queries and keys) whose
-    attention reads 4D masks as given, on the CPU, its weights whole (not FSDP's shards, which its forward would
-    gather only inside the block's own call) and not inside torch.compile (a compiled forward runs the block whole,
-    as `lmprefs.models.flops` counts it on a GPU)."""
+    """Whether `top_block_at` runs this model's top block: a GPT-2 or Llama-style block (no norm on queries and keys)
+    whose attention reads 4D masks as given, on the CPU, its weights whole (not FSDP's shards, which its forward
+    would gather only inside the block's own call) and not inside torch.compile (a compiled forward runs the block
+    whole, as `lmprefs.models.flops` counts it on a GPU)."""
     kind = getattr(getattr(model, "config", None), "model_type", None)
     blocks = trunk_blocks(model)
-    attn = getattr(blocks[-1], "self_attn", None) if kind in TOP_BLOCK_MODELS and len(blocks) > 1 else None
+    attn = _attention(blocks[-1]) if kind in TOP_BLOCK_MODELS and len(blocks) > 1 else None
     if attn is None or hasattr(attn, "k_norm") or not sdpa_like(model) or torch.compiler.is_compiling():
         return False
     weights = list(blocks[-1].parameters())
@@ -328,13 +328,20 @@ class _KeysAhead:
         return torch.cat([self.keys, keys], dim=2), torch.cat([self.values, values], dim=2)
 
 
+def _attention(block) -> Any:
+    """A decoder block's self-attention module: `self_attn` in the Llama layout, `attn` in GPT-2's."""
+    attn = getattr(block, "self_attn", None)
+    return attn if attn is not None else getattr(block, "attn", None)
+
+
 def top_block_at(model, h: Tensor, read: Tensor, tokens: Tensor) -> Tensor:
     """The final hidden states [N, R, d] at positions `read` [N, R] of rows `tokens` [N, L] (PAD allowed), given the
     residual stream h [N, L, d] entering the top block. The keys and values of the other positions are computed
     here and handed to the block's own forward, run on the read positions alone, as a cache; the attention mask
-    follows them (causal by position, pads never attended)."""
-    block: Any = trunk_blocks(model)[-1]  # a Llama-style decoder layer (top_block_reads)
-    trunk, attn = model.base_model, block.self_attn
+    follows them (causal by position, pads never attended). A GPT-2's keys and values come from its fused c_attn
+    (adapters included), whose query third is then computed and dropped at those positions too."""
+    block: Any = trunk_blocks(model)[-1]  # a GPT-2 or Llama-style decoder layer (top_block_reads)
+    trunk, attn = model.base_model, _attention(block)
     N, L, d = h.shape
     _, mask, positions = model_inputs(tokens)
     full = attention_mask(model, mask)  # [N, 1, L, L]
@@ -344,15 +351,22 @@ def top_block_at(model, h: Tensor, read: Tensor, tokens: Tensor) -> Tensor:
     def at(x: Tensor, idx: Tensor) -> Tensor:
         return x.gather(1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
-    cos, sin = trunk.rotary_emb(h, positions)  # [N, L, D]
-    x = block.input_layernorm(at(h, rest))
     shape = (N, L - read.shape[1], -1, attn.head_dim)
-    k = attn.k_proj(x).view(shape).transpose(1, 2)
-    v = attn.v_proj(x).view(shape).transpose(1, 2)
-    rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-    k = rotary(k, k, at(cos, rest), at(sin, rest))[1]
+    kwargs: dict[str, Any] = {}
+    if hasattr(attn, "c_attn"):  # GPT-2: positions are in h already
+        _, k, v = attn.c_attn(block.ln_1(at(h, rest))).split(attn.split_size, dim=2)
+        k, v = k.reshape(shape).transpose(1, 2), v.reshape(shape).transpose(1, 2)
+    else:
+        cos, sin = trunk.rotary_emb(h, positions)  # [N, L, D]
+        x = block.input_layernorm(at(h, rest))
+        k = attn.k_proj(x).view(shape).transpose(1, 2)
+        v = attn.v_proj(x).view(shape).transpose(1, 2)
+        rotary = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        k = rotary(k, k, at(cos, rest), at(sin, rest))[1]
+        kwargs = {"position_ids": at(positions.unsqueeze(-1), read).squeeze(-1),
+                  "position_embeddings": (at(cos, read), at(sin, read))}  # fmt: skip
     keys = torch.cat([rest, read], dim=1)  # the cache's key order
     m = at(full[:, 0], read).gather(2, keys.unsqueeze(1).expand(-1, read.shape[1], -1)).unsqueeze(1)  # [N,1,R,L]
-    out = block(at(h, read), attention_mask=m, position_ids=at(positions.unsqueeze(-1), read).squeeze(-1),
-                **with_cache(block, _KeysAhead(k, v)), position_embeddings=(at(cos, read), at(sin, read)))  # fmt: skip
-    return trunk.norm(out[0] if isinstance(out, tuple) else out)
+    out = block(at(h, read), attention_mask=m, **with_cache(block, _KeysAhead(k, v)), **kwargs)
+    out = out[0] if isinstance(out, tuple) else out
+    return trunk.ln_f(out) if hasattr(attn, "c_attn") else trunk.norm(out)

