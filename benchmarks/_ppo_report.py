@@ -195,8 +195,11 @@ def flop_model(args, n_layer: int = 4, d: int = 256, V: int = 8192) -> dict:
     L = Q + T
     gen = B * (L - 1) * Ft + B * T * Fh  # prefill + T-1 cached steps, head on the T sampling positions
     trl = gen + B * L * (Ft + Fh) + B * L * Ft + 3 * E * B * L * (2 * Ft + Fh)
-    shared = gen + B * (L * Ft + T * Fh) + 3 * E * B * (L * Ft + T * Fh)
-    separate = shared + B * L * Ft + 3 * E * B * L * Ft
+    # a trunk forward that reads the T positions predicting the response: on the CPU its top block runs there alone,
+    # and elsewhere only c_attn (6 of its 24 d^2 FLOPs a token), for the keys and values (lmprefs.models.trunk)
+    Fr = L * Ft - (L - T) * 18 * d * d
+    shared = gen + B * (Fr + T * Fh) + 3 * E * B * (Fr + T * Fh)
+    separate = shared + B * Fr + 3 * E * B * Fr
     return {"trl": trl / 1e9, "lmprefs shared": shared / 1e9, "lmprefs separate": separate / 1e9}
 
 
@@ -215,8 +218,8 @@ def report_flop_model(args, shape: dict) -> dict | None:
         print(f"  {k:>18}: {v:8.2f} GFLOP{ceiling}")
     print(
         "  (TRL: full-sequence logits and a separate critic trunk in every train forward, reference logits over "
-        "the whole sequence; lmprefs: LM head only at the response positions, values from the sampler's hidden "
-        "states)"
+        "the whole sequence; lmprefs: LM head and top block only at the response positions, values from the "
+        "sampler's hidden states)"
     )
     return fm
 
