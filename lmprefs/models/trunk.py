@@ -368,5 +368,5 @@ def top_block_at(model, h: Tensor, read: Tensor, tokens: Tensor) -> Tensor:
     keys = torch.cat([rest, read], dim=1)  # the cache's key order
     m = at(full[:, 0], read).gather(2, keys.unsqueeze(1).expand(-1, read.shape[1], -1)).unsqueeze(1)  # [N,1,R,L]
     out = block(at(h, read), attention_mask=m, **with_cache(block, _KeysAhead(k, v)), **kwargs)
-    out = out[0] if isinstance(out, tuple) else out
-    return trunk.ln_f(out) if hasattr(attn, "c_attn") else trunk.norm(out)
+    final_norm = getattr(trunk, _trunk_names(model)[1])
+    return final_norm(out[0] if isinstance(out, tuple) else out)
