@@ -110,10 +110,13 @@ def _ranges(curves: dict) -> str:
     """Each kind's KL range reached in every seed, or where its seeds share none, the span of its points."""
     spans = []
     for kind, seeds in curves.items():
-        pts = [kl for c in seeds for kl, _ in c]
-        span = reach(seeds)
-        spans.append(f"{kind} {span[0]:.2f}-{span[1]:.2f}" if span else f"{kind} none common to its seeds (points "
-                     f"{min(pts):.2f}-{max(pts):.2f})" if pts else f"{kind} none")  # fmt: skip
+        span, pts = reach(seeds), [kl for c in seeds for kl, _ in c]
+        if span:
+            spans.append(f"{kind} {span[0]:.2f}-{span[1]:.2f}")
+        elif pts:
+            spans.append(f"{kind} none common to its seeds (points {min(pts):.2f}-{max(pts):.2f})")
+        else:
+            spans.append(f"{kind} none")
     return ", ".join(spans) + " nats"
 
 
