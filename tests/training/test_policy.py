@@ -87,7 +87,6 @@ def test_learning_raises_the_score_while_kl_stays_bounded(tmp_path):
                                     embd_pdrop=0, attn_pdrop=0)).eval()  # fmt: skip
     cfg = preset("tiny")
     cfg = R(cfg, task=R(cfg.task, truncate_token=None, query_length=8),
-            # 40: gains of 0.06-0.13 by seed
             ppo=R(cfg.ppo, total_episodes=16 * 80, lr=3e-3, nminibatches=2, noptepochs=4),
             rewards=R(cfg.rewards, kl_coef=0.05, kl_target=3.0),
             run=R(cfg.run, log_interval=1000, save_interval=1000))  # fmt: skip
@@ -100,7 +99,8 @@ def test_learning_raises_the_score_while_kl_stays_bounded(tmp_path):
                  on_update=lambda r, s: hist.append((s["objective/score"], s["objective/kl"])))  # fmt: skip
     log.close()
     first, last = sum(s for s, _ in hist[:5]) / 5, sum(s for s, _ in hist[-10:]) / 10
-    assert last > first + 0.07, hist  # chance is 1/64 = 0.016
+    # chance is 1/64; with no learning the gain is 0 +- 0.01, learned gains were 0.06-0.14 across seeds and CPUs
+    assert last > first + 0.04, hist
     assert max(k for _, k in hist) < 10, hist  # the controller holds KL near its target of 3 nats
     assert hist[-1][1] > 0.5  # and the policy did move
 
