@@ -72,8 +72,8 @@ def _plan(cfg, preset: str, n_eval: int, samples: int) -> int:
     from lmprefs.models.flops import ModelFacts
     from lmprefs.models.trunk import shares_queries
     from lmprefs.pipeline.task import check_heldout, setup_task
+    from lmprefs.recipes import quickstart_plan as qp
     from lmprefs.recipes.plan import Shape, format_plan
-    from lmprefs.recipes.quickstart_plan import PEAK_REPS, PEAK_SIZE, SHARES_SOURCE, plan_quickstart, quickstart_counts
     from lmprefs.runtime.device import cpu_info
     from lmprefs.runtime.peak import matmul_peak
 
@@ -87,18 +87,19 @@ def _plan(cfg, preset: str, n_eval: int, samples: int) -> int:
     except ValueError as e:
         raise UserError(f"task.initial_model={cfg.task.initial_model}: {e}") from None
     dtype, threads = str(t.dtype).removeprefix("torch."), torch.get_num_threads()
-    size = 4 * PEAK_SIZE if cuda else PEAK_SIZE
-    peak = matmul_peak(str(t.device), dtype, threads, size, PEAK_REPS)
+    size = 4 * qp.PEAK_SIZE if cuda else qp.PEAK_SIZE
+    peak = matmul_peak(str(t.device), dtype, threads, size, qp.PEAK_REPS)
     shape = Shape(len(t.prefix) + cfg.task.query_length + len(t.suffix), len(t.train_queries), shares_queries(t.model))
-    counts = quickstart_counts(cfg, shape, facts.d, n_eval, samples)
-    rows = plan_quickstart(cfg, facts, counts, peak=peak, dtype=dtype, load_s=load_s)
+    counts = qp.quickstart_counts(cfg, shape, facts.d, n_eval, samples)
+    flags = frozenset() if cuda else cpu_info()[1]
+    rows = qp.plan_quickstart(cfg, facts, counts, peak=peak, dtype=dtype, load_s=load_s, cpu_flags=flags)
     where = torch.cuda.get_device_name(t.device) if cuda else (cpu_info()[0] or "this CPU")
     print(f"lmprefs quickstart --preset {preset}: {cfg.labels.num_train} labels ({counts.questions} questions), "
           f"{cfg.ppo.num_updates} PPO updates of {cfg.ppo.batch_size}, {n_eval} held-out queries x {samples} "
           f"samples, {cfg.task.initial_model}")  # fmt: skip
     print(f"this machine: {where}, {threads} threads, {dtype} (run.dtype={cfg.run.dtype}); matmul peak {peak:.1f} "
-          f"GFLOP/s ({dtype} {size}x{size}, best of {PEAK_REPS})")  # fmt: skip
-    source = SHARES_SOURCE.get(dtype, SHARES_SOURCE["float32"])
+          f"GFLOP/s ({dtype} {size}x{size}, best of {qp.PEAK_REPS})")  # fmt: skip
+    source = qp.SHARES_SOURCE[qp.shares_class(dtype, flags)]
     print(format_plan(rows, basis=f"assets and model: timed now, as the quickstart loads them; the other stages: "
                       f"their FLOPs at the share of this peak each reached in {source}"
                       f"{' (measured on CPUs: on a GPU a rougher guess)' if cuda else ''}. "

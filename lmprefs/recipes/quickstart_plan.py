@@ -3,9 +3,10 @@ matmul FLOPs (`lmprefs.recipes.plan.stage_flops`, the count `benchmarks/roofline
 the share of this machine's measured matmul peak that the stage reached when the full quickstart was measured.
 
 A stage's share of the peak is what its matmuls, small-row products, softmaxes, casts and per-op overheads together
-allowed on the machine it was measured on; on another CPU of the same instruction set it is a guess that held within
-a few percent where it was checked (the Zen 3 run below), on a GPU a rougher one. Every figure is an estimate, not a
-measurement.
+allowed on the machine it was measured on, so the shares are kept by machine class (`shares_class`): a CPU with AMX
+reaches a far smaller share of its far higher bf16 peak than one with AVX512-BF16 only. On another CPU of the same
+class a share is a guess that held within a few percent where it was checked (the Zen 3 run below), on a GPU a
+rougher one. Every figure is an estimate, not a measurement.
 """
 
 from __future__ import annotations
@@ -21,7 +22,13 @@ STAGE_SHARES = {
     # each stage's % of the 960.6 GFLOP/s bf16 peak
     "bfloat16": {"evaluate initial": 0.463, "sample and label": 0.463, "train reward model": 0.469, "PPO": 0.396,
                  "evaluate final": 0.459},
-    # the same section, the full fp32 run with the oneDNN route (4300f71): each stage's seconds (19.6, 109.9, 121.1,
+    # docs/results.md, "On an Intel Xeon with AMX, 2026-12-07": the full bf16 run (62a3abc), each stage's seconds
+    # (11.9, 65.6, 88.3, 112.1, 15.4) over its FLOPs at the 2,200.3 GFLOP/s bf16 peak. AMX multiplies so fast that
+    # the casts, softmaxes, elementwise passes and per-op overheads, which a peak does not measure, take most of each
+    # stage: a share under half of the AVX512-BF16 CPU's, where the peak alone would promise 2.5x less time
+    "bfloat16 amx": {"evaluate initial": 0.191, "sample and label": 0.202, "train reward model": 0.179, "PPO": 0.145,
+                     "evaluate final": 0.204},
+    # the first section, the full fp32 run with the oneDNN route (4300f71): each stage's seconds (19.6, 109.9, 121.1,
     # 145.4, 26.7) over its FLOPs at the 456.3 GFLOP/s fp32 peak. The Zen 3 quickstart measured from outside
     # (AVX2, fp32, 2026-11-27: 1,594 s) reached 55-68% of its 123.4 GFLOP/s peak by stage: the same within a few %
     "float32": {"evaluate initial": 0.559, "sample and label": 0.582, "train reward model": 0.628, "PPO": 0.540,
@@ -29,8 +36,20 @@ STAGE_SHARES = {
 }  # fmt: skip
 SHARES_SOURCE = {
     "bfloat16": "the full quickstart in bf16 on an AMD EPYC with AVX512-BF16 (docs/results.md, 2026-11-26)",
+    "bfloat16 amx": "the full quickstart in bf16 on an Intel Xeon with AMX (docs/results.md, 2026-12-07)",
     "float32": "the full quickstart in fp32 on an AMD EPYC with AVX-512 (docs/results.md, 2026-11-26)",
 }
+
+
+def shares_class(dtype: str, cpu_flags: frozenset[str] = frozenset()) -> str:
+    """The STAGE_SHARES entry measured on the machine class nearest this one: bf16 on a CPU with AMX tiles apart
+    from bf16 elsewhere (AVX512-BF16, and GPUs: a rougher guess), fp32 wherever it runs (matmuls on the vector
+    units: AMX has no fp32 tiles)."""
+    if dtype == "bfloat16":
+        return "bfloat16 amx" if "amx_bf16" in cpu_flags else "bfloat16"
+    return "float32"
+
+
 PEAK_SIZE = 2048
 """Side of the square matmul that measures the peak on a CPU (about 17 GFLOP: a tenth of a second at 120 GFLOP/s);
 8192 on a GPU, as the roofline measures it."""
@@ -50,11 +69,11 @@ def quickstart_counts(cfg: Config, shape: Shape, d_model: int, n_eval: int, samp
 
 
 def plan_quickstart(cfg: Config, facts: F.ModelFacts, counts: Counts, *, peak: float, dtype: str,
-                    load_s: float) -> list[dict]:  # fmt: skip
+                    load_s: float, cpu_flags: frozenset[str] = frozenset()) -> list[dict]:  # fmt: skip
     """[{stage, runs, gflop, seconds}] of the quickstart's six stages (report.json's names, the share of the peak
     each is estimated at in brackets): `load_s` for its assets and model, each other stage's FLOPs at its share
-    (STAGE_SHARES of `dtype`, the autocast dtype's torch name) of `peak` GFLOP/s."""
-    shares = STAGE_SHARES.get(dtype, STAGE_SHARES["float32"])
+    (STAGE_SHARES of `shares_class(dtype, cpu_flags)`, dtype the autocast dtype's torch name) of `peak` GFLOP/s."""
+    shares = STAGE_SHARES[shares_class(dtype, cpu_flags)]
     rows = [{"stage": "assets and model", "runs": 1, "gflop": 0.0, "seconds": load_s}]
     for stage, parts in stage_flops(cfg, facts, counts).items():
         if stage in shares:

@@ -22,9 +22,9 @@ FULL = Counts(32, 3627, 256, 2, 889, 784, 105, 20)
 STAGES = ("assets and model", "evaluate initial", "sample and label", "train reward model", "PPO", "evaluate final")
 
 
-def seconds(cfg=None, counts=FULL, peak=456.3, dtype="float32", load_s=5.0) -> dict[str, float]:
+def seconds(cfg=None, counts=FULL, peak=456.3, dtype="float32", load_s=5.0, flags=frozenset()) -> dict[str, float]:
     rows = plan_quickstart(cfg or preset("quickstart"), ModelFacts.from_config(SMOLLM2), counts, peak=peak,
-                           dtype=dtype, load_s=load_s)  # fmt: skip
+                           dtype=dtype, load_s=load_s, cpu_flags=flags)  # fmt: skip
     return {r["stage"].split(" (")[0]: r["seconds"] for r in rows}
 
 
@@ -34,8 +34,14 @@ def test_the_estimate_reproduces_the_measured_full_quickstarts():
             "evaluate final": 26.7}  # fmt: skip
     bf16 = {"evaluate initial": 11.2, "sample and label": 65.6, "train reward model": 77.1, "PPO": 94.1,
             "evaluate final": 15.7}  # fmt: skip
-    for measured, peak, dtype in ((fp32, 456.3, "float32"), (bf16, 960.6, "bfloat16")):
-        est = seconds(peak=peak, dtype=dtype)
+    # the Intel Xeon with AMX, 2026-12-07: bf16 (62a3abc, 2,200.3 GFLOP/s peak)
+    amx = {"evaluate initial": 11.9, "sample and label": 65.6, "train reward model": 88.3, "PPO": 112.1,
+           "evaluate final": 15.4}  # fmt: skip
+    avx512 = frozenset({"avx512f", "avx512_bf16"})
+    runs = ((fp32, 456.3, "float32", avx512), (bf16, 960.6, "bfloat16", avx512),
+            (amx, 2200.3, "bfloat16", avx512 | {"amx_bf16", "amx_tile"}))  # fmt: skip
+    for measured, peak, dtype, flags in runs:
+        est = seconds(peak=peak, dtype=dtype, flags=flags)
         assert list(est) == list(STAGES)
         for stage, s in measured.items():
             assert est[stage] == pytest.approx(s, rel=0.01), (dtype, stage)
@@ -43,6 +49,15 @@ def test_the_estimate_reproduces_the_measured_full_quickstarts():
     # the first run's assets; not a calibration point
     zen3 = seconds(peak=123.4, load_s=49.0)
     assert sum(zen3.values()) == pytest.approx(1594, rel=0.05)
+
+
+def test_each_machine_class_takes_the_shares_measured_on_its_class():
+    amx = frozenset({"avx512_bf16", "amx_bf16"})
+    # AMX multiplies bf16 five times faster than AVX512-BF16 but leaves the rest of a stage as it was: at the same
+    # peak the AMX class's estimate is over twice as long
+    assert seconds(peak=2200.3, dtype="bfloat16", flags=amx)["PPO"] > 2 * seconds(peak=2200.3, dtype="bfloat16")["PPO"]
+    # fp32 runs on the vector units on every CPU, with or without AMX
+    assert seconds(flags=amx) == seconds()
 
 
 def test_the_estimate_grows_with_the_work_and_shrinks_with_the_peak():
