@@ -160,7 +160,10 @@ def test_cached_frozen_blocks_and_microbatches_train_the_same_reward_model(tiny_
     plain = trained(0, False)
     init = RewardModel(copy.deepcopy(model), tok, seed=0)
     assert not torch.equal(plain[-2], init.head.linear.weight)  # it trained (and the head init is seeded)
-    assert all(torch.equal(a, b) for a, b in zip(plain, trained(0, True), strict=True))  # bitwise
+    # the frozen blocks run once over batches of 16 questions instead of inside each batch of 8: bitwise the same
+    # where the CPU's GEMM does not depend on the row count (AVX-512 here), 1e-8 to 1e-6 apart after two epochs
+    # where it does (MKL's AVX2 kernels)
+    assert all(torch.allclose(a, b, rtol=0, atol=1e-5) for a, b in zip(plain, trained(0, True), strict=True))
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(plain, trained(3, True), strict=True))  # 3+3+2
 
 

@@ -73,4 +73,5 @@ def test_a_measured_kl_a_hair_below_zero_fits_as_zero(form):
     fit = fit_gao(form, kl, gain, cut=4.0)
     assert np.isfinite([fit["alpha"], fit["beta"], fit["rmse_beyond"]]).all()
     at_zero = fit_gao(form, [0.0, *kl[1:]], gain, cut=4.0)
-    assert (fit["alpha"], fit["beta"]) == (at_zero["alpha"], at_zero["beta"])
+    # equal up to LAPACK's rounding: MKL's least squares can differ in the last bit between two calls on equal inputs
+    assert (fit["alpha"], fit["beta"]) == pytest.approx((at_zero["alpha"], at_zero["beta"]), rel=1e-12, abs=1e-12)
