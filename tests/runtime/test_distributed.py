@@ -118,9 +118,10 @@ class Launch:
 def launch(tmp_path_factory, killed):
     """One launch as 2 "nodes" of one process each, rendezvousing on 127.0.0.1 (two torchrun launches with --nnodes
     2), that runs in turn: the train-policy run of ARGS (`two`, the 2-rank reference), the DDP/FSDP worker, a
-    2-rank `label`, an FSDP train-policy run stopped after the checkpoint of update 4 and its resume, the resume of
-    the killed run, and a run with a bad LMPREFS_DIST_TIMEOUT. Each launch costs seconds before any work (the
-    launcher, a torch import per rank, the rendezvous); one launch serves every test below."""
+    2-rank `label`, an FSDP train-policy run stopped after the checkpoint of update 4 and its resume, the same FSDP
+    run uninterrupted, the resume of the killed run, and a run with a bad LMPREFS_DIST_TIMEOUT. Each launch costs
+    seconds before any work (the launcher, a torch import per rank, the rendezvous); one launch serves every test
+    below."""
     d = tmp_path_factory.mktemp("launch")
 
     def cli(name: str, *argv: str, **extra) -> dict:
@@ -134,6 +135,7 @@ def launch(tmp_path_factory, killed):
         cli("label", "label", "tiny", "--db", str(d / "labels.sqlite"), "--questions", "40"),
         cli("fsdp", *ARGS, "--run.parallel", "fsdp", "--run-dir", fsdp, kill_at="train:saved@2", copy=[fsdp, stopped]),
         cli("fsdp-resume", *resume, fsdp),
+        cli("fsdp-whole", *ARGS, "--run.parallel", "fsdp", "--run-dir", str(d / "fsdp-whole")),
         cli("killed-resume", *resume, str(killed["dir"])),
         cli("bad-timeout", *ARGS, "--run-dir", str(d / "bad"), env={"LMPREFS_DIST_TIMEOUT": "soon"}),
     ]
@@ -231,23 +233,27 @@ def test_kill_one_rank_fails_the_job_then_resume_matches(killed, launch):
 @pytest.mark.heavy
 def test_fsdp_run_resumes_exactly_and_only_rank_zero_writes(launch, one):
     """train-policy under FSDP2 on 2 ranks, both stopped right after the checkpoint of update 4 (by an exception at
-    that crash point, the process group destroyed), then resumed on 2 ranks: its metrics equal the 2-rank DDP run's
-    within fp32 rounding (the same math: DDP runs its top block at the read positions alone, FSDP's sharded block
-    runs whole; measured 2e-6 apart at most) and its final policy, gathered whole on rank 0, is that run's within
-    1e-6; the files are those of the 1-process run."""
+    that crash point, the process group destroyed), then resumed on 2 ranks: its metrics and final policy, gathered
+    whole on rank 0, are bitwise those of the same run uninterrupted, and the files are those of the 1-process run.
+    Its first update equals the 2-rank DDP run's within fp32 rounding (the same math: DDP runs its top block at the
+    read positions alone, FSDP's sharded block runs whole; measured 2e-6 apart at most). The later ones are not
+    compared: where the CPU's GEMM rounds by the row count (MKL's AVX2 kernels), that rounding can change a sampled
+    token, and the runs part (seen: KL 0.132 against 0.095 by update 4)."""
     from safetensors.torch import load_file
 
-    d, two = launch.dir / "fsdp", launch.dir / "two"
+    d, whole, two = launch.dir / "fsdp", launch.dir / "fsdp-whole", launch.dir / "two"
     assert launch.rcs("fsdp") == ["killed", "killed"], launch.step("fsdp")
     assert len(read_jsonl(launch.dir / "fsdp-stopped" / "metrics.jsonl")) == 4
     assert launch.rcs("fsdp-resume") == [0, 0], launch.step("fsdp-resume")
-    for x, y in zip(_metrics(d / "metrics.jsonl"), _metrics(two / "metrics.jsonl"), strict=True):
-        assert x.keys() == y.keys()
-        for k, v in y.items():  # numbers within rounding, the rest (the record's phase) equal: pytest 9.2's approx
-            # refuses a relative tolerance on a string
-            assert x[k] == (pytest.approx(v, rel=1e-4, abs=1e-5) if isinstance(v, int | float) else v), k
-    a, b = load_file(d / "policy" / "model.safetensors"), load_file(two / "policy" / "model.safetensors")
-    assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
+    assert launch.rcs("fsdp-whole") == [0, 0], launch.step("fsdp-whole")
+    assert _metrics(d / "metrics.jsonl") == _metrics(whole / "metrics.jsonl")
+    a, b = load_file(d / "policy" / "model.safetensors"), load_file(whole / "policy" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    x, y = _metrics(d / "metrics.jsonl")[0], _metrics(two / "metrics.jsonl")[0]
+    assert x.keys() == y.keys()
+    for k, v in y.items():  # numbers within rounding, the rest (the record's phase) equal: pytest 9.2's approx
+        # refuses a relative tolerance on a string
+        assert x[k] == (pytest.approx(v, rel=1e-4, abs=1e-5) if isinstance(v, int | float) else v), k
     assert set(_files(d)) == set(_files(one))  # (a resumed run has a second TensorBoard file)
     assert json.loads((d / "config.json").read_text())["run"]["parallel"] == "fsdp"
 
