@@ -28,9 +28,10 @@ STAGE_SHARES = {
     # stage: a share under half of the AVX512-BF16 CPU's, where the peak alone would promise 2.5x less time
     "bfloat16 amx": {"evaluate initial": 0.191, "sample and label": 0.202, "train reward model": 0.179, "PPO": 0.145,
                      "evaluate final": 0.204},
-    # the first section, the full fp32 run with the oneDNN route (4300f71): each stage's seconds (19.6, 109.9, 121.1,
-    # 145.4, 26.7) over its FLOPs at the 456.3 GFLOP/s fp32 peak. The Zen 3 quickstart measured from outside
-    # (AVX2, fp32, 2026-11-27: 1,594 s) reached 55-68% of its 123.4 GFLOP/s peak by stage: the same within a few %
+    # the AMD EPYC section named first, its full fp32 run with the oneDNN route (4300f71): each stage's seconds
+    # (19.6, 109.9, 121.1, 145.4, 26.7) over its FLOPs at the 456.3 GFLOP/s fp32 peak. The Zen 3 quickstart
+    # measured from outside (AVX2, fp32, 2026-11-27: 1,594 s) reached 55-68% of its 123.4 GFLOP/s peak by stage: the
+    # same within a few %
     "float32": {"evaluate initial": 0.559, "sample and label": 0.582, "train reward model": 0.628, "PPO": 0.540,
                 "evaluate final": 0.567},
 }  # fmt: skip
