@@ -17,7 +17,8 @@ def cmd_quickstart(argv: list[str]) -> int:
     p = command_parser("quickstart", "lmprefs quickstart [--preset NAME] [--run-dir DIR] [--section.key VALUE ...]")
     p.add_argument("--preset", default="quickstart", help="preset (default: quickstart, SmolLM2 + Austen + VADER)")
     p.add_argument("--run-dir", default=None, help="output directory (default runs/quickstart-PRESET-TIME)")
-    p.add_argument("--eval-queries", type=int, default=256, help="held-out queries for the true-reward evaluation")
+    p.add_argument("--eval-queries", type=int, default=None, help="held-out queries for the true-reward evaluation "
+                   "(default: up to 256, all the task sets aside where it sets aside fewer)")  # fmt: skip
     p.add_argument("--eval-samples", type=int, default=2, help="samples per held-out query")
     p.add_argument("--plan", action="store_true", help="print this machine's matmul peak and each stage's estimated "
                    "seconds (FLOP counts at the share of the peak each stage reached when measured); runs and writes "
@@ -27,7 +28,7 @@ def cmd_quickstart(argv: list[str]) -> int:
     from lmprefs.recipes.quickstart import chance, run_quickstart, true_reward_name
     from lmprefs.training.policy_run import AndonStop
 
-    if a.eval_queries < 2:
+    if a.eval_queries is not None and a.eval_queries < 2:
         raise UserError(f"--eval-queries {a.eval_queries}: must be at least 2 (a standard error needs two)")
     if a.eval_samples < 1:
         raise UserError(f"--eval-samples {a.eval_samples}: must be at least 1")
@@ -61,7 +62,7 @@ def cmd_quickstart(argv: list[str]) -> int:
     return 0
 
 
-def _plan(cfg, preset: str, n_eval: int, samples: int) -> int:
+def _plan(cfg, preset: str, n_eval: int | None, samples: int) -> int:
     """--plan: the model and queries loaded as the quickstart's first stage loads them (timed: that stage's
     estimate), this machine's matmul peak at the run's dtype and threads, and each later stage's FLOPs at its
     measured share of that peak; no run directory is made."""
@@ -71,15 +72,16 @@ def _plan(cfg, preset: str, n_eval: int, samples: int) -> int:
 
     from lmprefs.models.flops import ModelFacts
     from lmprefs.models.trunk import shares_queries
-    from lmprefs.pipeline.task import check_heldout, setup_task
+    from lmprefs.pipeline.task import eval_query_count, setup_task
     from lmprefs.recipes import quickstart_plan as qp
     from lmprefs.recipes.plan import Shape, format_plan
+    from lmprefs.recipes.quickstart import EVAL_QUERIES
     from lmprefs.runtime.device import cpu_info
     from lmprefs.runtime.peak import matmul_peak
 
     t0 = time.time()
-    t = setup_task(cfg, n_heldout=n_eval)
-    check_heldout(t, n_eval, "--eval-queries")
+    t = setup_task(cfg, n_heldout=n_eval or EVAL_QUERIES)
+    n_eval = eval_query_count(t, n_eval, "--eval-queries", EVAL_QUERIES)
     load_s = time.time() - t0
     cuda = t.device.type == "cuda"
     try:

@@ -71,6 +71,15 @@ def note_chat_template(cfg: Config, tok) -> None:
         print(line, flush=True)
 
 
+def eval_query_count(t: Task, n: int | None, flag: str, default: int) -> int:
+    """How many held-out queries an evaluation takes: n, refused by `check_heldout` where the task sets aside fewer;
+    None: up to `default`, all of them where the task sets aside fewer (a small query dataset)."""
+    if n is None:
+        return min(default, len(t.heldout_queries))
+    check_heldout(t, n, flag)
+    return n
+
+
 def check_heldout(t: Task, n: int, flag: str) -> None:
     """A UserError naming `flag` where n held-out queries are asked for and the task sets aside fewer (the rest
     would be evaluated on fewer without a word)."""

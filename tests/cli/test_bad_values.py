@@ -240,6 +240,18 @@ def test_quickstart_refuses_more_eval_queries_than_the_task_sets_aside(tmp_path,
                    "139 held-out queries"]  # fmt: skip
 
 
+def test_quickstart_without_eval_queries_takes_all_the_held_out_queries_of_a_small_task(tmp_path, capsys):
+    """The default is up to 256: a task that sets aside fewer (the tiny preset's 139, the summarize demo's 149) is
+    evaluated on all of them, where a default of 256 was refused before anything ran."""
+    from lmprefs.cli.dispatch import main
+
+    assert main(["quickstart", "--preset", "tiny", "--plan", "--run-dir", str(tmp_path / "q")]) == 0
+    assert ", 139 held-out queries x 2 samples," in capsys.readouterr().out
+    assert main(["quickstart", "--preset", "tiny", "--plan", "--eval-queries", "139"]) == 0
+    assert main(["quickstart", "--preset", "tiny", "--plan", "--eval-queries", "140"]) == 2
+    assert not (tmp_path / "q").exists()
+
+
 def test_a_lora_rank_past_the_layers_width_is_one_line_not_an_allocation():
     from lmprefs.config import LoraConfig
     from lmprefs.errors import UserError

@@ -187,6 +187,9 @@ def test_a_quickstart_begun_with_other_settings_is_not_continued_with_them(tmp_p
     assert "begun with another config: ppo.lr" in capsys.readouterr().err
     assert main([*QS[:-4], "--eval-queries", "8", "--run.save-interval", "1", "--run-dir", str(run)]) == 2
     assert "begun with --eval-queries 16, not 8" in capsys.readouterr().err
+    # without --eval-queries (its default: up to 256) it continues with the 16 it began with
+    assert main([*QS[:-4], "--run.save-interval", "1", "--run-dir", str(run)]) == 0
+    assert json.loads((run / "report.json").read_text())["true_reward_after"]["n_queries"] == 16
 
 
 # --- what a refused or failed command leaves behind, and what it says ---------------------------------------------
