@@ -112,6 +112,7 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 # what a run leaves in its directory: a quickstart starts only where none is, unless the quickstart made it
 RUN_FILES = ("config.json", "run.json", "metrics.jsonl", "checkpoint", "policy", "reward_model", "labels.sqlite",
              "report.md")  # fmt: skip
+
 EVAL_QUERIES = 256
 """Held-out queries each evaluation of a quickstart takes unless --eval-queries says (fewer where the task sets
 aside fewer)."""
