@@ -73,8 +73,8 @@ def note_chat_template(cfg: Config, tok) -> None:
 
 def eval_query_count(t: Task, n: int | None, flag: str, default: int) -> int:
     """How many held-out queries an evaluation takes: n, refused by `check_heldout` where the task sets aside fewer;
-    None: up to `default`, all of them where the task sets aside fewer (a small query dataset)."""
-    if n is None:
+    None (or 0): up to `default`, all of them where the task sets aside fewer (a small query dataset)."""
+    if not n:
         return min(default, len(t.heldout_queries))
     check_heldout(t, n, flag)
     return n

@@ -48,8 +48,8 @@ from lmprefs.pipeline.labeling import collect_labels, open_store
 from lmprefs.pipeline.reward_model import TrainingLabels, load_examples
 from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.selection import Chooser, ensemble_scores, pool_size
-from lmprefs.pipeline.task import Task, setup_task
-from lmprefs.recipes.experiment import Results, check_heldout, seed_key, train_arm, true_reward_fn
+from lmprefs.pipeline.task import Task, eval_query_count, setup_task
+from lmprefs.recipes.experiment import Results, seed_key, train_arm, true_reward_fn
 from lmprefs.training.comparisons import Comparisons
 
 R = dataclasses.replace
@@ -92,8 +92,7 @@ def check_grid(t: Task, plan: Plan) -> tuple[int, int, int]:
                         "a smaller labels.select_round")  # fmt: skip
     if not isinstance(get_label_type(cfg.labels.type), PickBest):
         raise UserError(f"labels.type={cfg.labels.type}: directed queries choose among best_of_N questions")
-    n_eval = plan.n_eval or min(DEFAULT_EVAL_QUERIES, len(t.heldout_queries))
-    check_heldout(t, n_eval, "--eval-queries")
+    n_eval = eval_query_count(t, plan.n_eval, "--eval-queries", DEFAULT_EVAL_QUERIES)
     pool, held = pool_size(cfg.labels, max(plan.budgets)), heldout_questions(cfg, plan.budgets)
     if pool + held > len(t.train_queries):
         raise UserError(f"--labels {max(plan.budgets)}: a shared pool of {pool} candidates (labels.pool_factor "

@@ -34,7 +34,7 @@ from lmprefs.pipeline.reward_model import RewardState, reward_frame
 from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
 from lmprefs.pipeline.task import Task, eval_query_count, setup_task
-from lmprefs.recipes.experiment import Results
+from lmprefs.recipes.experiment import DEFAULT_EVAL_QUERIES, Results
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import compiles_forwards
 from lmprefs.runtime.memory import release_freed_memory
@@ -113,11 +113,6 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 RUN_FILES = ("config.json", "run.json", "metrics.jsonl", "checkpoint", "policy", "reward_model", "labels.sqlite",
              "report.md")  # fmt: skip
 
-EVAL_QUERIES = 256
-"""Held-out queries each evaluation of a quickstart takes unless --eval-queries says (fewer where the task sets
-aside fewer)."""
-
-
 def _check_resume(cfg: Config, run_dir: Path, eval_flags: dict) -> dict:
     """results.json of the quickstart in run_dir ({} for a new one), after refusing a finished one and a command
     line that would change what a begun one computes."""
@@ -149,7 +144,7 @@ def _check_resume(cfg: Config, run_dir: Path, eval_flags: dict) -> dict:
 def run_quickstart(cfg: Config, run_dir: Path, n_eval: int | None, eval_samples: int) -> dict:
     """The six stages in run_dir; each finished stage's result is kept (results.json, the label store, the reward
     model, PPO's checkpoints), so that the same command line run again after a kill continues the run. n_eval None:
-    up to EVAL_QUERIES held-out queries (a begun run: as many as it began with)."""
+    up to DEFAULT_EVAL_QUERIES held-out queries, the experiments' default (a begun run: as many as it began with)."""
     state = _check_resume(cfg, run_dir, {"queries": n_eval, "samples": eval_samples})
     if n_eval is None:
         n_eval = state.get("eval", {}).get("queries")
@@ -157,11 +152,12 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int | None, eval_samples:
     true_fn = score_fn(cfg.labels.labeler)  # a missing judge asset stops the run before it writes anything
     t0 = time.time()
     say("[1/6] preparing assets and queries", flush=True)
-    t = setup_task(cfg, n_heldout=n_eval or EVAL_QUERIES)  # a bad model or query dataset is refused before run_dir
-    if n_eval is None and len(t.heldout_queries) < EVAL_QUERIES:
+    # a bad model or query dataset is refused before run_dir is made
+    t = setup_task(cfg, n_heldout=n_eval or DEFAULT_EVAL_QUERIES)
+    if n_eval is None and len(t.heldout_queries) < DEFAULT_EVAL_QUERIES:
         say(f"evaluating on all {len(t.heldout_queries)} held-out queries of "
             f"task.query_dataset={cfg.task.query_dataset!r}", flush=True)  # fmt: skip
-    n_eval = eval_query_count(t, n_eval, "--eval-queries", EVAL_QUERIES)
+    n_eval = eval_query_count(t, n_eval, "--eval-queries", DEFAULT_EVAL_QUERIES)
     eval_flags = {"queries": n_eval, "samples": eval_samples}
     setup_seconds = time.time() - t0
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
