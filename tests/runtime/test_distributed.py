@@ -246,10 +246,11 @@ def test_fsdp_run_resumes_exactly_and_only_rank_zero_writes(launch, one):
     assert len(read_jsonl(launch.dir / "fsdp-stopped" / "metrics.jsonl")) == 4
     assert launch.rcs("fsdp-resume") == [0, 0], launch.step("fsdp-resume")
     assert launch.rcs("fsdp-whole") == [0, 0], launch.step("fsdp-whole")
-    assert _metrics(d / "metrics.jsonl") == _metrics(whole / "metrics.jsonl")
+    resumed = _metrics(d / "metrics.jsonl")
+    assert resumed == _metrics(whole / "metrics.jsonl")
     a, b = load_file(d / "policy" / "model.safetensors"), load_file(whole / "policy" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    x, y = _metrics(d / "metrics.jsonl")[0], _metrics(two / "metrics.jsonl")[0]
+    x, y = resumed[0], _metrics(two / "metrics.jsonl")[0]
     assert x.keys() == y.keys()
     for k, v in y.items():  # numbers within rounding, the rest (the record's phase) equal: pytest 9.2's approx
         # refuses a relative tolerance on a string
