@@ -30,7 +30,8 @@ socket.socket.connect = _guarded_connect
 
 @pytest.fixture(scope="session")
 def tiny_lm():
-    """(model, tokenizer): a 2-layer, 32-dim random GPT-2 with the real GPT-2 tokenizer."""
+    """(model, tokenizer): a 2-layer, 32-dim random GPT-2 with the real GPT-2 tokenizer, shared by every test of a
+    process: a test that changes the model (freezes it, adds an adapter) works on a copy."""
     import torch
 
     from lmprefs.models.loading import load_lm

@@ -4,6 +4,7 @@ them at every step, for GPT-2's Conv1D and Llama's nn.Linear, with and without L
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import pytest
 import torch
@@ -46,7 +47,7 @@ def draws(model, vocab, monkeypatch, on: bool):
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-lora"])
 def test_precast_draws_bitwise_what_autocast_draws(kind, tiny_lm, monkeypatch):
-    model, vocab = (tiny_lm[0], len(tiny_lm[1])) if kind == "gpt2" else (tiny_llama(), 300)
+    model, vocab = (copy.deepcopy(tiny_lm[0]), len(tiny_lm[1])) if kind == "gpt2" else (tiny_llama(), 300)
     if kind == "llama-lora":
         model = with_lora(model)
     else:
@@ -71,7 +72,7 @@ def test_precast_leaves_trained_weights_and_fp32_alone(monkeypatch):
 def test_block_norms_return_the_autocast_dtype_only_without_autograd(kind, tiny_lm):
     from lmprefs.models.precast import _block_norms
 
-    model = tiny_lm[0] if kind == "gpt2" else tiny_llama()
+    model = copy.deepcopy(tiny_lm[0]) if kind == "gpt2" else tiny_llama()  # the fixture is shared
     model.requires_grad_(False)
     norms = list(_block_norms(model))
     assert len(norms) == 2 * model.config.num_hidden_layers
