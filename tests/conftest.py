@@ -40,6 +40,28 @@ def tiny_lm():
     return load_lm("tiny-gpt2")
 
 
+def _state(model) -> tuple:
+    """What a test could change in the shared model: its modules' own forwards, training mode, which parameters
+    train, and their values (a checksum)."""
+    import torch
+
+    with torch.no_grad():
+        params = tuple((n, p.requires_grad, p.dtype, float(p.double().sum())) for n, p in model.named_parameters())
+    return params, tuple((type(m).__name__, m.training, "forward" in m.__dict__) for m in model.modules())
+
+
+@pytest.fixture(autouse=True)
+def _tiny_lm_left_as_found(request):
+    """Fails a test that changed the shared tiny_lm: in one process every later test would see it changed."""
+    if "tiny_lm" not in request.fixturenames:
+        yield
+        return
+    model = request.getfixturevalue("tiny_lm")[0]
+    before = _state(model)
+    yield
+    assert _state(model) == before, "the test changed the shared tiny_lm model: work on copy.deepcopy(tiny_lm[0])"
+
+
 def pytest_report_header(config):
     """Which dtype run.dtype=auto means in this run: CI runs the suite once in each."""
     import torch
