@@ -146,6 +146,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int | None, eval_samples:
     model, PPO's checkpoints), so that the same command line run again after a kill continues the run. n_eval None:
     up to DEFAULT_EVAL_QUERIES held-out queries, the experiments' default (a begun run: as many as it began with)."""
     state = _check_resume(cfg, run_dir, {"queries": n_eval, "samples": eval_samples})
+    begun = bool(state)  # before this run's first write to the state below
     if n_eval is None:
         n_eval = state.get("eval", {}).get("queries")
     say = print if dist.is_main() else (lambda *_, **__: None)
@@ -168,7 +169,7 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int | None, eval_samples:
         if dist.is_main():
             save_config(cfg, run_dir / "config.json")
         res.save("eval", eval_flags)  # every rank's copy; rank 0 writes it
-        if state:
+        if begun:
             say(f"resuming {run_dir}", flush=True)
         res.data.setdefault("stages", {})["assets and model"] = setup_seconds
         return _stages(cfg, run_dir, t, res, true_fn, say)

@@ -166,10 +166,12 @@ def test_a_quickstart_killed_before_it_recorded_its_labels_asks_no_question_twic
     assert {k: v for k, v in done.items() if k != "stages"} == {k: v for k, v in whole.items() if k != "stages"}
 
 
-def test_a_quickstart_killed_while_training_its_reward_model_finishes(runs, tmp_path, monkeypatch):
+def test_a_quickstart_killed_while_training_its_reward_model_finishes(runs, tmp_path, monkeypatch, capsys):
     run = tmp_path / "qs"
     killed(monkeypatch, [*QS, "--run-dir", str(run)], "reward:logged")
+    assert "resuming" not in capsys.readouterr().out
     killed(monkeypatch, [*QS, "--run-dir", str(run)], "train:logged")  # the rerun gets past the reward model
+    assert f"resuming {run}" in capsys.readouterr().out
     assert main([*QS, "--run-dir", str(run)]) == 0
 
     def steps(d: Path) -> list[tuple[str, int]]:

@@ -15,6 +15,7 @@ def test_quickstart_pipeline_end_to_end_on_tiny(tmp_path, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "report:" in out and "held-out accuracy" in out
+    assert "resuming" not in out  # a fresh run says nothing of resuming
     for f in ["report.md", "report.json", "curves.png", "labels.sqlite", "metrics.jsonl", "reward_model/lmprefs.json",
               "policy/model.safetensors"]:  # fmt: skip
         assert (run_dir / f).is_file(), f
