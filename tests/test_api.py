@@ -57,8 +57,9 @@ def test_a_reward_function_of_ones_own_via_api_and_cli(tmp_path, monkeypatch):
     args = ["train-policy", "tiny", "--reward", "my_rewards:vowels", "--ppo.total-episodes", "16"]
     assert main([*args, "--run-dir", str(tmp_path / "cli")]) == 0
     assert json.loads((tmp_path / "cli" / "run.json").read_text())["reward"] == "my_rewards:vowels"
-    (tmp_path / "bad_rewards.py").write_text("def wrong(texts):\n    return 'no'\n")
-    assert main(["train-policy", "tiny", "--reward", "bad_rewards:wrong", "--run-dir", str(tmp_path / "bad")]) == 2
+    # a module name of its own: imported once per process, a bad_rewards here would hide test_bad_values' module
+    (tmp_path / "api_bad_rewards.py").write_text("def wrong(texts):\n    return 'no'\n")
+    assert main(["train-policy", "tiny", "--reward", "api_bad_rewards:wrong", "--run-dir", str(tmp_path / "bad")]) == 2
 
 
 def test_score_api_reads_a_saved_reward_model(tmp_path):

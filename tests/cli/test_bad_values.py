@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 from refusals import assert_refused
@@ -196,6 +197,7 @@ ROWS = [
 def test_a_bad_value_exits_2_with_one_line_and_writes_nothing(argv, needle, workdir, capsys, monkeypatch):
     monkeypatch.chdir(workdir)
     monkeypatch.syspath_prepend(str(workdir))  # bad_rewards
+    monkeypatch.delitem(sys.modules, "bad_rewards", raising=False)  # this workdir's, not one another test imported
     assert_refused(argv, needle, workdir, capsys)
 
 
