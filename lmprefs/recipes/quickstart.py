@@ -113,6 +113,7 @@ def write_report(run_dir: Path, cfg: Config, figures: dict, stages: dict, before
 RUN_FILES = ("config.json", "run.json", "metrics.jsonl", "checkpoint", "policy", "reward_model", "labels.sqlite",
              "report.md")  # fmt: skip
 
+
 def _check_resume(cfg: Config, run_dir: Path, eval_flags: dict) -> dict:
     """results.json of the quickstart in run_dir ({} for a new one), after refusing a finished one and a command
     line that would change what a begun one computes."""
