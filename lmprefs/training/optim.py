@@ -17,6 +17,7 @@ vwxyzjn/lm-human-preference-details `AdamTensorFlowStyle`). Weight decay and ams
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any, overload
 
@@ -54,8 +55,7 @@ class TFAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            params, grads, exp_avgs, exp_avg_sqs, step_sizes = [], [], [], [], []
+            buckets: dict[tuple, list[tuple[Tensor, Tensor, Tensor, Tensor]]] = defaultdict(list)
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -67,20 +67,40 @@ class TFAdam(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                t = state["step"]
-                # bias correction folded into the step size, computed in double as a Python float
-                step_sizes.append(-group["lr"] * math.sqrt(1 - beta2**t) / (1 - beta1**t))
-                params.append(p)
-                grads.append(p.grad)
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-            if not params:
-                continue
-            # Whole-tensor foreach ops: one kernel per list, fast enough for 100M+ parameters.
-            torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)  # m += (g - m) * (1 - b1), TF's own form
-            torch._foreach_mul_(exp_avg_sqs, beta2)
-            torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)  # v = b2 v + (1 - b2) g^2
-            denom = torch._foreach_sqrt(exp_avg_sqs)
-            torch._foreach_add_(denom, group["eps"])  # epsilon hat: on the uncorrected sqrt(v)
-            torch._foreach_addcdiv_(params, exp_avgs, denom, step_sizes)  # p -= lr_t * m / (sqrt(v) + eps)
+                row = (p, p.grad, state["exp_avg"], state["exp_avg_sq"])
+                buckets[(state["step"], _fusable(row), p.device, p.dtype)].append(row)
+            for (t, fusable, _, _), rows in buckets.items():
+                _tf_adam_step(rows, t, fusable, group)
         return loss
+
+
+def _fusable(row: tuple[Tensor, ...]) -> bool:
+    """Whether torch's fused Adam kernel can take these tensors: plain, dense, contiguous, on a CPU or CUDA device
+    (a tensor subclass such as FSDP2's DTensor goes through the foreach ops instead)."""
+    return all(
+        type(x) in (Tensor, torch.nn.Parameter) and x.is_contiguous() and x.device.type in ("cpu", "cuda") for x in row
+    )
+
+
+def _tf_adam_step(rows: list[tuple[Tensor, ...]], t: int, fusable: bool, group: dict[str, Any]) -> None:
+    """One TF1 Adam step of rows (param, grad, m, v) on one device and dtype, all at step t."""
+    params, grads, exp_avgs, exp_avg_sqs = (list(x) for x in zip(*rows, strict=True))
+    lr, eps, (beta1, beta2) = group["lr"], group["eps"], group["betas"]
+    if fusable:
+        # torch's fused Adam, one pass over each tensor where the foreach ops below make six, computes
+        # p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps'); eps' = eps/sqrt(1-b2^t) makes that TF1's rule.
+        step = torch.tensor(float(t), device=params[0].device)  # read, not advanced, by the kernel
+        torch._fused_adam_(
+            params, grads, exp_avgs, exp_avg_sqs, [], [step] * len(params),
+            lr=lr, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps / math.sqrt(1 - beta2**t),
+            amsgrad=False, maximize=False,
+        )  # fmt: skip
+        return
+    # bias correction folded into the step size, computed in double as a Python float
+    step_size = -lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)  # m += (g - m) * (1 - b1), TF's own form
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)  # v = b2 v + (1 - b2) g^2
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_add_(denom, eps)  # epsilon hat: on the uncorrected sqrt(v)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, value=step_size)  # p -= lr_t * m / (sqrt(v) + eps)

@@ -227,13 +227,17 @@ def test_ppo_losses_clip_edge_cases():
 
 
 # ---------------------------------------------------------------------------------------------- TF-style Adam
-def test_tfadam_matches_tf1_adam_with_lr_schedule():
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_tfadam_matches_tf1_adam_with_lr_schedule(layout):
+    # contiguous: torch's fused Adam kernel; a transposed (strided) parameter: the foreach ops
     rng = np.random.default_rng(4)
     init = rng.normal(size=(3, 4))
     grads = [rng.normal(0, 1e-3 * (i + 1), size=(3, 4)) for i in range(6)]
     lrs = [1e-2 * (1 - i / 6) for i in range(6)]  # linear decay, set by the caller
     for dtype, tol in [(torch.float64, dict(rtol=1e-12, atol=1e-14)), (torch.float32, TOL)]:
-        p = nn.Parameter(torch.tensor(init, dtype=dtype))
+        start = torch.tensor(init, dtype=dtype)
+        p = nn.Parameter(start if layout == "contiguous" else start.t().contiguous().t())
+        assert p.is_contiguous() == (layout == "contiguous")
         opt, ref = TFAdam([p], lr=lrs[0]), NpTF1Adam(init)
         for g, lr in zip(grads, lrs, strict=True):
             opt.param_groups[0]["lr"] = lr
@@ -241,6 +245,25 @@ def test_tfadam_matches_tf1_adam_with_lr_schedule():
             opt.step()
             ref.apply(g, lr)
             np.testing.assert_allclose(p.detach().double().numpy(), ref.var, **tol)
+
+
+def test_tfadam_parameters_at_different_steps():
+    # A parameter with no gradient in a step is not stepped, so its bias corrections run behind the others'.
+    rng = np.random.default_rng(5)
+    inits = [rng.normal(size=(2, 3)), rng.normal(size=(4,))]
+    params = [nn.Parameter(t64(x)) for x in inits]
+    opt, refs = TFAdam(params, lr=1e-2), [NpTF1Adam(x) for x in inits]
+    for i in range(5):
+        for k, (p, ref) in enumerate(zip(params, refs, strict=True)):
+            p.grad = None
+            if k == 0 or i % 2:
+                g = rng.normal(0, 1e-3, size=p.shape)
+                p.grad = t64(g)
+                ref.apply(g, 1e-2)
+        opt.step()
+    assert [opt.state[p]["step"] for p in params] == [5, 2]
+    for p, ref in zip(params, refs, strict=True):
+        np.testing.assert_allclose(p.detach().numpy(), ref.var, rtol=1e-12, atol=1e-14)
 
 
 def test_tfadam_differs_from_torch_adam_early():
