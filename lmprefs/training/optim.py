@@ -55,7 +55,7 @@ class TFAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            buckets: dict[tuple, list[tuple[Tensor, Tensor, Tensor, Tensor]]] = defaultdict(list)
+            buckets: dict[tuple, list[tuple[Tensor, ...]]] = defaultdict(list)
             for p in group["params"]:
                 if p.grad is None:
                     continue
