@@ -96,6 +96,7 @@ def test_ppo_throughput_runs_both_value_models_against_an_anchor_result_from_a_f
     fm = res["flop_model_gflop"]
     assert fm["trl"] > 0 and 0 < fm["lmprefs shared"] < fm["lmprefs separate"]
     assert "TRL side read from" in r.stdout and "ratio" in r.stdout
+    assert [res["ratios"][m]["target"] for m in ("shared", "separate")] == [3.0, 1.6]  # fp32's targets
     for mode in ("shared", "separate"):  # per CPU-second: 2 updates x 4 episodes over the CPU time of the call
         cpu = res["runs"][mode][0]["cpu_during_train"]
         # its CPU seconds unrounded (the cores are rounded to 0.01); the anchor's file has none: cores x wall
