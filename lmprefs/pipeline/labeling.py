@@ -34,15 +34,14 @@ def open_store(path: str | Path):
 
 
 def label_source(source: str):
-    """A label store from a .sqlite path, or a temporary store holding an imported label file."""
-    import tempfile
-
+    """A label store from a .sqlite path, or a temporary store holding an imported label file (removed when the
+    store is collected or the process exits)."""
     p = Path(source)
     if p.suffix in (".sqlite", ".db"):
         return LabelStore(check_store_path(p, must_exist=True))
     if not is_saved_dataset(split_spec(source)[0]):
         input_file(p, "label source")
-    store = open_store(Path(tempfile.mkdtemp(prefix="lmprefs-labels-")) / "labels.sqlite")
+    store = LabelStore.temporary()
     try:
         import_file(store, p)
     except LabelFileError as e:

@@ -7,8 +7,11 @@ threads and processes can share a store.
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
+import tempfile
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +44,19 @@ class StoreBase:
         except UserError:  # a store from newer code: refused before anything is written
             self.close()
             raise
+
+    @classmethod
+    def temporary(cls) -> Self:
+        """A new store in a folder of its own under the system's temporary directory (an imported label file's),
+        removed with everything in it once the store is garbage-collected or the process exits."""
+        folder = Path(tempfile.mkdtemp(prefix="lmprefs-labels-"))
+        try:
+            store = cls(folder / "labels.sqlite")
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        weakref.finalize(store, _close_and_remove, store._conns, store._conns_lock, folder)
+        return store
 
     # -- connections and transactions ------------------------------------------------------------------------
 
@@ -108,3 +124,13 @@ class StoreBase:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _close_and_remove(conns: list[sqlite3.Connection], lock: threading.Lock, folder: Path) -> None:
+    """A temporary store's end: its connections closed (SQLite folds the WAL back first), then its folder removed.
+    Takes the store's parts, not the store, so that the finalizer holding them does not keep the store alive."""
+    with lock:
+        for conn in conns:
+            conn.close()
+        conns.clear()
+    shutil.rmtree(folder, ignore_errors=True)
