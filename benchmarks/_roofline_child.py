@@ -19,7 +19,7 @@ from pathlib import Path
 import _common  # noqa: F401 (offline hub, quiet tokenizers: set before transformers loads)
 
 # the functions run_quickstart calls in each of its stages; evaluate_policy serves two, told apart by its `desc`
-STAGE_OF = {"setup_task": "assets and model", "collect_labels": "sample and label",
+STAGE_OF = {"setup_eval_task": "assets and model", "collect_labels": "sample and label",
             "train_reward_model": "train reward model", "policy_for": "PPO", "build_run": "PPO",
             "track_true_reward": "PPO", "train_policy": "PPO"}  # fmt: skip
 EVALUATIONS = {"initial policy": "evaluate initial", "final policy": "evaluate final"}
@@ -52,10 +52,10 @@ def main(argv: list[str]) -> int:
 
         return run
 
-    setup = qs.setup_task
+    setup = qs.setup_eval_task
 
-    def setup_task(cfg, *args, **kwargs):
-        t = setup(cfg, *args, **kwargs)
+    def setup_eval_task(cfg, *args, **kwargs):
+        t, n_eval = setup(cfg, *args, **kwargs)
         record.update(model_config=t.model.config.to_dict(),
                       attention=getattr(t.model.config, "_attn_implementation", None),
                       query_length=int(t.train_queries.shape[1]), prefix=len(t.prefix), suffix=len(t.suffix),
@@ -63,10 +63,10 @@ def main(argv: list[str]) -> int:
                       dtype=str(t.dtype).removeprefix("torch."), threads=torch.get_num_threads(),
                       fp32_linear=None if t.dtype != torch.float32 else  # under autocast nothing is routed
                       "onednn" if any(map(cpu_linear.routed, t.model.modules())) else "torch")  # fmt: skip
-        return t
+        return t, n_eval
 
     for name, stage in STAGE_OF.items():
-        fn = setup_task if name == "setup_task" else getattr(qs, name)
+        fn = setup_eval_task if name == "setup_eval_task" else getattr(qs, name)
         setattr(qs, name, counted(lambda _kw, s=stage: s, fn))
     qs.evaluate_policy = counted(lambda kw: EVALUATIONS[kw["desc"]], qs.evaluate_policy)
     code = lmprefs_main(["quickstart", *argv])

@@ -172,7 +172,7 @@ def plan(a: argparse.Namespace, cfg, minutes: float) -> int:
     from lmprefs.models.trunk import shares_queries
     from lmprefs.pipeline.dpo import dpo_labels
     from lmprefs.pipeline.labeling import label_source
-    from lmprefs.pipeline.task import eval_query_count, setup_task
+    from lmprefs.pipeline.task import setup_eval_task
     from lmprefs.recipes.compare import questions_to_label
     from lmprefs.recipes.compare_arms import DEFAULT_EVAL_QUERIES
     from lmprefs.recipes.plan import Shape, format_plan
@@ -181,8 +181,7 @@ def plan(a: argparse.Namespace, cfg, minutes: float) -> int:
     p = plan_from_args(a)
     cfg = dataclasses.replace(cfg, labels=dataclasses.replace(cfg.labels, num_train=p.labels or cfg.labels.num_train))
     p = checked_plan(a, cfg)
-    t = setup_task(cfg, p.n_eval or DEFAULT_EVAL_QUERIES)
-    n_eval = eval_query_count(t, p.n_eval, "--eval-queries", DEFAULT_EVAL_QUERIES)
+    t, n_eval = setup_eval_task(cfg, p.n_eval, DEFAULT_EVAL_QUERIES)
     questions = questions_to_label(t) if p.db is None else 0
     if p.db is not None:
         dpo_labels(t, label_source(str(p.db)), f"--db {a.db}")  # the store is refused as the run would refuse it

@@ -72,7 +72,7 @@ def _plan(cfg, preset: str, n_eval: int | None, samples: int) -> int:
 
     from lmprefs.models.flops import ModelFacts
     from lmprefs.models.trunk import shares_queries
-    from lmprefs.pipeline.task import eval_query_count, setup_task
+    from lmprefs.pipeline.task import setup_eval_task
     from lmprefs.recipes import quickstart_plan as qp
     from lmprefs.recipes.experiment import DEFAULT_EVAL_QUERIES
     from lmprefs.recipes.plan import Shape, format_plan
@@ -80,8 +80,7 @@ def _plan(cfg, preset: str, n_eval: int | None, samples: int) -> int:
     from lmprefs.runtime.peak import matmul_peak
 
     t0 = time.time()
-    t = setup_task(cfg, n_heldout=n_eval or DEFAULT_EVAL_QUERIES)
-    n_eval = eval_query_count(t, n_eval, "--eval-queries", DEFAULT_EVAL_QUERIES)
+    t, n_eval = setup_eval_task(cfg, n_eval, DEFAULT_EVAL_QUERIES)
     load_s = time.time() - t0
     cuda = t.device.type == "cuda"
     try:

@@ -71,6 +71,13 @@ def note_chat_template(cfg: Config, tok) -> None:
         print(line, flush=True)
 
 
+def setup_eval_task(cfg: Config, n_eval: int | None, default: int, flag: str = "--eval-queries") -> tuple[Task, int]:
+    """setup_task with the held-out queries an evaluation of n_eval (None: up to `default`) needs set aside, and
+    that evaluation's query count (`eval_query_count`)."""
+    t = setup_task(cfg, n_eval or default)
+    return t, eval_query_count(t, n_eval, flag, default)
+
+
 def eval_query_count(t: Task, n: int | None, flag: str, default: int) -> int:
     """How many held-out queries an evaluation takes: n, refused by `check_heldout` where the task sets aside fewer;
     None (or 0): up to `default`, all of them where the task sets aside fewer (a small query dataset)."""

@@ -28,7 +28,7 @@ from lmprefs.pipeline.dpo import dpo_labels
 from lmprefs.pipeline.labeling import collect_labels, label_source, open_store
 from lmprefs.pipeline.reward_model import reward_logger
 from lmprefs.pipeline.reward_training import train_reward_model
-from lmprefs.pipeline.task import Task, eval_query_count, setup_task
+from lmprefs.pipeline.task import Task, setup_eval_task
 from lmprefs.recipes.best_of_n import best_of_n_arm
 from lmprefs.recipes.compare_arms import (
     BETA0_KINDS,
@@ -55,8 +55,8 @@ def run_compare(cfg: Config, run_dir: Path, plan: Plan, on_start: Callable[[], N
     true_name = cfg.labels.labeler
     true_fn = true_reward_fn(true_name)
     cfg = R(cfg, labels=R(cfg.labels, num_train=plan.labels or cfg.labels.num_train))
-    t = setup_task(cfg, plan.n_eval or DEFAULT_EVAL_QUERIES)
-    plan = dataclasses.replace(plan, n_eval=eval_query_count(t, plan.n_eval, "--eval-queries", DEFAULT_EVAL_QUERIES))
+    t, n_eval = setup_eval_task(cfg, plan.n_eval, DEFAULT_EVAL_QUERIES)
+    plan = dataclasses.replace(plan, n_eval=n_eval)
     res = Results(run_dir)
     store_path = _check_store(t, plan, run_dir, res)
     plan = dataclasses.replace(plan, lengths=resolve_lengths(plan.lengths, plan.arms, cfg.ppo.num_updates,

@@ -33,7 +33,7 @@ from lmprefs.pipeline.policy import policy_for
 from lmprefs.pipeline.reward_model import RewardState, reward_frame
 from lmprefs.pipeline.reward_training import train_reward_model
 from lmprefs.pipeline.rewards import track_true_reward
-from lmprefs.pipeline.task import Task, eval_query_count, setup_task
+from lmprefs.pipeline.task import Task, setup_eval_task
 from lmprefs.recipes.experiment import DEFAULT_EVAL_QUERIES, Results
 from lmprefs.runtime import distributed as dist
 from lmprefs.runtime.device import compiles_forwards
@@ -155,11 +155,11 @@ def run_quickstart(cfg: Config, run_dir: Path, n_eval: int | None, eval_samples:
     t0 = time.time()
     say("[1/6] preparing assets and queries", flush=True)
     # a bad model or query dataset is refused before run_dir is made
-    t = setup_task(cfg, n_heldout=n_eval or DEFAULT_EVAL_QUERIES)
-    if n_eval is None and len(t.heldout_queries) < DEFAULT_EVAL_QUERIES:
-        say(f"evaluating on all {len(t.heldout_queries)} held-out queries of "
-            f"task.query_dataset={cfg.task.query_dataset!r}", flush=True)  # fmt: skip
-    n_eval = eval_query_count(t, n_eval, "--eval-queries", DEFAULT_EVAL_QUERIES)
+    asked = n_eval
+    t, n_eval = setup_eval_task(cfg, n_eval, DEFAULT_EVAL_QUERIES)
+    if asked is None and n_eval < DEFAULT_EVAL_QUERIES:
+        say(f"evaluating on all {n_eval} held-out queries of task.query_dataset={cfg.task.query_dataset!r}",
+            flush=True)  # fmt: skip
     eval_flags = {"queries": n_eval, "samples": eval_samples}
     setup_seconds = time.time() - t0
     # under several ranks: labels are sampled in shares and written by rank 0, the reward model and PPO train on
