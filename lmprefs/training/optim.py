@@ -75,10 +75,12 @@ class TFAdam(torch.optim.Optimizer):
 
 
 def _fusable(row: tuple[Tensor, ...]) -> bool:
-    """Whether torch's fused Adam kernel can take these tensors: plain, dense, contiguous, on a CPU or CUDA device
-    (a tensor subclass such as FSDP2's DTensor goes through the foreach ops instead)."""
-    return all(
-        type(x) in (Tensor, torch.nn.Parameter) and x.is_contiguous() and x.device.type in ("cpu", "cuda") for x in row
+    """Whether torch's fused Adam kernel can take these tensors: plain, dense, contiguous, of one dtype, on one CPU
+    or CUDA device (a tensor subclass such as FSDP2's DTensor goes through the foreach ops instead)."""
+    p = row[0]
+    return p.device.type in ("cpu", "cuda") and all(
+        type(x) in (Tensor, torch.nn.Parameter) and x.is_contiguous() and x.dtype == p.dtype and x.device == p.device
+        for x in row
     )
 
 

@@ -1,5 +1,6 @@
 """An imported label file is read through a temporary store: its folder lives as long as the store, and goes when
-the store is collected, when the process exits without closing it, and when the file is refused."""
+the store is collected, when the process exits without closing it (not when a forked child exits), and when the
+file is refused."""
 
 from __future__ import annotations
 
@@ -50,10 +51,13 @@ def test_a_refused_file_leaves_no_folder(label_file):
 
 
 def test_a_process_that_never_closes_it_leaves_no_folder(label_file):
+    # a forked child that exits as Python exits, running its exit handlers, leaves the folder to its parent
     path, temp = label_file
     code = (
-        "import sys; from lmprefs.pipeline.labeling import label_source; "
-        "s = label_source(sys.argv[1]); assert len(s.labeled_examples('best_of_2')) == 2; print(s.path)"
+        "import os, sys; from lmprefs.pipeline.labeling import label_source; s = label_source(sys.argv[1])\n"
+        "pid = os.fork()\n"
+        "if pid == 0: sys.exit(0)\n"
+        "os.waitpid(pid, 0); assert s.path.is_file() and len(s.labeled_examples('best_of_2')) == 2; print(s.path)"
     )
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
                        env={**os.environ, "TMPDIR": str(temp)}, timeout=120)  # fmt: skip

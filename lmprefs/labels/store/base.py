@@ -7,6 +7,7 @@ threads and processes can share a store.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -55,7 +56,7 @@ class StoreBase:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        weakref.finalize(store, _close_and_remove, store._conns, store._conns_lock, folder)
+        weakref.finalize(store, _close_and_remove, store._conns, store._conns_lock, folder, os.getpid())
         return store
 
     # -- connections and transactions ------------------------------------------------------------------------
@@ -126,9 +127,12 @@ class StoreBase:
         self.close()
 
 
-def _close_and_remove(conns: list[sqlite3.Connection], lock: threading.Lock, folder: Path) -> None:
-    """A temporary store's end: its connections closed (SQLite folds the WAL back first), then its folder removed.
-    Takes the store's parts, not the store, so that the finalizer holding them does not keep the store alive."""
+def _close_and_remove(conns: list[sqlite3.Connection], lock: threading.Lock, folder: Path, pid: int) -> None:
+    """A temporary store's end: its connections closed (SQLite folds the WAL back first), then its folder removed,
+    by the process that made it (a forked child that exits leaves it to its parent). Takes the store's parts, not
+    the store, so that the finalizer holding them does not keep the store alive."""
+    if os.getpid() != pid:
+        return
     with lock:
         for conn in conns:
             conn.close()
