@@ -114,10 +114,7 @@ class StoreBase:
             yield self
 
     def close(self) -> None:
-        with self._conns_lock:
-            for conn in self._conns:
-                conn.close()
-            self._conns.clear()
+        _close_all(self._conns, self._conns_lock)
         self._local = threading.local()
 
     def __enter__(self) -> Self:
@@ -133,8 +130,13 @@ def _close_and_remove(conns: list[sqlite3.Connection], lock: threading.Lock, fol
     the store, so that the finalizer holding them does not keep the store alive."""
     if os.getpid() != pid:
         return
+    _close_all(conns, lock)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _close_all(conns: list[sqlite3.Connection], lock: threading.Lock) -> None:
+    """Close every connection a store opened, in any thread."""
     with lock:
         for conn in conns:
             conn.close()
         conns.clear()
-    shutil.rmtree(folder, ignore_errors=True)
