@@ -1,12 +1,16 @@
-"""One process per run directory: an flock the kernel drops when the holder dies."""
+"""One process per run directory, and temporary folders that outlive no process: flocks the kernel drops when the
+holder dies."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
+import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 from lmprefs.errors import UserError
 from lmprefs.io.run_owner import MARKER, claim, refuse_other
@@ -64,3 +68,41 @@ def _undo_start(run_dir: Path, made: list[Path], claimed: bool) -> None:
                 d.rmdir()
             except OSError:
                 break
+
+
+ORPHAN_AGE_S = 60.0
+"""A temporary folder's lock file younger than this is never swept: its maker may not have locked it yet."""
+
+
+def locked_temp_dir(prefix: str) -> tuple[Path, IO[str]]:
+    """A new folder under the system's temporary directory and its lock file, open and flocked by this process
+    (close it once the folder is removed). The kernel drops the lock when the process dies, even by kill -9, so the
+    folders of this prefix whose maker died without removing them are swept first (`sweep_orphans`)."""
+    import fcntl
+
+    sweep_orphans(prefix)
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    f = open(folder / ".lock", "w")
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # a folder just made: nobody else holds it
+    return folder, f
+
+
+def sweep_orphans(prefix: str) -> None:
+    """Remove the folders `locked_temp_dir(prefix)` made whose lock no process holds (their maker died, or a
+    process it forked, which shares the lock, has ended too). A folder without a lock file (made by older code, or
+    its maker not yet past `open`) or with a lock file younger than ORPHAN_AGE_S is left alone."""
+    import fcntl
+
+    for folder in Path(tempfile.gettempdir()).glob(prefix + "*"):
+        try:
+            f = open(folder / ".lock", "r+")
+        except OSError:  # no lock file, not a folder, another user's
+            continue
+        with f:
+            try:
+                if time.time() - os.fstat(f.fileno()).st_mtime < ORPHAN_AGE_S:
+                    continue
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: its process lives
+                continue
+            shutil.rmtree(folder, ignore_errors=True)

@@ -10,16 +10,19 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-import tempfile
 import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Self
+from typing import IO, Self
 
 from lmprefs.errors import UserError
+from lmprefs.io.locks import locked_temp_dir
 from lmprefs.labels.store import schema
+
+TEMP_PREFIX = "lmprefs-labels-"
+"""The name of a temporary store's folder (`StoreBase.temporary`) begins with this."""
 
 
 class StoreBase:
@@ -49,14 +52,17 @@ class StoreBase:
     @classmethod
     def temporary(cls) -> Self:
         """A new store in a folder of its own under the system's temporary directory (an imported label file's),
-        removed with everything in it once the store is garbage-collected or the process exits."""
-        folder = Path(tempfile.mkdtemp(prefix="lmprefs-labels-"))
+        removed with everything in it once the store is garbage-collected or the process exits. The folder holds a
+        lock while its process lives: a process killed before it could remove it (kill -9) leaves it to the next
+        temporary store made on the machine, which sweeps it (`io.locks.locked_temp_dir`)."""
+        folder, lock = locked_temp_dir(TEMP_PREFIX)
         try:
             store = cls(folder / "labels.sqlite")
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
+            lock.close()
             raise
-        weakref.finalize(store, _close_and_remove, store._conns, store._conns_lock, folder, os.getpid())
+        weakref.finalize(store, _close_and_remove, store._conns, store._conns_lock, folder, lock, os.getpid())
         return store
 
     # -- connections and transactions ------------------------------------------------------------------------
@@ -124,14 +130,16 @@ class StoreBase:
         self.close()
 
 
-def _close_and_remove(conns: list[sqlite3.Connection], lock: threading.Lock, folder: Path, pid: int) -> None:
-    """A temporary store's end: its connections closed (SQLite folds the WAL back first), then its folder removed,
-    by the process that made it (a forked child that exits leaves it to its parent). Takes the store's parts, not
-    the store, so that the finalizer holding them does not keep the store alive."""
+def _close_and_remove(conns: list[sqlite3.Connection], lock: threading.Lock, folder: Path, held: IO[str],
+                      pid: int) -> None:  # fmt: skip
+    """A temporary store's end: its connections closed (SQLite folds the WAL back first), then its folder removed
+    and the folder's lock let go, by the process that made it (a forked child that exits leaves it to its parent).
+    Takes the store's parts, not the store, so that the finalizer holding them does not keep the store alive."""
     if os.getpid() != pid:
         return
     _close_all(conns, lock)
     shutil.rmtree(folder, ignore_errors=True)
+    held.close()
 
 
 def _close_all(conns: list[sqlite3.Connection], lock: threading.Lock) -> None:
