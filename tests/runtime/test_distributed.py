@@ -52,6 +52,13 @@ def _port() -> int:
     return _ports(1)[0]
 
 
+def _env(d: Path) -> dict[str, str]:
+    """ENV with the launch's temporary files (torch elastic's log folders, one per launch) under d, not /tmp."""
+    tmp = d / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return {**ENV, "TMPDIR": str(tmp)}
+
+
 def _files(d: Path) -> list[str]:
     return sorted("events.out.tfevents" if p.name.startswith("events.out.tfevents") else str(p.relative_to(d))
                   for p in d.rglob("*") if p.is_file())  # fmt: skip
@@ -81,7 +88,7 @@ def killed(tmp_path_factory):
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
                   str(_port()), "-m", "lmprefs"]  # fmt: skip
-    job = subprocess.Popen([*accelerate, *ARGS, "--run-dir", str(run)], env=ENV, stdout=subprocess.DEVNULL,
+    job = subprocess.Popen([*accelerate, *ARGS, "--run-dir", str(run)], env=_env(d), stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline, victim = time.time() + 180, None
     while time.time() < deadline and job.poll() is None:
@@ -146,7 +153,7 @@ def launch(tmp_path_factory, killed):
     plan.write_text(json.dumps({"dir": str(d), "steps": steps}))
     nodes = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                                "--rdzv-endpoint", f"127.0.0.1:{rendezvous}", "--rdzv-id", "lmprefs-test",
-                               str(HERE / "dist_worker.py"), str(plan)], env=ENV, stdout=subprocess.PIPE,
+                               str(HERE / "dist_worker.py"), str(plan)], env=_env(d), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
     outs = [p.communicate(timeout=600) for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [e[-3000:] for _, e in outs]
