@@ -197,9 +197,11 @@ def flop_model(args, n_layer: int = 4, d: int = 256, V: int = 8192) -> dict:
     L = Q + T
     gen = B * (L - 1) * Ft + B * T * Fh  # prefill + T-1 cached steps, head on the T sampling positions
     trl = gen + B * L * (Ft + Fh) + B * L * Ft + 3 * E * B * L * (2 * Ft + Fh)
-    # a trunk forward that reads the T positions predicting the response: on the CPU its top block runs there alone,
-    # and elsewhere only c_attn (6 of its 24 d^2 FLOPs a token), for the keys and values (lmprefs.models.trunk)
-    Fr = L * Ft - (L - T) * 18 * d * d
+    # a trunk forward that reads the T positions predicting the response runs all but the last token (which feeds
+    # none of them); on the CPU its top block runs at those T alone, and elsewhere only c_attn (6 of its 24 d^2
+    # FLOPs a token), for the keys and values (lmprefs.models.trunk)
+    Lr = L - 1 if T > 1 else L
+    Fr = Lr * Ft - (Lr - T) * 18 * d * d
     shared = gen + B * (Fr + T * Fh) + 3 * E * B * (Fr + T * Fh)
     separate = shared + B * Fr + 3 * E * B * Fr
     return {"trl": trl / 1e9, "lmprefs shared": shared / 1e9, "lmprefs separate": separate / 1e9}

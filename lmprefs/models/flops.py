@@ -130,6 +130,13 @@ class Adapters:
 Segment = tuple[int, int, int]
 
 
+def response_columns(t_len: int) -> int:
+    """Of a response of t_len tokens, the columns a forward that reads the positions predicting it runs
+    (`trunk.response_hidden`): all but the last token, which predicts nothing and, attention being causal, feeds no
+    position read."""
+    return t_len - 1 if t_len > 1 else t_len
+
+
 def plain_segments(rows: int, length: int) -> list[Segment]:
     """An uncached forward of `rows` rows of `length` tokens (`trunk.trunk_hidden`, `trunk.frozen_prefix`): every
     position attends to all `length` keys (SDPA computes the masked ones too)."""

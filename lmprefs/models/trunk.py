@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from lmprefs.data.tasks import PAD
 from lmprefs.models.attention import sdpa_like
-from lmprefs.models.flops import TOP_BLOCK_MODELS
+from lmprefs.models.flops import TOP_BLOCK_MODELS, response_columns
 from lmprefs.models.loading import _trunk_names, hidden_size, trunk_blocks
 from lmprefs.models.lora import LoRALinear
 
@@ -106,6 +106,10 @@ class FrozenPrefix:
 
     def __len__(self) -> int:
         return self.hidden.shape[0]
+
+    def columns(self, n: int) -> FrozenPrefix:
+        """The prefix of each row's first n positions."""
+        return FrozenPrefix(self.model, self.start, self.hidden[:, :n])
 
     @staticmethod
     def cat(parts: list[FrozenPrefix | None]) -> FrozenPrefix | None:
@@ -285,9 +289,14 @@ def response_positions(queries: Tensor, T: int) -> Tensor:
 def response_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,
                     repeats: int = 1) -> Tensor:  # fmt: skip
     """The hidden states [B, T, d] that predict each response token (and carry its value). repeats=k: queries
-    [B / k, Q], each answered by k consecutive responses (`query_response_hidden`)."""
-    idx = response_positions(queries.repeat_interleave(repeats, 0), responses.shape[1])
-    return query_response_hidden(model, queries, responses, prefix, repeats, read=idx)
+    [B / k, Q], each answered by k consecutive responses (`query_response_hidden`). The last response token is not
+    run (`flops.response_columns`): no position read sees it."""
+    T = responses.shape[1]
+    idx = response_positions(queries.repeat_interleave(repeats, 0), T)
+    keep = response_columns(T)
+    if prefix is not None:
+        prefix = prefix.columns(queries.shape[1] + keep)
+    return query_response_hidden(model, queries, responses[:, :keep], prefix, repeats, read=idx)
 
 
 def response_logits_hidden(model, queries: Tensor, responses: Tensor, prefix: FrozenPrefix | None = None,

@@ -67,9 +67,9 @@ def stage_flops(cfg, facts, n: Counts) -> dict[str, dict[str, int]]:
     out["sample and label"] = {"sample": p.sample(n.questions, p.S, keep=n.labeling_prefixes)}
     out["train reward model"] = _reward_model_flops(p, prefix_cache_bytes())
     out["PPO"] = _ppo_flops(p)
-    ref_lo, rows = p.start if p.kept else 0, n.eval_queries * m
+    ref_lo, rows, segments = p.start if p.kept else 0, n.eval_queries * m, p.policy_qr(n.eval_queries, m)
     out["evaluate final"] = {"sample": p.sample(n.eval_queries, m, p.ad, keep=True),
-                             "reference": F.trunk_flops(facts, p.qr(n.eval_queries, m), ref_lo, read=p.policy(rows))
+                             "reference": F.trunk_flops(facts, segments, ref_lo, read=p.policy(rows))
                              + F.lm_head_flops(facts, rows * p.T)}  # fmt: skip
     return out
 
@@ -95,8 +95,18 @@ class Passes:
                               prefix_depth=self.start if keep and self.kept else 0)  # fmt: skip
 
     def policy(self, rows: int) -> F.Read:
-        """A policy's or value head's reads: the T positions that predict the response."""
-        return rows, self.L, self.T
+        """A policy's or value head's reads: the T positions that predict the response, of rows run without their
+        last token (`policy_rows`)."""
+        return rows, self.Q + F.response_columns(self.T), self.T
+
+    def policy_rows(self, rows: int) -> list:
+        """The rows of a forward that reads `policy`: query and response but its last token."""
+        return F.plain_segments(rows, self.Q + F.response_columns(self.T))
+
+    def policy_qr(self, queries: int, repeats: int) -> list:
+        """`qr` for a forward that reads `policy`."""
+        return F.query_response_segments(queries, self.Q, F.response_columns(self.T), repeats,
+                                         shared=self.n.shared_queries)  # fmt: skip
 
     def reward(self, rows: int) -> F.Read:
         """A reward model's: the last token."""
@@ -156,8 +166,8 @@ def _ppo_flops(p: Passes) -> dict[str, int]:
     cfg, facts, ad, T, L, start = p.cfg, p.facts, p.ad, p.T, p.L, p.start
     B, P = cfg.ppo.batch_size, cfg.ppo.noptepochs * cfg.ppo.batch_size  # rollout rows; rows trained per update
     k = cfg.ppo.samples_per_query
-    rows = F.plain_segments(B, L)
-    grouped = p.qr(B // k, k) if k > 1 else rows
+    rows, read_rows = F.plain_segments(B, L), p.policy_rows(B)
+    grouped = p.policy_qr(B // k, k) if k > 1 else read_rows
     separate = cfg.ppo.value_model == "separate" and k == 1
     # a separate value model: an adapter above the prefix, or with full fine-tuning a whole trunk of its own
     value_lo = start if ad else 0
@@ -165,12 +175,12 @@ def _ppo_flops(p: Passes) -> dict[str, int]:
         "rollout: sample": p.sample(B // k, k, ad, keep=True),
         "rollout: frozen prefix": F.trunk_flops(facts, rows, 0, start) if start and not p.kept else 0,
         "rollout: values": (F.scalar_head_flops(facts, B * T) if k == 1 else 0)
-        + (F.trunk_flops(facts, rows, value_lo, None, ad, p.policy(B)) if separate else 0),
+        + (F.trunk_flops(facts, read_rows, value_lo, None, ad, p.policy(B)) if separate else 0),
         "rollout: reference": F.trunk_flops(facts, grouped, start, read=p.policy(B)) + F.lm_head_flops(facts, B * T),
         "rollout: reward model": F.trunk_flops(facts, rows, start, None, ad, p.reward(B))
         + F.scalar_head_flops(facts, B),
     }
-    train = F.plain_segments(P, L)
+    train = p.policy_rows(P)
     lm_head, v_head = F.lm_head_flops(facts, P * T), F.scalar_head_flops(facts, P * T)
     ppo["PPO epochs"] = (p.fwd_bwd(train, start, ad, p.policy(P)) + lm_head + F.head_backward(lm_head, ad is None)
                          + v_head + F.head_backward(v_head, True)

@@ -43,14 +43,15 @@ def dpo_flops(cfg: Config, facts: F.ModelFacts, shape: Shape, train: int, held: 
     lo = p.start if cached else 0
 
     def logprobs(labels: int, adapter) -> int:  # log pi(y|x) of every response: from the prefix up, the LM head
-        return (F.trunk_flops(facts, p.qr(labels, S), lo, None, adapter, p.policy(labels * S))
+        return (F.trunk_flops(facts, p.policy_qr(labels, S), lo, None, adapter, p.policy(labels * S))
                 + F.lm_head_flops(facts, labels * S * T))  # fmt: skip
 
     epochs = cfg.dpo.epochs * train
     head = F.lm_head_flops(facts, epochs * S * T)
     return ((F.trunk_flops(facts, p.qr(train + held, S), 0, p.start) if cached else 0)
             + logprobs(train + held, None) + 2 * logprobs(held, ad)
-            + p.fwd_bwd(p.qr(epochs, S), lo, ad, p.policy(epochs * S)) + head + F.head_backward(head, ad is None)
+            + p.fwd_bwd(p.policy_qr(epochs, S), lo, ad, p.policy(epochs * S))
+            + head + F.head_backward(head, ad is None)
             + (F.merge_flops(facts, ad) if ad else 0))  # fmt: skip
 
 
@@ -62,7 +63,7 @@ def online_dpo_flops(cfg: Config, facts: F.ModelFacts, shape: Shape) -> int:
     n = Counts(shape.q_len, shape.train_queries, 0, 1, 0, 0, 0, cfg.ppo.num_updates, shape.shared_queries, False)
     p = Passes(cfg, facts, n)
     B, S, ad = cfg.ppo.batch_size, cfg.dpo.online_samples, p.ad
-    segments, head = p.qr(B // S, S), F.lm_head_flops(facts, B * p.T)
+    segments, head = p.policy_qr(B // S, S), F.lm_head_flops(facts, B * p.T)
     step = (p.sample(B // S, S, ad)
             + F.trunk_flops(facts, F.plain_segments(B, p.L), 0, None, ad, p.reward(B)) + F.scalar_head_flops(facts, B)
             + F.trunk_flops(facts, segments, 0, read=p.policy(B)) + head

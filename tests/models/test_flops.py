@@ -110,10 +110,10 @@ def test_policy_training_forward_and_backward(model, fine_tuning):
         logprobs, values, _ = policy(q, r, prefix)
         (logprobs.sum() + values.sum()).backward()
 
-    rows = F.plain_segments(B, Q + T)
+    rows = F.plain_segments(B, Q + T - 1)  # the last response token predicts nothing: it is not run
     lo = ad.start if ad else 0
     lm_head, v_head = F.lm_head_flops(facts, B * T), F.scalar_head_flops(facts, B * T)
-    read = (B, Q + T, T)  # the policy and its value head read the positions that predict the response
+    read = (B, Q + T - 1, T)  # the policy and its value head read the positions that predict the response
     want = (F.trunk_flops(facts, rows, lo, None, ad, read) + F.trunk_backward(facts, rows, lo, None, ad, read)
             + lm_head + F.head_backward(lm_head, ad is None) + v_head + F.head_backward(v_head, True))  # fmt: skip
     assert want == counted(step)

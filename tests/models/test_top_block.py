@@ -107,3 +107,31 @@ def test_no_forward_hands_transformers_its_deprecated_cache_keyword():
                            prefix_depth=1)  # fmt: skip
         RewardModel(lm, None, adapter="a", seed=0)(q, r, None, 3)
     assert not [w for w in seen if "past_key_values" in str(w.message)], [str(w.message) for w in seen]
+
+
+@pytest.mark.parametrize("make", [_llama, _gpt2], ids=["llama", "gpt2"])
+@pytest.mark.parametrize("top_reads", [True, False], ids=["top-at-reads", "top-whole"])
+def test_the_last_response_token_is_not_run_and_what_is_read_is_unchanged(monkeypatch, make, top_reads):
+    lm = make()
+    if not top_reads:
+        monkeypatch.setattr(trunk, "top_block_reads", lambda model: False)
+    q = torch.tensor([[5, 6, 7, 8], [9, 10, PAD, PAD]])
+    r = torch.randint(0, 300, (6, 5), generator=torch.Generator().manual_seed(1))
+    r[1, 3:] = PAD  # truncated
+    rows = q.repeat_interleave(3, 0)
+    tokens = torch.cat([rows, r], 1)
+    full = trunk.trunk_hidden(lm, tokens)  # every position, the last response token's too
+    idx = trunk.response_positions(rows, r.shape[1])
+    want = full.gather(1, idx.unsqueeze(-1).expand(-1, -1, full.shape[-1]))
+    lengths = []
+    block = trunk.trunk_blocks(lm)[0]
+    block.register_forward_pre_hook(lambda m, a, k: lengths.append((a[0] if a else k["hidden_states"]).shape[1]),
+                                    with_kwargs=True)  # fmt: skip
+    pre = trunk.frozen_prefix(lm, tokens)
+    lengths.clear()
+    for got in (trunk.response_hidden(lm, rows, r), trunk.response_hidden(lm, rows, r, pre),
+                trunk.response_hidden(lm, q, r, None, 3)):
+        assert got.shape == want.shape
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+    L = tokens.shape[1]
+    assert lengths and max(lengths) == L - 1  # the plain pass's rows, without their last token
