@@ -7,6 +7,8 @@ import json
 import statistics
 from collections import defaultdict
 
+from lmprefs.models.flops import response_columns
+
 # lmprefs / TRL per episode, both sides in the same dtype: in bf16 (a CPU with native bf16) and in fp32 (the
 # fp32-only CPUs, where both sides run their matmuls at the same peak and only FLOPs and overheads can differ)
 TARGETS = {"bfloat16": {"shared": 3.5, "separate": 2.0}, "float32": {"shared": 3.0, "separate": 1.6}}
@@ -200,7 +202,7 @@ def flop_model(args, n_layer: int = 4, d: int = 256, V: int = 8192) -> dict:
     # a trunk forward that reads the T positions predicting the response runs all but the last token (which feeds
     # none of them); on the CPU its top block runs at those T alone, and elsewhere only c_attn (6 of its 24 d^2
     # FLOPs a token), for the keys and values (lmprefs.models.trunk)
-    Lr = L - 1 if T > 1 else L
+    Lr = Q + response_columns(T)
     Fr = Lr * Ft - (Lr - T) * 18 * d * d
     shared = gen + B * (Fr + T * Fh) + 3 * E * B * (Fr + T * Fh)
     separate = shared + B * Fr + 3 * E * B * Fr
