@@ -1,6 +1,7 @@
 import copy
 import dataclasses
 
+import pytest
 import torch
 from torch import nn
 
@@ -244,9 +245,11 @@ def test_ppo_update_on_the_frozen_prefix_equals_the_full_forward():
                            run.optimizer, rollout, cfg.ppo, run.gen_ppo)  # fmt: skip
         return {"stats": stats, "adapters": {k: v.clone() for k, v in t.model.state_dict().items() if ".B." in k}}
 
+    # equal up to rounding, not bitwise: a minibatch's forward runs the bottom blocks on fewer rows than the
+    # prefix's, and MKL's AVX2 kernels round some row counts differently (8 x 31 against 16 x 31 rows, 1e-5 apart)
     a, b = one_update(True), one_update(False)
-    assert a["stats"] == b["stats"]
-    assert all(torch.equal(v, b["adapters"][k]) for k, v in a["adapters"].items())
+    assert a["stats"] == pytest.approx(b["stats"], rel=1e-4, abs=1e-6)
+    assert all(torch.allclose(v, b["adapters"][k], rtol=0, atol=1e-6) for k, v in a["adapters"].items())
     assert any(v.abs().sum() > 0 for v in a["adapters"].values())  # the update did move the adapters
 
 
