@@ -13,6 +13,10 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # and under load from other processes 10x more. Subprocesses inherit this too.
 os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The multi-process launches (torchrun, accelerate) look this machine's hostname up several times; where it resolves
+# to no address and no DNS server answers, each lookup waits for glibc's resolver timeout (a 2-rank tiny run took 83 s
+# instead of 7). Every address the tests use is the loopback, so a second per lookup is plenty.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 
 _connect = socket.socket.connect
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -80,9 +81,32 @@ def init() -> bool:
         torch.cuda.set_device(local_rank())
     else:
         backend = "gloo"
+        gloo_on_loopback()
     # the timeout bounds every collective: a rank that dies or hangs makes the others fail instead of waiting forever
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s()))
     return True
+
+
+def one_node() -> bool:
+    """Whether every rank runs on this machine: the launcher's LOCAL_WORLD_SIZE (torchrun's, accelerate's) is the
+    world size."""
+    return os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+
+
+def gloo_on_loopback() -> None:
+    """Bind gloo to the loopback interface (GLOO_SOCKET_IFNAME) when every rank runs on this machine and the user set
+    no interface. Left to itself gloo looks the machine's hostname up to pick an interface: where the hostname
+    resolves to no address and no DNS server answers, each process group's creation waited for the resolver's
+    timeout (10 s a rank) before gloo fell back to the loopback anyway."""
+    if os.environ.get("GLOO_SOCKET_IFNAME") or not one_node():
+        return
+    try:
+        names = {name for _, name in socket.if_nameindex()}
+    except OSError:  # no interface list on this platform: gloo picks as it always did
+        return
+    loopback = next((n for n in ("lo", "lo0") if n in names), None)  # Linux's name, then macOS' and the BSDs'
+    if loopback is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback
 
 
 def teardown() -> None:

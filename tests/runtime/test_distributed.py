@@ -124,7 +124,7 @@ class Launch:
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory, killed):
     """One launch as 2 "nodes" of one process each, rendezvousing on 127.0.0.1 (two torchrun launches with --nnodes
-    2), that runs in turn: the train-policy run of ARGS (`two`, the 2-rank reference), the DDP/FSDP worker, a
+    2; each node's address the loopback, not its hostname, which may resolve to nothing), that runs in turn: the train-policy run of ARGS (`two`, the 2-rank reference), the DDP/FSDP worker, a
     2-rank `label`, an FSDP train-policy run stopped after the checkpoint of update 4 and its resume, the same FSDP
     run uninterrupted, the resume of the killed run, and a run with a bad LMPREFS_DIST_TIMEOUT. Each launch costs
     seconds before any work (the launcher, a torch import per rank, the rendezvous); one launch serves every test
@@ -153,6 +153,7 @@ def launch(tmp_path_factory, killed):
     plan.write_text(json.dumps({"dir": str(d), "steps": steps}))
     nodes = [subprocess.Popen([*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                                "--rdzv-endpoint", f"127.0.0.1:{rendezvous}", "--rdzv-id", "lmprefs-test",
+                               "--local-addr", "127.0.0.1",
                                str(HERE / "dist_worker.py"), str(plan)], env=_env(d), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]  # fmt: skip
     outs = [p.communicate(timeout=600) for p in nodes]
@@ -289,6 +290,26 @@ def test_one_process_has_no_group_and_the_helpers_change_nothing():
     assert dist.shard(x) is x
     assert torch.equal(dist.interleave([dist.shard(x, r, 2) for r in range(2)]), x)
     assert dist.split_global(64, "ppo.batch_size", 4) == 64
+
+
+def test_gloo_binds_the_loopback_when_every_rank_runs_on_this_machine(monkeypatch):
+    """On one node gloo takes the loopback instead of looking the machine's hostname up (where it resolves to no
+    address and no DNS server answers, each process group waited for the resolver); a user's GLOO_SOCKET_IFNAME and a
+    job over several nodes are left alone."""
+    from lmprefs.runtime import distributed as dist
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    dist.gloo_on_loopback()
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"  # Linux's loopback
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    dist.gloo_on_loopback()
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # 2 nodes of one rank each
+    dist.gloo_on_loopback()
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
 
 
 def test_optimizer_state_converts_between_positions_and_names():
