@@ -124,9 +124,10 @@ class Launch:
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory, killed):
     """One launch as 2 "nodes" of one process each, rendezvousing on 127.0.0.1 (two torchrun launches with --nnodes
-    2; each node's address the loopback, not its hostname, which may resolve to nothing), that runs in turn: the train-policy run of ARGS (`two`, the 2-rank reference), the DDP/FSDP worker, a
-    2-rank `label`, an FSDP train-policy run stopped after the checkpoint of update 4 and its resume, the same FSDP
-    run uninterrupted, the resume of the killed run, and a run with a bad LMPREFS_DIST_TIMEOUT. Each launch costs
+    2, each node's address the loopback, not its hostname, which may resolve to nothing), that runs in turn: the
+    train-policy run of ARGS (`two`, the 2-rank reference), the DDP/FSDP worker, a 2-rank `label`, an FSDP
+    train-policy run stopped after the checkpoint of update 4 and its resume, the same FSDP run uninterrupted, the
+    resume of the killed run, and a run with a bad LMPREFS_DIST_TIMEOUT. Each launch costs
     seconds before any work (the launcher, a torch import per rank, the rendezvous); one launch serves every test
     below."""
     d = tmp_path_factory.mktemp("launch")
@@ -298,18 +299,17 @@ def test_gloo_binds_the_loopback_when_every_rank_runs_on_this_machine(monkeypatc
     job over several nodes are left alone."""
     from lmprefs.runtime import distributed as dist
 
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    env = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    monkeypatch.setattr(os, "environ", env)  # this process's own environment stays as it is
     dist.gloo_on_loopback()
-    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"  # Linux's loopback
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"  # Linux's loopback
+    env["GLOO_SOCKET_IFNAME"] = "eth7"
     dist.gloo_on_loopback()
-    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")  # 2 nodes of one rank each
+    assert env["GLOO_SOCKET_IFNAME"] == "eth7"
+    del env["GLOO_SOCKET_IFNAME"]
+    env["LOCAL_WORLD_SIZE"] = "1"  # 2 nodes of one rank each
     dist.gloo_on_loopback()
-    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    assert "GLOO_SOCKET_IFNAME" not in env
 
 
 def test_optimizer_state_converts_between_positions_and_names():
