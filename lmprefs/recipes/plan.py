@@ -81,6 +81,7 @@ class Passes:
         self.cfg, self.facts, self.n = cfg, facts, n
         self.T, self.Q = cfg.task.response_length, n.q_len
         self.L = self.Q + self.T
+        self.read_T = F.response_columns(self.T)  # the response's columns a forward reading `policy` runs
         self.static = cfg.run.kv_cache != "dynamic"
         self.S = label_type_shape(cfg.labels.type)[1]
         self.ad = F.Adapters.from_lora(facts, cfg.lora)  # the active adapter of the policy, value and reward model
@@ -97,23 +98,24 @@ class Passes:
     def policy(self, rows: int) -> F.Read:
         """A policy's or value head's reads: the T positions that predict the response, of rows run without their
         last token (`policy_rows`)."""
-        return rows, self.Q + F.response_columns(self.T), self.T
+        return rows, self.Q + self.read_T, self.T
 
     def policy_rows(self, rows: int) -> list:
         """The rows of a forward that reads `policy`: query and response but its last token."""
-        return F.plain_segments(rows, self.Q + F.response_columns(self.T))
+        return F.plain_segments(rows, self.Q + self.read_T)
 
     def policy_qr(self, queries: int, repeats: int) -> list:
         """`qr` for a forward that reads `policy`."""
-        return F.query_response_segments(queries, self.Q, F.response_columns(self.T), repeats,
-                                         shared=self.n.shared_queries)  # fmt: skip
+        return self.qr(queries, repeats, self.read_T)
 
     def reward(self, rows: int) -> F.Read:
         """A reward model's: the last token."""
         return rows, self.L, 1
 
-    def qr(self, queries: int, repeats: int) -> list:
-        return F.query_response_segments(queries, self.Q, self.T, repeats, shared=self.n.shared_queries)
+    def qr(self, queries: int, repeats: int, t_len: int | None = None) -> list:
+        """Queries answered by `repeats` responses each, of t_len tokens (default: the whole response)."""
+        t = self.T if t_len is None else t_len
+        return F.query_response_segments(queries, self.Q, t, repeats, shared=self.n.shared_queries)
 
     def fwd_bwd(self, segments: list, lo: int, adapter, read: F.Read) -> int:
         """A training forward from block lo reading `read` and its backward (adapter: the one that trains; None:
