@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ from _common import ArgumentParser, cpu_name, int_at_least, positive_int, run_ma
 
 # lmprefs internals this script uses, all in this block (the runs themselves go through the `lmprefs` command)
 from lmprefs.assets.registry import asset_status
+from lmprefs.runtime.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,12 +59,6 @@ MODELS = {
 }  # fmt: skip
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run(model: str, device: str, procs: int | None, parallel: str, threads: int, updates: int, out: Path,
         extra: list[str], batch: int) -> float:  # fmt: skip
     """Episodes/s of one run; procs None = no launcher."""
@@ -78,7 +72,7 @@ def run(model: str, device: str, procs: int | None, parallel: str, threads: int,
     else:
         # --log-dir: the launcher's logs beside the run (otherwise a torchelastic_* folder per launch stays in /tmp)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs), "--master-addr",
-               "127.0.0.1", "--master-port", str(_port()), "--log-dir", str(out.with_name(out.name + "-launcher")),
+               "127.0.0.1", "--master-port", str(free_port()), "--log-dir", str(out.with_name(out.name + "-launcher")),
                "-m", "lmprefs", *args]  # fmt: skip
     # this checkout first, then the machine's own PYTHONPATH (a GPU machine may keep packages there)
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])

@@ -252,11 +252,9 @@ def test_torchrun_world_size_one_on_nccl(tmp_path, parallel):
     policy's blocks "sharded" over one rank: the same hooks, gathers and whole-state checkpoints), stops after the
     checkpoint of update 2 (exit 9, as kill -9) and resumes to the end; its metrics match an uninterrupted run's
     within bf16 noise (no bitwise claim on CUDA)."""
-    import socket
+    from lmprefs.runtime.ports import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
                 "--master-port", str(port)]  # fmt: skip
     root = str(Path(__file__).resolve().parents[2])  # this checkout first, the machine's own PYTHONPATH after it

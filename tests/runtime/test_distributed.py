@@ -7,14 +7,12 @@ asserting on its own steps."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ import torch
 
 from lmprefs.cli.dispatch import main
 from lmprefs.io.jsonl import read_jsonl
+from lmprefs.runtime.ports import free_port, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -37,19 +36,6 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # two ranks is checked by the equality test, and costs more)
 ARGS = ["train-policy", "tiny", "--reward", "vader", "--ppo.total-episodes", "80", "--run.save-interval", "2",
         "--run.log-interval", "100"]  # fmt: skip
-
-
-def _ports(n: int) -> list[int]:
-    """n distinct free ports (each socket held until all are picked)."""
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-
-
-def _port() -> int:
-    return _ports(1)[0]
 
 
 def _env(d: Path) -> dict[str, str]:
@@ -87,7 +73,7 @@ def killed(tmp_path_factory):
     run = d / "run"
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                   "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-                  str(_port()), "-m", "lmprefs"]  # fmt: skip
+                  str(free_port()), "-m", "lmprefs"]  # fmt: skip
     job = subprocess.Popen([*accelerate, *ARGS, "--run-dir", str(run)], env=_env(d), stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     deadline, victim = time.time() + 180, None
@@ -147,7 +133,7 @@ def launch(tmp_path_factory, killed):
         cli("killed-resume", *resume, str(killed["dir"])),
         cli("bad-timeout", *ARGS, "--run-dir", str(d / "bad"), env={"LMPREFS_DIST_TIMEOUT": "soon"}),
     ]
-    *ports, rendezvous = _ports(len(steps) + 1)  # picked together: no two the same
+    *ports, rendezvous = free_ports(len(steps) + 1)  # picked together: no two the same
     for step, port in zip(steps, ports, strict=True):
         step["port"] = port
     plan = d / "plan.json"
